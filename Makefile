@@ -1,0 +1,109 @@
+# ferrokeras developer entry points (GNU make).
+#
+#   make demo         set up .venv, build the extension, run examples/quickstart.py
+#   make test         set up, build, run the Rust tests and the pytest suite
+#   make wheel        build one abi3 wheel into dist/
+#   make wheel-check  install that wheel in a throw-away venv and run the quickstart there
+#                     with no cargo/rustc on PATH
+#   make bench        run benches/bench_core.py
+#   make clean        remove build outputs (make distclean also removes .venv)
+#
+# Everything a fresh machine needs besides python3 (with venv + pip) and cargo is
+# installed into .venv on first use.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+VENV_PY := $(VENV)/bin/python
+VENV_STAMP := $(VENV)/.stamp-deps
+BUILD_STAMP := $(VENV)/.stamp-build
+DEV_DEPS := maturin numpy pytest hypothesis scipy
+
+# maturin must see the project venv, and only it (it refuses to run when a conda env is
+# also active).
+MATURIN := env -u CONDA_PREFIX VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin
+
+# Devices the pytest suite runs on, one full pass each (FERROKERAS_DEVICE=<d>).
+# >>> GPU pass: when the wgpu backend lands, add `gpu` here (CI has Mesa llvmpipe):
+# TEST_DEVICES ?= cpu gpu
+TEST_DEVICES ?= cpu
+PYTEST_ARGS ?= -q
+
+# Inputs of the compiled extension. Python sources are not listed: `maturin develop`
+# installs python/ferrokeras in editable mode, so edits there need no rebuild.
+RUST_INPUTS := $(shell find src shaders -type f 2>/dev/null) \
+               $(wildcard build.rs Cargo.toml Cargo.lock pyproject.toml)
+
+# Rebuild if the installed extension has gone missing, whatever the stamp says.
+ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
+.PHONY: $(BUILD_STAMP)
+endif
+
+.PHONY: help venv .venv build demo test wheel wheel-check bench clean distclean
+
+help:
+	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
+
+venv .venv: $(VENV_STAMP)
+
+$(VENV_STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q $(DEV_DEPS)
+	touch $@
+
+build: $(BUILD_STAMP)
+
+$(BUILD_STAMP): $(VENV_STAMP) $(RUST_INPUTS)
+	$(MATURIN) develop --release
+	touch $@
+
+demo: build
+	$(VENV_PY) examples/quickstart.py
+
+test: build
+	cargo test --release --no-default-features
+	for d in $(TEST_DEVICES); do \
+	  echo "== pytest, FERROKERAS_DEVICE=$$d"; \
+	  FERROKERAS_DEVICE=$$d $(VENV_PY) -m pytest $(PYTEST_ARGS) tests; \
+	done
+
+wheel: $(VENV_STAMP)
+	rm -f dist/ferrokeras-*.whl
+	$(MATURIN) build --release -o dist
+
+# Proves the wheel is self-contained: fresh venv outside the repo, no Rust toolchain on
+# PATH, the quickstart copied out of the source tree so nothing is imported from it.
+wheel-check: wheel
+	@whls=(dist/ferrokeras-*-abi3-*.whl); \
+	if [ $${#whls[@]} -ne 1 ] || [ ! -f "$${whls[0]}" ]; then \
+	  echo "wheel-check: expected exactly one abi3 wheel in dist/, found: $$(ls dist)"; exit 1; \
+	fi; \
+	whl="$(CURDIR)/$${whls[0]}"; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	echo "== wheel-check: $$whl in $$tmp"; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/pip" install -q "$$whl" numpy; \
+	cp examples/quickstart.py "$$tmp/"; \
+	norust=$$(tr ':' '\n' <<<"$$PATH" | while read -r d; do \
+	  [ -n "$$d" ] && [ ! -e "$$d/cargo" ] && [ ! -e "$$d/rustc" ] && printf '%s:' "$$d"; done; true); \
+	run() { (cd "$$tmp" && env -u CARGO_HOME -u RUSTUP_HOME -u PYTHONPATH -u VIRTUAL_ENV \
+	  PATH="$$tmp/venv/bin:$${norust%:}" "$$@"); }; \
+	if run /bin/sh -c 'command -v cargo || command -v rustc'; then \
+	  echo "wheel-check: a Rust toolchain is still on PATH"; exit 1; fi; \
+	run python -c 'import sys, ferrokeras._core as c; print("ferrokeras._core:", c.__file__); assert c.__file__.startswith(sys.prefix), "not from the test venv"'; \
+	run python quickstart.py; \
+	echo "== wheel-check passed"
+
+bench: build
+	$(VENV_PY) benches/bench_core.py
+
+clean:
+	rm -rf target dist .pytest_cache .hypothesis $(BUILD_STAMP)
+	rm -f python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd
+	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,92 @@
+"""Core benchmarks: K.function call overhead and K.dot throughput, next to NumPy.
+
+Each row times ferrokeras and NumPy doing the same work in the same process, and
+reports the median over several repeats. See benches/README.md; run with `make bench`.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+import ferrokeras
+from ferrokeras import backend as K
+
+
+def median_seconds(fn, calls, repeats):
+    """Median over `repeats` of the mean wall time of one call, from `calls` calls."""
+    fn()  # warm-up: compilation, buffer allocation, thread-pool start
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def bench_call_overhead(rng, calls, repeats):
+    """tanh(x @ w + b) on a 4x4 input: the time is almost all per-call overhead."""
+    xv = rng.standard_normal((4, 4)).astype("float32")
+    wv = rng.standard_normal((4, 4)).astype("float32")
+    bv = rng.standard_normal(4).astype("float32")
+
+    x = K.placeholder(shape=(4, 4))
+    w, b = K.variable(wv), K.variable(bv)
+    f = K.function([x], [K.tanh(K.dot(x, w) + b)])
+    np.testing.assert_allclose(f([xv])[0], np.tanh(xv @ wv + bv), rtol=1e-5, atol=1e-6)
+
+    fk = median_seconds(lambda: f([xv]), calls, repeats)
+    fn = median_seconds(lambda: np.tanh(xv @ wv + bv), calls, repeats)
+    return ("K.function call, 4x4 tanh(x.w+b)", "us/call", fk * 1e6, fn * 1e6, fn / fk)
+
+
+def bench_matmul(rng, n, repeats):
+    """K.dot of two fed n x n float32 matrices, inputs and output crossing the boundary."""
+    av = rng.standard_normal((n, n)).astype("float32")
+    bv = rng.standard_normal((n, n)).astype("float32")
+
+    a, b = K.placeholder(shape=(n, n)), K.placeholder(shape=(n, n))
+    f = K.function([a, b], [K.dot(a, b)])
+    np.testing.assert_allclose(f([av, bv])[0], av @ bv, rtol=1e-3, atol=1e-2)
+
+    flop = 2.0 * n ** 3
+    fk = median_seconds(lambda: f([av, bv]), 1, repeats)
+    fn = median_seconds(lambda: av @ bv, 1, repeats)
+    return (f"K.dot {n}x{n}x{n} float32 via K.function", "GFLOP/s",
+            flop / fk / 1e9, flop / fn / 1e9, fn / fk)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
+    args = parser.parse_args()
+    calls, repeats = (200, 3) if args.quick else (2000, 7)
+
+    device = getattr(ferrokeras, "device", lambda: "cpu")()
+    print(f"ferrokeras device: {device}   "
+          f"FERROKERAS_DEVICE={os.environ.get('FERROKERAS_DEVICE', '(unset)')}   "
+          f"numpy {np.__version__}   cores: {os.cpu_count()}")
+
+    rng = np.random.default_rng(0)
+    rows = [
+        bench_call_overhead(rng, calls, repeats),
+        bench_matmul(rng, 1024, repeats),
+    ]
+
+    header = ("benchmark", "unit", "ferrokeras", "numpy", "speed vs numpy")
+    widths = (max(len(header[0]), *(len(r[0]) for r in rows)), 8, 11, 11, 16)
+    print()
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+    print("  ".join("-" * w for w in widths).rstrip())
+    for name, unit, ours, theirs, speedup in rows:
+        cells = (name, unit, f"{ours:.2f}", f"{theirs:.2f}", f"{speedup:.2f}x")
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+    print(f"\nMedian of {repeats} repeats. us/call: lower is better; GFLOP/s: higher is "
+          "better;\nspeed vs numpy = numpy time / ferrokeras time (above 1x: ferrokeras is faster).")
+
+
+if __name__ == "__main__":
+    main()

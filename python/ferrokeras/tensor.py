@@ -1,0 +1,345 @@
+"""Symbolic tensors as Python sees them: a thin wrapper over ``_core.Tensor`` that carries
+what Keras reads and writes on tensors (``name``, ``_keras_shape``, ``_keras_history``, ...)
+and the Python operators. Nothing here computes; every operator builds a graph node.
+"""
+
+import numpy as np
+
+from . import _core
+from . import config
+
+
+class TensorShape(tuple):
+    """The static shape of a tensor: a tuple of ints, with ``None`` for unknown dims."""
+
+    def as_list(self):
+        return list(self)
+
+    @property
+    def ndims(self):
+        return len(self)
+
+    rank = ndims
+
+    @property
+    def dims(self):
+        return list(self)
+
+
+class Tensor:
+    """A symbolic tensor: a lazy node of the ferrokeras graph.
+
+    Evaluate it with ``K.eval(t)``, ``np.asarray(t)`` or through ``K.function``.
+    """
+
+    # NumPy defers `array <op> tensor` to our reflected operators.
+    __array_ufunc__ = None
+    __array_priority__ = 100
+
+    def __init__(self, core, name=None):
+        self._core = core
+        self.name = name if name is not None else f"{_node_prefix(core)}_{config.get_uid(_node_prefix(core))}"
+        self._uses_learning_phase = False
+
+    # ------------------------------------------------------------ introspection
+    @property
+    def shape(self):
+        return TensorShape(self._core.shape)
+
+    def get_shape(self):
+        return self.shape
+
+    @property
+    def dtype(self):
+        return self._core.dtype
+
+    @property
+    def ndim(self):
+        return len(self._core.shape)
+
+    @property
+    def op(self):
+        return self._core.op
+
+    def __repr__(self):
+        return f"<ferrokeras.Tensor '{self.name}' shape={tuple(self.shape)} dtype={self.dtype}>"
+
+    # Tensors are dict keys and list members in Keras: identity, not elementwise, equality.
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def __hash__(self):
+        return id(self)
+
+    def __bool__(self):
+        raise TypeError(
+            "using a symbolic ferrokeras tensor as a Python bool is not allowed; "
+            "use K.switch for graph conditionals or evaluate it with K.eval first"
+        )
+
+    def __len__(self):
+        d = self._core.shape[0] if self._core.shape else None
+        if d is None:
+            raise TypeError(f"len() of tensor '{self.name}' with shape {tuple(self.shape)} is not known statically")
+        return d
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __array__(self, dtype=None, copy=None):
+        v = np.asarray(_core.evaluate([self._core])[0])
+        return v.astype(dtype) if dtype is not None else v
+
+    def eval(self):
+        """Evaluates the tensor and returns a NumPy array."""
+        return self.__array__()
+
+    def numpy(self):
+        return self.__array__()
+
+    # ------------------------------------------------------------ operators
+    def __add__(self, o):
+        return _binary("add", self, o)
+
+    def __radd__(self, o):
+        return _binary("add", o, self)
+
+    def __sub__(self, o):
+        return _binary("subtract", self, o)
+
+    def __rsub__(self, o):
+        return _binary("subtract", o, self)
+
+    def __mul__(self, o):
+        return _binary("multiply", self, o)
+
+    def __rmul__(self, o):
+        return _binary("multiply", o, self)
+
+    def __truediv__(self, o):
+        return _truediv(self, o)
+
+    def __rtruediv__(self, o):
+        return _truediv(o, self)
+
+    def __floordiv__(self, o):
+        return _binary("floor_divide", self, o)
+
+    def __rfloordiv__(self, o):
+        return _binary("floor_divide", o, self)
+
+    def __mod__(self, o):
+        return _binary("mod", self, o)
+
+    def __rmod__(self, o):
+        return _binary("mod", o, self)
+
+    def __pow__(self, o):
+        return _binary("pow", self, o)
+
+    def __rpow__(self, o):
+        return _binary("pow", o, self)
+
+    def __matmul__(self, o):
+        from . import backend
+
+        return backend._matmul(self, convert(o, like=self))
+
+    def __rmatmul__(self, o):
+        from . import backend
+
+        return backend._matmul(convert(o, like=self), self)
+
+    def __neg__(self):
+        return wrap(_core.unary("neg", self._core))
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return wrap(_core.unary("abs", self._core))
+
+    def __invert__(self):
+        return wrap(_core.unary("logical_not", self._core))
+
+    def __and__(self, o):
+        return _binary("logical_and", self, o)
+
+    def __or__(self, o):
+        return _binary("logical_or", self, o)
+
+    def __lt__(self, o):
+        return _binary("less", self, o)
+
+    def __le__(self, o):
+        return _binary("less_equal", self, o)
+
+    def __gt__(self, o):
+        return _binary("greater", self, o)
+
+    def __ge__(self, o):
+        return _binary("greater_equal", self, o)
+
+    def __getitem__(self, key):
+        return getitem(self, key)
+
+
+class Variable(Tensor):
+    """A mutable tensor that owns its value; graphs read its current value when they run."""
+
+    def __init__(self, value, name, constraint=None):
+        self._var = _core.Variable(value, name)
+        super().__init__(self._var.tensor, name=name)
+        self.constraint = constraint
+        self._keras_shape = tuple(self.shape)
+
+    def get_value(self):
+        return self._var.get()
+
+    def set_value(self, value):
+        self._var.set(np.asarray(value, dtype=self.dtype))
+
+    def __array__(self, dtype=None, copy=None):
+        v = self._var.get()
+        return v.astype(dtype) if dtype is not None else v
+
+    def assign(self, value):
+        from . import backend
+
+        return backend.update(self, value)
+
+    def assign_add(self, value):
+        from . import backend
+
+        return backend.update_add(self, value)
+
+    def assign_sub(self, value):
+        from . import backend
+
+        return backend.update_sub(self, value)
+
+    def value(self):
+        return self
+
+    def __repr__(self):
+        return f"<ferrokeras.Variable '{self.name}' shape={tuple(self.shape)} dtype={self.dtype}>"
+
+
+def _node_prefix(core):
+    op = core.op.split(" ")[0]
+    return op.replace("'", "") or "tensor"
+
+
+def wrap(core, name=None):
+    return Tensor(core, name=name)
+
+
+def is_tensor(x):
+    return isinstance(x, Tensor)
+
+
+def convert(x, like=None, dtype=None):
+    """Turns ``x`` into a tensor. Python numbers and arrays become constants; with ``like``,
+    they take that tensor's dtype (so ``x * 2`` keeps ``x``'s float type)."""
+    if isinstance(x, Tensor):
+        return x
+    if dtype is None and like is not None:
+        dtype = like.dtype
+        arr = np.asarray(x)
+        if arr.dtype.kind == "f" and np.dtype(dtype).kind in "iub" and not np.all(np.mod(arr, 1) == 0):
+            raise TypeError(f"cannot combine the non-integer value {x!r} with a {dtype} tensor; cast the tensor first")
+    if hasattr(x, "toarray"):  # scipy.sparse
+        x = x.toarray()
+    arr = np.asarray(x)
+    if arr.dtype == object:
+        raise TypeError(f"cannot convert {type(x).__name__} to a tensor")
+    if dtype is None:
+        if arr.dtype.kind == "f" and arr.dtype != np.float16:
+            dtype = config.floatx() if isinstance(x, float) else str(arr.dtype)
+        elif arr.dtype == np.float16:
+            dtype = "float16"
+        elif arr.dtype.kind in "iu":
+            dtype = "int32" if isinstance(x, int) else str(arr.dtype)
+            if dtype in ("uint16", "uint32", "uint64"):
+                dtype = "int64"
+        elif arr.dtype.kind == "b":
+            dtype = "bool"
+        else:
+            raise TypeError(f"cannot convert a value of dtype {arr.dtype} to a tensor")
+    arr = np.ascontiguousarray(arr, dtype=np.dtype(dtype))
+    return wrap(_core.constant(arr))
+
+
+def _binary(name, a, b):
+    if not isinstance(a, Tensor):
+        a = convert(a, like=b)
+    elif not isinstance(b, Tensor):
+        b = convert(b, like=a)
+    return wrap(_core.binary(name, a._core, b._core))
+
+
+def _truediv(a, b):
+    a = convert(a, like=b if isinstance(b, Tensor) else None)
+    b = convert(b, like=a)
+    if a.dtype in ("int8", "int16", "int32", "uint8", "int64") and a.dtype == b.dtype:
+        # Python's `/` on integers is true division, as in TensorFlow.
+        ft = "float64" if a.dtype in ("int32", "int64") else "float32"
+        a, b = wrap(_core.cast(a._core, ft)), wrap(_core.cast(b._core, ft))
+    return wrap(_core.binary("divide", a._core, b._core))
+
+
+def getitem(x, key):
+    """NumPy basic indexing: ints, slices (with steps), ``None`` and ``...``."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    rank = x.ndim
+    if n_real > rank:
+        raise IndexError(f"too many indices for tensor of rank {rank}: {key!r}")
+    expanded = []
+    for k in key:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (rank - n_real))
+        else:
+            expanded.append(k)
+    expanded.extend([slice(None)] * (rank - sum(1 for k in expanded if k is not None)))
+    spec, squeeze_axes, new_axes = [], [], []
+    out_axis = 0
+    for k in expanded:
+        if k is None:
+            new_axes.append(out_axis)
+            out_axis += 1
+            continue
+        if isinstance(k, slice):
+            step = 1 if k.step is None else _int_index(k.step)
+            if step == 0:
+                raise ValueError("slice step cannot be zero")
+            spec.append((None if k.start is None else _int_index(k.start), None if k.stop is None else _int_index(k.stop), step))
+            out_axis += 1
+            continue
+        i = _int_index(k)
+        dim = x.shape[len(spec)]
+        if dim is not None and not -dim <= i < dim:
+            raise IndexError(f"index {i} is out of bounds for axis {len(spec)} with size {dim}")
+        spec.append((i, i + 1 if i != -1 else None, 1))
+        squeeze_axes.append(len(spec) - 1)
+    t = _core.slice(x._core, spec)
+    if squeeze_axes:
+        t = _core.squeeze(t, squeeze_axes)
+    if new_axes:
+        t = _core.expand_dims(t, new_axes)
+    return wrap(t)
+
+
+def _int_index(k):
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        return int(k)
+    if isinstance(k, Tensor):
+        raise TypeError("indexing with a tensor is not supported; use K.gather")
+    raise TypeError(f"tensor indices must be integers, slices, None or ..., got {type(k).__name__}")

@@ -1,0 +1,54 @@
+//! Reverse-mode differentiation over the graph. Each primitive's VJP rule (in its family
+//! file) returns graph tensors, so the gradient is itself a graph: it runs on every device
+//! and can be differentiated again.
+
+use crate::error::{Error, Result};
+use crate::graph::{topo_order, Tensor};
+use crate::ops::build::{add, constant_like};
+use crate::ops::Op;
+use std::collections::{HashMap, HashSet};
+
+/// Gradients of `sum(y * gy)` (`gy` defaults to ones) with respect to each of `xs`;
+/// `None` where `y` does not depend on that tensor, as in TensorFlow.
+pub fn gradients(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
+    if !y.dtype().is_float() {
+        return Err(Error::Type(format!("gradients: the loss must be a float tensor, got {}", y.dtype())));
+    }
+    let targets: HashSet<u64> = xs.iter().map(|x| x.id()).collect();
+    let order = topo_order(std::slice::from_ref(y), &|_| false);
+
+    // Which nodes lie on a path from some x to y.
+    let mut depends: HashSet<u64> = HashSet::new();
+    for t in &order {
+        if targets.contains(&t.id()) || t.inputs().iter().any(|i| depends.contains(&i.id())) {
+            depends.insert(t.id());
+        }
+    }
+    let mut grads: HashMap<u64, Tensor> = HashMap::new();
+    if depends.contains(&y.id()) {
+        let seed = match gy {
+            Some(g) => g,
+            None => constant_like(y, 1.0)?,
+        };
+        grads.insert(y.id(), seed);
+    }
+    for t in order.iter().rev() {
+        let Some(g) = grads.get(&t.id()).cloned() else { continue };
+        if t.inputs().is_empty() || matches!(t.op(), Op::StopGradient) {
+            continue;
+        }
+        let gs = t.op().vjp(t, &g)?;
+        for (inp, gi) in t.inputs().iter().zip(gs) {
+            let Some(gi) = gi else { continue };
+            if !depends.contains(&inp.id()) || !inp.dtype().is_float() {
+                continue;
+            }
+            let acc = match grads.remove(&inp.id()) {
+                Some(prev) => add(&prev, &gi)?,
+                None => gi,
+            };
+            grads.insert(inp.id(), acc);
+        }
+    }
+    Ok(xs.iter().map(|x| grads.get(&x.id()).cloned()).collect())
+}

@@ -1,0 +1,215 @@
+//! Function -> Plan: the nodes the outputs need in execution order, with fed nodes cut to
+//! leaves, constant subgraphs folded once, and the last use of every value recorded so
+//! the runtime can release buffers as soon as they are dead.
+
+use crate::error::{Error, Result};
+use crate::graph::{topo_order, Tensor};
+use crate::ops::{Op, VarCell};
+use crate::runtime::value::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub enum Step {
+    /// Value comes from feed number `usize`.
+    Fed(usize),
+    /// Computed once at compile time (constants and what only depends on them).
+    Folded(Value),
+    /// Computed by the node's op from the slots in `inputs`.
+    Compute,
+}
+
+#[derive(Debug)]
+pub struct Plan {
+    pub nodes: Vec<Tensor>,
+    pub steps: Vec<Step>,
+    pub inputs: Vec<Vec<usize>>,
+    /// Slots whose last reader is step i; released after it runs.
+    pub frees: Vec<Vec<usize>>,
+    pub outputs: Vec<usize>,
+}
+
+impl Plan {
+    /// Orders and folds the subgraph `targets` need, treating `feeds` as leaves.
+    pub fn new(feeds: &[Tensor], targets: &[Tensor]) -> Result<Plan> {
+        let feed_index: HashMap<u64, usize> = feeds.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
+        let nodes = topo_order(targets, &|t| feed_index.contains_key(&t.id()));
+        let slot: HashMap<u64, usize> = nodes.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
+        let mut steps = Vec::with_capacity(nodes.len());
+        let mut inputs = Vec::with_capacity(nodes.len());
+        let mut foldable = vec![false; nodes.len()];
+        for (i, t) in nodes.iter().enumerate() {
+            if let Some(&f) = feed_index.get(&t.id()) {
+                steps.push(Step::Fed(f));
+                inputs.push(vec![]);
+                continue;
+            }
+            let ins: Vec<usize> = t.inputs().iter().map(|x| slot[&x.id()]).collect();
+            foldable[i] = match t.op() {
+                Op::Constant(_) => true,
+                Op::Placeholder(_) | Op::Variable(_) => false,
+                _ => !ins.is_empty() && ins.iter().all(|&j| foldable[j]),
+            };
+            steps.push(Step::Compute);
+            inputs.push(ins);
+        }
+        // Fold: evaluate foldable nodes now; a failure is left for run time to report.
+        let mut folded: Vec<Option<Value>> = vec![None; nodes.len()];
+        for i in 0..nodes.len() {
+            if !foldable[i] {
+                continue;
+            }
+            let args: Option<Vec<&Value>> = inputs[i].iter().map(|&j| folded[j].as_ref()).collect();
+            if let Some(args) = args {
+                if let Ok(v) = nodes[i].op().cpu(&args) {
+                    folded[i] = Some(v);
+                }
+            }
+        }
+        let outputs: Vec<usize> = targets.iter().map(|t| slot[&t.id()]).collect();
+        // A folded node whose users are all folded needs no slot at run time.
+        let mut needed = vec![false; nodes.len()];
+        for &o in &outputs {
+            needed[o] = true;
+        }
+        for i in (0..nodes.len()).rev() {
+            if needed[i] && folded[i].is_none() {
+                for &j in &inputs[i] {
+                    needed[j] = true;
+                }
+            }
+        }
+        for (i, f) in folded.into_iter().enumerate() {
+            if let Some(v) = f {
+                if needed[i] {
+                    steps[i] = Step::Folded(v);
+                }
+                inputs[i].clear();
+            }
+        }
+        // Drop steps nothing needs (inputs of folded nodes), keeping order.
+        let keep: Vec<usize> = (0..nodes.len()).filter(|&i| needed[i]).collect();
+        let remap: HashMap<usize, usize> = keep.iter().enumerate().map(|(n, &o)| (o, n)).collect();
+        let mut nodes_k = Vec::with_capacity(keep.len());
+        let mut steps_k = Vec::with_capacity(keep.len());
+        let mut inputs_k = Vec::with_capacity(keep.len());
+        let mut steps_iter: Vec<Option<Step>> = steps.into_iter().map(Some).collect();
+        for &o in &keep {
+            nodes_k.push(nodes[o].clone());
+            steps_k.push(steps_iter[o].take().expect("each step once"));
+            inputs_k.push(inputs[o].iter().map(|j| remap[j]).collect::<Vec<_>>());
+        }
+        let outputs: Vec<usize> = outputs.iter().map(|o| remap[o]).collect();
+        let mut last_use: Vec<Option<usize>> = vec![None; keep.len()];
+        for (i, ins) in inputs_k.iter().enumerate() {
+            for &j in ins {
+                last_use[j] = Some(i);
+            }
+        }
+        let mut frees = vec![Vec::new(); keep.len()];
+        for (j, lu) in last_use.iter().enumerate() {
+            if let Some(i) = lu {
+                if !outputs.contains(&j) {
+                    frees[*i].push(j);
+                }
+            }
+        }
+        Ok(Plan { nodes: nodes_k, steps: steps_k, inputs: inputs_k, frees, outputs })
+    }
+
+    /// Number of kernel launches one run performs (sources and folded values excluded).
+    pub fn dispatches(&self) -> usize {
+        self.steps
+            .iter()
+            .zip(&self.nodes)
+            .filter(|(s, n)| matches!(s, Step::Compute) && !n.inputs().is_empty())
+            .count()
+    }
+}
+
+/// A compiled `K.function`: feeds, outputs and variable updates. Every output and every
+/// update value is computed from the values before the call; then the updates are
+/// assigned together, so a failed call changes nothing.
+pub struct Function {
+    pub feeds: Vec<Tensor>,
+    pub plan: Plan,
+    pub n_outputs: usize,
+    pub updates: Vec<Arc<VarCell>>,
+}
+
+impl Function {
+    pub fn new(feeds: Vec<Tensor>, outputs: Vec<Tensor>, updates: Vec<(Tensor, Tensor)>) -> Result<Function> {
+        let mut targets = outputs.clone();
+        let mut cells = Vec::with_capacity(updates.len());
+        for (var, val) in &updates {
+            let Op::Variable(cell) = var.op() else {
+                return Err(Error::Type(format!("function: an update target must be a variable, got {}", var.op().name())));
+            };
+            if val.dtype() != cell.dtype {
+                return Err(Error::Type(format!(
+                    "function: the update of variable '{}' ({}) has dtype {}",
+                    cell.name, cell.dtype, val.dtype()
+                )));
+            }
+            let ok = val.rank() == cell.shape.len()
+                && val.shape().dims().iter().zip(&cell.shape).all(|(d, &s)| d.is_none_or(|d| d == s));
+            if !ok {
+                return Err(Error::Value(format!(
+                    "function: the update of variable '{}' has shape {}, the variable has shape {:?}",
+                    cell.name, val.shape(), cell.shape
+                )));
+            }
+            cells.push(cell.clone());
+            targets.push(val.clone());
+        }
+        let plan = Plan::new(&feeds, &targets)?;
+        Ok(Function { feeds, plan, n_outputs: outputs.len(), updates: cells })
+    }
+
+    /// Runs the plan on `feeds` (already validated), assigns the updates and returns the outputs.
+    pub fn call(&self, feeds: Vec<Value>) -> Result<Vec<Value>> {
+        let mut values = crate::runtime::cpu::run(&self.plan, feeds)?;
+        let upd = values.split_off(self.n_outputs);
+        for (cell, v) in self.updates.iter().zip(&upd) {
+            if v.shape() != cell.shape.as_slice() {
+                return Err(Error::Value(format!(
+                    "function: the update of variable '{}' has shape {:?}, the variable has shape {:?}",
+                    cell.name,
+                    v.shape(),
+                    cell.shape
+                )));
+            }
+        }
+        for (cell, v) in self.updates.iter().zip(upd) {
+            cell.set(v)?;
+        }
+        Ok(values)
+    }
+}
+
+/// Checks a fed value against the placeholder (or tensor) it feeds, converting its dtype.
+pub fn check_feed(t: &Tensor, v: Value) -> Result<Value> {
+    let name = match t.op() {
+        Op::Placeholder(p) => p.name.clone(),
+        other => other.name(),
+    };
+    let s = v.shape();
+    let ok = s.len() == t.rank() && t.shape().dims().iter().zip(s).all(|(d, &n)| d.is_none_or(|d| d == n));
+    if !ok {
+        return Err(Error::Value(format!(
+            "cannot feed a value of shape {s:?} to '{name}', which has shape {}",
+            t.shape()
+        )));
+    }
+    if v.dtype() != t.dtype() {
+        if v.dtype().is_float() && !t.dtype().is_float() {
+            return Err(Error::Type(format!(
+                "cannot feed a {} value to '{name}', which has dtype {}",
+                v.dtype(),
+                t.dtype()
+            )));
+        }
+        return Ok(v.cast(t.dtype()));
+    }
+    Ok(v)
+}

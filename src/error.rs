@@ -1,0 +1,34 @@
+//! One error type for the whole core; the Python layer maps each kind to one exception class.
+
+use thiserror::Error;
+
+#[derive(Debug, Error, Clone)]
+pub enum Error {
+    /// Arguments whose values are wrong: shapes, axes, sizes. Maps to `ValueError`.
+    #[error("{0}")]
+    Value(String),
+    /// Arguments of the wrong kind or dtype. Maps to `TypeError`.
+    #[error("{0}")]
+    Type(String),
+    /// A placeholder a computation needs was not fed. Maps to `ValueError`.
+    #[error("{0}")]
+    Unfed(String),
+    /// A feature this build or device does not have. Maps to `NotImplementedError`-free `RuntimeError`.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A failure while running a plan (device fault, arithmetic fault). Maps to `RuntimeError`.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[macro_export]
+macro_rules! value_err {
+    ($($t:tt)*) => { $crate::error::Error::Value(format!($($t)*)) };
+}
+
+#[macro_export]
+macro_rules! type_err {
+    ($($t:tt)*) => { $crate::error::Error::Type(format!($($t)*)) };
+}

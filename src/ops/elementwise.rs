@@ -1,0 +1,518 @@
+//! Elementwise primitives: unary math, broadcasting binary math and comparisons, select and
+//! cast. Each op is one line of a table giving its name, its kernel expression per element
+//! class, and (below) its VJP. f16 computes in f32, integers in i64, both stored back.
+
+use super::build::*;
+use super::Op;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::ops::source;
+use crate::runtime::value::{Arr, Elem, Value};
+use crate::shape::{broadcast_runtime, broadcast_static, Shape};
+use half::f16;
+use ndarray::{IxDyn, Zip};
+use num_traits::Float;
+use rayon::prelude::*;
+
+/// Elements per rayon task; below twice this, kernels run on the calling thread.
+pub const GRAIN: usize = 1 << 15;
+
+macro_rules! unary_table {
+    ($( $V:ident $name:literal float |$x:ident| $f:expr $(, int |$ix:ident| $ie:expr)? ; )*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum UnaryOp { $($V),* }
+
+        impl UnaryOp {
+            pub const ALL: &'static [UnaryOp] = &[$(UnaryOp::$V),*];
+            pub fn name(self) -> &'static str { match self { $(UnaryOp::$V => $name),* } }
+            pub fn from_name(s: &str) -> Option<UnaryOp> { match s { $($name => Some(UnaryOp::$V),)* _ => None } }
+            /// Whether the op has an integer kernel.
+            pub fn takes_int(self) -> bool { match self { $(UnaryOp::$V => false $(|| { let _ = stringify!($ix); true })?),* } }
+            fn float_kernel<F: Float + Send + Sync>(self, a: &[F], out: &mut [F]) {
+                match self { $(UnaryOp::$V => par_map(a, out, |$x: F| $f)),* }
+            }
+            fn int_kernel(self, a: &[i64], out: &mut [i64]) {
+                match self {
+                    $(UnaryOp::$V => { $( par_map(a, out, |$ix: i64| $ie); )? let _ = (a, &out); })*
+                }
+            }
+        }
+    };
+}
+
+fn half<F: Float>() -> F {
+    F::from(0.5).unwrap()
+}
+
+unary_table! {
+    Neg     "neg"        float |x| -x,                       int |x| x.wrapping_neg();
+    Abs     "abs"        float |x| x.abs(),                  int |x| x.wrapping_abs();
+    Sign    "sign"       float |x| if x > F::zero() { F::one() } else if x < F::zero() { -F::one() } else { x }, int |x| x.signum();
+    Square  "square"     float |x| x * x,                    int |x| x.wrapping_mul(x);
+    Sqrt    "sqrt"       float |x| x.sqrt();
+    Rsqrt   "rsqrt"      float |x| x.sqrt().recip();
+    Exp     "exp"        float |x| x.exp();
+    Expm1   "expm1"      float |x| x.exp_m1();
+    Log     "log"        float |x| x.ln();
+    Log1p   "log1p"      float |x| x.ln_1p();
+    Sin     "sin"        float |x| x.sin();
+    Cos     "cos"        float |x| x.cos();
+    Tan     "tan"        float |x| x.tan();
+    Tanh    "tanh"       float |x| x.tanh();
+    Sigmoid "sigmoid"    float |x| if x >= F::zero() { (F::one() + (-x).exp()).recip() } else { let e = x.exp(); e / (F::one() + e) };
+    Relu    "relu"       float |x| if x < F::zero() { F::zero() } else { x }, int |x| x.max(0);
+    Round   "round"      float |x| { let r = x.round(); if (x - x.trunc()).abs() == half() { (x * half()).round() * (F::one() + F::one()) } else { r } }, int |x| x;
+    Floor   "floor"      float |x| x.floor(),                int |x| x;
+    Ceil    "ceil"       float |x| x.ceil(),                 int |x| x;
+    Recip   "reciprocal" float |x| x.recip();
+    Softplus "softplus"  float |x| x.max(F::zero()) + (-x.abs()).exp().ln_1p();
+    Not     "logical_not" float |x| x,                       int |x| (x == 0) as i64;
+}
+
+macro_rules! binary_table {
+    ($( $V:ident $name:literal $class:ident float |$a:ident, $b:ident| $f:expr, int |$ia:ident, $ib:ident| $ie:expr ; )*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum BinaryOp { $($V),* }
+
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum BinaryClass { Arith, Compare, Logical }
+
+        impl BinaryOp {
+            pub const ALL: &'static [BinaryOp] = &[$(BinaryOp::$V),*];
+            pub fn name(self) -> &'static str { match self { $(BinaryOp::$V => $name),* } }
+            pub fn from_name(s: &str) -> Option<BinaryOp> { match s { $($name => Some(BinaryOp::$V),)* _ => None } }
+            pub fn class(self) -> BinaryClass { match self { $(BinaryOp::$V => BinaryClass::$class),* } }
+            fn float_kernel<F: Float + Send + Sync>(self, a: &Arr<F>, b: &Arr<F>) -> Result<Value> where F: Elem + PredOrSame<F> {
+                match self { $(BinaryOp::$V => {
+                    let f = |$a: F, $b: F| $f;
+                    float_out::<F, _>(self, a, b, f)
+                })* }
+            }
+            fn int_kernel(self, a: &Arr<i64>, b: &Arr<i64>) -> Result<Value> {
+                match self { $(BinaryOp::$V => {
+                    let f = |$ia: i64, $ib: i64| $ie;
+                    int_out(self, a, b, f)
+                })* }
+            }
+        }
+    };
+}
+
+/// Wraps a kernel result as arithmetic (same type) or predicate (bool) output.
+pub trait BinOut<T> {
+    fn into_value(a: Arr<Self>) -> Value
+    where
+        Self: Sized;
+}
+
+binary_table! {
+    Add      "add"           Arith   float |a, b| a + b,                     int |a, b| a.wrapping_add(b);
+    Sub      "subtract"      Arith   float |a, b| a - b,                     int |a, b| a.wrapping_sub(b);
+    Mul      "multiply"      Arith   float |a, b| a * b,                     int |a, b| a.wrapping_mul(b);
+    Div      "divide"        Arith   float |a, b| a / b,                     int |a, b| floor_div(a, b);
+    FloorDiv "floor_divide"  Arith   float |a, b| (a / b).floor(),           int |a, b| floor_div(a, b);
+    Mod      "mod"           Arith   float |a, b| { let r = a % b; if r != F::zero() && ((r < F::zero()) != (b < F::zero())) { r + b } else { r } }, int |a, b| floor_mod(a, b);
+    Pow      "pow"           Arith   float |a, b| a.powf(b),                 int |a, b| int_pow(a, b);
+    Maximum  "maximum"       Arith   float |a, b| if a >= b || a != a { a } else { b }, int |a, b| a.max(b);
+    Minimum  "minimum"       Arith   float |a, b| if a <= b || a != a { a } else { b }, int |a, b| a.min(b);
+    Equal    "equal"         Compare float |a, b| a == b,                    int |a, b| a == b;
+    NotEqual "not_equal"     Compare float |a, b| a != b,                    int |a, b| a != b;
+    Less     "less"          Compare float |a, b| a < b,                     int |a, b| a < b;
+    LessEqual "less_equal"   Compare float |a, b| a <= b,                    int |a, b| a <= b;
+    Greater  "greater"       Compare float |a, b| a > b,                     int |a, b| a > b;
+    GreaterEqual "greater_equal" Compare float |a, b| a >= b,                int |a, b| a >= b;
+    And      "logical_and"   Logical float |a, b| a != F::zero() && b != F::zero(), int |a, b| a != 0 && b != 0;
+    Or       "logical_or"    Logical float |a, b| a != F::zero() || b != F::zero(), int |a, b| a != 0 || b != 0;
+}
+
+fn floor_div(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        return 0;
+    }
+    let q = a.wrapping_div(b);
+    if a.wrapping_rem(b) != 0 && ((a < 0) != (b < 0)) {
+        q - 1
+    } else {
+        q
+    }
+}
+
+fn floor_mod(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        return 0;
+    }
+    let r = a.wrapping_rem(b);
+    if r != 0 && ((r < 0) != (b < 0)) {
+        r + b
+    } else {
+        r
+    }
+}
+
+fn int_pow(a: i64, b: i64) -> i64 {
+    if b < 0 {
+        return match a {
+            1 => 1,
+            -1 => if b % 2 == 0 { 1 } else { -1 },
+            _ => 0,
+        };
+    }
+    a.wrapping_pow(b.min(u32::MAX as i64) as u32)
+}
+
+// ---------------------------------------------------------------- kernels
+
+fn par_map<T: Copy + Send + Sync, U: Send>(a: &[T], out: &mut [U], f: impl Fn(T) -> U + Sync + Send) {
+    if a.len() < 2 * GRAIN {
+        for (o, &v) in out.iter_mut().zip(a) {
+            *o = f(v);
+        }
+    } else {
+        out.par_chunks_mut(GRAIN).zip(a.par_chunks(GRAIN)).for_each(|(o, a)| {
+            for (o, &v) in o.iter_mut().zip(a) {
+                *o = f(v);
+            }
+        });
+    }
+}
+
+/// Applies `f` with NumPy broadcasting. Fast paths: equal shapes, a scalar side, and one
+/// shape being a suffix of the other (bias adds); the general case uses ndarray's Zip.
+pub fn broadcast_zip<T, U>(name: &str, a: &Arr<T>, b: &Arr<T>, f: impl Fn(T, T) -> U + Sync + Send) -> Result<Arr<U>>
+where
+    T: Copy + Send + Sync,
+    U: Copy + Send + Sync + Default,
+{
+    let (sa, sb) = (a.shape(), b.shape());
+    let shape = broadcast_runtime(name, sa, sb)?;
+    let n: usize = shape.iter().product();
+    let mut out = vec![U::default(); n];
+    let (da, db) = (a.as_slice().expect("standard layout"), b.as_slice().expect("standard layout"));
+    let chunk = |o: &mut [U], a: &[T], b: &[T]| {
+        for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+            *o = f(x, y);
+        }
+    };
+    if sa == sb {
+        if n < 2 * GRAIN {
+            chunk(&mut out, da, db);
+        } else {
+            out.par_chunks_mut(GRAIN)
+                .zip(da.par_chunks(GRAIN).zip(db.par_chunks(GRAIN)))
+                .for_each(|(o, (a, b))| chunk(o, a, b));
+        }
+    } else if db.len() == 1 {
+        let y = db[0];
+        par_map(da, &mut out, |x| f(x, y));
+    } else if da.len() == 1 {
+        let x = da[0];
+        par_map(db, &mut out, |y| f(x, y));
+    } else if n > 0 && sa.len() >= sb.len() && sa.ends_with(sb) && da.len() == n {
+        let m = db.len();
+        let rows = (GRAIN / m).max(1) * m;
+        out.par_chunks_mut(rows).zip(da.par_chunks(rows)).for_each(|(o, a)| {
+            for (o, a) in o.chunks_mut(m).zip(a.chunks(m)) {
+                chunk(o, a, db);
+            }
+        });
+    } else if n > 0 && sb.len() >= sa.len() && sb.ends_with(sa) && db.len() == n {
+        let m = da.len();
+        let rows = (GRAIN / m).max(1) * m;
+        out.par_chunks_mut(rows).zip(db.par_chunks(rows)).for_each(|(o, b)| {
+            for (o, b) in o.chunks_mut(m).zip(b.chunks(m)) {
+                chunk(o, da, b);
+            }
+        });
+    } else {
+        let av = a.broadcast(IxDyn(&shape)).expect("checked broadcast");
+        let bv = b.broadcast(IxDyn(&shape)).expect("checked broadcast");
+        let mut o = ndarray::ArrayViewMut::from_shape(IxDyn(&shape), &mut out).expect("fresh buffer");
+        Zip::from(&mut o).and(&av).and(&bv).for_each(|o, &x, &y| *o = f(x, y));
+    }
+    Ok(Arr::from_shape_vec(IxDyn(&shape), out).expect("shape matches"))
+}
+
+fn float_out<F: Float + Elem + Send + Sync, G>(op: BinaryOp, a: &Arr<F>, b: &Arr<F>, f: impl Fn(F, F) -> G + Sync + Send) -> Result<Value>
+where
+    G: PredOrSame<F>,
+{
+    G::finish(broadcast_zip(op.name(), a, b, f)?)
+}
+
+fn int_out<G: PredOrSame<i64>>(op: BinaryOp, a: &Arr<i64>, b: &Arr<i64>, f: impl Fn(i64, i64) -> G + Sync + Send) -> Result<Value> {
+    G::finish(broadcast_zip(op.name(), a, b, f)?)
+}
+
+/// A binary kernel returns either the element type (arithmetic) or `bool` (predicates).
+pub trait PredOrSame<T>: Copy + Send + Sync + Default + 'static {
+    fn finish(a: Arr<Self>) -> Result<Value>;
+}
+impl PredOrSame<f32> for f32 {
+    fn finish(a: Arr<f32>) -> Result<Value> {
+        Ok(Value::F32(a))
+    }
+}
+impl PredOrSame<f64> for f64 {
+    fn finish(a: Arr<f64>) -> Result<Value> {
+        Ok(Value::F64(a))
+    }
+}
+impl PredOrSame<i64> for i64 {
+    fn finish(a: Arr<i64>) -> Result<Value> {
+        Ok(Value::I64(a))
+    }
+}
+impl<T> PredOrSame<T> for bool {
+    fn finish(a: Arr<bool>) -> Result<Value> {
+        Ok(Value::Bool(a))
+    }
+}
+
+fn new_like<T: Copy + Default>(shape: &[usize]) -> Vec<T> {
+    vec![T::default(); shape.iter().product()]
+}
+
+fn unary_float<F: Float + Elem + Send + Sync + Default>(op: UnaryOp, a: &Arr<F>) -> Arr<F> {
+    let mut out = new_like::<F>(a.shape());
+    op.float_kernel(a.as_slice().expect("standard layout"), &mut out);
+    Arr::from_shape_vec(IxDyn(a.shape()), out).expect("shape matches")
+}
+
+/// Widened compute copies: f16 -> f32 and every integer or bool type -> i64.
+fn widen_f32(a: &Arr<f16>) -> Arr<f32> {
+    a.map(|x| x.to_f32()).into_shared()
+}
+fn widen_i64(v: &Value) -> Arr<i64> {
+    match v.cast(DType::I64) {
+        Value::I64(a) => a,
+        _ => unreachable!("cast to int64 yields int64"),
+    }
+}
+
+pub fn cpu_unary(op: UnaryOp, x: &Value) -> Result<Value> {
+    Ok(match x {
+        Value::F32(a) => Value::F32(unary_float(op, a)),
+        Value::F64(a) => Value::F64(unary_float(op, a)),
+        Value::F16(a) => Value::F32(unary_float(op, &widen_f32(a))).cast(DType::F16),
+        _ => {
+            let a = widen_i64(x);
+            let mut out = new_like::<i64>(a.shape());
+            op.int_kernel(a.as_slice().expect("standard layout"), &mut out);
+            Value::I64(Arr::from_shape_vec(IxDyn(a.shape()), out).expect("shape matches")).cast(x.dtype())
+        }
+    })
+}
+
+pub fn cpu_binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value> {
+    let out = match (a, b) {
+        (Value::F32(x), Value::F32(y)) => op.float_kernel(x, y)?,
+        (Value::F64(x), Value::F64(y)) => op.float_kernel(x, y)?,
+        (Value::F16(x), Value::F16(y)) => op.float_kernel(&widen_f32(x), &widen_f32(y))?,
+        _ if a.dtype() == b.dtype() => op.int_kernel(&widen_i64(a), &widen_i64(b))?,
+        _ => return Err(Error::Type(format!("{}: operands have dtypes {} and {}", op.name(), a.dtype(), b.dtype()))),
+    };
+    Ok(match op.class() {
+        BinaryClass::Arith => out.cast(a.dtype()),
+        BinaryClass::Compare | BinaryClass::Logical => out,
+    })
+}
+
+pub fn cpu_select(c: &Value, a: &Value, b: &Value) -> Result<Value> {
+    let Value::Bool(c) = c else {
+        return Err(Error::Type(format!("select: condition must be bool, got {}", c.dtype())));
+    };
+    fn go<T: Elem>(c: &Arr<bool>, a: &Arr<T>, b: &Arr<T>) -> Result<Value> {
+        let shape = broadcast_runtime("select", &broadcast_runtime("select", c.shape(), a.shape())?, b.shape())?;
+        let (cv, av, bv) = (
+            c.broadcast(IxDyn(&shape)).expect("checked"),
+            a.broadcast(IxDyn(&shape)).expect("checked"),
+            b.broadcast(IxDyn(&shape)).expect("checked"),
+        );
+        let mut out = ndarray::Array::<T, _>::default(IxDyn(&shape));
+        Zip::from(&mut out).and(&cv).and(&av).and(&bv).for_each(|o, &c, &x, &y| *o = if c { x } else { y });
+        Ok(T::wrap(out.into_shared()))
+    }
+    crate::with_value!(a, x => {
+        let y = <_ as Elem>::unwrap(b).ok_or_else(|| Error::Type(format!("select: branches have dtypes {} and {}", a.dtype(), b.dtype())))?;
+        go(c, x, y)
+    })
+}
+
+// ---------------------------------------------------------------- shape and dtype rules
+
+pub fn infer_unary(op: UnaryOp, x: &Tensor) -> Result<(Shape, DType)> {
+    let d = x.dtype();
+    let ok = match op {
+        UnaryOp::Not => d == DType::Bool,
+        _ if d == DType::Bool => false,
+        _ => d.is_float() || op.takes_int(),
+    };
+    if !ok {
+        return Err(Error::Type(format!("{}: unsupported dtype {d}", op.name())));
+    }
+    Ok((x.shape().clone(), d))
+}
+
+pub fn infer_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<(Shape, DType)> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::Type(format!(
+            "{}: operands have different dtypes {} and {} (cast one of them first)",
+            op.name(),
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    let shape = broadcast_static(op.name(), a.shape(), b.shape())?;
+    let d = a.dtype();
+    let dtype = match op.class() {
+        BinaryClass::Arith if d == DType::Bool => {
+            return Err(Error::Type(format!("{}: arithmetic on bool tensors is not supported", op.name())))
+        }
+        BinaryClass::Arith => d,
+        BinaryClass::Compare => DType::Bool,
+        BinaryClass::Logical if d != DType::Bool => {
+            return Err(Error::Type(format!("{}: operands must be bool, got {d}", op.name())))
+        }
+        BinaryClass::Logical => DType::Bool,
+    };
+    Ok((shape, dtype))
+}
+
+pub fn infer_select(inputs: &[Tensor]) -> Result<(Shape, DType)> {
+    let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
+    if c.dtype() != DType::Bool {
+        return Err(Error::Type(format!("switch/select: condition must be bool, got {}", c.dtype())));
+    }
+    if a.dtype() != b.dtype() {
+        return Err(Error::Type(format!("switch/select: branches have different dtypes {} and {}", a.dtype(), b.dtype())));
+    }
+    let s = broadcast_static("select", &broadcast_static("select", c.shape(), a.shape())?, b.shape())?;
+    Ok((s, a.dtype()))
+}
+
+// ---------------------------------------------------------------- builders
+
+pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    Tensor::new(Op::Unary(op), vec![x.clone()])
+}
+pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    Tensor::new(Op::Binary(op), vec![a.clone(), b.clone()])
+}
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Add, a, b)
+}
+pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Sub, a, b)
+}
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Mul, a, b)
+}
+pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Div, a, b)
+}
+pub fn neg(a: &Tensor) -> Result<Tensor> {
+    unary(UnaryOp::Neg, a)
+}
+pub fn select(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    Tensor::new(Op::Select, vec![c.clone(), a.clone(), b.clone()])
+}
+pub fn cast(x: &Tensor, d: DType) -> Result<Tensor> {
+    if x.dtype() == d {
+        return Ok(x.clone());
+    }
+    Tensor::new(Op::Cast(d), vec![x.clone()])
+}
+/// A rank-0 constant of `x`'s dtype.
+pub fn scalar_like(x: &Tensor, v: f64) -> Tensor {
+    source::constant(Value::scalar_f64(x.dtype(), v))
+}
+/// `v` broadcast to `x`'s runtime shape.
+pub fn constant_like(x: &Tensor, v: f64) -> Result<Tensor> {
+    broadcast_like(&scalar_like(x, v), x)
+}
+pub fn zeros_like(x: &Tensor) -> Result<Tensor> {
+    constant_like(x, 0.0)
+}
+
+// ---------------------------------------------------------------- VJP rules
+
+pub fn vjp_unary(op: UnaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let x = node.input(0);
+    let y = node;
+    let c = |v: f64| scalar_like(x, v);
+    let gx = match op {
+        UnaryOp::Neg => neg(g)?,
+        UnaryOp::Abs => mul(g, &unary(UnaryOp::Sign, x)?)?,
+        UnaryOp::Sign => zeros_like(x)?,
+        UnaryOp::Square => mul(g, &mul(x, &c(2.0))?)?,
+        UnaryOp::Sqrt => div(g, &mul(y, &c(2.0))?)?,
+        UnaryOp::Rsqrt => mul(g, &mul(&mul(y, &mul(y, y)?)?, &c(-0.5))?)?,
+        UnaryOp::Exp => mul(g, y)?,
+        UnaryOp::Expm1 => mul(g, &add(y, &c(1.0))?)?,
+        UnaryOp::Log => div(g, x)?,
+        UnaryOp::Log1p => div(g, &add(x, &c(1.0))?)?,
+        UnaryOp::Sin => mul(g, &unary(UnaryOp::Cos, x)?)?,
+        UnaryOp::Cos => neg(&mul(g, &unary(UnaryOp::Sin, x)?)?)?,
+        UnaryOp::Tan => mul(g, &add(&c(1.0), &mul(y, y)?)?)?,
+        UnaryOp::Tanh => mul(g, &sub(&c(1.0), &mul(y, y)?)?)?,
+        UnaryOp::Sigmoid => mul(g, &mul(y, &sub(&c(1.0), y)?)?)?,
+        UnaryOp::Relu => select(&binary(BinaryOp::Greater, x, &c(0.0))?, g, &zeros_like(g)?)?,
+        UnaryOp::Recip => neg(&mul(g, &mul(y, y)?)?)?,
+        UnaryOp::Softplus => mul(g, &unary(UnaryOp::Sigmoid, x)?)?,
+        UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Not => return Ok(vec![None]),
+    };
+    Ok(vec![Some(gx)])
+}
+
+pub fn vjp_binary(op: BinaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (a, b) = (node.input(0), node.input(1));
+    let (ga, gb) = match op {
+        BinaryOp::Add => (g.clone(), g.clone()),
+        BinaryOp::Sub => (g.clone(), neg(g)?),
+        BinaryOp::Mul => (mul(g, b)?, mul(g, a)?),
+        BinaryOp::Div => (div(g, b)?, neg(&div(&mul(g, node)?, b)?)?),
+        BinaryOp::Pow => {
+            let one = scalar_like(a, 1.0);
+            let ga = mul(g, &mul(b, &binary(BinaryOp::Pow, a, &sub(b, &one)?)?)?)?;
+            let pos = binary(BinaryOp::Greater, a, &scalar_like(a, 0.0))?;
+            let safe = select(&pos, a, &one)?;
+            let loga = select(&pos, &unary(UnaryOp::Log, &safe)?, &zeros_like(&safe)?)?;
+            (ga, mul(g, &mul(node, &loga)?)?)
+        }
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            let cmp = if op == BinaryOp::Maximum { BinaryOp::GreaterEqual } else { BinaryOp::LessEqual };
+            let mask = binary(cmp, a, b)?;
+            let z = zeros_like(node)?;
+            let gfull = broadcast_like(g, node)?;
+            (select(&mask, &gfull, &z)?, select(&mask, &z, &gfull)?)
+        }
+        BinaryOp::Mod => (g.clone(), neg(&mul(g, &binary(BinaryOp::FloorDiv, a, b)?)?)?),
+        BinaryOp::FloorDiv
+        | BinaryOp::Equal
+        | BinaryOp::NotEqual
+        | BinaryOp::Less
+        | BinaryOp::LessEqual
+        | BinaryOp::Greater
+        | BinaryOp::GreaterEqual
+        | BinaryOp::And
+        | BinaryOp::Or => return Ok(vec![None, None]),
+    };
+    Ok(vec![Some(sum_like(&ga, a)?), Some(sum_like(&gb, b)?)])
+}
+
+pub fn vjp_select(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (c, a, b) = (node.input(0), node.input(1), node.input(2));
+    let z = zeros_like(node)?;
+    let gfull = broadcast_like(g, node)?;
+    Ok(vec![None, Some(sum_like(&select(c, &gfull, &z)?, a)?), Some(sum_like(&select(c, &z, &gfull)?, b)?)])
+}
+
+pub fn vjp_cast(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let x = node.input(0);
+    if x.dtype().is_float() && node.dtype().is_float() {
+        Ok(vec![Some(cast(g, x.dtype())?)])
+    } else {
+        Ok(vec![None])
+    }
+}

@@ -1,0 +1,210 @@
+//! The primitive table. Every primitive is one variant of `Op`; its shape/dtype rule, VJP
+//! rule and CPU kernel live side by side in the family file named on its line. Matches over
+//! `Op` have no catch-all arm, so adding a variant makes the compiler list every place that
+//! must handle it. Everything else in the `K` API is a composite of these, in Python.
+
+pub mod elementwise;
+pub mod matmul;
+pub mod movement;
+pub mod reduce;
+pub mod source;
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::graph::Tensor;
+use crate::runtime::value::Value;
+use crate::shape::Shape;
+use std::sync::Arc;
+
+pub use elementwise::{BinaryOp, UnaryOp};
+pub use reduce::{ArgOp, ReduceOp, ScanOp};
+pub use source::{PlaceholderInfo, VarCell};
+
+/// One strided range along one axis, as NumPy's `start:stop:step` after normalisation
+/// against the runtime dim (see `movement::resolve_slice`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SliceAxis {
+    pub start: Option<i64>,
+    pub stop: Option<i64>,
+    pub step: i64,
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    //                                        inputs                 family
+    Placeholder(Arc<PlaceholderInfo>),     // ()                     source
+    Constant(Arc<Value>),                  // ()                     source
+    Variable(Arc<VarCell>),                // ()                     source
+    Unary(UnaryOp),                        // (x)                    elementwise
+    Binary(BinaryOp),                      // (a, b) broadcasting    elementwise
+    Select,                                // (cond, a, b)           elementwise
+    Cast(DType),                           // (x)                    elementwise
+    StopGradient,                          // (x) identity, no VJP   elementwise
+    Reduce { op: ReduceOp, axes: Vec<usize>, keepdims: bool }, // (x) reduce
+    Arg { op: ArgOp, axis: usize },        // (x) -> int64           reduce
+    Scan { op: ScanOp, axis: usize, exclusive: bool, reverse: bool }, // (x) reduce
+    Reshape,                               // (x, shape: int 1-D)    movement
+    BroadcastTo,                           // (x, shape: int 1-D)    movement
+    SumTo,                                 // (x, shape: int 1-D)    movement
+    ShapeOf,                               // (x) -> int32 1-D       movement
+    ExpandDims(Vec<usize>),                // (x) axes of the result movement
+    Squeeze(Vec<usize>),                   // (x)                    movement
+    Transpose(Vec<usize>),                 // (x)                    movement
+    Slice(Vec<SliceAxis>),                 // (x)                    movement
+    SliceGrad(Vec<SliceAxis>),             // (g, like)              movement
+    Concat(usize),                         // (x0, x1, ...)          movement
+    ConcatGrad { axis: usize, index: usize }, // (g, x0, x1, ...)    movement
+    Pad { pads: Vec<(usize, usize)>, value: f64 }, // (x)            movement
+    Reverse(Vec<usize>),                   // (x)                    movement
+    Gather(usize),                         // (params, indices)      movement
+    ScatterAdd(usize),                     // (updates, indices, like) movement
+    MatMul { ta: bool, tb: bool },         // (a, b) batched         matmul
+}
+
+impl Op {
+    /// The name used in error messages and plan dumps.
+    pub fn name(&self) -> String {
+        match self {
+            Op::Placeholder(p) => format!("placeholder '{}'", p.name),
+            Op::Constant(_) => "constant".into(),
+            Op::Variable(v) => format!("variable '{}'", v.name),
+            Op::Unary(u) => u.name().into(),
+            Op::Binary(b) => b.name().into(),
+            Op::Select => "select".into(),
+            Op::Cast(d) => format!("cast to {d}"),
+            Op::StopGradient => "stop_gradient".into(),
+            Op::Reduce { op, .. } => op.name().into(),
+            Op::Arg { op, .. } => op.name().into(),
+            Op::Scan { op, .. } => op.name().into(),
+            Op::Reshape => "reshape".into(),
+            Op::BroadcastTo => "broadcast_to".into(),
+            Op::SumTo => "sum_to".into(),
+            Op::ShapeOf => "shape".into(),
+            Op::ExpandDims(_) => "expand_dims".into(),
+            Op::Squeeze(_) => "squeeze".into(),
+            Op::ConcatGrad { .. } => "concatenate_grad".into(),
+            Op::Transpose(_) => "transpose".into(),
+            Op::Slice(_) => "slice".into(),
+            Op::SliceGrad(_) => "slice_grad".into(),
+            Op::Concat(_) => "concatenate".into(),
+            Op::Pad { .. } => "pad".into(),
+            Op::Reverse(_) => "reverse".into(),
+            Op::Gather(_) => "gather".into(),
+            Op::ScatterAdd(_) => "scatter_add".into(),
+            Op::MatMul { .. } => "matmul".into(),
+        }
+    }
+
+    /// Shape and dtype of the node this op makes from `inputs`; rejects bad arguments.
+    pub fn infer(&self, inputs: &[Tensor]) -> Result<(Shape, DType)> {
+        match self {
+            Op::Placeholder(_) | Op::Constant(_) | Op::Variable(_) => source::infer(self),
+            Op::Unary(u) => elementwise::infer_unary(*u, &inputs[0]),
+            Op::Binary(b) => elementwise::infer_binary(*b, &inputs[0], &inputs[1]),
+            Op::Select => elementwise::infer_select(inputs),
+            Op::Cast(d) => Ok((inputs[0].shape().clone(), *d)),
+            Op::StopGradient => Ok((inputs[0].shape().clone(), inputs[0].dtype())),
+            Op::Reduce { op, axes, keepdims } => reduce::infer_reduce(*op, axes, *keepdims, &inputs[0]),
+            Op::Arg { axis, .. } => reduce::infer_arg(*axis, &inputs[0]),
+            Op::Scan { op, axis, .. } => reduce::infer_scan(*op, *axis, &inputs[0]),
+            Op::Reshape => movement::infer_reshape(&inputs[0], &inputs[1]),
+            Op::BroadcastTo => movement::infer_broadcast_to(&inputs[0], &inputs[1]),
+            Op::SumTo => movement::infer_sum_to(&inputs[0], &inputs[1]),
+            Op::ShapeOf => Ok((Shape::known(&[inputs[0].rank()]), DType::I32)),
+            Op::ExpandDims(axes) => movement::infer_expand_dims(axes, &inputs[0]),
+            Op::Squeeze(axes) => movement::infer_squeeze(axes, &inputs[0]),
+            Op::ConcatGrad { axis, index } => movement::infer_concat_grad(*axis, *index, inputs),
+            Op::Transpose(perm) => movement::infer_transpose(perm, &inputs[0]),
+            Op::Slice(spec) => movement::infer_slice(spec, &inputs[0]),
+            Op::SliceGrad(spec) => movement::infer_slice_grad(spec, &inputs[0], &inputs[1]),
+            Op::Concat(axis) => movement::infer_concat(*axis, inputs),
+            Op::Pad { pads, .. } => movement::infer_pad(pads, &inputs[0]),
+            Op::Reverse(axes) => movement::infer_reverse(axes, &inputs[0]),
+            Op::Gather(axis) => movement::infer_gather(*axis, &inputs[0], &inputs[1]),
+            Op::ScatterAdd(axis) => movement::infer_scatter_add(*axis, inputs),
+            Op::MatMul { ta, tb } => matmul::infer(*ta, *tb, &inputs[0], &inputs[1]),
+        }
+    }
+
+    /// The vector-Jacobian product: one gradient (or `None`) per input of `node`, given the
+    /// gradient `g` flowing into its output. Written in graph ops, so it runs on every device
+    /// and can itself be differentiated.
+    pub fn vjp(&self, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        match self {
+            Op::Placeholder(_) | Op::Constant(_) | Op::Variable(_) => Ok(vec![]),
+            Op::Unary(u) => elementwise::vjp_unary(*u, node, g),
+            Op::Binary(b) => elementwise::vjp_binary(*b, node, g),
+            Op::Select => elementwise::vjp_select(node, g),
+            Op::Cast(_) => elementwise::vjp_cast(node, g),
+            Op::StopGradient => Ok(vec![None]),
+            Op::Reduce { op, axes, keepdims } => reduce::vjp_reduce(*op, axes, *keepdims, node, g),
+            Op::Arg { .. } => Ok(vec![None]),
+            Op::Scan { op, axis, exclusive, reverse } => reduce::vjp_scan(*op, *axis, *exclusive, *reverse, node, g),
+            Op::Reshape => movement::vjp_reshape(node, g),
+            Op::BroadcastTo => movement::vjp_broadcast_to(node, g),
+            Op::SumTo => movement::vjp_sum_to(node, g),
+            Op::ShapeOf => Ok(vec![None]),
+            Op::ExpandDims(axes) => movement::vjp_expand_dims(axes, g),
+            Op::Squeeze(axes) => movement::vjp_squeeze(axes, g),
+            Op::ConcatGrad { axis, .. } => movement::vjp_concat_grad(*axis, node, g),
+            Op::Transpose(perm) => movement::vjp_transpose(perm, g),
+            Op::Slice(spec) => movement::vjp_slice(spec, node, g),
+            Op::SliceGrad(spec) => movement::vjp_slice_grad(spec, g),
+            Op::Concat(axis) => movement::vjp_concat(*axis, node, g),
+            Op::Pad { pads, .. } => movement::vjp_pad(pads, node, g),
+            Op::Reverse(axes) => movement::vjp_reverse(axes, g),
+            Op::Gather(axis) => movement::vjp_gather(*axis, node, g),
+            Op::ScatterAdd(axis) => movement::vjp_scatter_add(*axis, node, g),
+            Op::MatMul { ta, tb } => matmul::vjp(*ta, *tb, node, g),
+        }
+    }
+
+    /// Runs the op on host values. Sources are resolved by the executor, not here.
+    pub fn cpu(&self, inputs: &[&Value]) -> Result<Value> {
+        match self {
+            Op::Placeholder(_) | Op::Constant(_) | Op::Variable(_) => source::cpu(self),
+            Op::Unary(u) => elementwise::cpu_unary(*u, inputs[0]),
+            Op::Binary(b) => elementwise::cpu_binary(*b, inputs[0], inputs[1]),
+            Op::Select => elementwise::cpu_select(inputs[0], inputs[1], inputs[2]),
+            Op::Cast(d) => Ok(inputs[0].cast(*d)),
+            Op::StopGradient => Ok(inputs[0].clone()),
+            Op::Reduce { op, axes, keepdims } => reduce::cpu_reduce(*op, axes, *keepdims, inputs[0]),
+            Op::Arg { op, axis } => reduce::cpu_arg(*op, *axis, inputs[0]),
+            Op::Scan { op, axis, exclusive, reverse } => reduce::cpu_scan(*op, *axis, *exclusive, *reverse, inputs[0]),
+            Op::Reshape => movement::cpu_reshape(inputs[0], inputs[1]),
+            Op::BroadcastTo => movement::cpu_broadcast_to(inputs[0], inputs[1]),
+            Op::SumTo => movement::cpu_sum_to(inputs[0], inputs[1]),
+            Op::ShapeOf => movement::cpu_shape_of(inputs[0]),
+            Op::ExpandDims(axes) => movement::cpu_expand_dims(axes, inputs[0]),
+            Op::Squeeze(axes) => movement::cpu_squeeze(axes, inputs[0]),
+            Op::ConcatGrad { axis, index } => movement::cpu_concat_grad(*axis, *index, inputs),
+            Op::Transpose(perm) => movement::cpu_transpose(perm, inputs[0]),
+            Op::Slice(spec) => movement::cpu_slice(spec, inputs[0]),
+            Op::SliceGrad(spec) => movement::cpu_slice_grad(spec, inputs[0], inputs[1]),
+            Op::Concat(axis) => movement::cpu_concat(*axis, inputs),
+            Op::Pad { pads, value } => movement::cpu_pad(pads, *value, inputs[0]),
+            Op::Reverse(axes) => movement::cpu_reverse(axes, inputs[0]),
+            Op::Gather(axis) => movement::cpu_gather(*axis, inputs[0], inputs[1]),
+            Op::ScatterAdd(axis) => movement::cpu_scatter_add(*axis, inputs[0], inputs[1], inputs[2]),
+            Op::MatMul { ta, tb } => matmul::cpu(*ta, *tb, inputs[0], inputs[1]),
+        }
+    }
+
+    /// Whether the op is elementwise (a fusion candidate).
+    pub fn is_elementwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
+    }
+}
+
+/// Shorthands used by the VJP rules, so rules read like the math.
+pub mod build {
+    pub use super::elementwise::{
+        add, binary, cast, constant_like, div, mul, neg, scalar_like, select, sub, unary, zeros_like,
+    };
+    pub use super::matmul::matmul;
+    pub use super::movement::{
+        broadcast_like, broadcast_to, concat, expand_dims, full_spec, gather, int_vector, pad, reshape_like,
+        reshape_to, reverse, scatter_add, shape_of, slice, slice_grad, squeeze, sum_like, sum_to, transpose,
+    };
+    pub use super::reduce::{arg, reduce, scan};
+}

@@ -1,0 +1,499 @@
+//! Reductions along axes, arg-reductions and cumulative scans. Kernels see a tensor as
+//! (outer, reduced, inner) blocks: reducing trailing axes sums contiguous rows, reducing
+//! leading axes accumulates whole rows (vectorised over `inner`), and other axis sets are
+//! first permuted into one of those forms.
+
+use super::build::*;
+use super::Op;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::runtime::value::{Arr, Elem, Value};
+use crate::shape::Shape;
+use ndarray::IxDyn;
+use num_traits::Float;
+use rayon::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Mean,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgOp {
+    ArgMax,
+    ArgMin,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScanOp {
+    Cumsum,
+    Cumprod,
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Mean => "mean",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<ReduceOp> {
+        Some(match s {
+            "sum" => ReduceOp::Sum,
+            "prod" => ReduceOp::Prod,
+            "max" => ReduceOp::Max,
+            "min" => ReduceOp::Min,
+            "mean" => ReduceOp::Mean,
+            _ => return None,
+        })
+    }
+}
+
+impl ArgOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ArgOp::ArgMax => "argmax",
+            ArgOp::ArgMin => "argmin",
+        }
+    }
+}
+
+impl ScanOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanOp::Cumsum => "cumsum",
+            ScanOp::Cumprod => "cumprod",
+        }
+    }
+}
+
+// ---------------------------------------------------------------- shape rules
+
+pub fn infer_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Tensor) -> Result<(Shape, DType)> {
+    if x.dtype() == DType::Bool && !matches!(op, ReduceOp::Max | ReduceOp::Min) {
+        return Err(Error::Type(format!("{}: bool tensors must be cast to a number type first", op.name())));
+    }
+    if let Some(&a) = axes.iter().find(|&&a| a >= x.rank()) {
+        return Err(Error::Value(format!("{}: axis {a} is out of range for rank {}", op.name(), x.rank())));
+    }
+    Ok((reduced_shape(x.shape(), axes, keepdims), x.dtype()))
+}
+
+fn reduced_shape(s: &Shape, axes: &[usize], keepdims: bool) -> Shape {
+    Shape(
+        s.dims()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+                (false, _) => Some(d),
+                (true, true) => Some(Some(1)),
+                (true, false) => None,
+            })
+            .collect(),
+    )
+}
+
+pub fn infer_arg(axis: usize, x: &Tensor) -> Result<(Shape, DType)> {
+    if axis >= x.rank() {
+        return Err(Error::Value(format!("argmax/argmin: axis {axis} is out of range for rank {}", x.rank())));
+    }
+    Ok((reduced_shape(x.shape(), &[axis], false), DType::I64))
+}
+
+pub fn infer_scan(op: ScanOp, axis: usize, x: &Tensor) -> Result<(Shape, DType)> {
+    if axis >= x.rank() {
+        return Err(Error::Value(format!("{}: axis {axis} is out of range for rank {}", op.name(), x.rank())));
+    }
+    if x.dtype() == DType::Bool {
+        return Err(Error::Type(format!("{}: bool tensors must be cast to a number type first", op.name())));
+    }
+    Ok((x.shape().clone(), x.dtype()))
+}
+
+// ---------------------------------------------------------------- builders
+
+/// Reduces `x` over `axes` (already normalised). Products over several axes are chained
+/// single-axis products, so their gradient rule stays exact at zeros.
+pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Tensor> {
+    let mut axes = axes.to_vec();
+    axes.sort_unstable();
+    axes.dedup();
+    if op == ReduceOp::Prod && axes.len() > 1 {
+        let mut t = x.clone();
+        for &a in axes.iter().rev() {
+            t = Tensor::new(Op::Reduce { op, axes: vec![a], keepdims }, vec![t])?;
+        }
+        return Ok(t);
+    }
+    Tensor::new(Op::Reduce { op, axes, keepdims }, vec![x.clone()])
+}
+
+pub fn arg(op: ArgOp, x: &Tensor, axis: usize) -> Result<Tensor> {
+    Tensor::new(Op::Arg { op, axis }, vec![x.clone()])
+}
+
+pub fn scan(op: ScanOp, x: &Tensor, axis: usize, exclusive: bool, reverse: bool) -> Result<Tensor> {
+    Tensor::new(Op::Scan { op, axis, exclusive, reverse }, vec![x.clone()])
+}
+
+// ---------------------------------------------------------------- VJP rules
+
+/// The number of elements reduced into each output element, as a scalar of `x`'s dtype.
+fn count(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    if let (Some(a), Some(b)) = (x.shape().numel(), y.shape().numel()) {
+        return Ok(scalar_like(x, if b == 0 { 0.0 } else { a as f64 / b as f64 }));
+    }
+    let n = |t: &Tensor| -> Result<Tensor> { cast(&reduce(ReduceOp::Prod, &shape_of(t)?, &[0], false)?, x.dtype()) };
+    div(&n(x)?, &n(y)?)
+}
+
+pub fn vjp_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let x = node.input(0);
+    let keep = |t: &Tensor| -> Result<Tensor> { if keepdims { Ok(t.clone()) } else { expand_dims(t, axes) } };
+    let gk = keep(g)?;
+    let gx = match op {
+        ReduceOp::Sum => broadcast_like(&gk, x)?,
+        ReduceOp::Mean => div(&broadcast_like(&gk, x)?, &count(x, node)?)?,
+        ReduceOp::Max | ReduceOp::Min => {
+            let yk = keep(node)?;
+            let mask = cast(&binary(super::BinaryOp::Equal, x, &yk)?, x.dtype())?;
+            let ties = reduce(ReduceOp::Sum, &mask, axes, true)?;
+            mul(&mask, &div(&gk, &ties)?)?
+        }
+        ReduceOp::Prod => {
+            // d prod / d x_i = product of the others = exclusive cumprods from both sides.
+            let a = axes[0];
+            let left = scan(ScanOp::Cumprod, x, a, true, false)?;
+            let right = scan(ScanOp::Cumprod, x, a, true, true)?;
+            mul(&broadcast_like(&gk, x)?, &mul(&left, &right)?)?
+        }
+    };
+    Ok(vec![Some(gx)])
+}
+
+pub fn vjp_scan(op: ScanOp, axis: usize, exclusive: bool, reverse: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let x = node.input(0);
+    let gx = match op {
+        ScanOp::Cumsum => scan(ScanOp::Cumsum, g, axis, exclusive, !reverse)?,
+        ScanOp::Cumprod => div(&scan(ScanOp::Cumsum, &mul(g, node)?, axis, exclusive, !reverse)?, x)?,
+    };
+    Ok(vec![Some(gx)])
+}
+
+// ---------------------------------------------------------------- kernels
+
+/// Splits `shape` around a contiguous block of axes [lo, hi) into (outer, reduced, inner).
+fn blocks(shape: &[usize], lo: usize, hi: usize) -> (usize, usize, usize) {
+    (shape[..lo].iter().product(), shape[lo..hi].iter().product(), shape[hi..].iter().product())
+}
+
+/// Moves `axes` to the end (keeping order) when they are not already one contiguous block,
+/// returning the value to reduce and the block [lo, hi) holding the axes.
+fn contiguous_block(x: &Value, axes: &[usize]) -> (Value, usize, usize) {
+    let r = x.shape().len();
+    if axes.is_empty() {
+        return (x.clone(), r, r);
+    }
+    let (lo, hi) = (axes[0], axes[axes.len() - 1] + 1);
+    if hi - lo == axes.len() {
+        return (x.clone(), lo, hi);
+    }
+    let mut perm: Vec<usize> = (0..r).filter(|i| !axes.contains(i)).collect();
+    perm.extend_from_slice(axes);
+    let t = crate::map_value!(x.clone(), a => a.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned().into_shared());
+    (t, r - axes.len(), r)
+}
+
+trait Acc: Copy + Send + Sync + PartialOrd + 'static {
+    fn zero() -> Self;
+    fn one() -> Self;
+    fn lowest() -> Self;
+    fn highest() -> Self;
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn is_nan(self) -> bool;
+    fn div_count(self, n: usize) -> Self;
+}
+
+macro_rules! acc_float {
+    ($t:ty) => {
+        impl Acc for $t {
+            fn zero() -> Self { 0.0 }
+            fn one() -> Self { 1.0 }
+            fn lowest() -> Self { <$t>::NEG_INFINITY }
+            fn highest() -> Self { <$t>::INFINITY }
+            #[inline(always)] fn add(self, o: Self) -> Self { self + o }
+            #[inline(always)] fn mul(self, o: Self) -> Self { self * o }
+            #[inline(always)] fn is_nan(self) -> bool { self != self }
+            fn div_count(self, n: usize) -> Self { self / n as $t }
+        }
+    };
+}
+acc_float!(f32);
+acc_float!(f64);
+impl Acc for i64 {
+    fn zero() -> Self { 0 }
+    fn one() -> Self { 1 }
+    fn lowest() -> Self { i64::MIN }
+    fn highest() -> Self { i64::MAX }
+    #[inline(always)] fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+    #[inline(always)] fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+    #[inline(always)] fn is_nan(self) -> bool { false }
+    fn div_count(self, n: usize) -> Self { if n == 0 { 0 } else { self / n as i64 } }
+}
+
+/// Pairwise summation: error grows with log(n), not n, and the 8-lane base case vectorises.
+fn pairwise_sum<T: Acc>(xs: &[T]) -> T {
+    if xs.len() <= 256 {
+        let mut lanes = [T::zero(); 8];
+        let mut chunks = xs.chunks_exact(8);
+        for c in &mut chunks {
+            for i in 0..8 {
+                lanes[i] = lanes[i].add(c[i]);
+            }
+        }
+        let mut s = T::zero();
+        for &v in chunks.remainder() {
+            s = s.add(v);
+        }
+        let l = lanes;
+        return s.add(((l[0].add(l[1])).add(l[2].add(l[3]))).add((l[4].add(l[5])).add(l[6].add(l[7]))));
+    }
+    let mid = xs.len() / 2 / 8 * 8;
+    pairwise_sum(&xs[..mid]).add(pairwise_sum(&xs[mid..]))
+}
+
+#[inline(always)]
+fn pick_max<T: Acc>(a: T, b: T) -> T {
+    if b > a || b.is_nan() { b } else { a }
+}
+#[inline(always)]
+fn pick_min<T: Acc>(a: T, b: T) -> T {
+    if b < a || b.is_nan() { b } else { a }
+}
+
+fn reduce_row<T: Acc>(op: ReduceOp, row: &[T]) -> T {
+    match op {
+        ReduceOp::Sum => pairwise_sum(row),
+        ReduceOp::Mean => pairwise_sum(row).div_count(row.len()),
+        ReduceOp::Prod => row.iter().fold(T::one(), |a, &b| a.mul(b)),
+        ReduceOp::Max => row.iter().fold(T::lowest(), |a, &b| pick_max(a, b)),
+        ReduceOp::Min => row.iter().fold(T::highest(), |a, &b| pick_min(a, b)),
+    }
+}
+
+fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inner: usize) -> Vec<T> {
+    if inner == 1 {
+        let mut out = vec![T::zero(); outer];
+        if red == 0 {
+            out.iter_mut().for_each(|o| *o = reduce_row(op, &[]));
+        } else if outer * red >= 1 << 15 {
+            out.par_iter_mut().zip(data.par_chunks(red)).for_each(|(o, row)| *o = reduce_row(op, row));
+        } else {
+            out.iter_mut().zip(data.chunks(red)).for_each(|(o, row)| *o = reduce_row(op, row));
+        }
+        return out;
+    }
+    let init = match op {
+        ReduceOp::Sum | ReduceOp::Mean => T::zero(),
+        ReduceOp::Prod => T::one(),
+        ReduceOp::Max => T::lowest(),
+        ReduceOp::Min => T::highest(),
+    };
+    let mut out = vec![init; outer * inner];
+    let per_outer = |o: &mut [T], block: &[T]| {
+        for row in block.chunks(inner) {
+            match op {
+                ReduceOp::Sum | ReduceOp::Mean => o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.add(b)),
+                ReduceOp::Prod => o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.mul(b)),
+                ReduceOp::Max => o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_max(*a, b)),
+                ReduceOp::Min => o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_min(*a, b)),
+            }
+        }
+        if op == ReduceOp::Mean {
+            o.iter_mut().for_each(|a| *a = a.div_count(red));
+        }
+    };
+    if red * inner == 0 {
+        if op == ReduceOp::Mean {
+            out.iter_mut().for_each(|a| *a = a.div_count(0));
+        }
+        return out;
+    }
+    if outer > 1 && outer * red * inner >= 1 << 15 {
+        out.par_chunks_mut(inner).zip(data.par_chunks(red * inner)).for_each(|(o, b)| per_outer(o, b));
+    } else if inner >= 4096 && red * inner >= 1 << 15 {
+        // One outer block, wide rows: split the columns across threads.
+        let cols = 1024;
+        for (oi, block) in out.chunks_mut(inner).zip(data.chunks(red * inner)) {
+            oi.par_chunks_mut(cols).enumerate().for_each(|(ci, o)| {
+                let start = ci * cols;
+                for r in 0..red {
+                    let row = &block[r * inner + start..r * inner + start + o.len()];
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Mean => o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.add(b)),
+                        ReduceOp::Prod => o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.mul(b)),
+                        ReduceOp::Max => o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_max(*a, b)),
+                        ReduceOp::Min => o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_min(*a, b)),
+                    }
+                }
+                if op == ReduceOp::Mean {
+                    o.iter_mut().for_each(|a| *a = a.div_count(red));
+                }
+            });
+        }
+    } else {
+        out.chunks_mut(inner).zip(data.chunks(red * inner)).for_each(|(o, b)| per_outer(o, b));
+    }
+    out
+}
+
+/// Runs `f` on a compute-class copy of `x` (f32, f64 or i64) and casts the result back.
+fn in_class(
+    x: &Value,
+    back: DType,
+    f32f: impl FnOnce(&[f32]) -> (Vec<f32>, Vec<usize>),
+    f64f: impl FnOnce(&[f64]) -> (Vec<f64>, Vec<usize>),
+    i64f: impl FnOnce(&[i64]) -> (Vec<i64>, Vec<usize>),
+) -> Value {
+    let out = match x {
+        Value::F32(a) => { let (v, s) = f32f(a.as_slice().expect("standard")); Value::from_vec(&s, v) }
+        Value::F64(a) => { let (v, s) = f64f(a.as_slice().expect("standard")); Value::from_vec(&s, v) }
+        Value::F16(_) => {
+            let Value::F32(a) = x.cast(DType::F32) else { unreachable!() };
+            let (v, s) = f32f(a.as_slice().expect("standard"));
+            Value::from_vec(&s, v)
+        }
+        _ => {
+            let Value::I64(a) = x.cast(DType::I64) else { unreachable!() };
+            let (v, s) = i64f(a.as_slice().expect("standard"));
+            Value::from_vec(&s, v)
+        }
+    };
+    out.expect("kernel output matches its shape").cast(back)
+}
+
+pub fn cpu_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Value) -> Result<Value> {
+    let in_shape = x.shape().to_vec();
+    let out_shape: Vec<usize> = in_shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+            (false, _) => Some(d),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    let (t, lo, hi) = contiguous_block(x, axes);
+    let (outer, red, inner) = blocks(t.shape(), lo, hi);
+    let s = out_shape.clone();
+    let s2 = out_shape.clone();
+    let s3 = out_shape;
+    Ok(in_class(
+        &t,
+        x.dtype(),
+        |d| (reduce_blocks(op, d, outer, red, inner), s),
+        |d| (reduce_blocks(op, d, outer, red, inner), s2),
+        |d| (reduce_blocks(op, d, outer, red, inner), s3),
+    ))
+}
+
+fn arg_blocks<T: Acc>(op: ArgOp, data: &[T], outer: usize, red: usize, inner: usize) -> Vec<i64> {
+    let mut out = vec![0i64; outer * inner];
+    for o in 0..outer {
+        for j in 0..inner {
+            let mut best = 0usize;
+            for r in 1..red {
+                let v = data[(o * red + r) * inner + j];
+                let b = data[(o * red + best) * inner + j];
+                let better = match op {
+                    ArgOp::ArgMax => v > b || (v.is_nan() && !b.is_nan()),
+                    ArgOp::ArgMin => v < b || (v.is_nan() && !b.is_nan()),
+                };
+                if better {
+                    best = r;
+                }
+            }
+            out[o * inner + j] = best as i64;
+        }
+    }
+    out
+}
+
+pub fn cpu_arg(op: ArgOp, axis: usize, x: &Value) -> Result<Value> {
+    let shape = x.shape().to_vec();
+    if shape[axis] == 0 {
+        return Err(Error::Value(format!("{}: cannot reduce an empty axis {axis} of shape {shape:?}", op.name())));
+    }
+    let (outer, red, inner) = blocks(&shape, axis, axis + 1);
+    let mut out_shape = shape.clone();
+    out_shape.remove(axis);
+    let v = match x {
+        Value::F32(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
+        Value::F64(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
+        Value::F16(_) => {
+            let Value::F32(a) = x.cast(DType::F32) else { unreachable!() };
+            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
+        }
+        _ => {
+            let Value::I64(a) = x.cast(DType::I64) else { unreachable!() };
+            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
+        }
+    };
+    Value::from_vec(&out_shape, v)
+}
+
+fn scan_blocks<T: Acc>(op: ScanOp, data: &[T], outer: usize, red: usize, inner: usize, exclusive: bool, reverse: bool) -> Vec<T> {
+    let mut out = vec![T::zero(); data.len()];
+    let init = match op {
+        ScanOp::Cumsum => T::zero(),
+        ScanOp::Cumprod => T::one(),
+    };
+    for o in 0..outer {
+        let mut acc = vec![init; inner];
+        for k in 0..red {
+            let r = if reverse { red - 1 - k } else { k };
+            let base = (o * red + r) * inner;
+            for j in 0..inner {
+                let v = data[base + j];
+                if exclusive {
+                    out[base + j] = acc[j];
+                }
+                acc[j] = match op {
+                    ScanOp::Cumsum => acc[j].add(v),
+                    ScanOp::Cumprod => acc[j].mul(v),
+                };
+                if !exclusive {
+                    out[base + j] = acc[j];
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn cpu_scan(op: ScanOp, axis: usize, exclusive: bool, reverse: bool, x: &Value) -> Result<Value> {
+    let shape = x.shape().to_vec();
+    let (outer, red, inner) = blocks(&shape, axis, axis + 1);
+    let (s1, s2, s3) = (shape.clone(), shape.clone(), shape);
+    Ok(in_class(
+        x,
+        x.dtype(),
+        |d| (scan_blocks(op, d, outer, red, inner, exclusive, reverse), s1),
+        |d| (scan_blocks(op, d, outer, red, inner, exclusive, reverse), s2),
+        |d| (scan_blocks(op, d, outer, red, inner, exclusive, reverse), s3),
+    ))
+}
+
+#[allow(dead_code)]
+fn _float_bound<F: Float>() {}
+#[allow(dead_code)]
+fn _elem_bound<T: Elem>(_: &Arr<T>) {}

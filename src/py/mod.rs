@@ -1,0 +1,387 @@
+//! The private `ferrokeras._core` module. Each binding is a thin wrapper that converts
+//! arguments, calls the Rust core and maps its `Error` through `err()`; the K semantics
+//! (argument normalisation, composites) live in `python/ferrokeras/backend.py`.
+
+use crate::compile::{check_feed, Function};
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::graph::Tensor;
+use crate::ops::{self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell};
+use crate::runtime::value::Value;
+use crate::shape::{norm_axes, norm_axis, Shape};
+use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+fn err(e: Error) -> PyErr {
+    match e {
+        Error::Value(m) | Error::Unfed(m) => PyValueError::new_err(m),
+        Error::Type(m) => PyTypeError::new_err(m),
+        Error::Unsupported(m) | Error::Runtime(m) => PyRuntimeError::new_err(m),
+    }
+}
+
+type R<T> = PyResult<T>;
+
+/// Runs `f`, turning a Rust panic into a Python `RuntimeError` instead of unwinding into Python.
+fn guarded<T>(what: &str, f: impl FnOnce() -> crate::Result<T>) -> R<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(err),
+        Err(p) => {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(PyRuntimeError::new_err(format!("internal error in {what}: {}", msg.unwrap_or_default())))
+        }
+    }
+}
+
+// ---------------------------------------------------------------- NumPy <-> Value
+
+fn to_value(obj: &Bound<'_, PyAny>) -> R<Value> {
+    macro_rules! try_as {
+        ($t:ty, $var:ident) => {
+            if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
+                let ro = a.try_readonly().map_err(|e| PyValueError::new_err(format!("array is not readable: {e}")))?;
+                return Ok(Value::$var(ro.as_array().as_standard_layout().into_owned().into_shared()));
+            }
+        };
+    }
+    try_as!(f32, F32);
+    try_as!(f64, F64);
+    try_as!(i32, I32);
+    try_as!(i64, I64);
+    try_as!(bool, Bool);
+    try_as!(half::f16, F16);
+    try_as!(i8, I8);
+    try_as!(i16, I16);
+    try_as!(u8, U8);
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        return Err(PyTypeError::new_err(format!("unsupported array dtype {}", a.dtype())));
+    }
+    Err(PyTypeError::new_err(format!("expected a numpy array, got {}", obj.get_type().name()?)))
+}
+
+fn to_py(py: Python<'_>, v: Value) -> Py<PyAny> {
+    crate::with_value!(v, a => PyArrayDyn::from_owned_array(py, a.into_owned()).into_any().unbind())
+}
+
+fn dtype(s: &str) -> R<DType> {
+    DType::parse(s).map_err(err)
+}
+
+// ---------------------------------------------------------------- Tensor
+
+#[pyclass(name = "Tensor", module = "ferrokeras._core", frozen, from_py_object)]
+#[derive(Clone)]
+pub struct PyTensor(pub Tensor);
+
+#[pymethods]
+impl PyTensor {
+    #[getter]
+    fn shape(&self) -> Vec<Option<usize>> {
+        self.0.shape().0.clone()
+    }
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.0.dtype().name()
+    }
+    #[getter]
+    fn id(&self) -> u64 {
+        self.0.id()
+    }
+    #[getter]
+    fn op(&self) -> String {
+        self.0.op().name()
+    }
+    fn is_placeholder(&self) -> bool {
+        matches!(self.0.op(), ops::Op::Placeholder(_))
+    }
+    fn is_variable(&self) -> bool {
+        matches!(self.0.op(), ops::Op::Variable(_))
+    }
+    fn is_constant(&self) -> bool {
+        matches!(self.0.op(), ops::Op::Constant(_))
+    }
+    fn __repr__(&self) -> String {
+        format!("<_core.Tensor {} shape={} dtype={}>", self.0.op().name(), self.0.shape(), self.0.dtype())
+    }
+}
+
+fn t(x: &PyTensor) -> &Tensor {
+    &x.0
+}
+fn wrap(r: crate::Result<Tensor>) -> R<PyTensor> {
+    r.map(PyTensor).map_err(err)
+}
+
+// ---------------------------------------------------------------- Variable
+
+#[pyclass(name = "Variable", module = "ferrokeras._core", frozen)]
+pub struct PyVariable {
+    cell: Arc<VarCell>,
+    tensor: Tensor,
+}
+
+#[pymethods]
+impl PyVariable {
+    #[new]
+    fn new(value: &Bound<'_, PyAny>, name: &str) -> R<Self> {
+        let (cell, tensor) = source::variable(name, to_value(value)?);
+        Ok(PyVariable { cell, tensor })
+    }
+    #[getter]
+    fn tensor(&self) -> PyTensor {
+        PyTensor(self.tensor.clone())
+    }
+    #[getter]
+    fn name(&self) -> String {
+        self.cell.name.clone()
+    }
+    fn get(&self, py: Python<'_>) -> Py<PyAny> {
+        to_py(py, self.cell.get())
+    }
+    fn set(&self, value: &Bound<'_, PyAny>) -> R<()> {
+        self.cell.set(to_value(value)?).map_err(err)
+    }
+}
+
+// ---------------------------------------------------------------- sources
+
+#[pyfunction]
+#[pyo3(signature = (name, shape, dtype_name, default=None))]
+fn placeholder(name: &str, shape: Vec<Option<usize>>, dtype_name: &str, default: Option<&Bound<'_, PyAny>>) -> R<PyTensor> {
+    let d = default.map(to_value).transpose()?;
+    wrap(source::placeholder(name, Shape(shape), dtype(dtype_name)?, d))
+}
+
+#[pyfunction]
+fn constant(value: &Bound<'_, PyAny>) -> R<PyTensor> {
+    Ok(PyTensor(source::constant(to_value(value)?)))
+}
+
+// ---------------------------------------------------------------- ops (one line each)
+
+#[pyfunction]
+fn unary(name: &str, x: &PyTensor) -> R<PyTensor> {
+    let op = UnaryOp::from_name(name).ok_or_else(|| PyValueError::new_err(format!("unknown unary op '{name}'")))?;
+    wrap(build::unary(op, t(x)))
+}
+
+#[pyfunction]
+fn binary(name: &str, a: &PyTensor, b: &PyTensor) -> R<PyTensor> {
+    let op = BinaryOp::from_name(name).ok_or_else(|| PyValueError::new_err(format!("unknown binary op '{name}'")))?;
+    wrap(build::binary(op, t(a), t(b)))
+}
+
+#[pyfunction]
+fn select(c: &PyTensor, a: &PyTensor, b: &PyTensor) -> R<PyTensor> {
+    wrap(build::select(t(c), t(a), t(b)))
+}
+
+#[pyfunction]
+fn cast(x: &PyTensor, dtype_name: &str) -> R<PyTensor> {
+    wrap(build::cast(t(x), dtype(dtype_name)?))
+}
+
+#[pyfunction]
+fn stop_gradient(x: &PyTensor) -> R<PyTensor> {
+    wrap(Tensor::new(ops::Op::StopGradient, vec![t(x).clone()]))
+}
+
+#[pyfunction]
+fn reduce(name: &str, x: &PyTensor, axes: Vec<i64>, keepdims: bool) -> R<PyTensor> {
+    let op = ReduceOp::from_name(name).ok_or_else(|| PyValueError::new_err(format!("unknown reduction '{name}'")))?;
+    let axes = norm_axes(name, &axes, t(x).rank()).map_err(err)?;
+    wrap(build::reduce(op, t(x), &axes, keepdims))
+}
+
+#[pyfunction]
+fn arg(name: &str, x: &PyTensor, axis: i64) -> R<PyTensor> {
+    let op = match name {
+        "argmax" => ArgOp::ArgMax,
+        "argmin" => ArgOp::ArgMin,
+        _ => return Err(PyValueError::new_err(format!("unknown arg-reduction '{name}'"))),
+    };
+    let axis = norm_axis(name, axis, t(x).rank()).map_err(err)?;
+    wrap(build::arg(op, t(x), axis))
+}
+
+#[pyfunction]
+fn scan(name: &str, x: &PyTensor, axis: i64, exclusive: bool, reverse: bool) -> R<PyTensor> {
+    let op = match name {
+        "cumsum" => ScanOp::Cumsum,
+        "cumprod" => ScanOp::Cumprod,
+        _ => return Err(PyValueError::new_err(format!("unknown scan '{name}'"))),
+    };
+    let axis = norm_axis(name, axis, t(x).rank()).map_err(err)?;
+    wrap(build::scan(op, t(x), axis, exclusive, reverse))
+}
+
+#[pyfunction]
+fn reshape(x: &PyTensor, shape: &PyTensor) -> R<PyTensor> {
+    wrap(build::reshape_to(t(x), t(shape)))
+}
+
+#[pyfunction]
+fn broadcast_to(x: &PyTensor, shape: &PyTensor) -> R<PyTensor> {
+    wrap(build::broadcast_to(t(x), t(shape)))
+}
+
+#[pyfunction]
+fn shape_of(x: &PyTensor) -> R<PyTensor> {
+    wrap(build::shape_of(t(x)))
+}
+
+#[pyfunction]
+fn expand_dims(x: &PyTensor, axes: Vec<usize>) -> R<PyTensor> {
+    wrap(build::expand_dims(t(x), &axes))
+}
+
+#[pyfunction]
+fn squeeze(x: &PyTensor, axes: Vec<i64>) -> R<PyTensor> {
+    let axes = norm_axes("squeeze", &axes, t(x).rank()).map_err(err)?;
+    wrap(build::squeeze(t(x), &axes))
+}
+
+#[pyfunction]
+fn transpose(x: &PyTensor, perm: Vec<i64>) -> R<PyTensor> {
+    if perm.len() != t(x).rank() {
+        return Err(PyValueError::new_err(format!(
+            "permute_dimensions: pattern {perm:?} has {} entries for a tensor of rank {}",
+            perm.len(),
+            t(x).rank()
+        )));
+    }
+    let perm: Vec<usize> = perm.iter().map(|&p| norm_axis("permute_dimensions", p, t(x).rank())).collect::<crate::Result<_>>().map_err(err)?;
+    wrap(build::transpose(t(x), &perm))
+}
+
+#[pyfunction]
+fn slice(x: &PyTensor, spec: Vec<(Option<i64>, Option<i64>, i64)>) -> R<PyTensor> {
+    let spec: Vec<SliceAxis> = spec.into_iter().map(|(start, stop, step)| SliceAxis { start, stop, step }).collect();
+    wrap(build::slice(t(x), &spec))
+}
+
+#[pyfunction]
+fn concat(xs: Vec<PyTensor>, axis: i64) -> R<PyTensor> {
+    let xs: Vec<Tensor> = xs.into_iter().map(|x| x.0).collect();
+    let r = xs.first().map(|x| x.rank()).ok_or_else(|| PyValueError::new_err("concatenate: needs at least one tensor"))?;
+    let axis = norm_axis("concatenate", axis, r).map_err(err)?;
+    wrap(build::concat(&xs, axis))
+}
+
+#[pyfunction]
+fn pad(x: &PyTensor, pads: Vec<(usize, usize)>, value: f64) -> R<PyTensor> {
+    wrap(build::pad(t(x), &pads, value))
+}
+
+#[pyfunction]
+fn reverse(x: &PyTensor, axes: Vec<i64>) -> R<PyTensor> {
+    let axes = norm_axes("reverse", &axes, t(x).rank()).map_err(err)?;
+    wrap(build::reverse(t(x), &axes))
+}
+
+#[pyfunction]
+fn gather(p: &PyTensor, i: &PyTensor, axis: i64) -> R<PyTensor> {
+    let axis = norm_axis("gather", axis, t(p).rank()).map_err(err)?;
+    wrap(build::gather(t(p), t(i), axis))
+}
+
+#[pyfunction]
+fn matmul(a: &PyTensor, b: &PyTensor, ta: bool, tb: bool) -> R<PyTensor> {
+    wrap(build::matmul(t(a), t(b), ta, tb))
+}
+
+// ---------------------------------------------------------------- autodiff and execution
+
+#[pyfunction]
+#[pyo3(signature = (y, xs, gy=None))]
+fn gradients(y: &PyTensor, xs: Vec<PyTensor>, gy: Option<PyTensor>) -> R<Vec<Option<PyTensor>>> {
+    let xs: Vec<Tensor> = xs.into_iter().map(|x| x.0).collect();
+    let gs = guarded("gradients", || crate::autodiff::gradients(t(y), &xs, gy.map(|g| g.0)))?;
+    Ok(gs.into_iter().map(|g| g.map(PyTensor)).collect())
+}
+
+#[pyclass(name = "Function", module = "ferrokeras._core", frozen)]
+pub struct PyFunction(Function);
+
+#[pymethods]
+impl PyFunction {
+    #[new]
+    fn new(feeds: Vec<PyTensor>, outputs: Vec<PyTensor>, updates: Vec<(PyTensor, PyTensor)>) -> R<Self> {
+        let feeds = feeds.into_iter().map(|x| x.0).collect();
+        let outputs = outputs.into_iter().map(|x| x.0).collect();
+        let updates = updates.into_iter().map(|(a, b)| (a.0, b.0)).collect();
+        guarded("function", || Function::new(feeds, outputs, updates)).map(PyFunction)
+    }
+
+    fn __call__(&self, py: Python<'_>, values: Vec<Bound<'_, PyAny>>) -> R<Vec<Py<PyAny>>> {
+        let f = &self.0;
+        if values.len() != f.feeds.len() {
+            return Err(PyValueError::new_err(format!(
+                "function expects {} input values, got {}",
+                f.feeds.len(),
+                values.len()
+            )));
+        }
+        let mut feeds = Vec::with_capacity(values.len());
+        for (ph, v) in f.feeds.iter().zip(&values) {
+            feeds.push(check_feed(ph, to_value(v)?).map_err(err)?);
+        }
+        let out = py.detach(|| guarded("function call", || f.call(feeds)))?;
+        Ok(out.into_iter().map(|v| to_py(py, v)).collect())
+    }
+
+    /// Kernel launches per call, for tests of fusion and folding.
+    #[getter]
+    fn dispatches(&self) -> usize {
+        self.0.plan.dispatches()
+    }
+}
+
+#[pyfunction]
+fn evaluate(py: Python<'_>, xs: Vec<PyTensor>) -> R<Vec<Py<PyAny>>> {
+    let xs: Vec<Tensor> = xs.into_iter().map(|x| x.0).collect();
+    let out = py.detach(|| guarded("eval", || Function::new(vec![], xs, vec![])?.call(vec![])))?;
+    Ok(out.into_iter().map(|v| to_py(py, v)).collect())
+}
+
+#[pyfunction]
+fn device() -> String {
+    "cpu".to_string()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyTensor>()?;
+    m.add_class::<PyVariable>()?;
+    m.add_class::<PyFunction>()?;
+    m.add_function(wrap_pyfunction!(placeholder, m)?)?;
+    m.add_function(wrap_pyfunction!(constant, m)?)?;
+    m.add_function(wrap_pyfunction!(unary, m)?)?;
+    m.add_function(wrap_pyfunction!(binary, m)?)?;
+    m.add_function(wrap_pyfunction!(select, m)?)?;
+    m.add_function(wrap_pyfunction!(cast, m)?)?;
+    m.add_function(wrap_pyfunction!(stop_gradient, m)?)?;
+    m.add_function(wrap_pyfunction!(reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(arg, m)?)?;
+    m.add_function(wrap_pyfunction!(scan, m)?)?;
+    m.add_function(wrap_pyfunction!(reshape, m)?)?;
+    m.add_function(wrap_pyfunction!(broadcast_to, m)?)?;
+    m.add_function(wrap_pyfunction!(shape_of, m)?)?;
+    m.add_function(wrap_pyfunction!(expand_dims, m)?)?;
+    m.add_function(wrap_pyfunction!(squeeze, m)?)?;
+    m.add_function(wrap_pyfunction!(transpose, m)?)?;
+    m.add_function(wrap_pyfunction!(slice, m)?)?;
+    m.add_function(wrap_pyfunction!(concat, m)?)?;
+    m.add_function(wrap_pyfunction!(pad, m)?)?;
+    m.add_function(wrap_pyfunction!(reverse, m)?)?;
+    m.add_function(wrap_pyfunction!(gather, m)?)?;
+    m.add_function(wrap_pyfunction!(matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(gradients, m)?)?;
+    m.add_function(wrap_pyfunction!(evaluate, m)?)?;
+    m.add_function(wrap_pyfunction!(device, m)?)?;
+    m.add("UNARY_OPS", UnaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
+    m.add("BINARY_OPS", BinaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
+    Ok(())
+}

@@ -1,0 +1,4 @@
+//! Executing plans. `cpu` runs every primitive on host values.
+
+pub mod cpu;
+pub mod value;

@@ -1,0 +1,228 @@
+//! Host values: a dtype-tagged, reference-counted, C-contiguous n-d array.
+//! Cloning is cheap (Arc); kernels that own the only reference may write in place.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use half::f16;
+use ndarray::{ArcArray, IxDyn};
+
+pub type Arr<T> = ArcArray<T, IxDyn>;
+
+#[derive(Clone, Debug)]
+pub enum Value {
+    F16(Arr<f16>),
+    F32(Arr<f32>),
+    F64(Arr<f64>),
+    I8(Arr<i8>),
+    I16(Arr<i16>),
+    I32(Arr<i32>),
+    I64(Arr<i64>),
+    U8(Arr<u8>),
+    Bool(Arr<bool>),
+}
+
+/// Applies a generic expression to whichever array a `Value` holds.
+#[macro_export]
+macro_rules! with_value {
+    ($v:expr, $a:ident => $e:expr) => {
+        match $v {
+            $crate::runtime::value::Value::F16($a) => $e,
+            $crate::runtime::value::Value::F32($a) => $e,
+            $crate::runtime::value::Value::F64($a) => $e,
+            $crate::runtime::value::Value::I8($a) => $e,
+            $crate::runtime::value::Value::I16($a) => $e,
+            $crate::runtime::value::Value::I32($a) => $e,
+            $crate::runtime::value::Value::I64($a) => $e,
+            $crate::runtime::value::Value::U8($a) => $e,
+            $crate::runtime::value::Value::Bool($a) => $e,
+        }
+    };
+}
+
+/// Like `with_value!` but rebuilds a `Value` of the same variant from the expression.
+#[macro_export]
+macro_rules! map_value {
+    ($v:expr, $a:ident => $e:expr) => {
+        match $v {
+            $crate::runtime::value::Value::F16($a) => $crate::runtime::value::Value::F16($e),
+            $crate::runtime::value::Value::F32($a) => $crate::runtime::value::Value::F32($e),
+            $crate::runtime::value::Value::F64($a) => $crate::runtime::value::Value::F64($e),
+            $crate::runtime::value::Value::I8($a) => $crate::runtime::value::Value::I8($e),
+            $crate::runtime::value::Value::I16($a) => $crate::runtime::value::Value::I16($e),
+            $crate::runtime::value::Value::I32($a) => $crate::runtime::value::Value::I32($e),
+            $crate::runtime::value::Value::I64($a) => $crate::runtime::value::Value::I64($e),
+            $crate::runtime::value::Value::U8($a) => $crate::runtime::value::Value::U8($e),
+            $crate::runtime::value::Value::Bool($a) => $crate::runtime::value::Value::Bool($e),
+        }
+    };
+}
+
+/// Element types a `Value` can hold, with lossless-as-possible casts through f64/i64.
+pub trait Elem: Copy + Send + Sync + 'static + std::fmt::Debug + PartialEq + Default {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+    fn to_i64(self) -> i64;
+    fn from_i64(v: i64) -> Self;
+    fn wrap(a: Arr<Self>) -> Value;
+    fn unwrap(v: &Value) -> Option<&Arr<Self>>;
+}
+
+macro_rules! impl_elem {
+    ($t:ty, $var:ident, $dt:ident, $tof:expr, $fromf:expr, $toi:expr, $fromi:expr) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$dt;
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                ($tof)(self)
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                ($fromf)(v)
+            }
+            #[inline(always)]
+            fn to_i64(self) -> i64 {
+                ($toi)(self)
+            }
+            #[inline(always)]
+            fn from_i64(v: i64) -> Self {
+                ($fromi)(v)
+            }
+            fn wrap(a: Arr<Self>) -> Value {
+                Value::$var(a)
+            }
+            fn unwrap(v: &Value) -> Option<&Arr<Self>> {
+                match v {
+                    Value::$var(a) => Some(a),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+impl_elem!(f16, F16, F16, |x: f16| x.to_f64(), f16::from_f64, |x: f16| x.to_f64() as i64, |v: i64| f16::from_f64(v as f64));
+impl_elem!(f32, F32, F32, |x: f32| x as f64, |v: f64| v as f32, |x: f32| x as i64, |v: i64| v as f32);
+impl_elem!(f64, F64, F64, |x: f64| x, |v: f64| v, |x: f64| x as i64, |v: i64| v as f64);
+impl_elem!(i8, I8, I8, |x: i8| x as f64, |v: f64| v as i8, |x: i8| x as i64, |v: i64| v as i8);
+impl_elem!(i16, I16, I16, |x: i16| x as f64, |v: f64| v as i16, |x: i16| x as i64, |v: i64| v as i16);
+impl_elem!(i32, I32, I32, |x: i32| x as f64, |v: f64| v as i32, |x: i32| x as i64, |v: i64| v as i32);
+impl_elem!(i64, I64, I64, |x: i64| x as f64, |v: f64| v as i64, |x: i64| x, |v: i64| v);
+impl_elem!(u8, U8, U8, |x: u8| x as f64, |v: f64| v as u8, |x: u8| x as i64, |v: i64| v as u8);
+impl_elem!(bool, Bool, Bool, |x: bool| x as u8 as f64, |v: f64| v != 0.0, |x: bool| x as i64, |v: i64| v != 0);
+
+impl Value {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Value::F16(_) => DType::F16,
+            Value::F32(_) => DType::F32,
+            Value::F64(_) => DType::F64,
+            Value::I8(_) => DType::I8,
+            Value::I16(_) => DType::I16,
+            Value::I32(_) => DType::I32,
+            Value::I64(_) => DType::I64,
+            Value::U8(_) => DType::U8,
+            Value::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        with_value!(self, a => a.shape())
+    }
+
+    pub fn len(&self) -> usize {
+        with_value!(self, a => a.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.len() * self.dtype().size()
+    }
+
+    /// A value of `shape` filled with `v` converted to `dtype`.
+    pub fn full(dtype: DType, shape: &[usize], v: f64) -> Value {
+        fn mk<T: Elem>(shape: &[usize], v: f64) -> Value {
+            T::wrap(Arr::from_elem(IxDyn(shape), T::from_f64(v)))
+        }
+        dispatch_dtype!(dtype, T => mk::<T>(shape, v))
+    }
+
+    pub fn scalar_f64(dtype: DType, v: f64) -> Value {
+        Value::full(dtype, &[], v)
+    }
+
+    /// Builds a value from a flat vector in C order.
+    pub fn from_vec<T: Elem>(shape: &[usize], data: Vec<T>) -> Result<Value> {
+        let a = ndarray::Array::from_shape_vec(IxDyn(shape), data)
+            .map_err(|e| Error::Value(format!("cannot build an array of shape {shape:?}: {e}")))?;
+        Ok(T::wrap(a.into_shared()))
+    }
+
+    /// Converts to another dtype (float -> int truncates toward zero, as NumPy's astype).
+    pub fn cast(&self, to: DType) -> Value {
+        if self.dtype() == to {
+            return self.clone();
+        }
+        fn conv<S: Elem, T: Elem>(a: &Arr<S>) -> Value {
+            let float_src = S::DTYPE.is_float();
+            let out = if float_src || T::DTYPE.is_float() {
+                a.map(|&x| T::from_f64(x.to_f64()))
+            } else {
+                a.map(|&x| T::from_i64(x.to_i64()))
+            };
+            T::wrap(out.into_shared())
+        }
+        with_value!(self, a => dispatch_dtype!(to, T => conv::<_, T>(a)))
+    }
+
+    /// All elements as f64, C order (tests and folding; not a hot path).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        with_value!(self, a => a.iter().map(|x| x.to_f64()).collect())
+    }
+
+    /// All elements as i64, C order (shape arguments).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        with_value!(self, a => a.iter().map(|x| x.to_i64()).collect())
+    }
+
+    /// A contiguous (C-order) copy if this value's layout is not already standard.
+    pub fn standard(self) -> Value {
+        map_value!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned().into_shared() })
+    }
+
+    pub fn reshape(&self, shape: &[usize]) -> Result<Value> {
+        let v = self.clone().standard();
+        Ok(map_value!(v, a => a.into_shape_with_order(IxDyn(shape)).map_err(|e| Error::Value(format!("reshape: {e}")))?))
+    }
+
+    pub fn has_nan(&self) -> bool {
+        match self {
+            Value::F16(a) => a.iter().any(|x| x.is_nan()),
+            Value::F32(a) => a.iter().any(|x| x.is_nan()),
+            Value::F64(a) => a.iter().any(|x| x.is_nan()),
+            _ => false,
+        }
+    }
+}
+
+/// Binds a type alias `T` to the Rust element type of a `DType` and evaluates the body.
+#[macro_export]
+macro_rules! dispatch_dtype {
+    ($dt:expr, $T:ident => $e:expr) => {
+        match $dt {
+            $crate::dtype::DType::F16 => { type $T = half::f16; $e }
+            $crate::dtype::DType::F32 => { type $T = f32; $e }
+            $crate::dtype::DType::F64 => { type $T = f64; $e }
+            $crate::dtype::DType::I8 => { type $T = i8; $e }
+            $crate::dtype::DType::I16 => { type $T = i16; $e }
+            $crate::dtype::DType::I32 => { type $T = i32; $e }
+            $crate::dtype::DType::I64 => { type $T = i64; $e }
+            $crate::dtype::DType::U8 => { type $T = u8; $e }
+            $crate::dtype::DType::Bool => { type $T = bool; $e }
+        }
+    };
+}
+pub(crate) use dispatch_dtype;

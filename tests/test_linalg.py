@@ -1,0 +1,172 @@
+"""dot, batch_dot and transpose against NumPy, with the shape rules of the Keras docs."""
+
+import numpy as np
+import pytest
+
+from conftest import check_grad, run, tolerances
+from ferrokeras import backend as K
+
+FLOATS = ("float32", "float64")
+
+
+def np_batch_dot(x, y, axes):
+    """Reference for K.batch_dot with explicit axes (a pair of ints, batch axis 0).
+
+    Per sample, contract x's axis axes[0] with y's axis axes[1]; the result keeps x's
+    remaining axes then y's (seed 004, `batch_dot`, "Shape inference"). A rank-1 result
+    is reshaped to (batch, 1).
+    """
+    out = np.stack([np.tensordot(x[b], y[b], axes=(axes[0] - 1, axes[1] - 1))
+                    for b in range(x.shape[0])])
+    if out.ndim == 1:
+        out = out[:, None]
+    return out
+
+
+def default_axes(x_ndim, y_ndim):
+    # TF's rule for axes=None: last axis of x with the last axis of y when y is 2-D,
+    # else with y's second-to-last axis (matrix-product-like).
+    return (x_ndim - 1, y_ndim - 1) if y_ndim == 2 else (x_ndim - 1, y_ndim - 2)
+
+
+def _feed_and_compare(shapes, build, ref_fn, dtype, rng, expected_shape=None):
+    arrays = [rng.normal(size=s).astype(dtype) for s in shapes]
+    phs = [K.placeholder(shape=s, dtype=dtype) for s in shapes]
+    out = build(*phs)
+    ref = ref_fn(*[a.astype(np.float64) for a in arrays])
+    if expected_shape is not None:
+        assert ref.shape == expected_shape   # the reference agrees with the documented rule
+    assert K.int_shape(out) == ref.shape
+    value = run(phs, [out], arrays)[0]
+    assert value.dtype == np.dtype(dtype)
+    rtol, atol = tolerances(dtype, 1e-5, 1e-5)
+    np.testing.assert_allclose(value, ref, rtol=rtol, atol=atol)
+
+
+# ---- dot ----------------------------------------------------------------------------------
+
+DOT_CASES = [
+    ((2, 3), (3, 4), (2, 4)),            # seed 004 `dot` example 1
+    ((1, 3), (3, 1), (1, 1)),
+    ((4, 1), (1, 5), (4, 5)),            # outer product
+    ((32, 28, 3), (3, 4), (32, 28, 4)),  # seed 004 `dot` example 2
+    ((2, 3), (4, 3, 5), (2, 4, 5)),      # seed 004: "(2, 3) * (4, 3, 5) -> (2, 4, 5)"
+    ((2, 3, 4), (5, 4, 6), (2, 3, 5, 6)),
+    ((2, 3, 4), (4, 5), (2, 3, 5)),
+    ((17, 33), (33, 9), (17, 9)),        # sizes that are not multiples of a tile
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("xs,ys,expected", DOT_CASES, ids=str)
+def test_dot(xs, ys, expected, dtype, rng):
+    # The nD rule is Theano's / np.dot's: contract x's last axis with y's
+    # second-to-last axis.
+    _feed_and_compare([xs, ys], K.dot, np.dot, dtype, rng, expected)
+
+
+def test_dot_with_unknown_batch_dim(rng):
+    x = K.placeholder(shape=(None, 28, 3))
+    w = rng.normal(size=(3, 4)).astype("float32")
+    out = K.dot(x, K.variable(w))
+    assert K.int_shape(out) == (None, 28, 4)
+    f = K.function([x], [out])
+    for batch in (1, 3):
+        a = rng.normal(size=(batch, 28, 3)).astype("float32")
+        np.testing.assert_allclose(f([a])[0], np.dot(a.astype(np.float64), w),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_dot_on_variables_with_eval(rng):
+    a = rng.normal(size=(3, 5))
+    b = rng.normal(size=(5, 2))
+    value = K.eval(K.dot(K.variable(a), K.constant(b)))
+    np.testing.assert_allclose(value, np.dot(a.astype(np.float32), b.astype(np.float32)),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,ys", [((2, 3), (3, 4)), ((2, 3), (4, 3, 5)),
+                                   ((2, 3, 4), (4, 2)), ((2, 2, 3), (2, 3, 2))], ids=str)
+def test_dot_gradient(xs, ys, rng):
+    check_grad(K.dot, [rng.normal(size=xs), rng.normal(size=ys)])
+
+
+# ---- batch_dot ------------------------------------------------------------------------------
+
+BATCH_DOT_CASES = [
+    # (x shape, y shape, axes, expected shape, where the expectation comes from)
+    ((32, 20, 1), (32, 30, 20), (1, 2), (32, 1, 30)),   # seed 004 `batch_dot` example
+    ((32, 20, 1), (32, 30, 20), [1, 2], (32, 1, 30)),
+    ((10, 20), (10, 30, 20), (1, 2), (10, 30)),           # seed 004 "Shape inference"
+    ((4, 3), (4, 3), 1, (4, 1)),                          # 2-D inputs -> (batch, 1)
+    ((4, 3), (4, 3), None, (4, 1)),
+    ((4, 2, 3), (4, 3, 5), None, (4, 2, 5)),              # axes=None: batched matmul
+    ((4, 2, 3), (4, 5, 3), 2, (4, 2, 5)),                 # int axes: same axis in both
+    ((4, 3), (4, 3, 5), None, (4, 5)),
+    ((4, 2, 3), (4, 3), None, (4, 2)),
+    ((4, 3, 2), (4, 3, 5), (1, 1), (4, 2, 5)),
+    ((4, 2, 3, 2), (4, 2, 5), (3, 1), (4, 2, 3, 5)),
+]
+
+
+def _axes_pair(axes, x_ndim, y_ndim):
+    if axes is None:
+        return default_axes(x_ndim, y_ndim)
+    if isinstance(axes, int):
+        return (axes, axes)
+    return tuple(axes)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("xs,ys,axes,expected", BATCH_DOT_CASES, ids=str)
+def test_batch_dot(xs, ys, axes, expected, dtype, rng):
+    pair = _axes_pair(axes, len(xs), len(ys))
+    _feed_and_compare([xs, ys], lambda x, y: K.batch_dot(x, y, axes=axes),
+                      lambda x, y: np_batch_dot(x, y, pair), dtype, rng, expected)
+
+
+def test_batch_dot_doc_values():
+    # seed 004 `batch_dot`: x = [[1, 2], [3, 4]], y = [[5, 6], [7, 8]],
+    # batch_dot(x, y, axes=1) is the main diagonal of x.dot(y.T): 17 and 53,
+    # reshaped to (batch_size, 1) because the result has rank 1.
+    x = K.variable(np.array([[1, 2], [3, 4]]))
+    y = K.variable(np.array([[5, 6], [7, 8]]))
+    value = K.eval(K.batch_dot(x, y, axes=1))
+    assert value.shape == (2, 1)
+    np.testing.assert_array_equal(value.ravel(), [17, 53])
+
+
+def test_batch_dot_unknown_batch_dim(rng):
+    x = K.placeholder(shape=(None, 20, 1))
+    y = K.placeholder(shape=(None, 30, 20))
+    out = K.batch_dot(x, y, axes=(1, 2))
+    assert K.int_shape(out) == (None, 1, 30)
+    a = rng.normal(size=(3, 20, 1)).astype("float32")
+    b = rng.normal(size=(3, 30, 20)).astype("float32")
+    value = run([x, y], [out], [a, b])[0]
+    np.testing.assert_allclose(value, np_batch_dot(a.astype(np.float64), b.astype(np.float64),
+                                                   (1, 2)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,ys,axes", [
+    ((3, 4, 2), (3, 2, 5), None),
+    ((3, 4), (3, 4), 1),
+    ((3, 5, 2), (3, 4, 5), (1, 2)),
+], ids=str)
+def test_batch_dot_gradient(xs, ys, axes, rng):
+    check_grad(lambda x, y: K.batch_dot(x, y, axes=axes),
+               [rng.normal(size=xs), rng.normal(size=ys)])
+
+
+# ---- transpose ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(2, 3), (5,), (2, 3, 4), (1, 4, 1, 2)], ids=str)
+def test_transpose(shape, dtype, rng):
+    # K.transpose reverses all axes, as np.transpose does.
+    _feed_and_compare([shape], K.transpose, np.transpose, dtype, rng)
+
+
+def test_transpose_gradient(rng):
+    check_grad(K.transpose, [rng.normal(size=(2, 3, 4))])
+    check_grad(lambda x: K.dot(x, K.transpose(x)), [rng.normal(size=(3, 4))])

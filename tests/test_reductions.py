@@ -1,0 +1,238 @@
+"""Reductions and scans against NumPy: every axis form, keepdims, dtypes, gradients."""
+
+from dataclasses import dataclass
+from typing import Callable, Tuple
+
+import numpy as np
+import pytest
+
+from conftest import check_grad, run, tolerances
+from ferrokeras import backend as K
+
+FLOATS = ("float32", "float64")
+SHAPE = (2, 3, 4)
+
+
+def distinct(rng, shape):
+    """Values at least 0.15 apart (no ties, so max/min/argmax have one answer and
+    max/min gradients are well defined)."""
+    n = int(np.prod(shape))
+    x = (rng.permutation(n) - n / 2) * 0.25 + rng.uniform(-0.05, 0.05, size=n)
+    return x.reshape(shape)
+
+
+def signed_near_one(rng, shape):
+    """|x| in [0.5, 1.5], both signs: products stay O(1) and never hit zero."""
+    mag = rng.uniform(0.5, 1.5, size=shape)
+    return mag * rng.choice([-1.0, 1.0], size=shape)
+
+
+def np_logsumexp(x, axis=None, keepdims=False):
+    m = np.max(x, axis=axis, keepdims=True)
+    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    if not keepdims:
+        out = np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
+    return out
+
+
+def np_axis(axis):
+    return tuple(axis) if isinstance(axis, list) else axis
+
+
+@dataclass(frozen=True)
+class Red:
+    name: str
+    k: Callable
+    ref: Callable
+    domain: Callable = distinct
+    tol32: Tuple[float, float] = (1e-5, 1e-5)
+    grad: bool = True
+
+    def __repr__(self):
+        return self.name
+
+
+REDUCTIONS = [
+    Red("sum", K.sum, np.sum),
+    Red("prod", K.prod, np.prod, domain=signed_near_one),
+    Red("max", K.max, np.max),
+    Red("min", K.min, np.min),
+    Red("mean", K.mean, np.mean),
+    Red("var", K.var, np.var),          # population variance (ddof=0), as TF
+    Red("std", K.std, np.std),
+    Red("logsumexp", K.logsumexp, np_logsumexp, tol32=(2e-5, 2e-5)),
+]
+
+AXES = [None, 0, 1, 2, -1, -2, [0, 2], (1, 2), (0, 1, 2), [-1, 0]]
+GRAD_AXES = [None, 1, -1, [0, 2]]
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", AXES, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("red", REDUCTIONS, ids=repr)
+def test_reduction_forward(red, dtype, axis, keepdims, rng):
+    x = red.domain(rng, SHAPE).astype(dtype)
+    ph = K.placeholder(shape=SHAPE, dtype=dtype)
+    out = red.k(ph, axis=axis, keepdims=keepdims)
+    ref = np.asarray(red.ref(x.astype(np.float64), axis=np_axis(axis), keepdims=keepdims))
+    assert K.int_shape(out) == ref.shape
+    assert K.dtype(out) == dtype
+    value = run([ph], [out], [x])[0]
+    assert value.shape == ref.shape
+    assert value.dtype == np.dtype(dtype)
+    rtol, atol = tolerances(dtype, *red.tol32)
+    np.testing.assert_allclose(value, ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("red", REDUCTIONS, ids=repr)
+def test_reduction_on_variable_default_axis(red, rng):
+    x = red.domain(rng, SHAPE)
+    v = K.variable(x)
+    value = K.eval(red.k(v))
+    assert value.shape == ()
+    np.testing.assert_allclose(value, red.ref(x.astype(np.float32).astype(np.float64)),
+                               rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", GRAD_AXES, ids=str)
+@pytest.mark.parametrize("red", REDUCTIONS, ids=repr)
+def test_reduction_gradient(red, axis, keepdims, rng):
+    check_grad(lambda t: red.k(t, axis=axis, keepdims=keepdims), [red.domain(rng, SHAPE)])
+
+
+def test_prod_gradient_with_a_zero(rng):
+    # d prod / d x_i at x_i == 0 is the product of the others: prod / x is not enough.
+    x = signed_near_one(rng, (3, 4))
+    x[1, 2] = 0.0
+    x[2, 0] = 0.0
+    check_grad(lambda t: K.prod(t, axis=1), [x])
+    check_grad(lambda t: K.prod(t), [x])
+
+
+# ---- None (runtime) dimensions ------------------------------------------------------------
+
+@pytest.mark.parametrize("name,kfn,nfn", [
+    ("sum", K.sum, np.sum), ("mean", K.mean, np.mean), ("var", K.var, np.var),
+    ("std", K.std, np.std), ("max", K.max, np.max), ("logsumexp", K.logsumexp, np_logsumexp),
+])
+def test_reduction_over_unknown_batch_dim(name, kfn, nfn, rng):
+    # The divisor of mean/var/std over a None axis is the runtime size.
+    ph = K.placeholder(shape=(None, 3))
+    out = kfn(ph, axis=0)
+    assert K.int_shape(out) == (3,)
+    f = K.function([ph], [out, kfn(ph, axis=1)])
+    for batch in (5, 2):
+        x = distinct(rng, (batch, 3)).astype("float32")
+        v0, v1 = f([x])
+        x64 = x.astype(np.float64)
+        np.testing.assert_allclose(v0, nfn(x64, axis=0), rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(v1, nfn(x64, axis=1), rtol=2e-5, atol=2e-5)
+
+
+# ---- any / all ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", AXES, ids=str)
+@pytest.mark.parametrize("name,kfn,nfn", [("any", K.any, np.any), ("all", K.all, np.all)])
+def test_any_all(name, kfn, nfn, axis, keepdims, rng):
+    # Numeric input: nonzero counts as true. Densities chosen so that both outcomes occur.
+    p = 0.25 if name == "any" else 0.85
+    x = (rng.random(SHAPE) < p).astype("float32") * rng.uniform(0.5, 2, size=SHAPE)
+    x = x.astype("float32")
+    ph = K.placeholder(shape=SHAPE)
+    out = kfn(ph, axis=axis, keepdims=keepdims)
+    ref = nfn(x != 0, axis=np_axis(axis), keepdims=keepdims)
+    value = np.asarray(run([ph], [out], [x])[0])
+    assert value.shape == np.shape(ref)
+    # The Keras doc says "a uint8 tensor (0s and 1s)", TF returns bool: compare truth.
+    np.testing.assert_array_equal(value.astype(bool), ref)
+
+
+@pytest.mark.parametrize("name,kfn,nfn", [("any", K.any, np.any), ("all", K.all, np.all)])
+def test_any_all_on_bool_tensor(name, kfn, nfn, rng):
+    x = rng.normal(size=(4, 5)).astype("float32")
+    ph = K.placeholder(shape=(4, 5))
+    outs = [kfn(K.greater(ph, -0.5), axis=1), kfn(K.greater(ph, -0.5))]
+    v1, v2 = run([ph], outs, [x])
+    np.testing.assert_array_equal(np.asarray(v1).astype(bool), nfn(x > -0.5, axis=1))
+    assert bool(np.asarray(v2)) == bool(nfn(x > -0.5))
+
+
+# ---- argmax / argmin --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [None, 0, 1, 2, -1, -2], ids=str)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name,kfn,nfn", [("argmax", K.argmax, np.argmax),
+                                          ("argmin", K.argmin, np.argmin)])
+def test_argmax_argmin(name, kfn, nfn, dtype, axis, rng):
+    x = distinct(rng, SHAPE).astype(dtype)
+    ph = K.placeholder(shape=SHAPE, dtype=dtype)
+    if axis is None:
+        out, ref = kfn(ph), nfn(x, axis=-1)          # default axis=-1
+    else:
+        out, ref = kfn(ph, axis=axis), nfn(x, axis=axis)
+    assert K.int_shape(out) == ref.shape
+    value = np.asarray(run([ph], [out], [x])[0])
+    assert np.issubdtype(value.dtype, np.integer), value.dtype
+    np.testing.assert_array_equal(value, ref)
+
+
+# ---- cumsum / cumprod --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [None, 0, 1, 2, -1, -2], ids=str)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name,kfn,nfn,domain", [
+    ("cumsum", K.cumsum, np.cumsum, distinct),
+    ("cumprod", K.cumprod, np.cumprod, signed_near_one),
+])
+def test_cumulative(name, kfn, nfn, domain, dtype, axis, rng):
+    x = domain(rng, SHAPE).astype(dtype)
+    ph = K.placeholder(shape=SHAPE, dtype=dtype)
+    if axis is None:
+        out, ref = kfn(ph), nfn(x.astype(np.float64), axis=0)   # default axis=0
+    else:
+        out, ref = kfn(ph, axis=axis), nfn(x.astype(np.float64), axis=axis)
+    assert K.int_shape(out) == SHAPE
+    value = run([ph], [out], [x])[0]
+    assert value.dtype == np.dtype(dtype)
+    rtol, atol = tolerances(dtype, 1e-5, 1e-5)
+    np.testing.assert_allclose(value, ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("name,kfn,domain", [
+    ("cumsum", K.cumsum, distinct),
+    ("cumprod", K.cumprod, signed_near_one),
+])
+def test_cumulative_gradient(name, kfn, domain, axis, rng):
+    check_grad(lambda t: kfn(t, axis=axis), [domain(rng, SHAPE)])
+
+
+# ---- logsumexp stability --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("offset", [1e4, -1e4])
+def test_logsumexp_is_stable_for_large_magnitudes(offset, dtype, rng):
+    x = (offset + rng.normal(size=(3, 5))).astype(dtype)
+    ph = K.placeholder(shape=(3, 5), dtype=dtype)
+    outs = [K.logsumexp(ph, axis=1), K.logsumexp(ph), K.logsumexp(ph, axis=0, keepdims=True)]
+    values = run([ph], outs, [x])
+    x64 = x.astype(np.float64)
+    refs = [np_logsumexp(x64, axis=1), np_logsumexp(x64),
+            np_logsumexp(x64, axis=0, keepdims=True)]
+    for v, r in zip(values, refs):
+        assert np.all(np.isfinite(v)), v
+        np.testing.assert_allclose(v, r, rtol=1e-6, atol=0)
+
+
+def test_logsumexp_gradient_is_stable_for_large_magnitudes(rng):
+    # d logsumexp / dx = softmax(x): finite and summing to 1 even at |x| ~ 1e4.
+    x = 1e4 + rng.normal(size=(3, 5))
+    ph = K.placeholder(shape=(3, 5), dtype="float64")
+    g = K.gradients(K.sum(K.logsumexp(ph, axis=1)), [ph])[0]
+    value = run([ph], [g], [x])[0]
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(value, e / e.sum(axis=1, keepdims=True), rtol=1e-10,
+                               atol=1e-12)
