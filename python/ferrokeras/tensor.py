@@ -270,7 +270,7 @@ def convert(x, like=None, dtype=None):
             dtype = "bool"
         else:
             raise TypeError(f"cannot convert a value of dtype {arr.dtype} to a tensor")
-    arr = np.ascontiguousarray(arr, dtype=np.dtype(dtype))
+    arr = np.array(arr, dtype=np.dtype(dtype), order="C")
     return wrap(_core.constant(arr))
 
 

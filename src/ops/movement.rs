@@ -288,15 +288,13 @@ pub fn infer_scatter_add(axis: usize, ins: &[Tensor]) -> Result<(Shape, DType)> 
 
 // ---------------------------------------------------------------- builders
 
+/// The runtime shape of `x`; a constant when the static shape is fully known, so shapes of
+/// placeholders with static dims evaluate without a feed.
 pub fn shape_of(x: &Tensor) -> Result<Tensor> {
-    Tensor::new(Op::ShapeOf, vec![x.clone()])
-}
-/// The shape as a constant when it is fully known, else the runtime `shape_of`.
-fn shape_tensor(x: &Tensor) -> Result<Tensor> {
-    match x.shape().to_known() {
-        Some(s) => Ok(int_vector(&s.iter().map(|&d| d as i64).collect::<Vec<_>>())),
-        None => shape_of(x),
+    if let Some(s) = x.shape().to_known() {
+        return Ok(int_vector(&s.iter().map(|&d| d as i64).collect::<Vec<_>>()));
     }
+    Tensor::new(Op::ShapeOf, vec![x.clone()])
 }
 pub fn int_vector(v: &[i64]) -> Tensor {
     source::constant(Value::from_vec(&[v.len()], v.iter().map(|&d| d as i32).collect()).expect("1-D"))
@@ -308,7 +306,7 @@ pub fn reshape_like(x: &Tensor, like: &Tensor) -> Result<Tensor> {
     if x.shape() == like.shape() && x.shape().to_known().is_some() {
         return Ok(x.clone());
     }
-    reshape_to(x, &shape_tensor(like)?)
+    reshape_to(x, &shape_of(like)?)
 }
 pub fn broadcast_to(x: &Tensor, shape: &Tensor) -> Result<Tensor> {
     Tensor::new(Op::BroadcastTo, vec![x.clone(), shape.clone()])
@@ -317,7 +315,7 @@ pub fn broadcast_like(x: &Tensor, like: &Tensor) -> Result<Tensor> {
     if x.shape() == like.shape() && x.shape().to_known().is_some() {
         return Ok(x.clone());
     }
-    broadcast_to(x, &shape_tensor(like)?)
+    broadcast_to(x, &shape_of(like)?)
 }
 pub fn sum_to(x: &Tensor, shape: &Tensor) -> Result<Tensor> {
     Tensor::new(Op::SumTo, vec![x.clone(), shape.clone()])
@@ -327,7 +325,7 @@ pub fn sum_like(x: &Tensor, like: &Tensor) -> Result<Tensor> {
     if x.shape() == like.shape() && x.shape().to_known().is_some() {
         return Ok(x.clone());
     }
-    sum_to(x, &shape_tensor(like)?)
+    sum_to(x, &shape_of(like)?)
 }
 pub fn expand_dims(x: &Tensor, axes: &[usize]) -> Result<Tensor> {
     if axes.is_empty() {

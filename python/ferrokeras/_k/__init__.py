@@ -1,0 +1,1 @@
+"""The K API, one module per family; `ferrokeras.backend` re-exports them."""

@@ -1,0 +1,43 @@
+"""Argument normalisation shared by the K modules."""
+
+import numpy as np
+
+from ..config import floatx
+
+from ..tensor import convert
+
+_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+def _dtype(dtype, default=None):
+    """Normalises a dtype argument (string, NumPy dtype or type) to one of ``_DTYPES``."""
+    if dtype is None:
+        dtype = default if default is not None else floatx()
+    name = getattr(dtype, "name", None) if not isinstance(dtype, str) else dtype
+    if name is None:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            raise TypeError(f"unknown dtype {dtype!r}; expected one of {_DTYPES}") from None
+    if name not in _DTYPES:
+        raise TypeError(f"unknown dtype {dtype!r}; expected one of {_DTYPES}")
+    return name
+
+
+def _t(x, like=None):
+    return convert(x, like=like)
+
+
+def _axes(x, axis):
+    """``axis`` (None, int or list) as a list of ints for the core."""
+    if axis is None:
+        return list(range(x.ndim))
+    if isinstance(axis, (list, tuple)):
+        return [_int(a, "axis") for a in axis]
+    return [_int(axis, "axis")]
+
+
+def _int(v, what):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, got {v!r}")
+    return int(v)

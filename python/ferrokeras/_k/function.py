@@ -1,0 +1,138 @@
+"""`function` (compiled calls with updates) and `gradients`."""
+
+import numpy as np
+
+from .. import _core
+from ..tensor import Tensor, wrap
+from .common import _t
+from .variables import Variable, _Update, _update_target, update
+
+
+def _flatten(items):
+    for it in items:
+        if isinstance(it, (list, tuple)) and not (len(it) == 2 and isinstance(it[0], Variable)):
+            yield from _flatten(it)
+        else:
+            yield it
+
+
+class Function:
+    """A compiled computation: feeds ``inputs``, returns ``outputs`` as NumPy arrays, and
+    applies ``updates`` after computing everything from the pre-call values."""
+
+    def __init__(self, inputs, outputs, updates=None, name=None):
+        self.inputs = list(inputs)
+        self._single = not isinstance(outputs, (list, tuple))
+        self.outputs = [outputs] if self._single else list(outputs)
+        for t in self.inputs:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"function: inputs must be tensors (placeholders), got {type(t).__name__}")
+        outs = [_t(o) for o in self.outputs]
+        pairs = []
+        for u in _flatten(updates or []):
+            if isinstance(u, _Update):
+                pairs.append((u._target._core, u._core))
+            elif isinstance(u, (list, tuple)) and len(u) == 2:
+                target = _update_target(u[0], "function")
+                val = update(target, u[1])
+                pairs.append((target._core, val._core))
+            else:
+                raise TypeError(f"function: an update must be an (variable, new_value) pair or K.update(...), got {u!r}")
+        self.name = name
+        self._dtypes = [np.dtype(t.dtype) for t in self.inputs]
+        self._f = _core.Function([t._core for t in self.inputs], [o._core for o in outs], pairs)
+
+    def __call__(self, inputs=()):
+        if isinstance(inputs, dict):
+            inputs = [inputs[t] for t in self.inputs]
+        if not isinstance(inputs, (list, tuple)):
+            raise TypeError(f"function: call with a list of input values, got {type(inputs).__name__}")
+        if len(inputs) != len(self.inputs):
+            raise ValueError(f"function expects {len(self.inputs)} input values, got {len(inputs)}")
+        arrs = []
+        for t, v, dt in zip(self.inputs, inputs, self._dtypes):
+            if hasattr(v, "toarray"):
+                v = v.toarray()
+            arr = np.asarray(v)
+            if arr.dtype != dt:
+                if arr.dtype.kind == "f" and dt.kind in "iub" and arr.size and not np.all(np.mod(arr, 1) == 0):
+                    raise TypeError(f"cannot feed non-integer values to '{t.name}', which has dtype {dt.name}")
+                arr = arr.astype(dt)
+            arrs.append(arr)
+        out = self._f(arrs)
+        return out[0] if self._single else out
+
+    @property
+    def dispatches(self):
+        """Kernel launches one call performs (folded constants excluded)."""
+        return self._f.dispatches
+
+
+def function(inputs, outputs, updates=None, name=None, **kwargs):
+    """Instantiates a Keras function.
+
+    Arguments:
+        inputs: List of placeholder tensors.
+        outputs: List of output tensors.
+        updates: List of update ops (``K.update(...)``) or ``(variable, new_value)`` pairs.
+        name: String, name of the function.
+        **kwargs: Not supported; any keyword raises ``ValueError``.
+
+    Returns:
+        A callable: given a list of NumPy arrays, one per input, it returns the list of
+        output values as NumPy arrays. Outputs and update values are all computed from the
+        values before the call; the updates are then assigned together.
+
+    Raises:
+        ValueError: if invalid kwargs are passed in.
+        TypeError: if ``inputs`` is not a list or tuple.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> import numpy as np
+        >>> x = K.placeholder(shape=(None, 2))
+        >>> f = K.function([x], [x * 2])
+        >>> f([np.ones((1, 2))])[0]
+        array([[2., 2.]], dtype=float32)
+    """
+    if kwargs:
+        raise ValueError(f"Invalid argument(s) {sorted(kwargs)} passed to K.function: it takes inputs, outputs, updates and name")
+    if not isinstance(inputs, (list, tuple)):
+        raise TypeError(f"K.function: `inputs` must be a list or tuple of placeholders, got {type(inputs).__name__}")
+    return Function(inputs, outputs, updates=updates, name=name)
+
+
+def gradients(loss, variables):
+    """Returns the gradients of ``loss`` with respect to ``variables``.
+
+    Arguments:
+        loss: Scalar tensor to minimize (a non-scalar loss is summed).
+        variables: List of variables (or tensors).
+
+    Returns:
+        A list of gradient tensors, ``None`` where ``loss`` does not depend on a variable.
+        The gradients are graph tensors, so they can be differentiated again.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> x = K.variable(3.0)
+        >>> K.eval(K.gradients(x * x, [x])[0])
+        array(6., dtype=float32)
+    """
+    single = not isinstance(variables, (list, tuple))
+    vs = [variables] if single else list(variables)
+    loss = _t(loss)
+    gs = _core.gradients(loss._core, [_t(v)._core for v in vs])
+    out = [None if g is None else wrap(g) for g in gs]
+    return out[0] if single else out
+
+
+def stop_gradient(variables):
+    """Returns ``variables`` with gradients stopped: a tensor or a list of tensors whose
+    gradient with respect to everything is zero."""
+    if isinstance(variables, (list, tuple)):
+        return [stop_gradient(v) for v in variables]
+    return wrap(_core.stop_gradient(_t(variables)._core))
+
+
+__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]

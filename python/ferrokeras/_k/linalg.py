@@ -1,0 +1,200 @@
+"""Matrix products and layout: dot, batch_dot, transpose, reshape, concatenate."""
+
+import builtins as _b
+
+import numpy as np
+
+from .. import _core
+from ..tensor import Tensor, wrap
+from .common import _int, _t
+from .math import sum
+from .variables import cast, shape
+
+
+def _shape_tensor(parts):
+    """A 1-D int32 shape tensor from a list of ints and scalar int tensors."""
+    pieces = []
+    consts = []
+    for p in parts:
+        if isinstance(p, Tensor):
+            if consts:
+                pieces.append(_core.constant(np.asarray(consts, dtype=np.int32)))
+                consts = []
+            q = p if p.dtype == "int32" else cast(p, "int32")
+            pieces.append(_core.reshape(q._core, _core.constant(np.asarray([1], dtype=np.int32))))
+        else:
+            consts.append(int(p))
+    if consts or not pieces:
+        pieces.append(_core.constant(np.asarray(consts, dtype=np.int32)))
+    return pieces[0] if len(pieces) == 1 else _core.concat(pieces, 0)
+
+
+def _dims(x):
+    """``x``'s shape as a list: ints where static, scalar tensors where only known at run time."""
+    st = x.shape
+    if _b.all(d is not None for d in st):
+        return list(st)
+    dyn = shape(x)
+    return [d if d is not None else dyn[i] for i, d in enumerate(st)]
+
+
+def _reshape(x, parts):
+    return wrap(_core.reshape(x._core, _shape_tensor(parts)))
+
+
+def _matmul(x, y):
+    if x.ndim == 1 or y.ndim == 1:
+        return dot(x, y)
+    return wrap(_core.matmul(x._core, y._core, False, False))
+
+
+def dot(x, y):
+    """Multiplies 2 tensors (and/or variables) and returns a tensor.
+
+    For N-d inputs, contracts the last axis of ``x`` with the second-to-last of ``y``
+    (the Theano / Keras rule): ``(2, 3) . (4, 3, 5) -> (2, 4, 5)``.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> x = K.placeholder(shape=(32, 28, 3)); y = K.placeholder(shape=(3, 4))
+        >>> K.int_shape(K.dot(x, y))
+        (32, 28, 4)
+    """
+    x, y = _t(x), _t(y)
+    if x.dtype != y.dtype:
+        raise TypeError(f"dot: operands have different dtypes {x.dtype} and {y.dtype}")
+    if x.ndim == 0 or y.ndim == 0:
+        return x * y
+    if x.ndim == 1 and y.ndim == 1:
+        return sum(x * y)
+    if x.ndim == 1:
+        return wrap(_core.squeeze(dot(expand_dims(x, 0), y)._core, [0]))
+    if y.ndim == 1:
+        return wrap(_core.squeeze(dot(x, expand_dims(y, 1))._core, [-1]))
+    xs, ys = x.shape, y.shape
+    if xs[-1] is not None and ys[-2] is not None and xs[-1] != ys[-2]:
+        raise ValueError(f"dot: shapes {tuple(xs)} and {tuple(ys)} are incompatible: {xs[-1]} != {ys[-2]}")
+    if x.ndim == 2 and y.ndim == 2:
+        return wrap(_core.matmul(x._core, y._core, False, False))
+    xd, yd = _dims(x), _dims(y)
+    xt = _reshape(x, [-1, xd[-1]])
+    perm = [y.ndim - 2] + [i for i in range(y.ndim) if i != y.ndim - 2]
+    yt = _reshape(permute_dimensions(y, perm), [yd[-2], -1])
+    out = wrap(_core.matmul(xt._core, yt._core, False, False))
+    return _reshape(out, xd[:-1] + yd[:-2] + yd[-1:])
+
+
+def batch_dot(x, y, axes=None):
+    """Batchwise dot product (the Keras 2.3.1 rule).
+
+    ``batch_dot`` computes the dot product of ``x`` and ``y`` for each sample of the batch;
+    ``axes`` names the dimensions to contract (an int means the same axis for both).
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> x_batch = K.ones(shape=(32, 20, 1)); y_batch = K.ones(shape=(32, 30, 20))
+        >>> K.int_shape(K.batch_dot(x_batch, y_batch, axes=(1, 2)))
+        (32, 1, 30)
+    """
+    x, y = _t(x), _t(y)
+    x_ndim, y_ndim = x.ndim, y.ndim
+    if x_ndim < 2 or y_ndim < 2:
+        raise ValueError(f"batch_dot: inputs must have rank >= 2, got shapes {tuple(x.shape)} and {tuple(y.shape)}")
+    xb, yb = x.shape[0], y.shape[0]
+    if xb is not None and yb is not None and xb != yb:
+        raise ValueError(f"batch_dot: batch sizes differ: {tuple(x.shape)} and {tuple(y.shape)}")
+    if isinstance(axes, (int, np.integer)):
+        axes = [int(axes), int(axes)]
+    if axes is None:
+        axes = [x_ndim - 1, y_ndim - 1] if y_ndim == 2 else [x_ndim - 1, y_ndim - 2]
+    axes = list(axes)
+    if len(axes) != 2 or _b.any(isinstance(a, (list, tuple)) for a in axes):
+        raise ValueError(f"batch_dot: axes must be an int or a pair of ints, got {axes!r}")
+    a0, a1 = _int(axes[0], "axes"), _int(axes[1], "axes")
+    a0 = a0 + x_ndim if a0 < 0 else a0
+    a1 = a1 + y_ndim if a1 < 0 else a1
+    if not (0 <= a0 < x_ndim and 0 <= a1 < y_ndim):
+        raise ValueError(f"batch_dot: axes {axes} out of range for shapes {tuple(x.shape)} and {tuple(y.shape)}")
+    if a0 == 0 or a1 == 0:
+        raise ValueError("batch_dot: cannot contract over axis 0, the batch axis")
+    d1, d2 = x.shape[a0], y.shape[a1]
+    if d1 is not None and d2 is not None and d1 != d2:
+        raise ValueError(
+            f"batch_dot: cannot contract axis {a0} of shape {tuple(x.shape)} with axis {a1} of shape {tuple(y.shape)} ({d1} != {d2})"
+        )
+    orig_x_ndim, orig_y_ndim = x_ndim, y_ndim
+    if x_ndim == 2:
+        x, a0, x_ndim = expand_dims(x, 1), a0 + 1, 3
+    if y_ndim == 2:
+        y, y_ndim = expand_dims(y, 2), 3
+    # x's contracted axis goes last, y's to axis 1; then both are squashed to rank 3.
+    if a0 != x_ndim - 1:
+        x = permute_dimensions(x, [i for i in range(x_ndim) if i != a0] + [a0])
+    if a1 != 1:
+        y = permute_dimensions(y, [0, a1] + [i for i in range(1, y_ndim) if i != a1])
+    xd, yd = _dims(x), _dims(y)
+    if x_ndim > 3:
+        x = _reshape(x, [xd[0], -1, xd[-1]])
+    if y_ndim > 3:
+        y = _reshape(y, [yd[0], yd[1], -1])
+    out = wrap(_core.matmul(x._core, y._core, False, False))
+    if x_ndim > 3 or y_ndim > 3:
+        od = _dims(out)
+        mid = xd[1:-1] if x_ndim > 3 else [od[1]]
+        tail = yd[2:] if y_ndim > 3 else [od[2]]
+        out = _reshape(out, [od[0]] + mid + tail)
+    if orig_x_ndim == 2:
+        out = wrap(_core.squeeze(out._core, [1]))
+    elif orig_y_ndim == 2:
+        out = wrap(_core.squeeze(out._core, [-1]))
+    return out
+
+
+def transpose(x):
+    """Transposes a tensor (reverses its axes) and returns it.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.int_shape(K.transpose(K.placeholder((2, 3))))
+        (3, 2)
+    """
+    x = _t(x)
+    return permute_dimensions(x, list(range(x.ndim))[::-1])
+
+
+def permute_dimensions(x, pattern):
+    """Permutes axes in a tensor; ``pattern`` is a tuple of dimension indices, e.g. ``(0, 2, 1)``."""
+    x = _t(x)
+    return wrap(_core.transpose(x._core, [_int(p, "pattern entry") for p in pattern]))
+
+
+def expand_dims(x, axis=-1):
+    """Adds a 1-sized dimension at index ``axis``."""
+    x = _t(x)
+    axis = _int(axis, "axis")
+    r = x.ndim + 1
+    if not -r <= axis < r:
+        raise ValueError(f"expand_dims: axis {axis} is out of range for a result of rank {r}")
+    return wrap(_core.expand_dims(x._core, [axis % r]))
+
+
+def reshape(x, shape):
+    """Reshapes a tensor to the specified shape (one entry may be -1; entries may be
+    scalar int tensors such as ``K.shape(x)[0]``)."""
+    x = _t(x)
+    if isinstance(shape, Tensor):
+        return wrap(_core.reshape(x._core, cast(shape, "int32")._core if shape.dtype != "int32" else shape._core))
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    return _reshape(x, list(shape))
+
+
+def concatenate(tensors, axis=-1):
+    """Concatenates a list of tensors alongside the specified axis."""
+    ts = [_t(t) for t in tensors]
+    return wrap(_core.concat([t._core for t in ts], _int(axis, "axis")))
+
+
+
+
+__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
