@@ -6,6 +6,7 @@
 pub mod elementwise;
 pub mod matmul;
 pub mod movement;
+pub mod random;
 pub mod reduce;
 pub mod source;
 
@@ -59,6 +60,7 @@ pub enum Op {
     Gather(usize),                         // (params, indices)      movement
     ScatterAdd(usize),                     // (updates, indices, like) movement
     MatMul { ta: bool, tb: bool },         // (a, b) batched         matmul
+    Random(Arc<random::RandomState>),      // (shape: int 1-D)       random
 }
 
 impl Op {
@@ -92,6 +94,7 @@ impl Op {
             Op::Gather(_) => "gather".into(),
             Op::ScatterAdd(_) => "scatter_add".into(),
             Op::MatMul { .. } => "matmul".into(),
+            Op::Random(r) => r.dist.name().into(),
         }
     }
 
@@ -123,6 +126,7 @@ impl Op {
             Op::Gather(axis) => movement::infer_gather(*axis, &inputs[0], &inputs[1]),
             Op::ScatterAdd(axis) => movement::infer_scatter_add(*axis, inputs),
             Op::MatMul { ta, tb } => matmul::infer(*ta, *tb, &inputs[0], &inputs[1]),
+            Op::Random(r) => random::infer(r, &inputs[0]),
         }
     }
 
@@ -156,6 +160,7 @@ impl Op {
             Op::Gather(axis) => movement::vjp_gather(*axis, node, g),
             Op::ScatterAdd(axis) => movement::vjp_scatter_add(*axis, node, g),
             Op::MatMul { ta, tb } => matmul::vjp(*ta, *tb, node, g),
+            Op::Random(_) => Ok(vec![None]),
         }
     }
 
@@ -187,6 +192,7 @@ impl Op {
             Op::Gather(axis) => movement::cpu_gather(*axis, inputs[0], inputs[1]),
             Op::ScatterAdd(axis) => movement::cpu_scatter_add(*axis, inputs[0], inputs[1], inputs[2]),
             Op::MatMul { ta, tb } => matmul::cpu(*ta, *tb, inputs[0], inputs[1]),
+            Op::Random(r) => random::cpu(r, inputs[0]),
         }
     }
 

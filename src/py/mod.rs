@@ -292,6 +292,19 @@ fn matmul(a: &PyTensor, b: &PyTensor, ta: bool, tb: bool) -> R<PyTensor> {
     wrap(build::matmul(t(a), t(b), ta, tb))
 }
 
+#[pyfunction]
+#[pyo3(signature = (dist, shape, dtype_name, seed=None))]
+fn random(dist: &str, shape: &PyTensor, dtype_name: &str, seed: Option<u64>) -> R<PyTensor> {
+    use crate::ops::random::RandomDist;
+    let d = match dist {
+        "uniform" => RandomDist::Uniform,
+        "normal" => RandomDist::Normal,
+        "truncated_normal" => RandomDist::TruncatedNormal,
+        _ => return Err(PyValueError::new_err(format!("unknown distribution '{dist}'"))),
+    };
+    wrap(crate::ops::random::random(d, t(shape), dtype(dtype_name)?, seed))
+}
+
 // ---------------------------------------------------------------- autodiff and execution
 
 #[pyfunction]
@@ -378,6 +391,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reverse, m)?)?;
     m.add_function(wrap_pyfunction!(gather, m)?)?;
     m.add_function(wrap_pyfunction!(matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(random, m)?)?;
     m.add_function(wrap_pyfunction!(gradients, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(device, m)?)?;

@@ -1,0 +1,176 @@
+//! Counter-based random numbers (Philox-4x32-10). Element `i` of the `n`-th execution of a
+//! node is a pure function of (seed, i, n), so a seeded graph gives the same numbers on
+//! every run and on every device, while each call of a compiled function draws fresh ones.
+
+use super::Op;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::runtime::value::Value;
+use crate::shape::Shape;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RandomDist {
+    /// Uniform on [0, 1).
+    Uniform,
+    /// Standard normal.
+    Normal,
+    /// Standard normal, redrawn outside [-2, 2] (as TensorFlow's truncated_normal).
+    TruncatedNormal,
+}
+
+#[derive(Debug)]
+pub struct RandomState {
+    pub dist: RandomDist,
+    pub seed: u64,
+    pub dtype: DType,
+    /// Executions so far; the counter's high words.
+    pub calls: AtomicU64,
+}
+
+impl RandomDist {
+    pub fn name(self) -> &'static str {
+        match self {
+            RandomDist::Uniform => "random_uniform",
+            RandomDist::Normal => "random_normal",
+            RandomDist::TruncatedNormal => "truncated_normal",
+        }
+    }
+}
+
+const M0: u32 = 0xD251_1F53;
+const M1: u32 = 0xCD9E_8D57;
+const W0: u32 = 0x9E37_79B9;
+const W1: u32 = 0xBB67_AE85;
+
+/// Philox-4x32 with 10 rounds (Salmon et al., 2011).
+pub fn philox(mut c: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let (mut k0, mut k1) = (key[0], key[1]);
+    for _ in 0..10 {
+        let p0 = (M0 as u64) * (c[0] as u64);
+        let p1 = (M1 as u64) * (c[2] as u64);
+        c = [((p1 >> 32) as u32) ^ c[1] ^ k0, p1 as u32, ((p0 >> 32) as u32) ^ c[3] ^ k1, p0 as u32];
+        k0 = k0.wrapping_add(W0);
+        k1 = k1.wrapping_add(W1);
+    }
+    c
+}
+
+/// A uniform float in (0, 1): 24 random bits, offset by half a step so log() is finite.
+#[inline]
+pub fn unit(w: u32) -> f32 {
+    ((w >> 8) as f32 + 0.5) * (1.0 / 16_777_216.0)
+}
+
+/// Element `i` of call `n`; f32 arithmetic, matching the WGSL kernel.
+pub fn sample(dist: RandomDist, key: [u32; 2], n: u64, i: u64) -> f32 {
+    let ctr = |k: u32| [i as u32, (i >> 32) as u32, n as u32, ((n >> 32) as u32) ^ (k << 16)];
+    match dist {
+        RandomDist::Uniform => ((philox(ctr(0), key)[0] >> 8) as f32) * (1.0 / 16_777_216.0),
+        RandomDist::Normal => {
+            let w = philox(ctr(0), key);
+            box_muller(w[0], w[1])
+        }
+        RandomDist::TruncatedNormal => {
+            for k in 0..64u32 {
+                let w = philox(ctr(k), key);
+                for (a, b) in [(w[0], w[1]), (w[2], w[3])] {
+                    let z = box_muller(a, b);
+                    if z.abs() <= 2.0 {
+                        return z;
+                    }
+                }
+            }
+            0.0
+        }
+    }
+}
+
+#[inline]
+fn box_muller(a: u32, b: u32) -> f32 {
+    (-2.0 * unit(a).ln()).sqrt() * (std::f32::consts::TAU * unit(b)).cos()
+}
+
+static UNSEEDED: AtomicU64 = AtomicU64::new(0x5EED_F00D_0000_0001);
+
+/// A seed for an op built without one: distinct per op, fixed for the op's lifetime.
+pub fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    UNSEEDED.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed) ^ t
+}
+
+pub fn random(dist: RandomDist, shape: &Tensor, dtype: DType, seed: Option<u64>) -> Result<Tensor> {
+    let st = RandomState { dist, seed: seed.unwrap_or_else(fresh_seed), dtype, calls: AtomicU64::new(0) };
+    Tensor::new(Op::Random(Arc::new(st)), vec![shape.clone()])
+}
+
+pub fn infer(st: &RandomState, shape: &Tensor) -> Result<(Shape, DType)> {
+    if !st.dtype.is_float() {
+        return Err(Error::Type(format!("{}: dtype must be a float type, got {}", st.dist.name(), st.dtype)));
+    }
+    let dims = super::movement::partial_value(shape)
+        .ok_or_else(|| Error::Type(format!("{}: shape must be a 1-D int tensor", st.dist.name())))?;
+    if dims.iter().any(|d| matches!(d, Some(v) if *v < 0)) {
+        return Err(Error::Value(format!("{}: negative dimension in shape {dims:?}", st.dist.name())));
+    }
+    Ok((Shape(dims.iter().map(|d| d.map(|d| d as usize)).collect()), st.dtype))
+}
+
+/// The key and call number for this execution (advances the node's call counter).
+pub fn next_call(st: &RandomState) -> ([u32; 2], u64) {
+    ([st.seed as u32, (st.seed >> 32) as u32], st.calls.fetch_add(1, Ordering::Relaxed))
+}
+
+pub fn cpu(st: &RandomState, shape: &Value) -> Result<Value> {
+    let dims: Vec<usize> = shape
+        .to_i64_vec()
+        .iter()
+        .map(|&d| if d < 0 { Err(Error::Value(format!("{}: negative dimension {d}", st.dist.name()))) } else { Ok(d as usize) })
+        .collect::<Result<_>>()?;
+    let n: usize = dims.iter().product();
+    let (key, call) = next_call(st);
+    use rayon::prelude::*;
+    let data: Vec<f32> = (0..n).into_par_iter().with_min_len(4096).map(|i| sample(st.dist, key, call, i as u64)).collect();
+    Ok(Value::from_vec(&dims, data)?.cast(st.dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Known-answer test from the Random123 distribution (kat_vectors, philox4x32_10).
+    #[test]
+    fn philox_known_answers() {
+        assert_eq!(philox([0, 0, 0, 0], [0, 0]), [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
+        assert_eq!(
+            philox([0xffffffff; 4], [0xffffffff, 0xffffffff]),
+            [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]
+        );
+    }
+
+    #[test]
+    fn uniform_and_normal_moments() {
+        let key = [7, 0];
+        let n = 200_000u64;
+        let u: Vec<f32> = (0..n).map(|i| sample(RandomDist::Uniform, key, 0, i)).collect();
+        let mean = u.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+        assert!((mean - 0.5).abs() < 0.005, "uniform mean {mean}");
+        assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
+        let z: Vec<f32> = (0..n).map(|i| sample(RandomDist::Normal, key, 0, i)).collect();
+        let m = z.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+        let v = z.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>() / n as f64;
+        assert!(m.abs() < 0.01 && (v - 1.0).abs() < 0.02, "normal mean {m} var {v}");
+        let t: Vec<f32> = (0..n).map(|i| sample(RandomDist::TruncatedNormal, key, 0, i)).collect();
+        assert!(t.iter().all(|x| x.abs() <= 2.0));
+    }
+
+    #[test]
+    fn calls_differ_and_seeds_reproduce() {
+        let a = sample(RandomDist::Uniform, [1, 2], 0, 5);
+        assert_eq!(a, sample(RandomDist::Uniform, [1, 2], 0, 5));
+        assert_ne!(a, sample(RandomDist::Uniform, [1, 2], 1, 5));
+        assert_ne!(a, sample(RandomDist::Uniform, [3, 2], 0, 5));
+    }
+}
