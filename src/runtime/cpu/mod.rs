@@ -26,6 +26,10 @@ pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
                         multi.insert(i, crate::ops::control::run(body, &args, &run)?);
                         Value::scalar_f64(node.dtype(), 0.0)
                     }
+                    Op::HostCall(h) => {
+                        multi.insert(i, crate::ops::host::run(h, &args)?);
+                        Value::scalar_f64(node.dtype(), 0.0)
+                    }
                     Op::TupleGet(k) => {
                         let src = plan.inputs[i][0];
                         multi.get(&src).and_then(|r| r.get(*k)).cloned().ok_or_else(|| {
