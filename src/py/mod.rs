@@ -401,6 +401,32 @@ fn gradients(y: &PyTensor, xs: Vec<PyTensor>, gy: Option<PyTensor>) -> R<Vec<Opt
     Ok(gs.into_iter().map(|g| g.map(PyTensor)).collect())
 }
 
+static UPDATE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    static HOLDS_UPDATE_LOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a call that assigns variables under one process-wide lock, so that concurrent calls
+/// do not lose each other's read-modify-write updates (4 threads x 500 `update_add(v, 1)`
+/// calls ended below 2000). Taken with the GIL released; re-entrant, for a `py_function`
+/// body that calls another updating function on the same thread.
+fn with_update_lock<T>(f: impl FnOnce() -> T) -> T {
+    if HOLDS_UPDATE_LOCK.with(|h| h.get()) {
+        return f();
+    }
+    let _guard = UPDATE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            HOLDS_UPDATE_LOCK.with(|h| h.set(false));
+        }
+    }
+    HOLDS_UPDATE_LOCK.with(|h| h.set(true));
+    let _release = Release;
+    f()
+}
+
 #[pyclass(name = "Function", module = "ferrokeras._core", frozen)]
 pub struct PyFunction(Function);
 
@@ -427,7 +453,13 @@ impl PyFunction {
         for (ph, v) in f.feeds.iter().zip(&values) {
             feeds.push(check_feed(ph, to_value(v)?).map_err(err)?);
         }
-        let out = py.detach(|| guarded("function call", || f.call(feeds)))?;
+        let out = py.detach(|| {
+            if f.updates.is_empty() {
+                guarded("function call", || f.call(feeds))
+            } else {
+                with_update_lock(|| guarded("function call", || f.call(feeds)))
+            }
+        })?;
         Ok(out.into_iter().map(|v| to_py(py, v)).collect())
     }
 
