@@ -336,13 +336,30 @@ pub fn cpu_select(c: &Value, a: &Value, b: &Value) -> Result<Value> {
     };
     fn go<T: Elem>(c: &Arr<bool>, a: &Arr<T>, b: &Arr<T>) -> Result<Value> {
         let shape = broadcast_runtime("select", &broadcast_runtime("select", c.shape(), a.shape())?, b.shape())?;
+        let n: usize = shape.iter().product();
+        // Fast path: each operand is either full-size or a single element (relu and
+        // maximum gradients select between a tensor and a scalar zero).
+        let flat = |x: usize| x == n || x == 1;
+        if flat(c.len()) && flat(a.len()) && flat(b.len()) {
+            let (cs, xs, ys) = (c.as_slice().expect("standard"), a.as_slice().expect("standard"), b.as_slice().expect("standard"));
+            let (sc, sx, sy) = ((c.len() == n) as usize, (a.len() == n) as usize, (b.len() == n) as usize);
+            let out = build_vec(n, |out| {
+                out.par_chunks_mut(GRAIN).enumerate().for_each(|(k, o)| {
+                    let base = k * GRAIN;
+                    for (j, o) in o.iter_mut().enumerate() {
+                        let i = base + j;
+                        o.write(if cs[i * sc] { xs[i * sx] } else { ys[i * sy] });
+                    }
+                })
+            });
+            return Ok(T::wrap(Arr::from_shape_vec(IxDyn(&shape), out).expect("shape matches")));
+        }
         let (cv, av, bv) = (
             c.broadcast(IxDyn(&shape)).expect("checked"),
             a.broadcast(IxDyn(&shape)).expect("checked"),
             b.broadcast(IxDyn(&shape)).expect("checked"),
         );
-        let mut out = ndarray::Array::<T, _>::default(IxDyn(&shape));
-        Zip::from(&mut out).and(&cv).and(&av).and(&bv).for_each(|o, &c, &x, &y| *o = if c { x } else { y });
+        let out = Zip::from(&cv).and(&av).and(&bv).map_collect(|&c, &x, &y| if c { x } else { y });
         Ok(T::wrap(out.into_shared()))
     }
     crate::with_value!(a, x => {
