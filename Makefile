@@ -110,6 +110,7 @@ benches/.venv-%/.stamp:
 	touch $@
 
 bench-conv: build benches/.venv-tf/.stamp benches/.venv-torch/.stamp
+	$(VENV_PY) benches/check_conv_vs_tf.py
 	$(VENV_PY) benches/bench_conv.py
 
 clean:

@@ -30,14 +30,21 @@ PEERS = {
 
 
 def timed(fn, repeat):
+    """Median wall ms of `repeat` calls after two warm-ups; CPU ms (all threads) of the
+    same calls are kept in CPU_MS, a figure less disturbed by other load on the machine."""
     fn()
     fn()
-    ts = []
+    ts, cs = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         ts.append(time.perf_counter() - t0)
+        cs.append(time.process_time() - c0)
+    CPU_MS.append(float(np.median(cs)) * 1e3)
     return float(np.median(ts)) * 1e3
+
+
+CPU_MS = []
 
 
 # ---------------------------------------------------------------- workers
@@ -123,9 +130,11 @@ def main():
     if a.worker:
         data = np.load(os.path.join(a.dir, "inputs.npz"))
         res = WORKERS[a.worker](data["x"], data["k"], a.repeat, os.path.join(a.dir, a.worker + ".npz"))
+        res["cpu"] = {"forward": CPU_MS[0], "forward+backward": CPU_MS[1]}
         print("RESULT " + json.dumps(res))
         return
 
+    load0 = os.getloadavg()[0]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((a.batch, 56, 56, 64), dtype=np.float32)
     k = (rng.standard_normal((3, 3, 64, 64), dtype=np.float32) / 24).astype(np.float32)
@@ -157,15 +166,17 @@ def main():
             results[name]["max_rel_err_vs_ferrokeras"] = max(errs)
 
     print(f"\nconv2d 3x3, {x.shape[0]}x56x56x64 -> 64, float32, padding=same, {os.cpu_count()} CPU threads; "
-          f"median of {a.repeat} (ms; GFLOP/s; ratio = peer time / ferrokeras time, > 1 means ferrokeras is faster)")
+          f"median of {a.repeat}.\nms = wall time per call, GF/s = achieved GFLOP/s, ratio = peer / ferrokeras wall time "
+          f"(> 1: ferrokeras is faster), cpu = CPU ms per call over all threads (less sensitive to other load);\n"
+          f"load average before the run: {load0:.2f}")
     cols = ["forward", "forward+backward"]
-    print(f"{'':22}" + "".join(f"{c:>30}" for c in cols) + "   check")
+    print(f"{'':22}" + "".join(f"{c + ' (ms GF/s ratio cpu)':>38}" for c in cols) + "   check")
     base = results.get("ferrokeras")
     for name, r in results.items():
         row = f"{name:22}"
         for c, mult in zip(cols, (1, 3)):
             ratio = f"x{r[c] / base[c]:.2f}" if base else ""
-            row += f"{r[c]:>12.1f} {mult * flops / r[c] / 1e6:>8.0f} {ratio:>8}"
+            row += f"{r[c]:>12.1f} {mult * flops / r[c] / 1e6:>8.0f} {ratio:>8} {r['cpu'][c]:>7.0f}"
         chk = r.get("max_rel_err_vs_ferrokeras")
         row += "   " + ("" if chk is None else f"max rel err {chk:.1e}" + ("" if chk < 1e-4 else "  MISMATCH"))
         print(row)

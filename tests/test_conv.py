@@ -154,6 +154,9 @@ CONV_CASES = [
     ("conv2d", (2, 9, 8, 3), [(3, 3, 3, 2)], dict(padding="same", dilation_rate=(2, 3))),
     ("conv2d", (1, 9, 8, 2), [(2, 3, 2, 2)], dict(padding="valid", dilation_rate=2)),
     ("conv2d", (3, 6, 6, 5), [(1, 1, 5, 3)], dict(padding="valid")),
+    # 3x3, stride 1, >= 16 channels: the Winograd kernel (odd sizes leave partial tiles)
+    ("conv2d", (3, 7, 9, 16), [(3, 3, 16, 17)], dict(padding="same")),
+    ("conv2d", (1, 8, 5, 17), [(3, 3, 17, 16)], dict(padding="valid")),
     # conv3d
     ("conv3d", (2, 5, 4, 6, 2), [(2, 3, 2, 2, 3)], dict()),
     ("conv3d", (2, 5, 4, 6, 2), [(3, 3, 3, 2, 3)], dict(padding="same", strides=(2, 1, 2))),
@@ -204,6 +207,7 @@ def test_conv_forward(case, fmt, rng):
     ("conv2d", (2, 9, 9, 8), (3, 3, 8, 16), dict(padding="same")),
     ("conv2d", (2, 9, 9, 8), (3, 3, 8, 16), dict(padding="valid", strides=2)),
     ("depthwise_conv2d", (2, 9, 9, 8), (3, 3, 8, 1), dict(padding="same")),
+    ("conv2d", (2, 9, 11, 32), (3, 3, 32, 24), dict(padding="same")),
 ])
 def test_conv_low_precision(name, xshape, kshape, kw, dtype, tol, rng):
     x, k = rng.normal(size=xshape), rng.normal(size=kshape) / 4
@@ -223,6 +227,8 @@ TRANSPOSE_CASES = [
     (K.conv2d_transpose, (2, 4, 4, 3), (3, 3, 5, 3), (2, 4, 4, 5), dict(padding="same")),
     (K.conv2d_transpose, (1, 4, 4, 3), (3, 3, 2, 3), (1, 8, 8, 2), dict(padding="valid", dilation_rate=2)),
     (K.conv2d_transpose, (2, 3, 4, 3), (2, 3, 2, 3), (2, 9, 8, 2), dict(strides=(3, 2), padding="same")),
+    (K.conv2d_transpose, (2, 5, 6, 16), (3, 3, 20, 16), (2, 5, 6, 20), dict(padding="same")),
+    (K.conv2d_transpose, (1, 3, 4, 18), (3, 3, 16, 18), (1, 5, 6, 16), dict(padding="valid")),
     (K.conv3d_transpose, (1, 2, 3, 2, 3), (2, 2, 2, 2, 3), (1, 4, 6, 4, 2), dict(strides=(2, 2, 2), padding="same")),
     (K.conv3d_transpose, (2, 2, 2, 2, 2), (2, 3, 2, 3, 2), (2, 3, 4, 3, 3), dict()),
 ]
@@ -252,6 +258,17 @@ def test_conv_transpose_is_adjoint_of_conv(rng):
     fwd = K.eval(K.conv2d(K.constant(x, dtype="float64"), kc, strides=2, padding="same"))
     back = K.eval(K.conv2d_transpose(K.constant(y, dtype="float64"), kc, (2, 7, 7, 3), strides=2, padding="same"))
     assert np.isclose(np.sum(fwd * y), np.sum(x * back), rtol=1e-12)
+
+
+def test_winograd_gradient_matches_direct(rng):
+    # The input gradient of a 3x3 stride-1 convolution with 16+ channels runs the Winograd
+    # kernel; its float64 result must match the transposed-convolution reference.
+    x, k = rng.normal(size=(2, 6, 7, 16)), rng.normal(size=(3, 3, 16, 16))
+    g = rng.normal(size=(2, 6, 7, 16))
+    xv = K.variable(x, dtype="float64")
+    y = K.conv2d(xv, K.constant(k, dtype="float64"), padding="same")
+    dx = K.eval(K.gradients(K.sum(y * K.constant(g, dtype="float64")), [xv])[0])
+    np.testing.assert_allclose(dx, ref_conv_transpose(g, k, x.shape, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10)
 
 
 def test_conv_transpose_output_shape_tensor(rng):

@@ -1,21 +1,25 @@
 //! CPU kernels of the three convolution primitives, chosen per shape:
 //!
-//! - stride 1, one group: "shifted GEMM". The input is copied once into a zero-padded
-//!   buffer; then, for each kernel offset, the rows of the padded image starting at that
-//!   offset *are* the im2col rows (with a few junk rows where a window wraps around a row
-//!   end, computed and thrown away), so each offset is one strided `gemm` call and no
-//!   im2col buffer is built. With no dilation along the last dim its offsets merge into one
-//!   call with `k = kernel_width * channels`. The input gradient is the same kernel on the
-//!   flipped, transposed kernel; the kernel gradient is the same product transposed.
+//! - 2-D 3x3, stride 1, one group, 16+ channels each side: Winograd F(2x2, 3x3) in
+//!   `winograd.rs` (forward, and the input gradient, which is such a convolution too).
+//! - other one-group convolutions (forward, and the input gradient at stride 1, the forward
+//!   convolution of the output gradient with the flipped, transposed kernel): im2col from a
+//!   zero-padded copy of each image, where a window row along the last dim is one
+//!   contiguous `kernel_width * channels` segment, into a cache-sized tile; then one `gemm`
+//!   per tile with `k = prod(kernel) * channels` (a 1x1 unpadded convolution is one `gemm`
+//!   on the input itself).
+//! - kernel gradient, stride 1, one group: "shifted GEMM". For each kernel offset, the
+//!   rows of the padded image starting at that offset *are* the im2col rows (with a few
+//!   junk rows where a window wraps around a row end, whose output gradient is zero), so
+//!   each offset is one strided `gemm` with a long `k` and no im2col copy.
 //! - one input channel per group (depthwise): direct loops, vectorised over channels.
-//! - otherwise: im2col (or col2im) of a tile of output rows into a cache-sized buffer and
-//!   one `gemm` per group.
+//! - otherwise: im2col (or col2im) of a tile of output rows and one `gemm` per group.
 //!
 //! All three parallelise over images when there are at least as many images as threads,
 //! else inside `gemm`. Spatial dims are canonicalised to three (leading dims of size 1).
 //! f16 is computed in f32.
 
-use super::{out_len, ConvSpec};
+use super::{out_len, winograd, ConvSpec};
 use crate::error::{Error, Result};
 use crate::runtime::value::{Arr, Elem, Value};
 use crate::value_err;
@@ -164,30 +168,50 @@ fn threads() -> usize {
     rayon::current_num_threads()
 }
 
-/// Runs `f(image, out_chunk, parallelism)` for every image: images in parallel when there
-/// are enough of them, else one after another with a parallel `gemm` inside.
-fn per_image<T: Send>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], Parallelism) + Sync) {
+/// Per-thread buffers a kernel keeps across the images it runs (padded image, im2col
+/// tile, ...), so only the first image of a thread allocates. Within one kernel call the
+/// geometry is fixed, so zero borders written once stay zero.
+#[derive(Default)]
+pub struct Scratch<T> {
+    pub a: Vec<T>,
+    pub b: Vec<T>,
+    pub c: Vec<T>,
+}
+
+/// `buf` resized to `len` elements; zero-filled only when its size changes.
+pub fn sized<T: F>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buf.len() != len {
+        buf.clear();
+        buf.resize(len, T::zero());
+    }
+    buf
+}
+
+/// Runs `f(image, out_chunk, scratch, parallelism)` for every image: images in parallel
+/// when there are enough of them, else one after another with a parallel `gemm` inside.
+fn per_image<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync) {
     if n == 0 || out.is_empty() {
         return;
     }
     let chunk = out.len() / n;
     if n >= threads() && n > 1 {
-        out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| f(i, o, Parallelism::None));
+        out.par_chunks_mut(chunk).enumerate().for_each_init(Scratch::default, |sc, (i, o)| f(i, o, sc, Parallelism::None));
     } else {
-        out.chunks_mut(chunk).enumerate().for_each(|(i, o)| f(i, o, Parallelism::Rayon(threads())));
+        let mut sc = Scratch::default();
+        out.chunks_mut(chunk).enumerate().for_each(|(i, o)| f(i, o, &mut sc, Parallelism::Rayon(threads())));
     }
 }
 
-/// Sums `f(image, acc, parallelism)` over images into `out` (the kernel gradient).
-fn sum_images<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], Parallelism) + Sync) {
+/// Sums `f(image, acc, scratch, parallelism)` over images into `out` (the kernel gradient).
+fn sum_images<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync) {
     if n >= threads() && n > 1 {
         let len = out.len();
         let per = n.div_ceil(threads());
         let parts: Vec<Vec<T>> = (0..n.div_ceil(per))
             .into_par_iter()
             .map(|t| {
-                let mut acc = vec![T::zero(); len];
-                (t * per..((t + 1) * per).min(n)).for_each(|i| f(i, &mut acc, Parallelism::None));
+                let (mut acc, mut sc) = (vec![T::zero(); len], Scratch::default());
+                (t * per..((t + 1) * per).min(n)).for_each(|i| f(i, &mut acc, &mut sc, Parallelism::None));
                 acc
             })
             .collect();
@@ -195,13 +219,14 @@ fn sum_images<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], Paralle
             out.iter_mut().zip(p).for_each(|(o, v)| *o += v);
         }
     } else {
-        (0..n).for_each(|i| f(i, out, Parallelism::Rayon(threads())));
+        let mut sc = Scratch::default();
+        (0..n).for_each(|i| f(i, out, &mut sc, Parallelism::Rayon(threads())));
     }
 }
 
 /// `dst[m x n] (row stride drs) = [dst +] lhs[m x k] @ rhs[k x n]`, strides in elements.
 #[allow(clippy::too_many_arguments)]
-fn mm<T: F>(m: usize, n: usize, k: usize, dst: &mut [T], drs: usize, acc: bool, lhs: &[T], l: (usize, usize), rhs: &[T], r: (usize, usize), par: Parallelism) {
+pub(crate) fn mm<T: F>(m: usize, n: usize, k: usize, dst: &mut [T], drs: usize, acc: bool, lhs: &[T], l: (usize, usize), rhs: &[T], r: (usize, usize), par: Parallelism) {
     if m == 0 || n == 0 || k == 0 {
         return;
     }
@@ -227,20 +252,22 @@ fn mm<T: F>(m: usize, n: usize, k: usize, dst: &mut [T], drs: usize, acc: bool, 
 
 fn fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
-    if g.unit_stride() && g.groups == 1 {
-        per_image(g.n, y, |i, y, par| shifted_fwd(&g.x, &g.k, &g.d, &g.p, g.cin, g.cout, &x[i * xl..(i + 1) * xl], w, y, par));
+    if g.groups == 1 {
+        let wk = Walk { x: &g.x, k: &g.k, s: &g.s, d: &g.d, p: &g.p, cin: g.cin, cout: g.cout };
+        dense_fwd(g.n, &wk, x, w, y);
     } else if g.cg() == 1 {
-        per_image(g.n, y, |i, y, _| depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y));
+        per_image(g.n, y, |i, y, _, _| depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y));
     } else {
-        per_image(g.n, y, |i, y, par| im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par));
+        per_image(g.n, y, |i, y, _, par| im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par));
     }
     debug_assert_eq!(y.len(), g.n * yl);
 }
 
-/// A zero-padded copy of one channels-last image, `(P0, P1, P2, c)`.
-fn pad_image<T: F>(xs: &[usize; 3], p: &[(usize, usize); 3], c: usize, x: &[T]) -> (Vec<T>, [usize; 3]) {
+/// A zero-padded copy of one channels-last image in `buf`, `(P0, P1, P2, c)` with
+/// `P = x + before + after`; returns `P`.
+pub fn pad_into<T: F>(xs: &[usize; 3], p: &[(usize, usize); 3], c: usize, x: &[T], buf: &mut Vec<T>) -> [usize; 3] {
     let pd = [0, 1, 2].map(|t| xs[t] + p[t].0 + p[t].1);
-    let mut out = vec![T::zero(); pd.iter().product::<usize>() * c];
+    let out = sized(buf, pd.iter().product::<usize>() * c);
     for a in 0..xs[0] {
         for b in 0..xs[1] {
             let src = ((a * xs[1] + b) * xs[2]) * c;
@@ -248,35 +275,72 @@ fn pad_image<T: F>(xs: &[usize; 3], p: &[(usize, usize); 3], c: usize, x: &[T]) 
             out[dst..dst + xs[2] * c].copy_from_slice(&x[src..src + xs[2] * c]);
         }
     }
-    (out, pd)
+    pd
 }
 
-/// Stride-1 convolution of one image by shifted GEMMs (see the module comment).
-#[allow(clippy::too_many_arguments)]
-fn shifted_fwd<T: F>(xs: &[usize; 3], k: &[usize; 3], d: &[usize; 3], p: &[(usize, usize); 3], cin: usize, cout: usize, x: &[T], w: &[T], y: &mut [T], par: Parallelism) {
-    let (xp, pd) = pad_image(xs, p, cin, x);
-    let o = [0, 1, 2].map(|t| pd[t] + 1 - (d[t] * (k[t] - 1) + 1));
-    let rows = ((o[0] - 1) * pd[1] + o[1] - 1) * pd[2] + o[2];
-    let mut ext = vec![T::zero(); rows * cout];
+/// The window walk of one groups=1 convolution, for `segment_fwd`.
+pub struct Walk<'a> {
+    pub x: &'a [usize; 3],
+    pub k: &'a [usize; 3],
+    pub s: &'a [usize; 3],
+    pub d: &'a [usize; 3],
+    pub p: &'a [(usize, usize); 3],
+    pub cin: usize,
+    pub cout: usize,
+}
+
+/// A groups=1 convolution of `n` images: Winograd where it applies, else `segment_fwd`.
+fn dense_fwd<T: F>(n: usize, wk: &Walk, x: &[T], w: &[T], y: &mut [T]) {
+    let xl = x.len() / n.max(1);
+    if winograd::applies(wk) {
+        let u = winograd::transform_kernel(w, wk.cin, wk.cout);
+        per_image(n, y, |i, y, sc, par| winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par));
+    } else {
+        per_image(n, y, |i, y, sc, par| segment_fwd(wk, &x[i * xl..(i + 1) * xl], w, y, sc, par));
+    }
+}
+
+/// One image of a groups=1 convolution: im2col of a tile of output pixels from a padded
+/// copy of the image, where each window row along the last dim is one contiguous
+/// `kernel_width * cin` segment (no dilation there) or `kernel_width` segments of `cin`,
+/// then one `gemm` per tile with `k = prod(kernel) * cin` written straight into `y`.
+fn segment_fwd<T: F>(wk: &Walk, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+    let (k, s, d, cin, cout) = (wk.k, wk.s, wk.d, wk.cin, wk.cout);
+    let unpadded = wk.p.iter().all(|&(a, b)| a == 0 && b == 0);
+    if k.iter().product::<usize>() == 1 && *s == [1; 3] && unpadded {
+        let rows = x.len() / cin.max(1);
+        mm(rows, cout, cin, y, cout, false, x, (cin, 1), w, (cout, 1), par);
+        return;
+    }
+    let pd = pad_into(wk.x, wk.p, cin, x, &mut sc.a);
+    let xp = &sc.a;
+    let o = [0, 1, 2].map(|t| (pd[t] - d[t] * (k[t] - 1) - 1) / s[t] + 1);
     let merge = d[2] == 1;
-    let (lsteps, klen) = if merge { (1, k[2] * cin) } else { (k[2], cin) };
-    let mut first = true;
+    let seg = if merge { k[2] * cin } else { cin };
+    let mut offs = Vec::new();
     for a in 0..k[0] {
         for b in 0..k[1] {
-            for c in 0..lsteps {
-                let off = ((a * d[0] * pd[1] + b * d[1]) * pd[2] + c * d[2]) * cin;
-                let wo = ((a * k[1] + b) * k[2] + c) * cin * cout;
-                mm(rows, cout, klen, &mut ext, cout, !first, &xp[off..], (cin, 1), &w[wo..], (cout, 1), par);
-                first = false;
+            for c in 0..(if merge { 1 } else { k[2] }) {
+                offs.push(((a * d[0] * pd[1] + b * d[1]) * pd[2] + c * d[2]) * cin);
             }
         }
     }
-    for a in 0..o[0] {
-        for b in 0..o[1] {
-            let src = (a * pd[1] + b) * pd[2] * cout;
-            let dst = (a * o[1] + b) * o[2] * cout;
-            y[dst..dst + o[2] * cout].copy_from_slice(&ext[src..src + o[2] * cout]);
+    let ktot = offs.len() * seg;
+    let opix = o.iter().product::<usize>();
+    let tile = ((1usize << 18) / ktot.max(1)).max(16).min(opix.max(1));
+    let col = sized(&mut sc.b, tile * ktot);
+    for r0 in (0..opix).step_by(tile) {
+        let rows = tile.min(opix - r0);
+        for r in 0..rows {
+            let op = r0 + r;
+            let (c, b, a) = (op % o[2], (op / o[2]) % o[1], op / (o[2] * o[1]));
+            let base = ((a * s[0] * pd[1] + b * s[1]) * pd[2] + c * s[2]) * cin;
+            let row = &mut col[r * ktot..(r + 1) * ktot];
+            for (dst, &off) in row.chunks_exact_mut(seg).zip(&offs) {
+                dst.copy_from_slice(&xp[base + off..base + off + seg]);
+            }
         }
+        mm(rows, cout, ktot, &mut y[r0 * cout..], cout, false, col, (ktot, 1), w, (cout, 1), par);
     }
 }
 
@@ -348,11 +412,12 @@ fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
     if g.unit_stride() && g.groups == 1 && (0..3).all(|t| g.p[t].0 <= eff[t] && g.p[t].1 <= eff[t]) {
         let p2 = [0, 1, 2].map(|t| (eff[t] - g.p[t].0, eff[t] - g.p[t].1));
         let wf = flip_transpose(g, w);
-        per_image(g.n, dx, |i, dx, par| shifted_fwd(&g.o, &g.k, &g.d, &p2, g.cout, g.cin, &gy[i * yl..(i + 1) * yl], &wf, dx, par));
+        let wk = Walk { x: &g.o, k: &g.k, s: &[1; 3], d: &g.d, p: &p2, cin: g.cout, cout: g.cin };
+        dense_fwd(g.n, &wk, gy, &wf, dx);
     } else if g.cg() == 1 {
-        per_image(g.n, dx, |i, dx, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx));
+        per_image(g.n, dx, |i, dx, _, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx));
     } else {
-        per_image(g.n, dx, |i, dx, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par));
+        per_image(g.n, dx, |i, dx, _, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par));
     }
     debug_assert_eq!(dx.len(), g.n * xl);
 }
@@ -419,20 +484,21 @@ fn depthwise_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
 fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
     if g.unit_stride() && g.groups == 1 {
-        sum_images(g.n, dw, |i, dw, par| shifted_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, par));
+        sum_images(g.n, dw, |i, dw, sc, par| shifted_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc, par));
     } else if g.cg() == 1 {
-        sum_images(g.n, dw, |i, dw, _| depthwise_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw));
+        sum_images(g.n, dw, |i, dw, _, _| depthwise_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw));
     } else {
-        sum_images(g.n, dw, |i, dw, par| im2col_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, par));
+        sum_images(g.n, dw, |i, dw, _, par| im2col_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, par));
     }
 }
 
 /// `dw[k] += X_k^T @ gy`, with `X_k` the shifted rows of the padded image (stride 1).
-fn shifted_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], par: Parallelism) {
+fn shifted_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
     let (k, d, cin, cout, o) = (g.k, g.d, g.cin, g.cout, g.o);
-    let (xp, pd) = pad_image(&g.x, &g.p, cin, x);
+    let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
+    let xp = &sc.a;
     let rows = ((o[0] - 1) * pd[1] + o[1] - 1) * pd[2] + o[2];
-    let mut ext = vec![T::zero(); rows * cout];
+    let ext = sized(&mut sc.b, rows * cout);
     for a in 0..o[0] {
         for b in 0..o[1] {
             let dst = (a * pd[1] + b) * pd[2] * cout;
@@ -447,7 +513,7 @@ fn shifted_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], par: Parallel
             for c in 0..lsteps {
                 let off = ((a * d[0] * pd[1] + b * d[1]) * pd[2] + c * d[2]) * cin;
                 let wo = ((a * k[1] + b) * k[2] + c) * cin * cout;
-                mm(klen, cout, rows, &mut dw[wo..], cout, true, &xp[off..], (1, cin), &ext, (cout, 1), par);
+                mm(klen, cout, rows, &mut dw[wo..], cout, true, &xp[off..], (1, cin), ext, (cout, 1), par);
             }
         }
     }

@@ -13,6 +13,7 @@
 //! every VJP below. Kernels are in `cpu.rs`.
 
 pub mod cpu;
+pub mod winograd;
 
 use super::build::*;
 use super::Op;
