@@ -19,4 +19,13 @@ def devices():
     return [{"name": "cpu", "backend": "host", "type": "cpu"}]
 
 
-__all__ = ["device", "devices", "__version__"]
+def __getattr__(name):
+    # `ferrokeras.py_function` is `ferrokeras.backend.py_function`, imported on first use.
+    if name == "py_function":
+        from .backend import py_function
+
+        return py_function
+    raise AttributeError(f"module 'ferrokeras' has no attribute {name!r}")
+
+
+__all__ = ["device", "devices", "py_function", "__version__"]

@@ -4,7 +4,9 @@
 //! must handle it. Everything else in the `K` API is a composite of these, in Python.
 
 pub mod conv;
+pub mod control;
 pub mod elementwise;
+pub mod host;
 pub mod matmul;
 pub mod movement;
 pub mod pool;
@@ -69,6 +71,9 @@ pub enum Op {
     Pool(Arc<pool::PoolSpec>),             // (x)                    pool
     PoolGrad(Arc<pool::PoolSpec>),         // (x, gy)                pool
     PoolSelect(Arc<pool::PoolSpec>),       // (x, h)                 pool
+    Loop(Arc<control::LoopBody>),          // (seqs.., states.., captured..) control
+    TupleGet(usize),                       // (multi-result node)    control
+    HostCall(Arc<host::HostCall>),         // (inputs..) callback    host
 }
 
 impl Op {
@@ -109,6 +114,9 @@ impl Op {
             Op::Pool(p) => format!("{:?}_pool", p.kind).to_lowercase(),
             Op::PoolGrad(p) => format!("{:?}_pool_grad", p.kind).to_lowercase(),
             Op::PoolSelect(p) => format!("{:?}_pool_select", p.kind).to_lowercase(),
+            Op::Loop(_) => "loop".into(),
+            Op::TupleGet(k) => format!("result {k}"),
+            Op::HostCall(h) => format!("py_function '{}'", h.f.name()),
         }
     }
 
@@ -147,6 +155,9 @@ impl Op {
             Op::Pool(s) => pool::infer_pool(s, &inputs[0]),
             Op::PoolGrad(_) => pool::infer_pool_grad(&inputs[0], &inputs[1]),
             Op::PoolSelect(s) => pool::infer_pool_select(s, &inputs[0], &inputs[1]),
+            Op::Loop(body) => control::infer_loop(body, inputs),
+            Op::TupleGet(k) => control::infer_tuple_get(*k, &inputs[0]),
+            Op::HostCall(_) => Ok((Shape::scalar(), DType::Bool)),
         }
     }
 
@@ -187,6 +198,9 @@ impl Op {
             Op::Pool(s) => pool::vjp_pool(s, node, g),
             Op::PoolGrad(s) => pool::vjp_pool_grad(s, node, g),
             Op::PoolSelect(s) => pool::vjp_pool_select(s, node, g),
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
+                Err(crate::error::Error::Runtime("multi-result nodes are differentiated by autodiff::gradients".into()))
+            }
         }
     }
 
@@ -225,6 +239,9 @@ impl Op {
             Op::Pool(s) => pool::cpu_pool(s, inputs[0]),
             Op::PoolGrad(s) => pool::cpu_pool_grad(s, inputs[0], inputs[1]),
             Op::PoolSelect(s) => pool::cpu_pool_select(s, inputs[0], inputs[1]),
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
+                Err(crate::error::Error::Runtime("multi-result nodes are run by the executor".into()))
+            }
         }
     }
 

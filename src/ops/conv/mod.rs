@@ -308,3 +308,64 @@ pub fn cpu_kernel_grad(spec: &ConvSpec, x: &Value, g: &Value, s: &Value) -> Resu
     let geo = cpu::Geom::new(spec, x.shape(), &ws, Some(g.shape()))?;
     cpu::kernel_grad(&geo, x, g)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(shape: &[usize], seed: u64) -> (Value, Vec<f64>) {
+        // A small LCG: deterministic, no dependency.
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let v: Vec<f64> = (0..shape.iter().product::<usize>())
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
+            })
+            .collect();
+        (Value::from_vec(shape, v.clone()).unwrap(), v)
+    }
+
+    fn dot(a: &Value, b: &[f64]) -> f64 {
+        a.to_f64_vec().iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    /// `<Conv(x, w), g> = <x, ConvInputGrad(g, w)> = <w, ConvKernelGrad(x, g)>` on every
+    /// kernel path: Winograd, padded-segment im2col, grouped im2col, depthwise loops,
+    /// strided col2im, 1-D and 3-D.
+    #[test]
+    fn the_three_primitives_are_adjoint() {
+        let cases: Vec<(Vec<usize>, Vec<usize>, ConvSpec)> = vec![
+            (vec![2, 7, 9, 16], vec![3, 3, 16, 17], spec(&[1, 1], &[1, 1], Padding::Same, 1)),
+            (vec![3, 8, 7, 5], vec![3, 2, 5, 4], spec(&[2, 1], &[1, 1], Padding::Same, 1)),
+            (vec![2, 9, 9, 4], vec![3, 3, 4, 6], spec(&[1, 1], &[2, 3], Padding::Explicit(vec![(1, 2), (0, 1)]), 1)),
+            (vec![2, 7, 6, 6], vec![3, 3, 2, 9], spec(&[2, 2], &[1, 1], Padding::Same, 3)),
+            (vec![2, 7, 6, 4], vec![3, 3, 1, 8], spec(&[1, 2], &[1, 1], Padding::Same, 4)),
+            (vec![1, 11, 3], vec![4, 3, 2], spec(&[3], &[1], Padding::Explicit(vec![(3, 0)]), 1)),
+            (vec![2, 4, 5, 6, 2], vec![2, 3, 2, 2, 3], spec(&[2, 1, 2], &[1, 1, 1], Padding::Same, 1)),
+        ];
+        for (i, (xs, ws, sp)) in cases.into_iter().enumerate() {
+            let (x, xv) = values(&xs, 1 + i as u64);
+            let (w, wv) = values(&ws, 100 + i as u64);
+            let y = cpu_conv(&sp, &x, &w).unwrap();
+            let (g, gv) = values(y.shape(), 200 + i as u64);
+            let shape = |s: &[usize]| Value::from_vec(&[s.len()], s.iter().map(|&d| d as i64).collect()).unwrap();
+            let dx = cpu_input_grad(&sp, &g, &w, &shape(&xs)).unwrap();
+            let dw = cpu_kernel_grad(&sp, &x, &g, &shape(&ws)).unwrap();
+            assert_eq!((dx.shape(), dw.shape()), (xs.as_slice(), ws.as_slice()));
+            let (a, b, c) = (dot(&y, &gv), dot(&dx, &xv), dot(&dw, &wv));
+            assert!((a - b).abs() < 1e-9 * a.abs().max(1.0) && (a - c).abs() < 1e-9 * a.abs().max(1.0), "case {i}: {a} {b} {c}");
+        }
+    }
+
+    fn spec(s: &[usize], d: &[usize], padding: Padding, groups: usize) -> ConvSpec {
+        ConvSpec { strides: s.to_vec(), dilation: d.to_vec(), padding, groups }
+    }
+
+    #[test]
+    fn same_padding_puts_the_odd_element_last() {
+        assert_eq!(Padding::Same.resolve(0, 5, 4, 1), (1, 2));
+        assert_eq!(Padding::Same.resolve(0, 6, 3, 2), (0, 1));
+        assert_eq!(Padding::Same.resolve(0, 7, 3, 2), (1, 1));
+        assert_eq!(out_len(2, 3, 1, (0, 0)), None);
+    }
+}
