@@ -491,3 +491,12 @@ def test_many_images_run_in_parallel_and_agree(rng):
         got = K.eval(K.conv2d(K.constant(xs, dtype="float64"), K.constant(k, dtype="float64"), padding="same"))
         np.testing.assert_allclose(got, ref_conv(xs, k, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10)
 
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from ferrokeras._k import conv
+
+    result = doctest.testmod(conv)
+    assert result.failed == 0 and result.attempted >= 12
