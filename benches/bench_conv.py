@@ -166,7 +166,7 @@ def main():
             results[name]["max_rel_err_vs_ferrokeras"] = max(errs)
 
     print(f"\nconv2d 3x3, {x.shape[0]}x56x56x64 -> 64, float32, padding=same, {os.cpu_count()} CPU threads; "
-          f"median of {a.repeat}.\nms = wall time per call, GF/s = achieved GFLOP/s, ratio = peer / ferrokeras wall time "
+          f"median of {a.repeat}.\nms = wall time per call, GF/s = direct-convolution FLOPs / wall time, ratio = peer / ferrokeras wall time "
           f"(> 1: ferrokeras is faster), cpu = CPU ms per call over all threads (less sensitive to other load);\n"
           f"load average before the run: {load0:.2f}")
     cols = ["forward", "forward+backward"]
