@@ -99,13 +99,6 @@ macro_rules! binary_table {
     };
 }
 
-/// Wraps a kernel result as arithmetic (same type) or predicate (bool) output.
-pub trait BinOut<T> {
-    fn into_value(a: Arr<Self>) -> Value
-    where
-        Self: Sized;
-}
-
 binary_table! {
     Add      "add"           Arith   float |a, b| a + b,                     int |a, b| a.wrapping_add(b);
     Sub      "subtract"      Arith   float |a, b| a - b,                     int |a, b| a.wrapping_sub(b);
@@ -114,8 +107,8 @@ binary_table! {
     FloorDiv "floor_divide"  Arith   float |a, b| (a / b).floor(),           int |a, b| floor_div(a, b);
     Mod      "mod"           Arith   float |a, b| { let r = a % b; if r != F::zero() && ((r < F::zero()) != (b < F::zero())) { r + b } else { r } }, int |a, b| floor_mod(a, b);
     Pow      "pow"           Arith   float |a, b| a.powf(b),                 int |a, b| int_pow(a, b);
-    Maximum  "maximum"       Arith   float |a, b| if a >= b || a != a { a } else { b }, int |a, b| a.max(b);
-    Minimum  "minimum"       Arith   float |a, b| if a <= b || a != a { a } else { b }, int |a, b| a.min(b);
+    Maximum  "maximum"       Arith   float |a, b| if a >= b || a.is_nan() { a } else { b }, int |a, b| a.max(b);
+    Minimum  "minimum"       Arith   float |a, b| if a <= b || a.is_nan() { a } else { b }, int |a, b| a.min(b);
     Equal    "equal"         Compare float |a, b| a == b,                    int |a, b| a == b;
     NotEqual "not_equal"     Compare float |a, b| a != b,                    int |a, b| a != b;
     Less     "less"          Compare float |a, b| a < b,                     int |a, b| a < b;

@@ -5,6 +5,7 @@
 
 pub mod conv;
 pub mod control;
+pub mod ctc;
 pub mod elementwise;
 pub mod host;
 pub mod matmul;
@@ -74,6 +75,8 @@ pub enum Op {
     Loop(Arc<control::LoopBody>),          // (seqs.., states.., captured..) control
     TupleGet(usize),                       // (multi-result node)    control
     HostCall(Arc<host::HostCall>),         // (inputs..) callback    host
+    Ctc(ctc::CtcOp),                       // (logits, labels, in_len, lab_len) ctc
+    CtcDecode(ctc::Decode),                // (log-probs, in_len) multi-result ctc
 }
 
 impl Op {
@@ -117,6 +120,8 @@ impl Op {
             Op::Loop(_) => "loop".into(),
             Op::TupleGet(k) => format!("result {k}"),
             Op::HostCall(h) => format!("py_function '{}'", h.f.name()),
+            Op::Ctc(_) => "ctc_loss".into(),
+            Op::CtcDecode(_) => "ctc_decode".into(),
         }
     }
 
@@ -157,7 +162,8 @@ impl Op {
             Op::PoolSelect(s) => pool::infer_pool_select(s, &inputs[0], &inputs[1]),
             Op::Loop(body) => control::infer_loop(body, inputs),
             Op::TupleGet(k) => control::infer_tuple_get(*k, &inputs[0]),
-            Op::HostCall(_) => Ok((Shape::scalar(), DType::Bool)),
+            Op::HostCall(_) | Op::CtcDecode(_) => Ok((Shape::scalar(), DType::Bool)),
+            Op::Ctc(c) => ctc::infer(*c, inputs),
         }
     }
 
@@ -201,6 +207,8 @@ impl Op {
             Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
                 Err(crate::error::Error::Runtime("multi-result nodes are differentiated by autodiff::gradients".into()))
             }
+            Op::Ctc(c) => ctc::vjp(*c, node, g),
+            Op::CtcDecode(_) => Ok(vec![None, None]),
         }
     }
 
@@ -239,9 +247,10 @@ impl Op {
             Op::Pool(s) => pool::cpu_pool(s, inputs[0]),
             Op::PoolGrad(s) => pool::cpu_pool_grad(s, inputs[0], inputs[1]),
             Op::PoolSelect(s) => pool::cpu_pool_select(s, inputs[0], inputs[1]),
-            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) | Op::CtcDecode(_) => {
                 Err(crate::error::Error::Runtime("multi-result nodes are run by the executor".into()))
             }
+            Op::Ctc(c) => ctc::cpu(*c, inputs),
         }
     }
 

@@ -30,6 +30,10 @@ pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
                         multi.insert(i, crate::ops::host::run(h, &args)?);
                         Value::scalar_f64(node.dtype(), 0.0)
                     }
+                    Op::CtcDecode(d) => {
+                        multi.insert(i, crate::ops::ctc::run_decode(*d, &args)?);
+                        Value::scalar_f64(node.dtype(), 0.0)
+                    }
                     Op::TupleGet(k) => {
                         let src = plan.inputs[i][0];
                         multi.get(&src).and_then(|r| r.get(*k)).cloned().ok_or_else(|| {
