@@ -6,6 +6,8 @@
 #   make wheel-check  install that wheel in a throw-away venv and run the quickstart there
 #                     with no cargo/rustc on PATH
 #   make bench        run benches/bench_core.py
+#   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (each peer in
+#                     its own venv, benches/.venv-tf and benches/.venv-torch, made on first use)
 #   make clean        remove build outputs (make distclean also removes .venv)
 #
 # Everything a fresh machine needs besides python3 (with venv + pip) and cargo is
@@ -42,7 +44,7 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test wheel wheel-check bench clean distclean
+.PHONY: help venv .venv build demo test wheel wheel-check bench bench-conv clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -99,6 +101,17 @@ wheel-check: wheel
 
 bench: build
 	$(VENV_PY) benches/bench_core.py
+
+# Benchmark peers, each in its own venv (torch from PyPI brings CUDA libraries; it runs on
+# the CPU here).
+benches/.venv-%/.stamp:
+	$(PYTHON) -m venv benches/.venv-$*
+	benches/.venv-$*/bin/pip install -q numpy $(if $(filter tf,$*),tensorflow-cpu,$*)
+	touch $@
+
+bench-conv: build benches/.venv-tf/.stamp benches/.venv-torch/.stamp
+	$(VENV_PY) benches/check_conv_vs_tf.py
+	$(VENV_PY) benches/bench_conv.py
 
 clean:
 	rm -rf target dist .pytest_cache .hypothesis $(BUILD_STAMP)

@@ -7,6 +7,8 @@ use crate::dtype::DType;
 use crate::error::Error;
 use crate::graph::Tensor;
 use crate::ops::{self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell};
+use crate::ops::conv::{ConvSpec, Padding};
+use crate::ops::pool::{PoolKind, PoolSpec};
 use crate::runtime::value::Value;
 use crate::shape::{norm_axes, norm_axis, Shape};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -309,6 +311,40 @@ fn random(dist: &str, shape: &PyTensor, dtype_name: &str, seed: Option<u64>) -> 
     wrap(crate::ops::random::random(d, t(shape), dtype(dtype_name)?, seed))
 }
 
+fn conv_spec(strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<Arc<ConvSpec>> {
+    let padding = match padding.extract::<String>() {
+        Ok(s) if s == "same" => Padding::Same,
+        Ok(s) => return Err(PyValueError::new_err(format!("unknown padding '{s}': expected 'same' or (before, after) pairs"))),
+        Err(_) => Padding::Explicit(padding.extract()?),
+    };
+    let spec = ConvSpec { strides, dilation, padding, groups };
+    spec.validate("conv").map_err(err)?;
+    Ok(Arc::new(spec))
+}
+
+#[pyfunction]
+fn conv(x: &PyTensor, w: &PyTensor, strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<PyTensor> {
+    wrap(build::conv(t(x), t(w), &conv_spec(strides, dilation, padding, groups)?))
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose(g: &PyTensor, w: &PyTensor, x_shape: &PyTensor, strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<PyTensor> {
+    wrap(build::conv_input_grad(t(g), t(w), t(x_shape), &conv_spec(strides, dilation, padding, groups)?))
+}
+
+#[pyfunction]
+fn pool(x: &PyTensor, mode: &str, window: Vec<usize>, strides: Vec<usize>, padding: &Bound<'_, PyAny>) -> R<PyTensor> {
+    let kind = match mode {
+        "max" => PoolKind::Max,
+        "avg" => PoolKind::Avg,
+        _ => return Err(PyValueError::new_err(format!("unknown pool_mode '{mode}': expected 'max' or 'avg'"))),
+    };
+    let n = window.len();
+    let padding = conv_spec(vec![1; n], vec![1; n], padding, 1)?.padding.clone();
+    wrap(build::pool(t(x), &Arc::new(PoolSpec { kind, window, strides, padding })))
+}
+
 /// A loop over axis 0 of `seqs`, with a body traced on `seq_phs`/`state_phs`. Returns the
 /// stacked per-step outputs followed by the final states.
 #[pyfunction]
@@ -510,6 +546,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gather, m)?)?;
     m.add_function(wrap_pyfunction!(matmul, m)?)?;
     m.add_function(wrap_pyfunction!(random, m)?)?;
+    m.add_function(wrap_pyfunction!(conv, m)?)?;
+    m.add_function(wrap_pyfunction!(conv_transpose, m)?)?;
+    m.add_function(wrap_pyfunction!(pool, m)?)?;
     m.add_function(wrap_pyfunction!(loop_, m)?)?;
     m.add_function(wrap_pyfunction!(host_call, m)?)?;
     m.add_function(wrap_pyfunction!(ctc_loss, m)?)?;

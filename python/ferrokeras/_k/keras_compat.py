@@ -352,52 +352,6 @@ def _int_list(v, what):
     return out
 
 
-# ======================================================================= convolution
-
-
-def separable_conv1d(x, depthwise_kernel, pointwise_kernel, strides=1, padding="valid",
-                     data_format=None, dilation_rate=1):
-    """1D convolution with separable filters (what Keras's ``SeparableConv1D`` calls).
-
-    Computed as ``separable_conv2d`` on a height-1 image.
-
-    Arguments:
-        x: Input tensor, ``(batch, steps, channels)`` (or channels first).
-        depthwise_kernel: ``(kernel_size, channels, depth_multiplier)``.
-        pointwise_kernel: ``(1, channels * depth_multiplier, filters)``.
-        strides: Stride integer (or 1-tuple).
-        padding: ``"valid"`` or ``"same"``.
-        data_format: ``"channels_last"`` or ``"channels_first"``.
-        dilation_rate: Dilation integer (or 1-tuple).
-
-    Returns:
-        Output tensor, ``(batch, new_steps, filters)`` (or channels first).
-    """
-    from .. import backend as K
-
-    data_format = K.normalize_data_format(data_format)
-    strides = _one(strides, "strides")
-    dilation_rate = _one(dilation_rate, "dilation_rate")
-    axis = 1 if data_format == "channels_last" else 2
-    x = K.expand_dims(_t(x), axis)
-    depthwise_kernel = K.expand_dims(_t(depthwise_kernel), 0)
-    pointwise_kernel = K.expand_dims(_t(pointwise_kernel), 0)
-    y = K.separable_conv2d(x, depthwise_kernel, pointwise_kernel, strides=(1, strides),
-                           padding=padding, data_format=data_format,
-                           dilation_rate=(1, dilation_rate))
-    return wrap(_core.squeeze(y._core, [axis]))
-
-
-def _one(v, what):
-    if isinstance(v, (tuple, list)):
-        if len(v) != 1:
-            raise ValueError(f"separable_conv1d: {what} must be an int or a 1-tuple, got {v!r}")
-        v = v[0]
-    if not isinstance(v, (int, np.integer)):
-        raise TypeError(f"separable_conv1d: {what} must be an int, got {v!r}")
-    return int(v)
-
-
 # ======================================================================= not yet implemented
 
 # Every name Keras 2.3.1's ``keras/backend/__init__.py`` imports from its backend (less the
