@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _core
 from .. import tensor as _tensor
-from ..tensor import Tensor, Variable, wrap
+from ..tensor import Variable, wrap
 from . import variables as _variables
 from .common import _t
 
@@ -302,54 +302,6 @@ def get_variable_shape(x):
         (2, 3)
     """
     return tuple(_t(x).shape)
-
-
-def slice(x, start, size):
-    """Extracts a slice from a tensor: ``x[start[0]:start[0] + size[0], ...]``.
-
-    Arguments:
-        x: Input tensor.
-        start: Integer list/tuple, the start index along each axis.
-        size: Integer list/tuple, how many elements to take along each axis; ``-1`` takes
-            everything from ``start`` on.
-
-    Raises:
-        ValueError: if ``start`` and ``size`` do not have one entry per axis of ``x``.
-        TypeError: if they are not integers.
-
-    Example:
-        >>> from ferrokeras import backend as K
-        >>> import numpy as np
-        >>> K.eval(K.slice(K.constant(np.arange(6).reshape(2, 3)), (0, 1), (2, -1)))
-        array([[1., 2.],
-               [4., 5.]], dtype=float32)
-    """
-    x = _t(x)
-    start = _int_list(start, "start")
-    size = _int_list(size, "size")
-    if not len(start) == len(size) == x.ndim:
-        raise ValueError(
-            f"slice: start {start} and size {size} must have one entry per axis of the rank-{x.ndim} input"
-        )
-    spec = []
-    for b, n in zip(start, size):
-        if b < 0 or n < -1:
-            raise ValueError(f"slice: start must be >= 0 and size >= -1, got start {start}, size {size}")
-        spec.append((b, None if n == -1 else b + n, 1))
-    return wrap(_core.slice(x._core, spec))
-
-
-def _int_list(v, what):
-    if isinstance(v, Tensor):
-        raise TypeError(f"slice: {what} must be a list of Python ints, not a tensor")
-    if isinstance(v, (int, np.integer)):
-        v = [v]
-    out = []
-    for d in v:
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-            raise TypeError(f"slice: {what} must contain ints, got {v!r}")
-        out.append(int(d))
-    return out
 
 
 # ======================================================================= not yet implemented
