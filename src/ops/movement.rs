@@ -545,43 +545,26 @@ pub fn cpu_transpose(perm: &[usize], x: &Value) -> Result<Value> {
     Ok(map_value!(x, a => a.view().permuted_axes(IxDyn(perm)).as_standard_layout().into_owned().into_shared()))
 }
 
-/// Applies NumPy-style slices to an ndarray view in place.
-fn slice_view<T>(v: &mut ndarray::ArrayViewMut<'_, T, IxDyn>, spec: &[SliceAxis]) {
-    for (ax, s) in spec.iter().enumerate() {
-        let n = v.shape()[ax];
-        let (start, _, step, len) = resolve_slice(s, n);
-        let sl = if len == 0 {
-            Slice::new(0, Some(0), 1)
-        } else if step > 0 {
-            Slice::new(start as isize, Some((start + (len as i64 - 1) * step + 1) as isize), step as isize)
-        } else {
-            let lo = start + (len as i64 - 1) * step;
-            Slice::new(lo as isize, Some((start + 1) as isize), step as isize)
-        };
-        v.slice_axis_inplace(Axis(ax), sl);
-    }
-}
-
-fn slice_view_ro<T>(v: &mut ndarray::ArrayView<'_, T, IxDyn>, spec: &[SliceAxis]) {
-    for (ax, s) in spec.iter().enumerate() {
-        let n = v.shape()[ax];
-        let (start, _, step, len) = resolve_slice(s, n);
-        let sl = if len == 0 {
-            Slice::new(0, Some(0), 1)
-        } else if step > 0 {
-            Slice::new(start as isize, Some((start + (len as i64 - 1) * step + 1) as isize), step as isize)
-        } else {
-            let lo = start + (len as i64 - 1) * step;
-            Slice::new(lo as isize, Some((start + 1) as isize), step as isize)
-        };
-        v.slice_axis_inplace(Axis(ax), sl);
+/// The ndarray slice that selects NumPy's `start:stop:step` from an axis of size `n`.
+fn nd_slice(s: &SliceAxis, n: usize) -> Slice {
+    let (start, _, step, len) = resolve_slice(s, n);
+    if len == 0 {
+        Slice::new(0, Some(0), 1)
+    } else if step > 0 {
+        Slice::new(start as isize, Some((start + (len as i64 - 1) * step + 1) as isize), step as isize)
+    } else {
+        let lo = start + (len as i64 - 1) * step;
+        Slice::new(lo as isize, Some((start + 1) as isize), step as isize)
     }
 }
 
 pub fn cpu_slice(spec: &[SliceAxis], x: &Value) -> Result<Value> {
     Ok(map_value!(x, a => {
         let mut v = a.view();
-        slice_view_ro(&mut v, spec);
+        for (ax, sa) in spec.iter().enumerate() {
+            let n = v.shape()[ax];
+            v.slice_axis_inplace(Axis(ax), nd_slice(sa, n));
+        }
         v.as_standard_layout().into_owned().into_shared()
     }))
 }
@@ -591,7 +574,10 @@ pub fn cpu_slice_grad(spec: &[SliceAxis], g: &Value, like: &Value) -> Result<Val
         let mut out = ndarray::Array::<T, _>::default(IxDyn(shape));
         {
             let mut v = out.view_mut();
-            slice_view(&mut v, spec);
+            for (ax, sa) in spec.iter().enumerate() {
+                let n = v.shape()[ax];
+                v.slice_axis_inplace(Axis(ax), nd_slice(sa, n));
+            }
             if v.shape() != g.shape() {
                 return Err(value_err!("slice_grad: gradient shape {:?} does not match the slice shape {:?}", g.shape(), v.shape()));
             }
