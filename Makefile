@@ -109,6 +109,8 @@ wheel-check: wheel
 # its column reads n/a. BENCH_PEERS= (empty) runs ferrokeras alone; BENCH_ARGS is passed to
 # bench_keras.py (e.g. BENCH_ARGS="--frameworks ferrokeras --workloads mlp,lstm").
 BENCH_PEERS ?= tf jax torch
+BENCH_COMMA := ,
+BENCH_SPACE := $(subst ,, )
 BENCH_ARGS ?=
 PEER_DIR := benches/.venvs
 PEER_PKGS_tf := tensorflow-cpu tf-keras
@@ -124,7 +126,7 @@ PROFILE_DIR ?= $(or $(TMPDIR),/tmp)/ferrokeras-profile
 
 bench: build bench-venvs
 	$(VENV_PY) benches/bench_core.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick,)
-	$(VENV_PY) benches/bench_keras.py $(BENCH_ARGS)
+	$(VENV_PY) benches/bench_keras.py --frameworks $(subst $(BENCH_SPACE),$(BENCH_COMMA),$(strip ferrokeras $(BENCH_PEERS))) $(BENCH_ARGS)
 
 bench-quick:
 	$(MAKE) bench BENCH_ARGS="--quick $(BENCH_ARGS)"
