@@ -6,6 +6,7 @@
 #   make wheel-check  install that wheel in a throw-away venv and run the quickstart there
 #                     with no cargo/rustc on PATH
 #   make bench        run benches/bench_core.py
+#   make bench-gpu    run benches/bench_gpu.py (GPU vs CPU vs NumPy, optional PyTorch CUDA)
 #   make clean        remove build outputs (make distclean also removes .venv)
 #
 # Everything a fresh machine needs besides python3 (with venv + pip) and cargo is
@@ -26,10 +27,10 @@ DEV_DEPS := maturin numpy pytest hypothesis scipy
 # also active).
 MATURIN := env -u CONDA_PREFIX VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin
 
-# Devices the pytest suite runs on, one full pass each (FERROKERAS_DEVICE=<d>).
-# >>> GPU pass: when the wgpu backend lands, add `gpu` here (CI has Mesa llvmpipe):
-# TEST_DEVICES ?= cpu gpu
-TEST_DEVICES ?= cpu
+# Devices the pytest suite runs on, one full pass each (FERROKERAS_DEVICE=<d>). The gpu
+# pass runs every WGSL kernel, on Mesa llvmpipe where there is no GPU (CI sets
+# FERROKERAS_REQUIRE_GPU=1 so a missing adapter fails instead of running on the CPU).
+TEST_DEVICES ?= cpu gpu
 PYTEST_ARGS ?= -q
 
 # Inputs of the compiled extension. Python sources are not listed: `maturin develop`
@@ -42,7 +43,7 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test wheel wheel-check bench clean distclean
+.PHONY: help venv .venv build demo test wheel wheel-check bench bench-gpu clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -99,6 +100,9 @@ wheel-check: wheel
 
 bench: build
 	$(VENV_PY) benches/bench_core.py
+
+bench-gpu: build
+	$(VENV_PY) benches/bench_gpu.py
 
 clean:
 	rm -rf target dist .pytest_cache .hypothesis $(BUILD_STAMP)
