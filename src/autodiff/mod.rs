@@ -11,11 +11,21 @@ use std::collections::{HashMap, HashSet};
 /// Gradients of `sum(y * gy)` (`gy` defaults to ones) with respect to each of `xs`;
 /// `None` where `y` does not depend on that tensor, as in TensorFlow.
 pub fn gradients(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
+    grads_impl(y, xs, gy, false)
+}
+
+/// Like `gradients`, but each of `xs` is a leaf: nothing flows past it to its inputs.
+/// Loop bodies use this, since their captured outer tensors are fed as leaves.
+pub fn gradients_at_leaves(y: &Tensor, xs: &[Tensor]) -> Result<Vec<Option<Tensor>>> {
+    grads_impl(y, xs, None, true)
+}
+
+fn grads_impl(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>, stop_at_xs: bool) -> Result<Vec<Option<Tensor>>> {
     if !y.dtype().is_float() {
         return Err(Error::Type(format!("gradients: the loss must be a float tensor, got {}", y.dtype())));
     }
     let targets: HashSet<u64> = xs.iter().map(|x| x.id()).collect();
-    let order = topo_order(std::slice::from_ref(y), &|_| false);
+    let order = topo_order(std::slice::from_ref(y), &|t| stop_at_xs && targets.contains(&t.id()));
 
     // Which nodes lie on a path from some x to y.
     let mut depends: HashSet<u64> = HashSet::new();
@@ -32,12 +42,36 @@ pub fn gradients(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>) -> Result<Vec<Op
         };
         grads.insert(y.id(), seed);
     }
+    // Gradients flowing into each result of a multi-result node, by result index.
+    let mut tuple_grads: HashMap<u64, Vec<Option<Tensor>>> = HashMap::new();
     for t in order.iter().rev() {
-        let Some(g) = grads.get(&t.id()).cloned() else { continue };
-        if t.inputs().is_empty() || matches!(t.op(), Op::StopGradient) {
+        if stop_at_xs && targets.contains(&t.id()) {
             continue;
         }
-        let gs = t.op().vjp(t, &g)?;
+        let gs = if let Op::Loop(body) = t.op() {
+            let Some(tg) = tuple_grads.remove(&t.id()) else { continue };
+            let mut full = tg;
+            full.resize(body.n_results(), None);
+            crate::ops::control::vjp_loop(t, &full)?
+        } else {
+            let Some(g) = grads.get(&t.id()).cloned() else { continue };
+            if let Op::TupleGet(k) = t.op() {
+                let src = t.input(0);
+                let slot = tuple_grads.entry(src.id()).or_default();
+                if slot.len() <= *k {
+                    slot.resize(*k + 1, None);
+                }
+                slot[*k] = Some(match slot[*k].take() {
+                    Some(prev) => add(&prev, &g)?,
+                    None => g,
+                });
+                continue;
+            }
+            if t.inputs().is_empty() || matches!(t.op(), Op::StopGradient) {
+                continue;
+            }
+            t.op().vjp(t, &g)?
+        };
         for (inp, gi) in t.inputs().iter().zip(gs) {
             let Some(gi) = gi else { continue };
             if !depends.contains(&inp.id()) || !inp.dtype().is_float() {

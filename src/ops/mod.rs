@@ -3,6 +3,7 @@
 //! `Op` have no catch-all arm, so adding a variant makes the compiler list every place that
 //! must handle it. Everything else in the `K` API is a composite of these, in Python.
 
+pub mod control;
 pub mod elementwise;
 pub mod matmul;
 pub mod movement;
@@ -61,6 +62,8 @@ pub enum Op {
     ScatterAdd(usize),                     // (updates, indices, like) movement
     MatMul { ta: bool, tb: bool },         // (a, b) batched         matmul
     Random(Arc<random::RandomState>),      // (shape: int 1-D)       random
+    Loop(Arc<control::LoopBody>),          // (seqs.., states.., captured..) control
+    TupleGet(usize),                       // (multi-result node)    control
 }
 
 impl Op {
@@ -95,6 +98,8 @@ impl Op {
             Op::ScatterAdd(_) => "scatter_add".into(),
             Op::MatMul { .. } => "matmul".into(),
             Op::Random(r) => r.dist.name().into(),
+            Op::Loop(_) => "loop".into(),
+            Op::TupleGet(k) => format!("result {k}"),
         }
     }
 
@@ -127,6 +132,8 @@ impl Op {
             Op::ScatterAdd(axis) => movement::infer_scatter_add(*axis, inputs),
             Op::MatMul { ta, tb } => matmul::infer(*ta, *tb, &inputs[0], &inputs[1]),
             Op::Random(r) => random::infer(r, &inputs[0]),
+            Op::Loop(body) => control::infer_loop(body, inputs),
+            Op::TupleGet(k) => control::infer_tuple_get(*k, &inputs[0]),
         }
     }
 
@@ -161,6 +168,9 @@ impl Op {
             Op::ScatterAdd(axis) => movement::vjp_scatter_add(*axis, node, g),
             Op::MatMul { ta, tb } => matmul::vjp(*ta, *tb, node, g),
             Op::Random(_) => Ok(vec![None]),
+            Op::Loop(_) | Op::TupleGet(_) => {
+                Err(crate::error::Error::Runtime("multi-result nodes are differentiated by autodiff::gradients".into()))
+            }
         }
     }
 
@@ -193,6 +203,9 @@ impl Op {
             Op::ScatterAdd(axis) => movement::cpu_scatter_add(*axis, inputs[0], inputs[1], inputs[2]),
             Op::MatMul { ta, tb } => matmul::cpu(*ta, *tb, inputs[0], inputs[1]),
             Op::Random(r) => random::cpu(r, inputs[0]),
+            Op::Loop(_) | Op::TupleGet(_) => {
+                Err(crate::error::Error::Runtime("multi-result nodes are run by the executor".into()))
+            }
         }
     }
 

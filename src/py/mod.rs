@@ -318,6 +318,27 @@ fn random(dist: &str, shape: &PyTensor, dtype_name: &str, seed: Option<u64>) -> 
     wrap(crate::ops::random::random(d, t(shape), dtype(dtype_name)?, seed))
 }
 
+/// A loop over axis 0 of `seqs`, with a body traced on `seq_phs`/`state_phs`. Returns the
+/// stacked per-step outputs followed by the final states.
+#[pyfunction]
+#[pyo3(signature = (seqs, init, seq_phs, state_phs, outputs, new_states, reverse=false))]
+fn loop_(
+    seqs: Vec<PyTensor>,
+    init: Vec<PyTensor>,
+    seq_phs: Vec<PyTensor>,
+    state_phs: Vec<PyTensor>,
+    outputs: Vec<PyTensor>,
+    new_states: Vec<PyTensor>,
+    reverse: bool,
+) -> R<Vec<PyTensor>> {
+    let un = |v: Vec<PyTensor>| v.into_iter().map(|x| x.0).collect::<Vec<_>>();
+    let (no, ns) = (outputs.len(), new_states.len());
+    guarded("loop", || {
+        let node = crate::ops::control::build_loop(&un(seqs), &un(init), un(seq_phs), un(state_phs), un(outputs), un(new_states), reverse)?;
+        (0..no + ns).map(|k| crate::ops::control::tuple_get(&node, k).map(PyTensor)).collect()
+    })
+}
+
 // ---------------------------------------------------------------- autodiff and execution
 
 #[pyfunction]
@@ -447,6 +468,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gather, m)?)?;
     m.add_function(wrap_pyfunction!(matmul, m)?)?;
     m.add_function(wrap_pyfunction!(random, m)?)?;
+    m.add_function(wrap_pyfunction!(loop_, m)?)?;
     m.add_function(wrap_pyfunction!(gradients, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(device, m)?)?;

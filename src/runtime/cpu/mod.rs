@@ -3,10 +3,14 @@
 
 use crate::compile::{Plan, Step};
 use crate::error::{Error, Result};
+use crate::ops::Op;
 use crate::runtime::value::Value;
+use std::collections::HashMap;
 
 pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
     let mut slots: Vec<Option<Value>> = vec![None; plan.nodes.len()];
+    // Results of multi-result nodes (loops), read by their TupleGet users.
+    let mut multi: HashMap<usize, Vec<Value>> = HashMap::new();
     for (i, step) in plan.steps.iter().enumerate() {
         let node = &plan.nodes[i];
         let v = match step {
@@ -17,12 +21,25 @@ pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
                     .iter()
                     .map(|&j| slots[j].as_ref().expect("inputs are computed before their users"))
                     .collect();
-                node.op().cpu(&args).map_err(|e| annotate(e, node))?
+                match node.op() {
+                    Op::Loop(body) => {
+                        multi.insert(i, crate::ops::control::run(body, &args, &run)?);
+                        Value::scalar_f64(node.dtype(), 0.0)
+                    }
+                    Op::TupleGet(k) => {
+                        let src = plan.inputs[i][0];
+                        multi.get(&src).and_then(|r| r.get(*k)).cloned().ok_or_else(|| {
+                            Error::Runtime(format!("result {k} of a multi-result node was not computed"))
+                        })?
+                    }
+                    op => op.cpu(&args).map_err(|e| annotate(e, node))?,
+                }
             }
         };
         slots[i] = Some(v);
         for &j in &plan.frees[i] {
             slots[j] = None;
+            multi.remove(&j);
         }
     }
     Ok(plan.outputs.iter().map(|&o| slots[o].clone().expect("outputs are kept")).collect())

@@ -1,0 +1,213 @@
+"""rnn, map_fn, foldl and foldr against explicit NumPy loops; gradients by finite differences.
+
+The references are plain Python loops over time written with NumPy (STYLE 9).
+"""
+
+import numpy as np
+import pytest
+
+from ferrokeras import backend as K
+from conftest import check_grad
+
+
+def _np_rnn(x, h0, W, U, b, mask=None, go_backwards=False):
+    """Reference: h_t = tanh(x_t W + h_{t-1} U + b); masked steps keep h and the output."""
+    T = x.shape[1]
+    order = range(T - 1, -1, -1) if go_backwards else range(T)
+    h, outs, prev = h0, [], np.zeros_like(h0)
+    for t in order:
+        hn = np.tanh(x[:, t] @ W + h @ U + b)
+        if mask is not None:
+            m = mask[:, t][:, None].astype(bool)
+            hn = np.where(m, hn, h)
+            out = np.where(m, hn, prev)
+        else:
+            out = hn
+        h, prev = hn, out
+        outs.append(out)
+    return outs[-1], np.stack(outs, axis=1), h
+
+
+def _k_rnn(x, h0, W, U, b, mask=None, go_backwards=False, unroll=False):
+    def step(x_t, states):
+        h = K.tanh(K.dot(x_t, W) + K.dot(states[0], U) + b)
+        return h, [h]
+
+    return K.rnn(step, x, [h0], go_backwards=go_backwards, mask=mask, unroll=unroll)
+
+
+@pytest.fixture
+def data(rng):
+    B, T, D, H = 3, 7, 4, 5
+    return dict(
+        x=rng.normal(size=(B, T, D)),
+        h0=rng.normal(size=(B, H)) * 0.1,
+        W=rng.normal(size=(D, H)) * 0.4,
+        U=rng.normal(size=(H, H)) * 0.4,
+        b=rng.normal(size=(H,)) * 0.1,
+        mask=(rng.uniform(size=(B, T)) > 0.3).astype("float64"),
+    )
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_rnn_matches_numpy_loop(data, unroll, go_backwards, masked):
+    d = data
+    x = K.placeholder(shape=(None,) + d["x"].shape[1:], dtype="float64")
+    h0 = K.placeholder(shape=(None, d["h0"].shape[1]), dtype="float64")
+    W, U, b = (K.variable(d[k], dtype="float64") for k in "WUb")
+    m = K.placeholder(shape=(None, d["x"].shape[1]), dtype="float64") if masked else None
+    last, outs, states = _k_rnn(x, h0, W, U, b, mask=m, go_backwards=go_backwards, unroll=unroll)
+    ins = [x, h0] + ([m] if masked else [])
+    feeds = [d["x"], d["h0"]] + ([d["mask"]] if masked else [])
+    got = K.function(ins, [last, outs, states[0]])(feeds)
+    want = _np_rnn(d["x"], d["h0"], d["W"], d["U"], d["b"], d["mask"] if masked else None, go_backwards)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    assert K.int_shape(outs) == (None,) + d["x"].shape[1:2] + (d["h0"].shape[1],)
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_rnn_gradients(data, unroll):
+    d = data
+
+    def f(x, h0, W, U, b):
+        _, outs, _ = _k_rnn(x, h0, W, U, b, unroll=unroll)
+        return outs
+
+    check_grad(f, [d["x"], d["h0"], d["W"], d["U"], d["b"]], eps=1e-5, rtol=1e-6, atol=1e-8)
+
+
+def test_rnn_masked_gradients(data):
+    d = data
+    mask = K.constant(d["mask"], dtype="float64")
+
+    def f(x, W, U):
+        last, outs, states = _k_rnn(x, K.constant(d["h0"], dtype="float64"), W, U, K.constant(d["b"], dtype="float64"), mask=mask)
+        return outs + K.expand_dims(states[0], 1)
+
+    check_grad(f, [d["x"], d["W"], d["U"]], eps=1e-5, rtol=1e-6, atol=1e-8)
+
+
+def test_rnn_several_states_and_constants(rng):
+    """An LSTM-like step with two states (h, c) and a constant bias."""
+    B, T, D, H = 2, 5, 3, 4
+    x = rng.normal(size=(B, T, D))
+    W = rng.normal(size=(D, 4 * H)) * 0.3
+    U = rng.normal(size=(H, 4 * H)) * 0.3
+    bias = rng.normal(size=(4 * H,)) * 0.1
+
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+
+    def np_lstm():
+        h, c = np.zeros((B, H)), np.zeros((B, H))
+        outs = []
+        for t in range(T):
+            z = x[:, t] @ W + h @ U + bias
+            i, f, g, o = sig(z[:, :H]), sig(z[:, H:2 * H]), np.tanh(z[:, 2 * H:3 * H]), sig(z[:, 3 * H:])
+            c = f * c + i * g
+            h = o * np.tanh(c)
+            outs.append(h)
+        return h, np.stack(outs, 1), c
+
+    Wk, Uk = K.constant(W, dtype="float64"), K.constant(U, dtype="float64")
+
+    def step(x_t, states):
+        h, c, b = states
+        z = K.dot(x_t, Wk) + K.dot(h, Uk) + b
+        i, f, g, o = K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H]), K.tanh(z[:, 2 * H:3 * H]), K.sigmoid(z[:, 3 * H:])
+        c2 = f * c + i * g
+        h2 = o * K.tanh(c2)
+        return h2, [h2, c2]
+
+    z0 = K.constant(np.zeros((B, H)), dtype="float64")
+    last, outs, (h, c) = K.rnn(step, K.constant(x, dtype="float64"), [z0, z0], constants=[K.constant(bias, dtype="float64")])
+    got = K.batch_get_value([last, outs, c])
+    want = np_lstm()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_second_order_through_loop():
+    """d2/dw2 of sum_t (w * x_t)^2 over a loop equals 2 * sum(x^2)."""
+    xs = np.array([[[1.0], [2.0], [3.0]]])
+    w = K.variable(0.7, dtype="float64")
+
+    def step(x_t, states):
+        s = states[0] + K.sum(K.square(w * x_t), axis=-1)
+        return s, [s]
+
+    _, _, (s,) = K.rnn(step, K.constant(xs, dtype="float64"), [K.constant([0.0], dtype="float64")])
+    g = K.gradients(K.sum(s), [w])[0]
+    gg = K.gradients(g, [w])[0]
+    np.testing.assert_allclose(K.eval(g), 2 * 0.7 * 14.0, rtol=1e-12)
+    np.testing.assert_allclose(K.eval(gg), 2 * 14.0, rtol=1e-12)
+
+
+def test_map_fn_foldl_foldr(rng):
+    v = rng.normal(size=(6, 3))
+    x = K.constant(v, dtype="float64")
+    np.testing.assert_allclose(K.eval(K.map_fn(lambda r: K.sum(r * r), x)), (v * v).sum(1), rtol=1e-12)
+    np.testing.assert_allclose(K.eval(K.foldl(lambda a, r: a * 0.5 + r, x)), _np_fold(v, False), rtol=1e-12)
+    np.testing.assert_allclose(K.eval(K.foldr(lambda a, r: a * 0.5 + r, x)), _np_fold(v, True), rtol=1e-12)
+    init = K.constant(np.ones(3), dtype="float64")
+    np.testing.assert_allclose(K.eval(K.foldl(lambda a, r: a + r, x, initializer=init)), 1 + v.sum(0), rtol=1e-12)
+    assert K.eval(K.map_fn(lambda r: K.sum(r), x, dtype="float32")).dtype == np.float32
+
+
+def _np_fold(v, reverse):
+    rows = list(v[::-1]) if reverse else list(v)
+    acc = rows[0]
+    for r in rows[1:]:
+        acc = acc * 0.5 + r
+    return acc
+
+
+def test_map_fn_and_fold_gradients(rng):
+    check_grad(lambda x: K.map_fn(lambda r: K.sin(r) * r, x), [rng.normal(size=(4, 3))])
+    check_grad(lambda x: K.foldl(lambda a, r: a * r, x), [rng.uniform(0.5, 1.5, size=(4, 3))])
+    check_grad(lambda x: K.foldr(lambda a, r: K.tanh(a + r), x), [rng.normal(size=(4, 3))])
+
+
+def test_rnn_bad_input(rng):
+    x = K.constant(rng.normal(size=(2, 3, 4)))
+    with pytest.raises(ValueError, match="at least 3D"):
+        K.rnn(lambda a, s: (a, s), K.constant(np.ones((2, 3))), [])
+    with pytest.raises(ValueError, match="shape"):
+        # the state grows from 4 to 8 features: a shape change between steps
+        K.rnn(lambda a, s: (a, [K.concatenate([s[0], s[0]])]), x, [K.zeros((2, 4))])
+    with pytest.raises(ValueError, match="mask"):
+        K.rnn(lambda a, s: (a, s), x, [K.zeros((2, 4))], mask=K.constant(np.ones((2, 5))))
+    with pytest.raises(ValueError):
+        K.rnn(lambda a, s: a, x, [K.zeros((2, 4))])
+
+
+def test_long_sequence_graph_does_not_grow():
+    """A 1000-step LSTM-sized loop compiles quickly: the body is traced once."""
+    import time
+
+    B, T, D, H = 2, 1000, 8, 16
+    W = K.variable(np.full((D, 4 * H), 0.01))
+    U = K.variable(np.full((H, 4 * H), 0.01))
+    x = K.placeholder(shape=(None, T, D))
+
+    def step(x_t, states):
+        h, c = states
+        z = K.dot(x_t, W) + K.dot(h, U)
+        i, f, o, g = K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H]), K.sigmoid(z[:, 2 * H:3 * H]), K.tanh(z[:, 3 * H:])
+        c2 = f * c + i * g
+        h2 = o * K.tanh(c2)
+        return h2, [h2, c2]
+
+    h0 = K.zeros((B, H))
+    t0 = time.perf_counter()
+    last, outs, _ = K.rnn(step, x, [h0, h0])
+    grads = K.gradients(K.sum(last), [W, U])
+    f = K.function([x], [last] + grads)
+    build = time.perf_counter() - t0
+    out = f([np.ones((B, T, D), dtype="float32")])
+    assert out[0].shape == (B, H) and np.all(np.isfinite(out[1]))
+    # generous bound: the point is independence from T (an unrolled graph takes minutes)
+    assert build < 5.0, build
