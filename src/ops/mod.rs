@@ -240,6 +240,8 @@ impl Op {
             | Op::ScatterAdd(_)
             | Op::MatMul { .. }
             | Op::Random(_) => GpuKind::Kernel,
+            // Loops run their body with the CPU executor, inside the GPU plan.
+            Op::Loop(_) | Op::TupleGet(_) => GpuKind::Host,
         }
     }
 
@@ -271,7 +273,9 @@ impl Op {
             | Op::Reverse(_)
             | Op::Gather(_)
             | Op::ScatterAdd(_)
-            | Op::MatMul { .. } => &[],
+            | Op::MatMul { .. }
+            | Op::Loop(_)
+            | Op::TupleGet(_) => &[],
         }
     }
 

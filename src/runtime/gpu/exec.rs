@@ -90,6 +90,8 @@ pub(crate) struct Exec<'a> {
     status_msgs: HashMap<u32, String>,
     /// Variable versions read this call, for attaching uploaded copies.
     var_versions: HashMap<usize, u64>,
+    /// Results of multi-result nodes (loops), read by their `TupleGet` users.
+    multi: HashMap<usize, Vec<Value>>,
     pub stats: RunStats,
 }
 
@@ -220,6 +222,7 @@ pub fn run(ctx: &Arc<Context>, plan: &Plan, feeds: Vec<Value>, n_host: usize, ca
         status: None,
         status_msgs: HashMap::new(),
         var_versions: HashMap::new(),
+        multi: HashMap::new(),
         stats: RunStats::default(),
     };
     let mut feeds: Vec<Option<Value>> = feeds.into_iter().map(Some).collect();
@@ -227,6 +230,7 @@ pub fn run(ctx: &Arc<Context>, plan: &Plan, feeds: Vec<Value>, n_host: usize, ca
         ex.step(i, &mut feeds).map_err(|e| annotate(e, &plan.nodes[i]))?;
         for &j in &lay.frees[i] {
             ex.slots[j] = None;
+            ex.multi.remove(&j);
         }
     }
     let mut need: Vec<usize> = plan.outputs[..n_host].to_vec();
@@ -289,7 +293,19 @@ impl<'a> Exec<'a> {
                     let ins = self.plan.inputs[i].clone();
                     self.ensure_host(&ins, false)?;
                     let args: Vec<&Value> = ins.iter().map(|&j| self.slot(j).host.as_ref().expect("downloaded")).collect();
-                    Slot::host(node.op().cpu(&args)?)
+                    match node.op() {
+                        Op::Loop(body) => {
+                            let r = crate::ops::control::run(body, &args, &crate::runtime::cpu::run)?;
+                            self.multi.insert(i, r);
+                            Slot::host(Value::scalar_f64(node.dtype(), 0.0))
+                        }
+                        Op::TupleGet(k) => Slot::host(
+                            self.multi.get(&ins[0]).and_then(|r| r.get(*k)).cloned().ok_or_else(|| {
+                                Error::Runtime(format!("result {k} of a multi-result node was not computed"))
+                            })?,
+                        ),
+                        op => Slot::host(op.cpu(&args)?),
+                    }
                 }
                 Place::Gpu if !lay.members[i].is_empty() => fusion::record(self, i)?,
                 Place::Gpu => kernels::record(self, i)?,

@@ -48,7 +48,9 @@ pub(crate) fn supports(t: &Tensor) -> bool {
         | Op::Reshape
         | Op::ShapeOf
         | Op::ExpandDims(_)
-        | Op::Squeeze(_) => false,
+        | Op::Squeeze(_)
+        | Op::Loop(_)
+        | Op::TupleGet(_) => false,
     }
 }
 
@@ -373,7 +375,9 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         | Op::BroadcastTo
         | Op::ShapeOf
         | Op::ExpandDims(_)
-        | Op::Squeeze(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
+        | Op::Squeeze(_)
+        | Op::Loop(_)
+        | Op::TupleGet(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
     };
     Ok(Slot::dev(out))
 }
