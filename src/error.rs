@@ -24,6 +24,10 @@ pub enum Error {
     /// (a `RuntimeError`).
     #[error("{0}")]
     Device(String),
+    /// An error raised by a host callback (`py_function`), carried unchanged so the binding
+    /// layer can re-raise the original exception.
+    #[error("{1}")]
+    Callback(std::sync::Arc<dyn std::any::Any + Send + Sync>, String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

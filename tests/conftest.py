@@ -8,11 +8,30 @@ computation and every gradient with central finite differences of the forward fu
 evaluated in float64.
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import ferrokeras
 from ferrokeras import backend as K
+
+_THIS_MODULE = sys.modules[__name__]
+_TESTS_DIR = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collectstart(collector):
+    # The test modules in this folder import their helpers with `from conftest import ...`.
+    # A conftest.py in a subfolder (tests/keras/) is imported under the same top-level
+    # name `conftest` and replaces this one in sys.modules; point the name back at this
+    # file just before a module of this folder is imported. (Pytest itself removes
+    # `conftest` from sys.modules before it imports any further conftest.py.)
+    path = getattr(collector, "path", None)
+    if (isinstance(collector, pytest.Module) and path is not None
+            and Path(path).resolve().parent == _TESTS_DIR):
+        sys.modules["conftest"] = _THIS_MODULE
 
 
 def pytest_report_header(config):

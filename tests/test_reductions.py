@@ -210,7 +210,7 @@ def test_cumulative_gradient(name, kfn, domain, axis, rng):
     check_grad(lambda t: kfn(t, axis=axis), [domain(rng, SHAPE)])
 
 
-# ---- logsumexp stability --------------------------------------------------------------------------
+# ---- logsumexp stability -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("offset", [1e4, -1e4])

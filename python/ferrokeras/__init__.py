@@ -61,4 +61,13 @@ def devices():
     return out
 
 
-__all__ = ["device", "set_device", "devices", "DeviceError", "__version__"]
+def __getattr__(name):
+    # `ferrokeras.py_function` is `ferrokeras.backend.py_function`, imported on first use.
+    if name == "py_function":
+        from .backend import py_function
+
+        return py_function
+    raise AttributeError(f"module 'ferrokeras' has no attribute {name!r}")
+
+
+__all__ = ["device", "set_device", "devices", "DeviceError", "py_function", "__version__"]

@@ -8,6 +8,19 @@ import numpy as np
 from . import _core
 from . import config
 
+# Names of the enclosing `K.name_scope` blocks; variables created inside get them as prefix.
+_NAME_SCOPE = []
+
+
+class _Eager:
+    """Depth of nested ``py_function`` bodies: inside one, tensors are concrete, so Python
+    control flow (``if x < m:``) may read their values."""
+
+    depth = 0
+
+
+EAGER = _Eager()
+
 
 class TensorShape(tuple):
     """The static shape of a tensor: a tuple of ints, with ``None`` for unknown dims."""
@@ -75,10 +88,23 @@ class Tensor:
         return id(self)
 
     def __bool__(self):
+        if EAGER.depth:
+            return bool(self.__array__())
         raise TypeError(
             "using a symbolic ferrokeras tensor as a Python bool is not allowed; "
             "use K.switch for graph conditionals or evaluate it with K.eval first"
         )
+
+    def __float__(self):
+        return float(self.__array__())
+
+    def __int__(self):
+        return int(self.__array__())
+
+    def __index__(self):
+        if EAGER.depth and self.dtype in ("int8", "int16", "int32", "int64", "uint8"):
+            return int(self.__array__())
+        raise TypeError(f"tensor '{self.name}' cannot be used as a Python index outside py_function")
 
     def __len__(self):
         d = self._core.shape[0] if self._core.shape else None
@@ -192,6 +218,8 @@ class Variable(Tensor):
     """A mutable tensor that owns its value; graphs read its current value when they run."""
 
     def __init__(self, value, name, constraint=None):
+        if _NAME_SCOPE:
+            name = "/".join(_NAME_SCOPE + [name])
         self._var = _core.Variable(value, name)
         super().__init__(self._var.tensor, name=name)
         self.constraint = constraint
@@ -244,9 +272,13 @@ def is_tensor(x):
 
 def convert(x, like=None, dtype=None):
     """Turns ``x`` into a tensor. Python numbers and arrays become constants; with ``like``,
-    they take that tensor's dtype (so ``x * 2`` keeps ``x``'s float type)."""
+    they take that tensor's dtype (so ``x * 2`` keeps ``x``'s float type). A list or tuple
+    that holds tensors is stacked along a new first axis (as TensorFlow packs it): Keras
+    writes ``K.prod([K.shape(x)[0], K.shape(x)[1]])``."""
     if isinstance(x, Tensor):
         return x
+    if isinstance(x, (list, tuple)) and _holds_tensor(x):
+        return _pack(x, like, dtype)
     if dtype is None and like is not None:
         dtype = like.dtype
         arr = np.asarray(x)
@@ -272,6 +304,20 @@ def convert(x, like=None, dtype=None):
             raise TypeError(f"cannot convert a value of dtype {arr.dtype} to a tensor")
     arr = np.array(arr, dtype=np.dtype(dtype), order="C")
     return wrap(_core.constant(arr))
+
+
+def _holds_tensor(xs):
+    return any(isinstance(e, Tensor) or (isinstance(e, (list, tuple)) and _holds_tensor(e)) for e in xs)
+
+
+def _pack(xs, like, dtype):
+    first = next(e for e in xs if isinstance(e, Tensor) or isinstance(e, (list, tuple)) and _holds_tensor(e))
+    first = convert(first, like=like, dtype=dtype)
+    parts = [convert(e, like=first) for e in xs]
+    for p in parts:
+        if p.dtype != first.dtype:
+            raise TypeError(f"cannot pack tensors of dtypes {first.dtype} and {p.dtype} into one tensor")
+    return wrap(_core.concat([_core.expand_dims(p._core, [0]) for p in parts], 0))
 
 
 def _binary(name, a, b):

@@ -53,6 +53,11 @@ fn grads_impl(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>, stop_at_xs: bool) -
             let mut full = tg;
             full.resize(body.n_results(), None);
             crate::ops::control::vjp_loop(t, &full)?
+        } else if let Op::HostCall(h) = t.op() {
+            let Some(tg) = tuple_grads.remove(&t.id()) else { continue };
+            let mut full = tg;
+            full.resize(h.results.len(), None);
+            crate::ops::host::vjp(t, &full)?
         } else {
             let Some(g) = grads.get(&t.id()).cloned() else { continue };
             if let Op::TupleGet(k) = t.op() {

@@ -48,7 +48,7 @@ impl Plan {
             let ins: Vec<usize> = t.inputs().iter().map(|x| slot[&x.id()]).collect();
             foldable[i] = match t.op() {
                 Op::Constant(_) => true,
-                Op::Placeholder(_) | Op::Variable(_) | Op::Random(_) => false,
+                Op::Placeholder(_) | Op::Variable(_) | Op::Random(_) | Op::HostCall(_) => false,
                 _ => !ins.is_empty() && ins.iter().all(|&j| foldable[j]),
             };
             steps.push(Step::Compute);

@@ -172,6 +172,7 @@ pub fn infer_tuple_get(k: usize, x: &Tensor) -> Result<(Shape, DType)> {
             let t = x.inputs()[0].shape().dims()[0];
             Ok(body.result_spec(k, t))
         }
+        Op::HostCall(h) => super::host::result_spec(h, k),
         other => Err(Error::Type(format!("tuple_get: {} has a single result", other.name()))),
     }
 }
@@ -301,7 +302,9 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
         }
     };
     // Backward body: sequences [x.., state history.., g_out..], states [g_state.., acc..].
-    let acc_phs: Vec<Tensor> = body.captured.iter().enumerate().map(|(i, t)| mk(t, "acc", i)).collect::<Result<_>>()?;
+    // Gradient accumulators, one per float captured tensor (others get no gradient).
+    let float_caps: Vec<usize> = (0..nc).filter(|&i| body.captured[i].dtype().is_float()).collect();
+    let acc_phs: Vec<Tensor> = float_caps.iter().map(|&i| mk(&body.captured[i], "acc", i)).collect::<Result<_>>()?;
     // The VJP graph reads seq_phs/state_phs/gout/gstate; the backward loop feeds those
     // same placeholders (the forward history as the states), so nothing is copied.
     let mut b_outputs = Vec::with_capacity(nq);
@@ -312,7 +315,7 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
     for i in 0..ns {
         b_new_states.push(g_of(nq + i)?);
     }
-    for (i, acc) in acc_phs.iter().enumerate() {
+    for (acc, &i) in acc_phs.iter().zip(&float_caps) {
         b_new_states.push(add(acc, &g_of(nq + ns + i)?)?);
     }
     // Outer values for the backward loop.
@@ -325,15 +328,15 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
             None => zeros_like(&results[k])?,
         });
     }
-    let mut b_init: Vec<Tensor> = Vec::with_capacity(ns + nc);
+    let mut b_init: Vec<Tensor> = Vec::with_capacity(ns + float_caps.len());
     for k in 0..ns {
         b_init.push(match &gs[no + k] {
             Some(g) => g.clone(),
             None => zeros_like(&ins[nq + k])?,
         });
     }
-    for c in &ins[nq + ns..] {
-        b_init.push(zeros_like(c)?);
+    for &i in &float_caps {
+        b_init.push(zeros_like(&ins[nq + ns + i])?);
     }
     let mut b_seq_phs: Vec<Tensor> = body.seq_phs.clone();
     b_seq_phs.extend(body.state_phs.iter().cloned());
@@ -345,9 +348,14 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
     for i in 0..nq {
         out.push(Some(tuple_get(&bnode, i)?));
     }
-    for k in 0..ns + nc {
+    for k in 0..ns {
         out.push(Some(tuple_get(&bnode, nq + k)?));
     }
+    let mut cap_grads: Vec<Option<Tensor>> = vec![None; nc];
+    for (j, &i) in float_caps.iter().enumerate() {
+        cap_grads[i] = Some(tuple_get(&bnode, nq + ns + j)?);
+    }
+    out.extend(cap_grads);
     // Integer inputs get no gradient.
     for (o, i) in out.iter_mut().zip(ins) {
         if !i.dtype().is_float() {

@@ -5,6 +5,7 @@
 
 pub mod control;
 pub mod elementwise;
+pub mod host;
 pub mod matmul;
 pub mod movement;
 pub mod random;
@@ -64,6 +65,7 @@ pub enum Op {
     Random(Arc<random::RandomState>),      // (shape: int 1-D)       random
     Loop(Arc<control::LoopBody>),          // (seqs.., states.., captured..) control
     TupleGet(usize),                       // (multi-result node)    control
+    HostCall(Arc<host::HostCall>),         // (inputs..) callback    host
 }
 
 impl Op {
@@ -100,6 +102,7 @@ impl Op {
             Op::Random(r) => r.dist.name().into(),
             Op::Loop(_) => "loop".into(),
             Op::TupleGet(k) => format!("result {k}"),
+            Op::HostCall(h) => format!("py_function '{}'", h.f.name()),
         }
     }
 
@@ -134,6 +137,7 @@ impl Op {
             Op::Random(r) => random::infer(r, &inputs[0]),
             Op::Loop(body) => control::infer_loop(body, inputs),
             Op::TupleGet(k) => control::infer_tuple_get(*k, &inputs[0]),
+            Op::HostCall(_) => Ok((Shape::scalar(), DType::Bool)),
         }
     }
 
@@ -168,7 +172,7 @@ impl Op {
             Op::ScatterAdd(axis) => movement::vjp_scatter_add(*axis, node, g),
             Op::MatMul { ta, tb } => matmul::vjp(*ta, *tb, node, g),
             Op::Random(_) => Ok(vec![None]),
-            Op::Loop(_) | Op::TupleGet(_) => {
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
                 Err(crate::error::Error::Runtime("multi-result nodes are differentiated by autodiff::gradients".into()))
             }
         }
@@ -203,7 +207,7 @@ impl Op {
             Op::ScatterAdd(axis) => movement::cpu_scatter_add(*axis, inputs[0], inputs[1], inputs[2]),
             Op::MatMul { ta, tb } => matmul::cpu(*ta, *tb, inputs[0], inputs[1]),
             Op::Random(r) => random::cpu(r, inputs[0]),
-            Op::Loop(_) | Op::TupleGet(_) => {
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
                 Err(crate::error::Error::Runtime("multi-result nodes are run by the executor".into()))
             }
         }
@@ -242,6 +246,8 @@ impl Op {
             | Op::Random(_) => GpuKind::Kernel,
             // Loops run their body with the CPU executor, inside the GPU plan.
             Op::Loop(_) | Op::TupleGet(_) => GpuKind::Host,
+            // A Python callback: its inputs come to the host, its result goes back.
+            Op::HostCall(_) => GpuKind::Host,
         }
     }
 
@@ -275,7 +281,8 @@ impl Op {
             | Op::ScatterAdd(_)
             | Op::MatMul { .. }
             | Op::Loop(_)
-            | Op::TupleGet(_) => &[],
+            | Op::TupleGet(_)
+            | Op::HostCall(_) => &[],
         }
     }
 

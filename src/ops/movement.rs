@@ -629,7 +629,7 @@ pub fn cpu_concat(axis: usize, xs: &[&Value]) -> Result<Value> {
             let shapes: Vec<_> = xs.iter().map(|v| v.shape().to_vec()).collect();
             value_err!("concatenate: shapes {shapes:?} do not match outside axis {axis}: {e}")
         })?;
-        Ok(T::wrap(out.into_shared()))
+        Ok(T::wrap(out.as_standard_layout().into_owned().into_shared()))
     }
     crate::dispatch_dtype!(xs[0].dtype(), T => go::<T>(xs, axis))
 }

@@ -23,6 +23,10 @@ pyo3::create_exception!(
 
 fn err(e: Error) -> PyErr {
     match e {
+        Error::Callback(payload, m) => match payload.downcast_ref::<PyErr>() {
+            Some(pe) => Python::attach(|py| pe.clone_ref(py)),
+            None => PyRuntimeError::new_err(m),
+        },
         Error::Value(m) | Error::Unfed(m) => PyValueError::new_err(m),
         Error::Type(m) => PyTypeError::new_err(m),
         Error::Unsupported(m) | Error::Runtime(m) => PyRuntimeError::new_err(m),
@@ -339,6 +343,55 @@ fn loop_(
     })
 }
 
+/// A Python object with `call(arrays) -> arrays` and `vjp(arrays, grads) -> arrays|None`,
+/// run while a plan executes (the GIL is taken for the call).
+#[derive(Debug)]
+struct PyHostFn {
+    name: String,
+    runner: Py<PyAny>,
+}
+
+fn callback_err(e: PyErr) -> Error {
+    let msg = e.to_string();
+    Error::Callback(Arc::new(e), msg)
+}
+
+impl crate::ops::host::HostFn for PyHostFn {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn call(&self, inputs: &[Value]) -> crate::Result<Vec<Value>> {
+        Python::attach(|py| {
+            let args: Vec<Py<PyAny>> = inputs.iter().map(|v| to_py(py, v.clone())).collect();
+            let out = self.runner.call_method1(py, "call", (args,)).map_err(callback_err)?;
+            let out: Vec<Bound<'_, PyAny>> = out.bind(py).extract().map_err(callback_err)?;
+            out.iter().map(|o| to_value(o).map_err(callback_err)).collect()
+        })
+    }
+    fn vjp(&self, inputs: &[Value], grads: &[Value]) -> crate::Result<Vec<Option<Value>>> {
+        Python::attach(|py| {
+            let xs: Vec<Py<PyAny>> = inputs.iter().map(|v| to_py(py, v.clone())).collect();
+            let gs: Vec<Py<PyAny>> = grads.iter().map(|v| to_py(py, v.clone())).collect();
+            let out = self.runner.call_method1(py, "vjp", (xs, gs)).map_err(callback_err)?;
+            let out: Vec<Option<Bound<'_, PyAny>>> = out.bind(py).extract().map_err(callback_err)?;
+            out.iter().map(|o| o.as_ref().map(to_value).transpose().map_err(callback_err)).collect()
+        })
+    }
+}
+
+/// A host-callback node; returns one tensor per declared result.
+#[pyfunction]
+fn host_call(name: &str, runner: Py<PyAny>, inputs: Vec<PyTensor>, results: Vec<(Vec<Option<usize>>, String)>) -> R<Vec<PyTensor>> {
+    let specs: Vec<(Shape, DType)> = results.into_iter().map(|(s, d)| Ok((Shape(s), dtype(&d)?))).collect::<R<_>>()?;
+    let n = specs.len();
+    let f = Arc::new(PyHostFn { name: name.to_string(), runner });
+    let ins: Vec<Tensor> = inputs.into_iter().map(|x| x.0).collect();
+    guarded("py_function", || {
+        let node = crate::ops::host::host_call(f, &ins, specs)?;
+        (0..n).map(|k| crate::ops::control::tuple_get(&node, k).map(PyTensor)).collect()
+    })
+}
+
 // ---------------------------------------------------------------- autodiff and execution
 
 #[pyfunction]
@@ -469,6 +522,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(matmul, m)?)?;
     m.add_function(wrap_pyfunction!(random, m)?)?;
     m.add_function(wrap_pyfunction!(loop_, m)?)?;
+    m.add_function(wrap_pyfunction!(host_call, m)?)?;
     m.add_function(wrap_pyfunction!(gradients, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(device, m)?)?;

@@ -41,3 +41,28 @@ def _int(v, what):
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{what} must be an int, got {v!r}")
     return int(v)
+
+
+def _axis(axis, rank, fn, what="axis"):
+    """One axis argument checked against ``rank`` and made non-negative."""
+    a = _int(axis, f"{fn}: {what}")
+    if not -rank <= a < rank:
+        raise ValueError(f"{fn}: {what} {a} is out of range for a tensor of rank {rank}; expected {-rank} <= {what} < {rank}")
+    return a % rank
+
+
+def _data_format(value, fn, allow_none=True):
+    """``data_format`` checked: ``'channels_first'``/``'channels_last'``, or the default for None."""
+    from ..config import image_data_format
+
+    if value is None and allow_none:
+        return image_data_format()
+    if value not in ("channels_first", "channels_last"):
+        raise ValueError(f"{fn}: unknown data_format {value!r}; expected 'channels_first' or 'channels_last'")
+    return value
+
+
+def _check_float(x, fn, what="x"):
+    if x.dtype not in ("float16", "float32", "float64"):
+        raise TypeError(f"{fn}: {what} must be a float tensor, got dtype {x.dtype}")
+    return x

@@ -163,13 +163,49 @@ def transpose(x):
 
 
 def permute_dimensions(x, pattern):
-    """Permutes axes in a tensor; ``pattern`` is a tuple of dimension indices, e.g. ``(0, 2, 1)``."""
+    """Permutes axes in a tensor.
+
+    Arguments:
+        x: Tensor or variable.
+        pattern: A tuple of dimension indices, e.g. ``(0, 2, 1)``: a permutation of the
+            axes of ``x`` (negative indices count from the end).
+
+    Returns:
+        A tensor.
+
+    Raises:
+        ValueError: if ``pattern`` is not a permutation of ``x``'s axes.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.int_shape(K.permute_dimensions(K.placeholder(shape=(2, 3, 4)), (0, 2, 1)))
+        (2, 4, 3)
+    """
     x = _t(x)
-    return wrap(_core.transpose(x._core, [_int(p, "pattern entry") for p in pattern]))
+    if not isinstance(pattern, (list, tuple, np.ndarray)):
+        raise TypeError(f"permute_dimensions: pattern must be a tuple of ints, got {type(pattern).__name__}")
+    return wrap(_core.transpose(x._core, [_int(p, "permute_dimensions: pattern entry") for p in pattern]))
 
 
 def expand_dims(x, axis=-1):
-    """Adds a 1-sized dimension at index ``axis``."""
+    """Adds a 1-sized dimension at index ``axis``.
+
+    Arguments:
+        x: A tensor or variable.
+        axis: Position where to add a new axis (``-(ndim + 1) <= axis <= ndim``; -1 adds
+            it last).
+
+    Returns:
+        A tensor with expanded dimensions.
+
+    Raises:
+        ValueError: if ``axis`` is out of range.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.int_shape(K.expand_dims(K.placeholder(shape=(2, 3)), 1))
+        (2, 1, 3)
+    """
     x = _t(x)
     axis = _int(axis, "axis")
     r = x.ndim + 1
@@ -179,20 +215,69 @@ def expand_dims(x, axis=-1):
 
 
 def reshape(x, shape):
-    """Reshapes a tensor to the specified shape (one entry may be -1; entries may be
-    scalar int tensors such as ``K.shape(x)[0]``)."""
+    """Reshapes a tensor to the specified shape.
+
+    Arguments:
+        x: Tensor or variable.
+        shape: Target shape tuple: ints, one of which may be -1 (inferred from the
+            size), or scalar int tensors such as ``K.shape(x)[0]``; or a 1-D int tensor.
+
+    Returns:
+        A tensor.
+
+    Raises:
+        ValueError: if the sizes do not match (at build time when both shapes are static,
+            else when the graph runs) or more than one entry is -1. TypeError: for
+            non-integer entries.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.int_shape(K.reshape(K.placeholder(shape=(None, 2, 3)), (-1, 6)))
+        (None, 6)
+    """
     x = _t(x)
     if isinstance(shape, Tensor):
         return wrap(_core.reshape(x._core, cast(shape, "int32")._core if shape.dtype != "int32" else shape._core))
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
-    return _reshape(x, list(shape))
+    if not isinstance(shape, (list, tuple, np.ndarray)):
+        raise TypeError(f"reshape: shape must be a tuple of ints, got {type(shape).__name__}")
+    parts = []
+    for d in shape:
+        if isinstance(d, Tensor):
+            if d.ndim != 0 or d.dtype not in ("int8", "int16", "int32", "int64", "uint8"):
+                raise TypeError(f"reshape: shape entries must be ints or scalar int tensors, got {d!r}")
+            parts.append(d)
+        else:
+            parts.append(_int(d, "reshape: shape entry"))
+    return _reshape(x, parts)
 
 
 def concatenate(tensors, axis=-1):
-    """Concatenates a list of tensors alongside the specified axis."""
-    ts = [_t(t) for t in tensors]
-    return wrap(_core.concat([t._core for t in ts], _int(axis, "axis")))
+    """Concatenates a list of tensors alongside the specified axis.
+
+    Arguments:
+        tensors: list of tensors to concatenate (same rank and dtype; equal dimensions
+            except along ``axis``).
+        axis: concatenation axis.
+
+    Returns:
+        A tensor.
+
+    Raises:
+        ValueError: for an empty list, an axis out of range or mismatched shapes.
+        TypeError: for mixed dtypes.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.eval(K.concatenate([K.constant([[1, 2]]), K.constant([[3]])], axis=-1))
+        array([[1., 2., 3.]], dtype=float32)
+    """
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"concatenate: tensors must be a list of tensors, got {type(tensors).__name__}")
+    like = next((t for t in tensors if isinstance(t, Tensor)), None)
+    ts = [_t(t, like=like) for t in tensors]
+    return wrap(_core.concat([t._core for t in ts], _int(axis, "concatenate: axis")))
 
 
 

@@ -74,8 +74,17 @@ def tanh(x):
 
 
 def sigmoid(x):
-    """Element-wise sigmoid, stable for inputs of any magnitude."""
-    return _unary("sigmoid", x)
+    """Element-wise sigmoid, stable for inputs of any magnitude.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.eval(K.sigmoid(K.constant([-1e4, 0.0, 1e4])))
+        array([0. , 0.5, 1. ], dtype=float32)
+    """
+    x = _t(x)
+    out = _unary("sigmoid", x)
+    out._logits_of = ("sigmoid", x)  # lets binary_crossentropy work from the logits (as TF 2)
+    return out
 
 
 def pow(x, a):

@@ -274,7 +274,6 @@ impl<'a> Exec<'a> {
             return Ok(()); // computed inside its user's fused kernel
         }
         let plan = self.plan;
-        let node = &plan.nodes[i];
         let slot = match &self.plan.steps[i] {
             Step::Fed(f) => Slot::host(feeds[*f].take().expect("each feed is read once")),
             Step::Folded(v) => {
@@ -292,20 +291,9 @@ impl<'a> Exec<'a> {
                 Place::Host => {
                     let ins = self.plan.inputs[i].clone();
                     self.ensure_host(&ins, false)?;
-                    let args: Vec<&Value> = ins.iter().map(|&j| self.slot(j).host.as_ref().expect("downloaded")).collect();
-                    match node.op() {
-                        Op::Loop(body) => {
-                            let r = crate::ops::control::run(body, &args, &crate::runtime::cpu::run)?;
-                            self.multi.insert(i, r);
-                            Slot::host(Value::scalar_f64(node.dtype(), 0.0))
-                        }
-                        Op::TupleGet(k) => Slot::host(
-                            self.multi.get(&ins[0]).and_then(|r| r.get(*k)).cloned().ok_or_else(|| {
-                                Error::Runtime(format!("result {k} of a multi-result node was not computed"))
-                            })?,
-                        ),
-                        op => Slot::host(op.cpu(&args)?),
-                    }
+                    let vals: Vec<Value> = ins.iter().map(|&j| self.slot(j).host.clone().expect("downloaded")).collect();
+                    let args: Vec<&Value> = vals.iter().collect();
+                    Slot::host(crate::runtime::cpu::run_node(plan, i, &args, &mut self.multi)?)
                 }
                 Place::Gpu if !lay.members[i].is_empty() => fusion::record(self, i)?,
                 Place::Gpu => kernels::record(self, i)?,

@@ -50,7 +50,8 @@ pub(crate) fn supports(t: &Tensor) -> bool {
         | Op::ExpandDims(_)
         | Op::Squeeze(_)
         | Op::Loop(_)
-        | Op::TupleGet(_) => false,
+        | Op::TupleGet(_)
+        | Op::HostCall(_) => false,
     }
 }
 
@@ -377,7 +378,8 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         | Op::ExpandDims(_)
         | Op::Squeeze(_)
         | Op::Loop(_)
-        | Op::TupleGet(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
+        | Op::TupleGet(_)
+        | Op::HostCall(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
     };
     Ok(Slot::dev(out))
 }

@@ -1,0 +1,51 @@
+"""A multilayer perceptron on scikit-learn's bundled digits (8x8 images, 10 classes),
+written as any Keras 2.3.1 program, running on ferrokeras.
+
+    KERAS_BACKEND=ferrokeras.backend python examples/digits_mlp.py
+
+(the script sets KERAS_BACKEND itself when it is unset). No download: the data set ships
+with scikit-learn. Reaches about 97% test accuracy in a few seconds on a CPU.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "ferrokeras.backend")
+
+import numpy as np  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+
+import keras  # noqa: E402
+from keras.layers import Activation, Dense, Dropout  # noqa: E402
+from keras.models import Sequential  # noqa: E402
+
+
+def main(epochs=40, batch_size=32):
+    np.random.seed(0)
+    digits = load_digits()
+    x = (digits.data / 16.0).astype("float32")  # 1797 x 64, pixels in [0, 1]
+    y = keras.utils.to_categorical(digits.target, 10)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0,
+                                                        stratify=digits.target)
+
+    model = Sequential([
+        Dense(128, input_shape=(64,)),
+        Activation("relu"),
+        Dropout(0.2),
+        Dense(64, activation="relu"),
+        Dropout(0.2),
+        Dense(10, activation="softmax"),
+    ])
+    model.summary()
+    model.compile(optimizer=keras.optimizers.Adam(lr=1e-3), loss="categorical_crossentropy",
+                  metrics=["accuracy"])
+    model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, validation_split=0.1, verbose=2,
+              callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=8, restore_best_weights=True)])
+    loss, acc = model.evaluate(x_test, y_test, verbose=0)
+    print(f"backend: {keras.backend.backend()}")
+    print(f"test loss {loss:.4f}, test accuracy {acc:.4f}")
+    return acc
+
+
+if __name__ == "__main__":
+    main()

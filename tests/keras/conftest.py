@@ -1,0 +1,56 @@
+"""Keras 2.3.1 integration tests: unmodified Keras programs run on ``ferrokeras.backend``.
+
+Keras picks its backend once, when it is first imported, so this file sets
+``KERAS_BACKEND`` (and a throw-away ``KERAS_HOME``, so that Keras does not write
+``~/.keras/keras.json``) before anything imports it. The tests are skipped as a whole where
+Keras 2.3.1 is not installed (``pip install "ferrokeras[keras]"``).
+
+A test that reaches a ``K`` function ferrokeras does not implement yet (one of the stubs in
+``ferrokeras._k.keras_compat``) is reported as skipped, naming the function, rather than
+failed: the set of such skips is the remaining gap to full Keras support.
+"""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
+os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="ferrokeras-keras-home-"))
+
+try:
+    import keras
+except ImportError:  # Keras is an optional dependency: nothing here to run without it.
+    keras = None
+if keras is None or keras.__version__ != "2.3.1":
+    collect_ignore_glob = ["test_*.py"]
+
+STUB_MESSAGE = "is not implemented in ferrokeras yet"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    except NotImplementedError as exc:
+        if STUB_MESSAGE in str(exc):
+            pytest.skip(str(exc).split(";")[0])
+        raise
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session():
+    """Each test starts with fresh layer names and an unfixed learning phase."""
+    keras.backend.clear_session()
+    yield
+    keras.backend.clear_session()
+
+
+@pytest.fixture
+def xor_data():
+    """A small, learnable two-class problem: 8 features, label = whether their sum > 4."""
+    rng = np.random.RandomState(0)
+    x = rng.rand(256, 8).astype("float32")
+    y = (x.sum(axis=1) > 4.0).astype("int32")
+    return x, y
