@@ -267,3 +267,167 @@ print("CPU", float(f([np.zeros((300, 300), "float32")])[0].sum()))
     assert r.returncode == 0, r.stderr
     assert "ERR" in r.stdout and "limit" in r.stdout and "(300, 300)" in r.stdout, r.stdout
     assert "CPU 180000.0" in r.stdout, r.stdout
+
+
+# ---------------------------------------------------------------- device parity
+#
+# Every primitive with a WGSL lowering, run through `_core` on the GPU and on the CPU
+# (whose kernels the rest of the suite checks against NumPy), over the dtypes the GPU
+# stores in 32-bit words: float32, float16 (rounded after each op), int32, int16, int8,
+# uint8 and bool (wrapped / 0-1 after each op).
+
+def _inputs(dtype, shape, rng, lo=-3.0, hi=3.0):
+    if dtype == "bool":
+        return rng.random(shape) > 0.5
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -300), min(info.max, 300) + 1, size=shape).astype(dtype)
+    return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def _on_both(build, arrays):
+    phs = [_core.placeholder("p%d" % k, list(a.shape), str(a.dtype)) for k, a in enumerate(arrays)]
+    outs = build(*phs)
+    outs = outs if isinstance(outs, list) else [outs]
+    f = _core.Function(phs, outs, [])
+    res = {}
+    for dev in ("cpu", "gpu"):
+        ferrokeras.set_device(dev)
+        res[dev] = f(list(arrays))
+        if dev == "gpu":
+            # Ran as GPU kernels (one submit), unless WGSL has no lowering for the dtypes.
+            assert f.submits == 1 or not f.dispatches, (f.submits, f.dispatches)
+            gpu_dispatches.append(f.dispatches)
+    ferrokeras.set_device("gpu")
+    return res["gpu"], res["cpu"], f
+
+
+gpu_dispatches = []
+
+
+def _same(gpu_out, cpu_out, rtol=2e-5, atol=1e-5):
+    for g, c in zip(gpu_out, cpu_out):
+        assert g.dtype == c.dtype and g.shape == c.shape, (g.dtype, c.dtype, g.shape, c.shape)
+        if g.dtype.kind == "f":
+            tol = (2e-3, 1e-3) if g.dtype == np.float16 else (rtol, atol)
+            np.testing.assert_allclose(g.astype(np.float64), c.astype(np.float64), rtol=tol[0], atol=tol[1], equal_nan=True)
+        else:
+            np.testing.assert_array_equal(g, c)
+
+
+INT_UNARY = ["neg", "abs", "sign", "square", "relu", "round", "floor", "ceil"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int16", "int8", "uint8"])
+def test_parity_unary(gpu, rng, dtype):
+    names = _core.UNARY_OPS if np.dtype(dtype).kind == "f" else INT_UNARY
+    for name in names:
+        if name == "logical_not":
+            continue
+        lo, hi = (0.1, 3.0) if name in ("sqrt", "rsqrt", "log", "reciprocal") else (-1.0, 1.0) if name == "tan" else (-3.0, 3.0)
+        x = _inputs(dtype, (5, 7), rng, lo, hi)
+        g, c, _ = _on_both(lambda p, name=name: _core.unary(name, p), [x])
+        _same(g, c)
+    b = _inputs("bool", (9,), rng)
+    _same(*_on_both(lambda p: _core.unary("logical_not", p), [b])[:2])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int16", "uint8"])
+def test_parity_binary(gpu, rng, dtype):
+    for name in _core.BINARY_OPS:
+        if name.startswith("logical"):
+            continue
+        a = _inputs(dtype, (4, 1, 6), rng)
+        b = _inputs(dtype, (3, 6), rng)
+        if name in ("divide", "floor_divide", "mod") and np.dtype(dtype).kind == "f":
+            b = np.where(np.abs(b) < 0.25, 1, b).astype(dtype)
+        if name == "pow":
+            a = np.abs(a).astype(dtype) if np.dtype(dtype).kind == "f" else a
+            b = (np.abs(b) % 4).astype(dtype)
+        g, c, _ = _on_both(lambda p, q, name=name: _core.binary(name, p, q), [a, b])
+        _same(g, c)
+    p, q = _inputs("bool", (6,), rng), _inputs("bool", (6,), rng)
+    for name in ("logical_and", "logical_or", "equal"):
+        _same(*_on_both(lambda x, y, name=name: _core.binary(name, x, y), [p, q])[:2])
+
+
+DTYPES = ["float32", "float16", "int32", "int16", "int8", "uint8", "bool"]
+
+
+@pytest.mark.parametrize("src", DTYPES)
+def test_parity_cast_and_select(gpu, rng, src):
+    x = _inputs(src, (17,), rng, -300.0, 300.0)
+    if np.dtype(src).kind == "f":
+        x[:3] = [np.nan, 0.5, -0.5]
+    for dst in DTYPES:
+        g, c, _ = _on_both(lambda p, dst=dst: _core.cast(p, dst), [x])
+        _same(g, c)
+    cond = _inputs("bool", (17,), rng)
+    y = _inputs(src, (1,), rng)
+    _same(*_on_both(lambda k, p, q: _core.select(k, p, q), [cond, x, y])[:2])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int8", "bool"])
+def test_parity_reductions(gpu, rng, dtype):
+    x = _inputs(dtype, (3, 70, 4, 5), rng, 0.5, 1.5)
+    big = _inputs(dtype, (2, 3000), rng, 0.5, 1.5)
+    ops = ["max", "min"] if dtype == "bool" else ["sum", "prod", "max", "min", "mean"]
+    for name in ops:
+        for arr, axes in [(x, [1]), (x, [0, 2]), (x, [3]), (x, [1, 3]), (x, [0, 1, 2, 3]), (big, [1])]:
+            if name == "prod" and arr is big:
+                continue
+            g, c, f = _on_both(lambda p, name=name, axes=axes: _core.reduce(name, p, axes, True), [arr])
+            _same(g, c, rtol=1e-4, atol=1e-4)
+            # Integer means run on the CPU path (an i32 sum could wrap where int64 does not).
+            assert f.submits == (0 if (name == "mean" and dtype != "float32" and dtype != "float16") else 1)
+    if dtype != "bool":
+        for name in ("argmax", "argmin"):
+            _same(*_on_both(lambda p, name=name: _core.arg(name, p, 1), [x])[:2])
+        for name in ("cumsum", "cumprod"):
+            for excl in (False, True):
+                for rev in (False, True):
+                    v = _inputs(dtype, (3, 6, 2), rng, 0.5, 1.5)
+                    g, c, _ = _on_both(lambda p, name=name, e=excl, r=rev: _core.scan(name, p, 1, e, r), [v])
+                    _same(g, c, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "bool"])
+def test_parity_movement(gpu, rng, dtype):
+    x = _inputs(dtype, (4, 5, 6), rng)
+    cases = [
+        lambda p: _core.transpose(p, [2, 0, 1]),
+        lambda p: _core.slice(p, [(None, None, -1), (1, 4, 2), (-5, None, 3)]),
+        lambda p: _core.slice(p, [(3, 0, -2), (None, None, 1), (2, 2, 1)]),
+        lambda p: _core.pad(p, [(1, 0), (0, 2), (3, 1)], 1.0),
+        lambda p: _core.reverse(p, [0, 2]),
+        lambda p: _core.concat([p, _core.unary("neg", p) if dtype != "bool" else p, p], 1),
+        lambda p: _core.gather(p, _core.constant(np.array([[3, 0], [1, 1]], "int32")), 1),
+    ]
+    for build in cases:
+        _same(*_on_both(build, [x])[:2])
+
+
+def test_parity_gradients_of_movement(gpu, rng):
+    x = _inputs("float32", (4, 5, 6), rng)
+    idx = _core.constant(np.array([3, 0, 3, 1], "int32"))
+
+    def build(p):
+        y = _core.concat([_core.slice(p, [(None, None, 2), (1, 4, 1), (None, None, -1)]),
+                          _core.slice(p, [(None, None, 2), (0, 3, 1), (None, None, 1)])], 1)
+        z = _core.gather(p, idx, 1)
+        s = _core.binary("add", _core.reduce("sum", _core.unary("square", y), [0, 1, 2], False),
+                         _core.reduce("sum", _core.unary("exp", z), [0, 1, 2], False))
+        return _core.gradients(s, [p])
+
+    g, c, f = _on_both(build, [x])
+    _same(g, c, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int8"])
+def test_parity_matmul(gpu, rng, dtype):
+    for ta in (False, True):
+        for tb in (False, True):
+            a = _inputs(dtype, (2, 33, 19) if not ta else (2, 19, 33), rng, -1, 1)
+            b = _inputs(dtype, (19, 70) if not tb else (70, 19), rng, -1, 1)
+            g, c, _ = _on_both(lambda p, q, ta=ta, tb=tb: _core.matmul(p, q, ta, tb), [a, b])
+            _same(g, c, rtol=1e-4, atol=1e-4)

@@ -524,3 +524,21 @@ pub fn vjp_cast(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
         Ok(vec![None])
     }
 }
+
+#[cfg(test)]
+mod wgsl_table_tests {
+    use super::*;
+
+    /// Every op has a float WGSL expression, and an integer one exactly when it has an
+    /// integer CPU kernel, so fused GPU kernels exist for every dtype the CPU accepts.
+    #[test]
+    fn wgsl_expressions_cover_the_cpu_kernels() {
+        for &u in UnaryOp::ALL {
+            assert!(u.wgsl(true).is_some(), "{}", u.name());
+            assert_eq!(u.wgsl(false).is_some(), u.takes_int(), "{}", u.name());
+        }
+        for &b in BinaryOp::ALL {
+            assert!(!b.wgsl(true).is_empty() && !b.wgsl(false).is_empty(), "{}", b.name());
+        }
+    }
+}

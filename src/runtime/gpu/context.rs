@@ -32,9 +32,6 @@ pub struct Context {
     pub max_binding: u64,
     pub(crate) pool: Mutex<Pool>,
     pub(crate) pipelines: Mutex<PipelineCache>,
-    /// One plan runs at a time on a device (buffers freed mid-call are reused only after
-    /// the call's submit has completed).
-    pub(crate) run_lock: Mutex<()>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -155,7 +152,6 @@ pub fn open(index: usize) -> Result<Arc<Context>> {
         max_binding,
         pool: Mutex::new(Pool::default()),
         pipelines: Mutex::new(PipelineCache::default()),
-        run_lock: Mutex::new(()),
         errors,
         lost,
     });

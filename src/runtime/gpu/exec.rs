@@ -211,7 +211,6 @@ pub fn run(ctx: &Arc<Context>, plan: &Plan, feeds: Vec<Value>, n_host: usize, ca
             }
         }
     };
-    let _guard = ctx.run_lock.lock().unwrap_or_else(|e| e.into_inner());
     ctx.check("an earlier call")?;
     let mut ex = Exec {
         ctx,

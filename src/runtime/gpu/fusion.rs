@@ -24,8 +24,9 @@ enum Mode {
     Scalar,
     /// Broadcast: index through strides in the params.
     Bcast,
-    /// A folded scalar constant, written into the source as its bit pattern.
-    Inline(u32),
+    /// A folded scalar constant, passed in the params. (Not a WGSL literal: drivers fold
+    /// and reassociate literals, turning `(1 - p) + eps` into `(1 + eps) - p`.)
+    Param(u32),
 }
 
 fn fused_op(op: &crate::ops::Op) -> Result<FusedOp> {
@@ -111,7 +112,7 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
             }
             let mode = match &plan.steps[j] {
                 Step::Folded(v) if v.len() == 1 && dtag(v.dtype()).is_some() => {
-                    Mode::Inline(super::transfer::to_words(v).expect("gpu dtype")[0])
+                    Mode::Param(super::transfer::to_words(v).expect("gpu dtype")[0])
                 }
                 _ => {
                     let c: usize = ex.slot(j).shape.iter().product();
@@ -133,7 +134,7 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
             Mode::Same => [0, 0],
             Mode::Scalar => [1, 0],
             Mode::Bcast => [2, 0],
-            Mode::Inline(w) => [3, *w],
+            Mode::Param(_) => [3, 0],
         })
         .collect();
     let cached = ex.lay.fused.lock().unwrap_or_else(|e| e.into_inner()).get(&(s, key.clone())).cloned();
@@ -148,7 +149,7 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
             p
         }
     };
-    // Params: [n, rank, out_shape, strides of each broadcast input].
+    // Params: [n, rank, out_shape, strides of each broadcast input, scalar constants].
     let rank = out_shape.len();
     let mut params = vec![n as u32, rank as u32];
     params.extend(out_shape.iter().map(|&d| d as u32));
@@ -157,10 +158,14 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
         if *mode == Mode::Bcast {
             params.extend(bcast_strides(&ex.slot(*j).shape, &out_shape));
         }
-        if !matches!(mode, Mode::Inline(_)) {
+        if !matches!(mode, Mode::Param(_)) {
             bound.push((2 + k as u32, ex.dev(*j)?));
         }
     }
+    params.extend(ext.iter().filter_map(|(_, m)| match m {
+        Mode::Param(w) => Some(*w),
+        Mode::Same | Mode::Scalar | Mode::Bcast => None,
+    }));
     let out = ex.alloc(&out_shape, out_dtype, s)?;
     let mut bufs = vec![(1u32, &out)];
     bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
@@ -175,7 +180,7 @@ fn generate(ex: &Exec, members: &[usize], ext: &[(usize, Mode)], s: usize, entry
     src.push_str("@group(0) @binding(0) var<storage, read> P: array<u32>;\n");
     src.push_str("@group(0) @binding(1) var<storage, read_write> out: array<u32>;\n");
     for (k, (_, m)) in ext.iter().enumerate() {
-        if !matches!(m, Mode::Inline(_)) {
+        if !matches!(m, Mode::Param(_)) {
             let _ = writeln!(src, "@group(0) @binding({}) var<storage, read> in{k}: array<u32>;", 2 + k);
         }
     }
@@ -189,6 +194,8 @@ fn generate(ex: &Exec, members: &[usize], ext: &[(usize, Mode)], s: usize, entry
     let mut helpers: Vec<String> = Vec::new();
     let mut body = String::new();
     let mut bcast_k = 0usize;
+    let n_bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
+    let mut param_k = 0usize;
     let mut name: HashMap<usize, String> = HashMap::new();
     for (k, (j, mode)) in ext.iter().enumerate() {
         let d = plan.nodes[*j].dtype();
@@ -200,7 +207,11 @@ fn generate(ex: &Exec, members: &[usize], ext: &[(usize, Mode)], s: usize, entry
                 bcast_k += 1;
                 e
             }
-            Mode::Inline(w) => format!("{w}u"),
+            Mode::Param(_) => {
+                let e = format!("P[2u + P[1] * {}u + {param_k}u]", 1 + n_bcast);
+                param_k += 1;
+                e
+            }
         };
         let _ = writeln!(body, "    let x{j} = bitcast<{}>({load});", wty(d));
         name.insert(*j, format!("x{j}"));

@@ -60,7 +60,6 @@ impl Resident {
     /// Copies the value back to the host (one submit, one map).
     pub fn download(&self) -> Result<Value> {
         let ctx = self.0.ctx().clone();
-        let _guard = ctx.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let words = exec::read_back(&ctx, &[self.0.clone()])?;
         Ok(transfer::from_words(self.0.dtype, &self.0.shape, &words[0]))
     }

@@ -1,8 +1,11 @@
 //! Device buffers by size class. Sizes are rounded up to a quarter of their power of two
 //! (at most 25% slack), so steady-state calls find every buffer in a free list and
-//! allocate nothing. A buffer dropped during a call is parked in `pending` and only
-//! becomes reusable after that call's submit has completed, so a queued upload can
-//! never land in a buffer that recorded work still reads.
+//! allocate nothing. Reuse is safe without locking calls against each other: a recorded
+//! dispatch holds its buffers (`Arc<DevBuf>`) until its submit has completed, so a buffer
+//! in the pool is never read or written by pending GPU work. Dropped buffers are parked
+//! in `pending` and join the free lists after the next completed submit. Calls on
+//! several threads, or nested calls (a `py_function` callback evaluating a tensor), each
+//! own their buffers.
 
 use super::context::Context;
 use crate::error::{Error, Result};
