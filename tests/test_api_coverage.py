@@ -20,8 +20,6 @@ PENDING = {
     **{n: "issue 6" for n in (
         "conv1d", "conv2d", "conv2d_transpose", "conv3d", "conv3d_transpose", "depthwise_conv2d",
         "separable_conv2d", "pool2d", "pool3d", "local_conv1d", "local_conv2d")},
-    **{n: "issue 4" for n in (
-        "ctc_batch_cost", "ctc_decode", "ctc_label_dense_to_sparse", "get_session", "set_session")},
 }
 
 

@@ -424,10 +424,12 @@ def test_parity_gradients_of_movement(gpu, rng):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int8"])
-def test_parity_matmul(gpu, rng, dtype):
+@pytest.mark.parametrize("mkn", [(33, 19, 70), (36, 20, 68), (4, 132, 8)])  # scalar and vec4 loads
+def test_parity_matmul(gpu, rng, dtype, mkn):
+    m, k, n = mkn
     for ta in (False, True):
         for tb in (False, True):
-            a = _inputs(dtype, (2, 33, 19) if not ta else (2, 19, 33), rng, -1, 1)
-            b = _inputs(dtype, (19, 70) if not tb else (70, 19), rng, -1, 1)
+            a = _inputs(dtype, (2, m, k) if not ta else (2, k, m), rng, -1, 1)
+            b = _inputs(dtype, (k, n) if not tb else (n, k), rng, -1, 1)
             g, c, _ = _on_both(lambda p, q, ta=ta, tb=tb: _core.matmul(p, q, ta, tb), [a, b])
             _same(g, c, rtol=1e-4, atol=1e-4)

@@ -8,6 +8,7 @@ The functions live in ``ferrokeras._k``, one module per family; this module re-e
 """
 
 from ._k.control import *  # noqa: F401,F403
+from ._k.ctc import *  # noqa: F401,F403
 from ._k.function import *  # noqa: F401,F403
 from ._k.layout import *  # noqa: F401,F403
 from ._k.linalg import *  # noqa: F401,F403

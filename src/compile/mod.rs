@@ -49,6 +49,7 @@ impl Plan {
             foldable[i] = match t.op() {
                 Op::Constant(_) => true,
                 Op::Placeholder(_) | Op::Variable(_) | Op::Random(_) | Op::HostCall(_) => false,
+                Op::CtcDecode(_) | Op::Loop(_) => false,
                 _ => !ins.is_empty() && ins.iter().all(|&j| foldable[j]),
             };
             steps.push(Step::Compute);

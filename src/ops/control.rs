@@ -173,6 +173,7 @@ pub fn infer_tuple_get(k: usize, x: &Tensor) -> Result<(Shape, DType)> {
             Ok(body.result_spec(k, t))
         }
         Op::HostCall(h) => super::host::result_spec(h, k),
+        Op::CtcDecode(d) => super::ctc::decode_result_spec(*d, x, k),
         other => Err(Error::Type(format!("tuple_get: {} has a single result", other.name()))),
     }
 }

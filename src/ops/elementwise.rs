@@ -107,13 +107,6 @@ macro_rules! binary_table {
     };
 }
 
-/// Wraps a kernel result as arithmetic (same type) or predicate (bool) output.
-pub trait BinOut<T> {
-    fn into_value(a: Arr<Self>) -> Value
-    where
-        Self: Sized;
-}
-
 binary_table! {
     Add      "add"           Arith   float |a, b| a + b,                     int |a, b| a.wrapping_add(b); wgsl "a + b", "a + b";
     Sub      "subtract"      Arith   float |a, b| a - b,                     int |a, b| a.wrapping_sub(b); wgsl "a - b", "a - b";
@@ -122,8 +115,8 @@ binary_table! {
     FloorDiv "floor_divide"  Arith   float |a, b| (a / b).floor(),           int |a, b| floor_div(a, b); wgsl "floor(a / b)", "fk_floor_div(a, b)";
     Mod      "mod"           Arith   float |a, b| { let r = a % b; if r != F::zero() && ((r < F::zero()) != (b < F::zero())) { r + b } else { r } }, int |a, b| floor_mod(a, b); wgsl "fk_fmod(a, b)", "fk_floor_mod(a, b)";
     Pow      "pow"           Arith   float |a, b| a.powf(b),                 int |a, b| int_pow(a, b); wgsl "fk_pow(a, b)", "fk_ipow(a, b)";
-    Maximum  "maximum"       Arith   float |a, b| if a >= b || a != a { a } else { b }, int |a, b| a.max(b); wgsl "select(b, a, a >= b || fk_isnan(a))", "max(a, b)";
-    Minimum  "minimum"       Arith   float |a, b| if a <= b || a != a { a } else { b }, int |a, b| a.min(b); wgsl "select(b, a, a <= b || fk_isnan(a))", "min(a, b)";
+    Maximum  "maximum"       Arith   float |a, b| if a >= b || a.is_nan() { a } else { b }, int |a, b| a.max(b); wgsl "select(b, a, a >= b || fk_isnan(a))", "max(a, b)";
+    Minimum  "minimum"       Arith   float |a, b| if a <= b || a.is_nan() { a } else { b }, int |a, b| a.min(b); wgsl "select(b, a, a <= b || fk_isnan(a))", "min(a, b)";
     Equal    "equal"         Compare float |a, b| a == b,                    int |a, b| a == b; wgsl "i32(a == b)", "i32(a == b)";
     NotEqual "not_equal"     Compare float |a, b| a != b,                    int |a, b| a != b; wgsl "i32(!(a == b))", "i32(a != b)";
     Less     "less"          Compare float |a, b| a < b,                     int |a, b| a < b; wgsl "i32(a < b)", "i32(a < b)";

@@ -4,6 +4,7 @@
 //! must handle it. Everything else in the `K` API is a composite of these, in Python.
 
 pub mod control;
+pub mod ctc;
 pub mod elementwise;
 pub mod host;
 pub mod matmul;
@@ -66,6 +67,8 @@ pub enum Op {
     Loop(Arc<control::LoopBody>),          // (seqs.., states.., captured..) control
     TupleGet(usize),                       // (multi-result node)    control
     HostCall(Arc<host::HostCall>),         // (inputs..) callback    host
+    Ctc(ctc::CtcOp),                       // (logits, labels, in_len, lab_len) ctc
+    CtcDecode(ctc::Decode),                // (log-probs, in_len) multi-result ctc
 }
 
 impl Op {
@@ -103,6 +106,8 @@ impl Op {
             Op::Loop(_) => "loop".into(),
             Op::TupleGet(k) => format!("result {k}"),
             Op::HostCall(h) => format!("py_function '{}'", h.f.name()),
+            Op::Ctc(_) => "ctc_loss".into(),
+            Op::CtcDecode(_) => "ctc_decode".into(),
         }
     }
 
@@ -137,7 +142,8 @@ impl Op {
             Op::Random(r) => random::infer(r, &inputs[0]),
             Op::Loop(body) => control::infer_loop(body, inputs),
             Op::TupleGet(k) => control::infer_tuple_get(*k, &inputs[0]),
-            Op::HostCall(_) => Ok((Shape::scalar(), DType::Bool)),
+            Op::HostCall(_) | Op::CtcDecode(_) => Ok((Shape::scalar(), DType::Bool)),
+            Op::Ctc(c) => ctc::infer(*c, inputs),
         }
     }
 
@@ -175,6 +181,8 @@ impl Op {
             Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
                 Err(crate::error::Error::Runtime("multi-result nodes are differentiated by autodiff::gradients".into()))
             }
+            Op::Ctc(c) => ctc::vjp(*c, node, g),
+            Op::CtcDecode(_) => Ok(vec![None, None]),
         }
     }
 
@@ -207,9 +215,10 @@ impl Op {
             Op::ScatterAdd(axis) => movement::cpu_scatter_add(*axis, inputs[0], inputs[1], inputs[2]),
             Op::MatMul { ta, tb } => matmul::cpu(*ta, *tb, inputs[0], inputs[1]),
             Op::Random(r) => random::cpu(r, inputs[0]),
-            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) | Op::CtcDecode(_) => {
                 Err(crate::error::Error::Runtime("multi-result nodes are run by the executor".into()))
             }
+            Op::Ctc(c) => ctc::cpu(*c, inputs),
         }
     }
 
@@ -248,6 +257,8 @@ impl Op {
             Op::Loop(_) | Op::TupleGet(_) => GpuKind::Host,
             // A Python callback: its inputs come to the host, its result goes back.
             Op::HostCall(_) => GpuKind::Host,
+            // CTC loss and decoding: dynamic programming over label sequences, CPU kernels.
+            Op::Ctc(_) | Op::CtcDecode(_) => GpuKind::Host,
         }
     }
 
@@ -282,7 +293,9 @@ impl Op {
             | Op::MatMul { .. }
             | Op::Loop(_)
             | Op::TupleGet(_)
-            | Op::HostCall(_) => &[],
+            | Op::HostCall(_)
+            | Op::Ctc(_)
+            | Op::CtcDecode(_) => &[],
         }
     }
 

@@ -8,10 +8,9 @@ use super::Op;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
-use crate::runtime::value::{Arr, Elem, Value};
+use crate::runtime::value::Value;
 use crate::shape::Shape;
 use ndarray::IxDyn;
-use num_traits::Float;
 use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -492,8 +491,3 @@ pub fn cpu_scan(op: ScanOp, axis: usize, exclusive: bool, reverse: bool, x: &Val
         |d| (scan_blocks(op, d, outer, red, inner, exclusive, reverse), s3),
     ))
 }
-
-#[allow(dead_code)]
-fn _float_bound<F: Float>() {}
-#[allow(dead_code)]
-fn _elem_bound<T: Elem>(_: &Arr<T>) {}

@@ -392,6 +392,18 @@ fn host_call(name: &str, runner: Py<PyAny>, inputs: Vec<PyTensor>, results: Vec<
     })
 }
 
+#[pyfunction]
+fn ctc_loss(logits: &PyTensor, labels: &PyTensor, input_length: &PyTensor, label_length: &PyTensor) -> R<PyTensor> {
+    wrap(crate::ops::ctc::ctc(crate::ops::ctc::CtcOp::Loss, t(logits), t(labels), t(input_length), t(label_length)))
+}
+
+/// Decoded paths (one int64 matrix each, padded with -1) followed by their log-probabilities.
+#[pyfunction]
+fn ctc_decode(log_probs: &PyTensor, input_length: &PyTensor, greedy: bool, beam_width: usize, top_paths: usize) -> R<Vec<PyTensor>> {
+    let d = crate::ops::ctc::Decode { greedy, beam_width, top_paths };
+    guarded("ctc_decode", || Ok(crate::ops::ctc::decode(d, t(log_probs), t(input_length))?.into_iter().map(PyTensor).collect()))
+}
+
 // ---------------------------------------------------------------- autodiff and execution
 
 #[pyfunction]
@@ -523,6 +535,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(random, m)?)?;
     m.add_function(wrap_pyfunction!(loop_, m)?)?;
     m.add_function(wrap_pyfunction!(host_call, m)?)?;
+    m.add_function(wrap_pyfunction!(ctc_loss, m)?)?;
+    m.add_function(wrap_pyfunction!(ctc_decode, m)?)?;
     m.add_function(wrap_pyfunction!(gradients, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(device, m)?)?;

@@ -80,8 +80,7 @@ class _Runner:
 
 def _result_shapes(func, inp, touts):
     """Static shapes of the results: a trial call on zeros of the inputs' static shapes
-    gives the ranks; dims are kept only when every input shape was fully known."""
-    known = all(d is not None for x in inp for d in x.shape)
+    gives the ranks; every dim stays unknown (results may depend on the values)."""
     try:
         with _Eager():
             from .variables import constant
@@ -90,7 +89,7 @@ def _result_shapes(func, inp, touts):
             outs = _as_list(func(*xs))
         shapes = [tuple(np.shape(_evaluate(o))) for o in outs]
         if len(shapes) == len(touts):
-            return [list(s) if known else [None] * len(s) for s in shapes]
+            return [[None] * len(s) for s in shapes]
     except Exception:
         pass
     # The trial failed: assume each result has the rank of the first input.

@@ -88,4 +88,85 @@ def clear_session():
     _LEARNING_PHASE_VALUE = None
 
 
+
+
+class Session:
+    """What ``get_session`` returns: the device graphs run on, with a TF-style ``run``.
+
+    Code written for the TensorFlow backend that calls ``K.get_session().run(...)`` keeps
+    working; ``close`` and the context-manager protocol are accepted and change nothing.
+    """
+
+    def __init__(self, device=None):
+        import ferrokeras
+
+        self.device = device if device is not None else ferrokeras.device()
+        self.graph = None
+
+    def run(self, fetches, feed_dict=None):
+        """Evaluates ``fetches`` (a tensor or a list of tensors) with ``feed_dict`` values
+        for placeholders, and returns NumPy arrays in the same structure."""
+        from .function import function
+
+        single = not isinstance(fetches, (list, tuple))
+        outs = [fetches] if single else list(fetches)
+        feed_dict = dict(feed_dict or {})
+        f = function(list(feed_dict.keys()), outs)
+        res = f(list(feed_dict.values()))
+        return res[0] if single else res
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __repr__(self):
+        return f"<ferrokeras.Session device={self.device!r}>"
+
+
+_SESSION = None
+
+
+def get_session(op_input_list=()):
+    """Returns the session object: the current device and its caches.
+
+    Arguments:
+        op_input_list: Accepted for compatibility with the TensorFlow backend; unused.
+
+    Returns:
+        A ``Session`` with a ``device`` attribute and a TF-style ``run(fetches, feed_dict)``.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> import numpy as np
+        >>> x = K.placeholder(shape=(2,))
+        >>> K.get_session().run(x * 2, feed_dict={x: np.array([1.0, 2.0])})
+        array([2., 4.], dtype=float32)
+    """
+    del op_input_list
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = Session()
+    return _SESSION
+
+
+def set_session(session):
+    """Sets the global session returned by ``get_session``.
+
+    Arguments:
+        session: A ``Session`` (as returned by ``get_session``).
+
+    Raises:
+        TypeError: if ``session`` is not a ``Session``.
+    """
+    global _SESSION
+    if not isinstance(session, Session):
+        raise TypeError(f"set_session: expected a ferrokeras Session (from K.get_session()), got {type(session).__name__}")
+    _SESSION = session
+
+
 __all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]

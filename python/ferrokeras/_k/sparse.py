@@ -30,6 +30,8 @@ def to_dense(tensor):
         >>> print(K.is_sparse(c))
         False
     """
+    if hasattr(tensor, "_dense"):  # a SparseTensor from ctc_label_dense_to_sparse
+        return tensor._dense
     if is_sparse(tensor):
         dense = Tensor(tensor._core, name=f"{tensor.name}/to_dense")
         for attr in ("_keras_shape", "_uses_learning_phase"):

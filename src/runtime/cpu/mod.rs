@@ -34,7 +34,7 @@ pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
 }
 
 /// Runs compute node `i` of `plan` on host values. Multi-result nodes (loops, host
-/// callbacks) keep their results in `multi`, where their `TupleGet` users find them; the
+/// callbacks, CTC decoding) keep their results in `multi`, where their `TupleGet` users find them; the
 /// GPU executor uses this too for the nodes it runs on the CPU.
 pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
     let node = &plan.nodes[i];
@@ -45,6 +45,10 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
         }
         Op::HostCall(h) => {
             multi.insert(i, crate::ops::host::run(h, args)?);
+            Ok(Value::scalar_f64(node.dtype(), 0.0))
+        }
+        Op::CtcDecode(d) => {
+            multi.insert(i, crate::ops::ctc::run_decode(*d, args)?);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }
         Op::TupleGet(k) => {

@@ -51,7 +51,9 @@ pub(crate) fn supports(t: &Tensor) -> bool {
         | Op::Squeeze(_)
         | Op::Loop(_)
         | Op::TupleGet(_)
-        | Op::HostCall(_) => false,
+        | Op::HostCall(_)
+        | Op::Ctc(_)
+        | Op::CtcDecode(_) => false,
     }
 }
 
@@ -379,7 +381,9 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         | Op::Squeeze(_)
         | Op::Loop(_)
         | Op::TupleGet(_)
-        | Op::HostCall(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
+        | Op::HostCall(_)
+        | Op::Ctc(_)
+        | Op::CtcDecode(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
     };
     Ok(Slot::dev(out))
 }
@@ -419,7 +423,18 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     p.extend(bshape.iter().map(|&d| d as u32));
     p.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
     p.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
+    // vec4 loads along each operand's contiguous dimension when it is a multiple of 4
+    // (then every vec4 and every batch offset is 16-byte aligned).
+    let a_v4 = if ta { m % 4 == 0 } else { ka % 4 == 0 };
+    let b_v4 = if tb { ka % 4 == 0 } else { n % 4 == 0 };
+    p.extend([a_v4 as u32 | (b_v4 as u32) << 1, ta as u32, tb as u32]);
     let pipe = pipelines::family(ex.ctx, "matmul", "matmul", tag(a.dtype)?)?;
-    ex.dispatch(pipe, &[(1, &out), (2, &a), (3, &b)], p, [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batches as u32]);
+    let (a4, b4) = (a.as_vec4(), b.as_vec4());
+    ex.dispatch(
+        pipe,
+        &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
+        p,
+        [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batches as u32],
+    );
     Ok(out)
 }

@@ -41,6 +41,12 @@ impl DTensor {
     pub fn ctx(&self) -> &Arc<Context> {
         self.buf.ctx()
     }
+    /// The same buffer, sized for a vec4 binding (a whole number of 16-byte words; pool
+    /// buffers are at least 256 bytes and a multiple of 64, so this stays inside).
+    pub fn as_vec4(&self) -> DTensor {
+        let words = self.numel().div_ceil(4).max(1) * 4;
+        DTensor { buf: self.buf.clone(), shape: vec![words], dtype: self.dtype }
+    }
 }
 
 /// A variable's value kept on a GPU between calls (see `ops::source::VarState`).

@@ -88,7 +88,9 @@ pub fn alloc(ctx: &Arc<Context>, bytes: u64, what: &dyn Fn() -> String) -> Resul
             ctx.desc.name
         )));
     }
-    take(ctx, size_class(bytes), false, what)
+    let class = size_class(bytes);
+    let class = if class > ctx.limits.max_buffer_size { bytes.div_ceil(64) * 64 } else { class };
+    take(ctx, class, false, what)
 }
 
 /// A MAP_READ staging buffer for readbacks.
