@@ -1,11 +1,17 @@
 # ferrokeras developer entry points (GNU make).
 #
-#   make demo         set up .venv, build the extension, run examples/quickstart.py
+#   make demo         set up .venv, build the extension, run examples/quickstart.py and the
+#                     Keras 2.3.1 CNN on scikit-learn's digits (examples/digits_cnn.py)
 #   make test         set up, build, run the Rust tests and the pytest suite
 #   make wheel        build one abi3 wheel into dist/
 #   make wheel-check  install that wheel in a throw-away venv and run the quickstart there
 #                     with no cargo/rustc on PATH
-#   make bench        run benches/bench_core.py
+#   make bench        run benches/bench_core.py, then benches/bench_keras.py (ferrokeras vs
+#                     TF, Keras 3 + JAX, Keras 3 + PyTorch; peer venvs created on first use)
+#   make bench-quick  the same, as a ~2 minute smoke run
+#   make bench-profile  where ferrokeras' time goes in the MLP and LSTM steps (py-spy)
+#   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (each peer in
+#                     its own venv, benches/.venv-tf and benches/.venv-torch, made on first use)
 #   make bench-gpu    run benches/bench_gpu.py (GPU vs CPU vs NumPy, optional PyTorch CUDA)
 #   make clean        remove build outputs (make distclean also removes .venv)
 #
@@ -43,7 +49,7 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test wheel wheel-check bench bench-gpu clean distclean
+.PHONY: help venv .venv build demo test wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -63,6 +69,7 @@ $(BUILD_STAMP): $(VENV_STAMP) $(RUST_INPUTS)
 
 demo: build
 	$(VENV_PY) examples/quickstart.py
+	KERAS_BACKEND=ferrokeras.backend $(VENV_PY) examples/digits_cnn.py
 
 test: build
 	cargo test --release --no-default-features
@@ -98,8 +105,69 @@ wheel-check: wheel
 	run python quickstart.py; \
 	echo "== wheel-check passed"
 
-bench: build
-	$(VENV_PY) benches/bench_core.py
+# Peers for bench_keras.py, each in its own venv under benches/.venvs/ (gitignored), made
+# on first use. A peer that fails to install (no disk, no network) is reported and skipped:
+# its column reads n/a. BENCH_PEERS= (empty) runs ferrokeras alone; BENCH_ARGS is passed to
+# bench_keras.py (e.g. BENCH_ARGS="--frameworks ferrokeras --workloads mlp,lstm").
+BENCH_PEERS ?= tf jax torch
+BENCH_ARGS ?=
+PEER_DIR := benches/.venvs
+PEER_PKGS_tf := tensorflow-cpu tf-keras
+PEER_PKGS_jax := keras 'jax[cpu]'
+PEER_PKGS_torch := keras torch
+PEER_PKGS_tools := py-spy
+# Free disk (GiB) a peer install needs; torch brings several GB of CUDA libraries.
+PEER_DISK_tf := 4
+PEER_DISK_jax := 2
+PEER_DISK_torch := 10
+PEER_DISK_tools := 1
+PROFILE_DIR ?= $(or $(TMPDIR),/tmp)/ferrokeras-profile
+
+bench: build bench-venvs
+	$(VENV_PY) benches/bench_core.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick,)
+	$(VENV_PY) benches/bench_keras.py $(BENCH_ARGS)
+
+bench-quick:
+	$(MAKE) bench BENCH_ARGS="--quick $(BENCH_ARGS)"
+
+bench-venvs: $(foreach p,$(BENCH_PEERS),$(PEER_DIR)/$(p)/.stamp)
+
+# The measurements behind benches/PROFILE.md (py-spy comes from PyPI into $(PEER_DIR)/tools).
+bench-profile: build $(PEER_DIR)/tools/.stamp
+	@mkdir -p $(PROFILE_DIR)
+	for w in mlp lstm; do \
+	  $(VENV_PY) benches/profile_step.py breakdown --workload $$w; \
+	  $(PEER_DIR)/tools/bin/py-spy record --native --idle --format raw -r 200 -o $(PROFILE_DIR)/$$w.pyspy -- \
+	    $(VENV_PY) benches/profile_step.py train --workload $$w --seconds 20; \
+	  $(VENV_PY) benches/profile_summary.py $(PROFILE_DIR)/$$w.pyspy; \
+	  $(VENV_PY) benches/profile_step.py ops --workload $$w; \
+	done
+
+$(PEER_DIR)/%/.stamp:
+	@mkdir -p $(PEER_DIR)
+	@free=$$(df -Pk $(PEER_DIR) | awk 'NR==2 {print int($$4/1048576)}'); \
+	if [ "$$free" -lt "$(PEER_DISK_$*)" ]; then \
+	  echo "!! bench peer '$*' skipped: $$free GiB free, it needs about $(PEER_DISK_$*) GiB"; \
+	  echo "skipped: $$free GiB free, needs $(PEER_DISK_$*) GiB" > $(PEER_DIR)/$*.log; exit 0; fi; \
+	echo "== bench peer '$*': pip install $(PEER_PKGS_$*) into $(PEER_DIR)/$* (log: $(PEER_DIR)/$*.log)"; \
+	if $(PYTHON) -m venv $(PEER_DIR)/$* && \
+	   $(PEER_DIR)/$*/bin/pip install -q --disable-pip-version-check $(PEER_PKGS_$*) numpy \
+	     > $(PEER_DIR)/$*.log 2>&1; then \
+	  touch $@; \
+	else \
+	  echo "!! bench peer '$*' failed to install (see $(PEER_DIR)/$*.log); its column will read n/a"; \
+	fi
+
+# Benchmark peers, each in its own venv (torch from PyPI brings CUDA libraries; it runs on
+# the CPU here).
+benches/.venv-%/.stamp:
+	$(PYTHON) -m venv benches/.venv-$*
+	benches/.venv-$*/bin/pip install -q numpy $(if $(filter tf,$*),tensorflow-cpu,$*)
+	touch $@
+
+bench-conv: build benches/.venv-tf/.stamp benches/.venv-torch/.stamp
+	$(VENV_PY) benches/check_conv_vs_tf.py
+	$(VENV_PY) benches/bench_conv.py
 
 bench-gpu: build
 	$(VENV_PY) benches/bench_gpu.py

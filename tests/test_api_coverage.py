@@ -16,11 +16,7 @@ from ferrokeras import backend as K
 
 API_TSV = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "spec", "api.tsv")
 
-PENDING = {
-    **{n: "issue 6" for n in (
-        "conv1d", "conv2d", "conv2d_transpose", "conv3d", "conv3d_transpose", "depthwise_conv2d",
-        "separable_conv2d", "pool2d", "pool3d", "local_conv1d", "local_conv2d")},
-}
+PENDING = {}  # name -> the issue that delivers it, while it is not implemented
 
 
 def _rows():

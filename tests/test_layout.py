@@ -292,7 +292,6 @@ def test_one_hot_with_unknown_batch():
 
 # ---- slice with run-time starts -------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="keras_compat.slice (issue 5) shadows layout.slice and takes only ints")
 def test_slice_with_tensor_start_and_size(rng):
     # tf.slice accepts tensors for start and size.
     a = rng.normal(size=(4, 5))
@@ -431,7 +430,6 @@ def test_bad_input(name, trigger, words):
     assert_mentions(excinfo, *words)
 
 
-@pytest.mark.xfail(strict=True, reason="keras_compat.slice (issue 5) shadows layout.slice and does not check bounds")
 def test_slice_out_of_bounds_raises():
     # tf.slice raises for a static slice outside the input; it never truncates silently.
     with pytest.raises(ValueError) as excinfo:

@@ -7,6 +7,7 @@ documentation; where it is silent, behaviour follows ``tf.keras.backend`` and Ke
 The functions live in ``ferrokeras._k``, one module per family; this module re-exports them.
 """
 
+from ._k.conv import *  # noqa: F401,F403
 from ._k.control import *  # noqa: F401,F403
 from ._k.ctc import *  # noqa: F401,F403
 from ._k.function import *  # noqa: F401,F403

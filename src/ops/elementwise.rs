@@ -14,9 +14,19 @@ use half::f16;
 use ndarray::{IxDyn, Zip};
 use num_traits::Float;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Elements per rayon task; below twice this, kernels run on the calling thread.
 pub const GRAIN: usize = 1 << 15;
+
+macro_rules! int_or_zero {
+    () => {
+        |_: i64| 0i64
+    };
+    ($f:expr) => {
+        $f
+    };
+}
 
 macro_rules! unary_table {
     ($( $V:ident $name:literal float |$x:ident| $f:expr $(, int |$ix:ident| $ie:expr)? ; wgsl $wf:literal $(, $wi:literal)? ; )*) => {
@@ -34,12 +44,13 @@ macro_rules! unary_table {
             pub fn wgsl(self, float: bool) -> Option<&'static str> {
                 match self { $(UnaryOp::$V => if float { Some($wf) } else { None $(.or(Some($wi)))? }),* }
             }
-            fn float_kernel<F: Float + Send + Sync>(self, a: &[F], out: &mut [F]) {
+            fn float_kernel<F: Float + Send + Sync>(self, a: &[F], out: &mut [MaybeUninit<F>]) {
                 match self { $(UnaryOp::$V => par_map(a, out, |$x: F| $f)),* }
             }
-            fn int_kernel(self, a: &[i64], out: &mut [i64]) {
+            /// Ops without an integer kernel are rejected by `infer_unary`; they write zeros.
+            fn int_kernel(self, a: &[i64], out: &mut [MaybeUninit<i64>]) {
                 match self {
-                    $(UnaryOp::$V => { $( par_map(a, out, |$ix: i64| $ie); )? let _ = (a, &out); })*
+                    $(UnaryOp::$V => { par_map(a, out, int_or_zero!($(|$ix: i64| $ie)?)); })*
                 }
             }
         }
@@ -164,15 +175,25 @@ fn int_pow(a: i64, b: i64) -> i64 {
 
 // ---------------------------------------------------------------- kernels
 
-fn par_map<T: Copy + Send + Sync, U: Send>(a: &[T], out: &mut [U], f: impl Fn(T) -> U + Sync + Send) {
+/// A `Vec` of `n` elements written by `fill`, without zeroing it first (the zeroing was a
+/// tenth of an MLP training step). `fill` must write every element.
+fn build_vec<U>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<U>])) -> Vec<U> {
+    let mut v = Vec::with_capacity(n);
+    fill(&mut v.spare_capacity_mut()[..n]);
+    // SAFETY: every caller's `fill` writes each of the `n` slots exactly once.
+    unsafe { v.set_len(n) };
+    v
+}
+
+fn par_map<T: Copy + Send + Sync, U: Send>(a: &[T], out: &mut [MaybeUninit<U>], f: impl Fn(T) -> U + Sync + Send) {
     if a.len() < 2 * GRAIN {
         for (o, &v) in out.iter_mut().zip(a) {
-            *o = f(v);
+            o.write(f(v));
         }
     } else {
         out.par_chunks_mut(GRAIN).zip(a.par_chunks(GRAIN)).for_each(|(o, a)| {
             for (o, &v) in o.iter_mut().zip(a) {
-                *o = f(v);
+                o.write(f(v));
             }
         });
     }
@@ -188,16 +209,25 @@ where
     let (sa, sb) = (a.shape(), b.shape());
     let shape = broadcast_runtime(name, sa, sb)?;
     let n: usize = shape.iter().product();
-    let mut out = vec![U::default(); n];
     let (da, db) = (a.as_slice().expect("standard layout"), b.as_slice().expect("standard layout"));
-    let chunk = |o: &mut [U], a: &[T], b: &[T]| {
+    let general = !(sa == sb
+        || db.len() == 1
+        || da.len() == 1
+        || (n > 0 && sa.len() >= sb.len() && sa.ends_with(sb) && da.len() == n)
+        || (n > 0 && sb.len() >= sa.len() && sb.ends_with(sa) && db.len() == n));
+    if general {
+        let av = a.broadcast(IxDyn(&shape)).expect("checked broadcast");
+        let bv = b.broadcast(IxDyn(&shape)).expect("checked broadcast");
+        return Ok(Zip::from(&av).and(&bv).map_collect(|&x, &y| f(x, y)).into_shared());
+    }
+    let chunk = |o: &mut [MaybeUninit<U>], a: &[T], b: &[T]| {
         for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
-            *o = f(x, y);
+            o.write(f(x, y));
         }
     };
-    if sa == sb {
+    let out = build_vec(n, |out| if sa == sb {
         if n < 2 * GRAIN {
-            chunk(&mut out, da, db);
+            chunk(out, da, db);
         } else {
             out.par_chunks_mut(GRAIN)
                 .zip(da.par_chunks(GRAIN).zip(db.par_chunks(GRAIN)))
@@ -205,10 +235,10 @@ where
         }
     } else if db.len() == 1 {
         let y = db[0];
-        par_map(da, &mut out, |x| f(x, y));
+        par_map(da, out, |x| f(x, y));
     } else if da.len() == 1 {
         let x = da[0];
-        par_map(db, &mut out, |y| f(x, y));
+        par_map(db, out, |y| f(x, y));
     } else if n > 0 && sa.len() >= sb.len() && sa.ends_with(sb) && da.len() == n {
         let m = db.len();
         let rows = (GRAIN / m).max(1) * m;
@@ -217,7 +247,7 @@ where
                 chunk(o, a, db);
             }
         });
-    } else if n > 0 && sb.len() >= sa.len() && sb.ends_with(sa) && db.len() == n {
+    } else {
         let m = da.len();
         let rows = (GRAIN / m).max(1) * m;
         out.par_chunks_mut(rows).zip(db.par_chunks(rows)).for_each(|(o, b)| {
@@ -225,12 +255,7 @@ where
                 chunk(o, da, b);
             }
         });
-    } else {
-        let av = a.broadcast(IxDyn(&shape)).expect("checked broadcast");
-        let bv = b.broadcast(IxDyn(&shape)).expect("checked broadcast");
-        let mut o = ndarray::ArrayViewMut::from_shape(IxDyn(&shape), &mut out).expect("fresh buffer");
-        Zip::from(&mut o).and(&av).and(&bv).for_each(|o, &x, &y| *o = f(x, y));
-    }
+    });
     Ok(Arr::from_shape_vec(IxDyn(&shape), out).expect("shape matches"))
 }
 
@@ -270,13 +295,8 @@ impl<T> PredOrSame<T> for bool {
     }
 }
 
-fn new_like<T: Copy + Default>(shape: &[usize]) -> Vec<T> {
-    vec![T::default(); shape.iter().product()]
-}
-
 fn unary_float<F: Float + Elem + Send + Sync + Default>(op: UnaryOp, a: &Arr<F>) -> Arr<F> {
-    let mut out = new_like::<F>(a.shape());
-    op.float_kernel(a.as_slice().expect("standard layout"), &mut out);
+    let out = build_vec(a.len(), |out| op.float_kernel(a.as_slice().expect("standard layout"), out));
     Arr::from_shape_vec(IxDyn(a.shape()), out).expect("shape matches")
 }
 
@@ -298,8 +318,7 @@ pub fn cpu_unary(op: UnaryOp, x: &Value) -> Result<Value> {
         Value::F16(a) => Value::F32(unary_float(op, &widen_f32(a))).cast(DType::F16),
         _ => {
             let a = widen_i64(x);
-            let mut out = new_like::<i64>(a.shape());
-            op.int_kernel(a.as_slice().expect("standard layout"), &mut out);
+            let out = build_vec(a.len(), |out| op.int_kernel(a.as_slice().expect("standard layout"), out));
             Value::I64(Arr::from_shape_vec(IxDyn(a.shape()), out).expect("shape matches")).cast(x.dtype())
         }
     })
@@ -325,13 +344,30 @@ pub fn cpu_select(c: &Value, a: &Value, b: &Value) -> Result<Value> {
     };
     fn go<T: Elem>(c: &Arr<bool>, a: &Arr<T>, b: &Arr<T>) -> Result<Value> {
         let shape = broadcast_runtime("select", &broadcast_runtime("select", c.shape(), a.shape())?, b.shape())?;
+        let n: usize = shape.iter().product();
+        // Fast path: each operand is either full-size or a single element (relu and
+        // maximum gradients select between a tensor and a scalar zero).
+        let flat = |x: usize| x == n || x == 1;
+        if flat(c.len()) && flat(a.len()) && flat(b.len()) {
+            let (cs, xs, ys) = (c.as_slice().expect("standard"), a.as_slice().expect("standard"), b.as_slice().expect("standard"));
+            let (sc, sx, sy) = ((c.len() == n) as usize, (a.len() == n) as usize, (b.len() == n) as usize);
+            let out = build_vec(n, |out| {
+                out.par_chunks_mut(GRAIN).enumerate().for_each(|(k, o)| {
+                    let base = k * GRAIN;
+                    for (j, o) in o.iter_mut().enumerate() {
+                        let i = base + j;
+                        o.write(if cs[i * sc] { xs[i * sx] } else { ys[i * sy] });
+                    }
+                })
+            });
+            return Ok(T::wrap(Arr::from_shape_vec(IxDyn(&shape), out).expect("shape matches")));
+        }
         let (cv, av, bv) = (
             c.broadcast(IxDyn(&shape)).expect("checked"),
             a.broadcast(IxDyn(&shape)).expect("checked"),
             b.broadcast(IxDyn(&shape)).expect("checked"),
         );
-        let mut out = ndarray::Array::<T, _>::default(IxDyn(&shape));
-        Zip::from(&mut out).and(&cv).and(&av).and(&bv).for_each(|o, &c, &x, &y| *o = if c { x } else { y });
+        let out = Zip::from(&cv).and(&av).and(&bv).map_collect(|&c, &x, &y| if c { x } else { y });
         Ok(T::wrap(out.into_shared()))
     }
     crate::with_value!(a, x => {
@@ -458,7 +494,7 @@ pub fn vjp_unary(op: UnaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Te
         UnaryOp::Tan => mul(g, &add(&c(1.0), &mul(y, y)?)?)?,
         UnaryOp::Tanh => mul(g, &sub(&c(1.0), &mul(y, y)?)?)?,
         UnaryOp::Sigmoid => mul(g, &mul(y, &sub(&c(1.0), y)?)?)?,
-        UnaryOp::Relu => select(&binary(BinaryOp::Greater, x, &c(0.0))?, g, &zeros_like(g)?)?,
+        UnaryOp::Relu => select(&binary(BinaryOp::Greater, x, &c(0.0))?, g, &c(0.0))?,
         UnaryOp::Recip => neg(&mul(g, &mul(y, y)?)?)?,
         UnaryOp::Softplus => mul(g, &unary(UnaryOp::Sigmoid, x)?)?,
         UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Not => return Ok(vec![None]),
@@ -478,13 +514,14 @@ pub fn vjp_binary(op: BinaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<
             let ga = mul(g, &mul(b, &binary(BinaryOp::Pow, a, &sub(b, &one)?)?)?)?;
             let pos = binary(BinaryOp::Greater, a, &scalar_like(a, 0.0))?;
             let safe = select(&pos, a, &one)?;
-            let loga = select(&pos, &unary(UnaryOp::Log, &safe)?, &zeros_like(&safe)?)?;
+            let loga = select(&pos, &unary(UnaryOp::Log, &safe)?, &scalar_like(&safe, 0.0))?;
             (ga, mul(g, &mul(node, &loga)?)?)
         }
         BinaryOp::Maximum | BinaryOp::Minimum => {
             let cmp = if op == BinaryOp::Maximum { BinaryOp::GreaterEqual } else { BinaryOp::LessEqual };
             let mask = binary(cmp, a, b)?;
-            let z = zeros_like(node)?;
+            // `select` broadcasts, so a scalar zero stands in for a zero tensor.
+            let z = scalar_like(node, 0.0);
             let gfull = broadcast_like(g, node)?;
             (select(&mask, &gfull, &z)?, select(&mask, &z, &gfull)?)
         }
@@ -504,7 +541,7 @@ pub fn vjp_binary(op: BinaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<
 
 pub fn vjp_select(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     let (c, a, b) = (node.input(0), node.input(1), node.input(2));
-    let z = zeros_like(node)?;
+    let z = scalar_like(node, 0.0);
     let gfull = broadcast_like(g, node)?;
     Ok(vec![None, Some(sum_like(&select(c, &gfull, &z)?, a)?), Some(sum_like(&select(c, &z, &gfull)?, b)?)])
 }

@@ -13,6 +13,7 @@ use crate::value_err;
 use gemm::Parallelism;
 use half::f16;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 fn mat_dims(d: &[Dim], t: bool) -> (Dim, Dim) {
     let (r, c) = (d[d.len() - 2], d[d.len() - 1]);
@@ -123,18 +124,22 @@ struct Plan {
 
 fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], aoff: &[usize], boff: &[usize]) -> Value {
     let (m, n, k) = (p.m, p.n, p.k);
-    let mut out = vec![T::default(); out_shape.iter().product()];
+    // Written by gemm (read_dst = false) without zeroing first.
+    let total: usize = out_shape.iter().product();
+    let mut out: Vec<T> = Vec::with_capacity(total);
     let (ad, bd) = (a.as_slice().expect("standard"), b.as_slice().expect("standard"));
     let (a_rs, a_cs) = strides(p.a_cols, p.ta);
     let (b_rs, b_cs) = strides(p.b_cols, p.tb);
     let batches = aoff.len();
     let flops = m * n * k;
-    let one = |dst: &mut [T], ao: usize, bo: usize, par: Parallelism| {
+    let one = |dst: &mut [MaybeUninit<T>], ao: usize, bo: usize, par: Parallelism| {
         if m == 0 || n == 0 {
             return;
         }
         if k == 0 {
-            dst.iter_mut().for_each(|v| *v = T::zero());
+            dst.iter_mut().for_each(|v| {
+                v.write(T::zero());
+            });
             return;
         }
         // SAFETY: every pointer addresses an m x k, k x n or m x n block inside its buffer,
@@ -142,23 +147,26 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         unsafe {
             gemm::gemm(
                 m, n, k,
-                dst.as_mut_ptr(), 1, n as isize, false,
+                dst.as_mut_ptr() as *mut T, 1, n as isize, false,
                 ad.as_ptr().add(ao), a_cs, a_rs,
                 bd.as_ptr().add(bo), b_cs, b_rs,
                 T::zero(), T::one(), false, false, false, par,
             )
         }
     };
+    let spare = &mut out.spare_capacity_mut()[..total];
     if batches > 1 && flops < 1 << 20 {
-        out.par_chunks_mut((m * n).max(1)).zip(aoff.par_iter().zip(boff.par_iter())).for_each(|(dst, (&ao, &bo))| {
+        spare.par_chunks_mut((m * n).max(1)).zip(aoff.par_iter().zip(boff.par_iter())).for_each(|(dst, (&ao, &bo))| {
             one(dst, ao, bo, Parallelism::None)
         });
     } else {
         let par = if flops >= 1 << 18 { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
-        for (i, dst) in out.chunks_mut((m * n).max(1)).enumerate().take(batches) {
+        for (i, dst) in spare.chunks_mut((m * n).max(1)).enumerate().take(batches) {
             one(dst, aoff[i], boff[i], par);
         }
     }
+    // SAFETY: each batch's m x n block was written above (by gemm, or zeros when k == 0).
+    unsafe { out.set_len(total) };
     T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared())
 }
 

@@ -3,12 +3,14 @@
 //! `Op` have no catch-all arm, so adding a variant makes the compiler list every place that
 //! must handle it. Everything else in the `K` API is a composite of these, in Python.
 
+pub mod conv;
 pub mod control;
 pub mod ctc;
 pub mod elementwise;
 pub mod host;
 pub mod matmul;
 pub mod movement;
+pub mod pool;
 pub mod random;
 pub mod reduce;
 pub mod source;
@@ -64,6 +66,12 @@ pub enum Op {
     ScatterAdd(usize),                     // (updates, indices, like) movement
     MatMul { ta: bool, tb: bool },         // (a, b) batched         matmul
     Random(Arc<random::RandomState>),      // (shape: int 1-D)       random
+    Conv(Arc<conv::ConvSpec>),             // (x, w)                 conv
+    ConvInputGrad(Arc<conv::ConvSpec>),    // (gy, w, x_shape)       conv
+    ConvKernelGrad(Arc<conv::ConvSpec>),   // (x, gy, w_shape)       conv
+    Pool(Arc<pool::PoolSpec>),             // (x)                    pool
+    PoolGrad(Arc<pool::PoolSpec>),         // (x, gy)                pool
+    PoolSelect(Arc<pool::PoolSpec>),       // (x, h)                 pool
     Loop(Arc<control::LoopBody>),          // (seqs.., states.., captured..) control
     TupleGet(usize),                       // (multi-result node)    control
     HostCall(Arc<host::HostCall>),         // (inputs..) callback    host
@@ -103,6 +111,12 @@ impl Op {
             Op::ScatterAdd(_) => "scatter_add".into(),
             Op::MatMul { .. } => "matmul".into(),
             Op::Random(r) => r.dist.name().into(),
+            Op::Conv(_) => "conv".into(),
+            Op::ConvInputGrad(_) => "conv_transpose".into(),
+            Op::ConvKernelGrad(_) => "conv_kernel_grad".into(),
+            Op::Pool(p) => format!("{:?}_pool", p.kind).to_lowercase(),
+            Op::PoolGrad(p) => format!("{:?}_pool_grad", p.kind).to_lowercase(),
+            Op::PoolSelect(p) => format!("{:?}_pool_select", p.kind).to_lowercase(),
             Op::Loop(_) => "loop".into(),
             Op::TupleGet(k) => format!("result {k}"),
             Op::HostCall(h) => format!("py_function '{}'", h.f.name()),
@@ -140,6 +154,12 @@ impl Op {
             Op::ScatterAdd(axis) => movement::infer_scatter_add(*axis, inputs),
             Op::MatMul { ta, tb } => matmul::infer(*ta, *tb, &inputs[0], &inputs[1]),
             Op::Random(r) => random::infer(r, &inputs[0]),
+            Op::Conv(s) => conv::infer_conv(s, &inputs[0], &inputs[1]),
+            Op::ConvInputGrad(s) => conv::infer_input_grad(s, &inputs[0], &inputs[1], &inputs[2]),
+            Op::ConvKernelGrad(s) => conv::infer_kernel_grad(s, &inputs[0], &inputs[1], &inputs[2]),
+            Op::Pool(s) => pool::infer_pool(s, &inputs[0]),
+            Op::PoolGrad(_) => pool::infer_pool_grad(&inputs[0], &inputs[1]),
+            Op::PoolSelect(s) => pool::infer_pool_select(s, &inputs[0], &inputs[1]),
             Op::Loop(body) => control::infer_loop(body, inputs),
             Op::TupleGet(k) => control::infer_tuple_get(*k, &inputs[0]),
             Op::HostCall(_) | Op::CtcDecode(_) => Ok((Shape::scalar(), DType::Bool)),
@@ -178,6 +198,12 @@ impl Op {
             Op::ScatterAdd(axis) => movement::vjp_scatter_add(*axis, node, g),
             Op::MatMul { ta, tb } => matmul::vjp(*ta, *tb, node, g),
             Op::Random(_) => Ok(vec![None]),
+            Op::Conv(s) => conv::vjp_conv(s, node, g),
+            Op::ConvInputGrad(s) => conv::vjp_input_grad(s, node, g),
+            Op::ConvKernelGrad(s) => conv::vjp_kernel_grad(s, node, g),
+            Op::Pool(s) => pool::vjp_pool(s, node, g),
+            Op::PoolGrad(s) => pool::vjp_pool_grad(s, node, g),
+            Op::PoolSelect(s) => pool::vjp_pool_select(s, node, g),
             Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
                 Err(crate::error::Error::Runtime("multi-result nodes are differentiated by autodiff::gradients".into()))
             }
@@ -215,6 +241,12 @@ impl Op {
             Op::ScatterAdd(axis) => movement::cpu_scatter_add(*axis, inputs[0], inputs[1], inputs[2]),
             Op::MatMul { ta, tb } => matmul::cpu(*ta, *tb, inputs[0], inputs[1]),
             Op::Random(r) => random::cpu(r, inputs[0]),
+            Op::Conv(s) => conv::cpu_conv(s, inputs[0], inputs[1]),
+            Op::ConvInputGrad(s) => conv::cpu_input_grad(s, inputs[0], inputs[1], inputs[2]),
+            Op::ConvKernelGrad(s) => conv::cpu_kernel_grad(s, inputs[0], inputs[1], inputs[2]),
+            Op::Pool(s) => pool::cpu_pool(s, inputs[0]),
+            Op::PoolGrad(s) => pool::cpu_pool_grad(s, inputs[0], inputs[1]),
+            Op::PoolSelect(s) => pool::cpu_pool_select(s, inputs[0], inputs[1]),
             Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) | Op::CtcDecode(_) => {
                 Err(crate::error::Error::Runtime("multi-result nodes are run by the executor".into()))
             }
@@ -259,6 +291,13 @@ impl Op {
             Op::HostCall(_) => GpuKind::Host,
             // CTC loss and decoding: dynamic programming over label sequences, CPU kernels.
             Op::Ctc(_) | Op::CtcDecode(_) => GpuKind::Host,
+            // Convolution and pooling: CPU kernels until they get WGSL ones.
+            Op::Conv(_)
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_) => GpuKind::Host,
         }
     }
 
@@ -266,6 +305,7 @@ impl Op {
     pub fn host_args(&self) -> &'static [usize] {
         match self {
             Op::Reshape | Op::BroadcastTo | Op::SumTo => &[1],
+            Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) => &[2],
             Op::Random(_) => &[0],
             Op::Placeholder(_)
             | Op::Constant(_)
@@ -295,7 +335,11 @@ impl Op {
             | Op::TupleGet(_)
             | Op::HostCall(_)
             | Op::Ctc(_)
-            | Op::CtcDecode(_) => &[],
+            | Op::CtcDecode(_)
+            | Op::Conv(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_) => &[],
         }
     }
 
@@ -348,7 +392,9 @@ pub mod build {
     pub use super::elementwise::{
         add, binary, cast, constant_like, div, mul, neg, scalar_like, select, sub, unary, zeros_like,
     };
+    pub use super::conv::{conv, conv_input_grad, conv_kernel_grad};
     pub use super::matmul::matmul;
+    pub use super::pool::{pool, pool_grad, pool_select};
     pub use super::movement::{
         broadcast_like, broadcast_to, concat, expand_dims, full_spec, gather, int_vector, pad, reshape_like,
         reshape_to, reverse, scatter_add, shape_of, slice, slice_grad, squeeze, sum_like, sum_to, transpose,

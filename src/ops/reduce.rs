@@ -217,6 +217,7 @@ trait Acc: Copy + Send + Sync + PartialOrd + 'static {
     fn lowest() -> Self;
     fn highest() -> Self;
     fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     fn is_nan(self) -> bool;
     fn div_count(self, n: usize) -> Self;
@@ -230,6 +231,7 @@ macro_rules! acc_float {
             fn lowest() -> Self { <$t>::NEG_INFINITY }
             fn highest() -> Self { <$t>::INFINITY }
             #[inline(always)] fn add(self, o: Self) -> Self { self + o }
+            #[inline(always)] fn sub(self, o: Self) -> Self { self - o }
             #[inline(always)] fn mul(self, o: Self) -> Self { self * o }
             #[inline(always)] fn is_nan(self) -> bool { self != self }
             fn div_count(self, n: usize) -> Self { self / n as $t }
@@ -244,6 +246,7 @@ impl Acc for i64 {
     fn lowest() -> Self { i64::MIN }
     fn highest() -> Self { i64::MAX }
     #[inline(always)] fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+    #[inline(always)] fn sub(self, o: Self) -> Self { self.wrapping_sub(o) }
     #[inline(always)] fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
     #[inline(always)] fn is_nan(self) -> bool { false }
     fn div_count(self, n: usize) -> Self { if n == 0 { 0 } else { self / n as i64 } }
@@ -289,6 +292,35 @@ fn reduce_row<T: Acc>(op: ReduceOp, row: &[T]) -> T {
     }
 }
 
+/// Folds `red` rows into the columns `o`: row `r` is `block[r * inner + start..][..o.len()]`.
+/// Sums are Kahan-compensated: a column of a million float32 terms keeps an error of a few
+/// ulps, where plain accumulation drifts by ~1% (issue 8). A compensation that is not finite
+/// (an infinite or NaN term, or an overflow) is dropped, so infinities sum as IEEE says.
+fn fold_rows<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, inner: usize, start: usize) {
+    let n = o.len();
+    let rows = (0..red).map(|r| &block[r * inner + start..r * inner + start + n]);
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => {
+            let mut comp = vec![T::zero(); n];
+            for row in rows {
+                for ((a, c), &b) in o.iter_mut().zip(comp.iter_mut()).zip(row) {
+                    let y = b.sub(*c);
+                    let t = a.add(y);
+                    let d = t.sub(*a).sub(y);
+                    *c = if d.sub(d) == T::zero() { d } else { T::zero() };
+                    *a = t;
+                }
+            }
+            if op == ReduceOp::Mean {
+                o.iter_mut().for_each(|a| *a = a.div_count(red));
+            }
+        }
+        ReduceOp::Prod => rows.for_each(|row| o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.mul(b))),
+        ReduceOp::Max => rows.for_each(|row| o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_max(*a, b))),
+        ReduceOp::Min => rows.for_each(|row| o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_min(*a, b))),
+    }
+}
+
 fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inner: usize) -> Vec<T> {
     if inner == 1 {
         let mut out = vec![T::zero(); outer];
@@ -308,19 +340,7 @@ fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inn
         ReduceOp::Min => T::highest(),
     };
     let mut out = vec![init; outer * inner];
-    let per_outer = |o: &mut [T], block: &[T]| {
-        for row in block.chunks(inner) {
-            match op {
-                ReduceOp::Sum | ReduceOp::Mean => o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.add(b)),
-                ReduceOp::Prod => o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.mul(b)),
-                ReduceOp::Max => o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_max(*a, b)),
-                ReduceOp::Min => o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_min(*a, b)),
-            }
-        }
-        if op == ReduceOp::Mean {
-            o.iter_mut().for_each(|a| *a = a.div_count(red));
-        }
-    };
+    let per_outer = |o: &mut [T], block: &[T]| fold_rows(op, o, block, red, inner, 0);
     if red * inner == 0 {
         if op == ReduceOp::Mean {
             out.iter_mut().for_each(|a| *a = a.div_count(0));
@@ -333,21 +353,7 @@ fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inn
         // One outer block, wide rows: split the columns across threads.
         let cols = 1024;
         for (oi, block) in out.chunks_mut(inner).zip(data.chunks(red * inner)) {
-            oi.par_chunks_mut(cols).enumerate().for_each(|(ci, o)| {
-                let start = ci * cols;
-                for r in 0..red {
-                    let row = &block[r * inner + start..r * inner + start + o.len()];
-                    match op {
-                        ReduceOp::Sum | ReduceOp::Mean => o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.add(b)),
-                        ReduceOp::Prod => o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.mul(b)),
-                        ReduceOp::Max => o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_max(*a, b)),
-                        ReduceOp::Min => o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_min(*a, b)),
-                    }
-                }
-                if op == ReduceOp::Mean {
-                    o.iter_mut().for_each(|a| *a = a.div_count(red));
-                }
-            });
+            oi.par_chunks_mut(cols).enumerate().for_each(|(ci, o)| fold_rows(op, o, block, red, inner, ci * cols));
         }
     } else {
         out.chunks_mut(inner).zip(data.chunks(red * inner)).for_each(|(o, b)| per_outer(o, b));
@@ -393,6 +399,17 @@ pub fn cpu_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Value) -> Re
         .collect();
     let (t, lo, hi) = contiguous_block(x, axes);
     let (outer, red, inner) = blocks(t.shape(), lo, hi);
+    if red == 0 && !x.dtype().is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min) {
+        // The i64 identities would wrap on the cast back to a narrower type (the max of an
+        // empty int8 axis came out 0, of an empty bool axis True); f64 -> int casts saturate.
+        let v = match (op, x.dtype()) {
+            (ReduceOp::Max, DType::Bool) => 0.0,
+            (ReduceOp::Min, DType::Bool) => 1.0,
+            (ReduceOp::Max, _) => f64::NEG_INFINITY,
+            _ => f64::INFINITY,
+        };
+        return Ok(Value::full(x.dtype(), &out_shape, v));
+    }
     let s = out_shape.clone();
     let s2 = out_shape.clone();
     let s3 = out_shape;

@@ -7,6 +7,8 @@ use crate::dtype::DType;
 use crate::error::Error;
 use crate::graph::Tensor;
 use crate::ops::{self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell};
+use crate::ops::conv::{ConvSpec, Padding};
+use crate::ops::pool::{PoolKind, PoolSpec};
 use crate::runtime::value::Value;
 use crate::shape::{norm_axes, norm_axis, Shape};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -322,6 +324,40 @@ fn random(dist: &str, shape: &PyTensor, dtype_name: &str, seed: Option<u64>) -> 
     wrap(crate::ops::random::random(d, t(shape), dtype(dtype_name)?, seed))
 }
 
+fn conv_spec(strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<Arc<ConvSpec>> {
+    let padding = match padding.extract::<String>() {
+        Ok(s) if s == "same" => Padding::Same,
+        Ok(s) => return Err(PyValueError::new_err(format!("unknown padding '{s}': expected 'same' or (before, after) pairs"))),
+        Err(_) => Padding::Explicit(padding.extract()?),
+    };
+    let spec = ConvSpec { strides, dilation, padding, groups };
+    spec.validate("conv").map_err(err)?;
+    Ok(Arc::new(spec))
+}
+
+#[pyfunction]
+fn conv(x: &PyTensor, w: &PyTensor, strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<PyTensor> {
+    wrap(build::conv(t(x), t(w), &conv_spec(strides, dilation, padding, groups)?))
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose(g: &PyTensor, w: &PyTensor, x_shape: &PyTensor, strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<PyTensor> {
+    wrap(build::conv_input_grad(t(g), t(w), t(x_shape), &conv_spec(strides, dilation, padding, groups)?))
+}
+
+#[pyfunction]
+fn pool(x: &PyTensor, mode: &str, window: Vec<usize>, strides: Vec<usize>, padding: &Bound<'_, PyAny>) -> R<PyTensor> {
+    let kind = match mode {
+        "max" => PoolKind::Max,
+        "avg" => PoolKind::Avg,
+        _ => return Err(PyValueError::new_err(format!("unknown pool_mode '{mode}': expected 'max' or 'avg'"))),
+    };
+    let n = window.len();
+    let padding = conv_spec(vec![1; n], vec![1; n], padding, 1)?.padding.clone();
+    wrap(build::pool(t(x), &Arc::new(PoolSpec { kind, window, strides, padding })))
+}
+
 /// A loop over axis 0 of `seqs`, with a body traced on `seq_phs`/`state_phs`. Returns the
 /// stacked per-step outputs followed by the final states.
 #[pyfunction]
@@ -414,6 +450,32 @@ fn gradients(y: &PyTensor, xs: Vec<PyTensor>, gy: Option<PyTensor>) -> R<Vec<Opt
     Ok(gs.into_iter().map(|g| g.map(PyTensor)).collect())
 }
 
+static UPDATE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    static HOLDS_UPDATE_LOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a call that assigns variables under one process-wide lock, so that concurrent calls
+/// do not lose each other's read-modify-write updates (4 threads x 500 `update_add(v, 1)`
+/// calls ended below 2000). Taken with the GIL released; re-entrant, for a `py_function`
+/// body that calls another updating function on the same thread.
+fn with_update_lock<T>(f: impl FnOnce() -> T) -> T {
+    if HOLDS_UPDATE_LOCK.with(|h| h.get()) {
+        return f();
+    }
+    let _guard = UPDATE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            HOLDS_UPDATE_LOCK.with(|h| h.set(false));
+        }
+    }
+    HOLDS_UPDATE_LOCK.with(|h| h.set(true));
+    let _release = Release;
+    f()
+}
+
 #[pyclass(name = "Function", module = "ferrokeras._core", frozen)]
 pub struct PyFunction(Function);
 
@@ -440,7 +502,13 @@ impl PyFunction {
         for (ph, v) in f.feeds.iter().zip(&values) {
             feeds.push(check_feed(ph, to_value(v)?).map_err(err)?);
         }
-        let out = py.detach(|| guarded("function call", || f.call(feeds)))?;
+        let out = py.detach(|| {
+            if f.updates.is_empty() {
+                guarded("function call", || f.call(feeds))
+            } else {
+                with_update_lock(|| guarded("function call", || f.call(feeds)))
+            }
+        })?;
         Ok(out.into_iter().map(|v| to_py(py, v)).collect())
     }
 
@@ -533,6 +601,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gather, m)?)?;
     m.add_function(wrap_pyfunction!(matmul, m)?)?;
     m.add_function(wrap_pyfunction!(random, m)?)?;
+    m.add_function(wrap_pyfunction!(conv, m)?)?;
+    m.add_function(wrap_pyfunction!(conv_transpose, m)?)?;
+    m.add_function(wrap_pyfunction!(pool, m)?)?;
     m.add_function(wrap_pyfunction!(loop_, m)?)?;
     m.add_function(wrap_pyfunction!(host_call, m)?)?;
     m.add_function(wrap_pyfunction!(ctc_loss, m)?)?;

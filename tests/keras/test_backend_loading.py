@@ -132,7 +132,7 @@ def test_size_and_slice():
     ph = K.placeholder(shape=(None, 5))
     assert int(K.function([ph], [K.size(ph)])([np.zeros((3, 5))])[0]) == 15
     np.testing.assert_array_equal(K.eval(K.slice(x, (1, 0, 2), (1, -1, 2))), K.eval(x)[1:2, :, 2:4])
-    with pytest.raises(ValueError, match="one entry per axis"):
+    with pytest.raises(ValueError, match="start has 2 entries"):
         K.slice(x, (0, 0), (1, 1))
     with pytest.raises(TypeError):
         K.slice(x, (0, 0, 0.5), (1, 1, 1))

@@ -52,8 +52,9 @@ def conv(x, w, b, nd):
 def depthwise(x, dw, nd):
     ks = dw.shape[:nd]
     p = patches(x, ks)  # (b, *out, *k, c)
+    # Each channel c with its own filters: c is kept (not summed), then (c, m) flattened.
     y = np.einsum(p, [0] + list(range(1, nd + 1)) + list(range(10, 10 + nd)) + [20],
-                  dw, list(range(10, 10 + nd)) + [20, 21])
+                  dw, list(range(10, 10 + nd)) + [20, 21], [0] + list(range(1, nd + 1)) + [20, 21])
     return y.reshape(y.shape[:-2] + (-1,))
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _core
 from .. import tensor as _tensor
-from ..tensor import Tensor, Variable, wrap
+from ..tensor import Variable, wrap
 from . import variables as _variables
 from .common import _t
 
@@ -302,100 +302,6 @@ def get_variable_shape(x):
         (2, 3)
     """
     return tuple(_t(x).shape)
-
-
-def slice(x, start, size):
-    """Extracts a slice from a tensor: ``x[start[0]:start[0] + size[0], ...]``.
-
-    Arguments:
-        x: Input tensor.
-        start: Integer list/tuple, the start index along each axis.
-        size: Integer list/tuple, how many elements to take along each axis; ``-1`` takes
-            everything from ``start`` on.
-
-    Raises:
-        ValueError: if ``start`` and ``size`` do not have one entry per axis of ``x``.
-        TypeError: if they are not integers.
-
-    Example:
-        >>> from ferrokeras import backend as K
-        >>> import numpy as np
-        >>> K.eval(K.slice(K.constant(np.arange(6).reshape(2, 3)), (0, 1), (2, -1)))
-        array([[1., 2.],
-               [4., 5.]], dtype=float32)
-    """
-    x = _t(x)
-    start = _int_list(start, "start")
-    size = _int_list(size, "size")
-    if not len(start) == len(size) == x.ndim:
-        raise ValueError(
-            f"slice: start {start} and size {size} must have one entry per axis of the rank-{x.ndim} input"
-        )
-    spec = []
-    for b, n in zip(start, size):
-        if b < 0 or n < -1:
-            raise ValueError(f"slice: start must be >= 0 and size >= -1, got start {start}, size {size}")
-        spec.append((b, None if n == -1 else b + n, 1))
-    return wrap(_core.slice(x._core, spec))
-
-
-def _int_list(v, what):
-    if isinstance(v, Tensor):
-        raise TypeError(f"slice: {what} must be a list of Python ints, not a tensor")
-    if isinstance(v, (int, np.integer)):
-        v = [v]
-    out = []
-    for d in v:
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-            raise TypeError(f"slice: {what} must contain ints, got {v!r}")
-        out.append(int(d))
-    return out
-
-
-# ======================================================================= convolution
-
-
-def separable_conv1d(x, depthwise_kernel, pointwise_kernel, strides=1, padding="valid",
-                     data_format=None, dilation_rate=1):
-    """1D convolution with separable filters (what Keras's ``SeparableConv1D`` calls).
-
-    Computed as ``separable_conv2d`` on a height-1 image.
-
-    Arguments:
-        x: Input tensor, ``(batch, steps, channels)`` (or channels first).
-        depthwise_kernel: ``(kernel_size, channels, depth_multiplier)``.
-        pointwise_kernel: ``(1, channels * depth_multiplier, filters)``.
-        strides: Stride integer (or 1-tuple).
-        padding: ``"valid"`` or ``"same"``.
-        data_format: ``"channels_last"`` or ``"channels_first"``.
-        dilation_rate: Dilation integer (or 1-tuple).
-
-    Returns:
-        Output tensor, ``(batch, new_steps, filters)`` (or channels first).
-    """
-    from .. import backend as K
-
-    data_format = K.normalize_data_format(data_format)
-    strides = _one(strides, "strides")
-    dilation_rate = _one(dilation_rate, "dilation_rate")
-    axis = 1 if data_format == "channels_last" else 2
-    x = K.expand_dims(_t(x), axis)
-    depthwise_kernel = K.expand_dims(_t(depthwise_kernel), 0)
-    pointwise_kernel = K.expand_dims(_t(pointwise_kernel), 0)
-    y = K.separable_conv2d(x, depthwise_kernel, pointwise_kernel, strides=(1, strides),
-                           padding=padding, data_format=data_format,
-                           dilation_rate=(1, dilation_rate))
-    return wrap(_core.squeeze(y._core, [axis]))
-
-
-def _one(v, what):
-    if isinstance(v, (tuple, list)):
-        if len(v) != 1:
-            raise ValueError(f"separable_conv1d: {what} must be an int or a 1-tuple, got {v!r}")
-        v = v[0]
-    if not isinstance(v, (int, np.integer)):
-        raise TypeError(f"separable_conv1d: {what} must be an int, got {v!r}")
-    return int(v)
 
 
 # ======================================================================= not yet implemented

@@ -53,7 +53,13 @@ pub(crate) fn supports(t: &Tensor) -> bool {
         | Op::TupleGet(_)
         | Op::HostCall(_)
         | Op::Ctc(_)
-        | Op::CtcDecode(_) => false,
+        | Op::CtcDecode(_)
+        | Op::Conv(_)
+        | Op::ConvInputGrad(_)
+        | Op::ConvKernelGrad(_)
+        | Op::Pool(_)
+        | Op::PoolGrad(_)
+        | Op::PoolSelect(_) => false,
     }
 }
 
@@ -383,7 +389,13 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         | Op::TupleGet(_)
         | Op::HostCall(_)
         | Op::Ctc(_)
-        | Op::CtcDecode(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
+        | Op::CtcDecode(_)
+        | Op::Conv(_)
+        | Op::ConvInputGrad(_)
+        | Op::ConvKernelGrad(_)
+        | Op::Pool(_)
+        | Op::PoolGrad(_)
+        | Op::PoolSelect(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
     };
     Ok(Slot::dev(out))
 }

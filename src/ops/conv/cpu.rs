@@ -1,0 +1,553 @@
+//! CPU kernels of the three convolution primitives, chosen per shape:
+//!
+//! - 2-D 3x3, stride 1, one group, 16+ channels each side: Winograd F(2x2, 3x3) in
+//!   `winograd.rs` (forward, and the input gradient, which is such a convolution too).
+//! - other one-group convolutions (forward, and the input gradient at stride 1, the forward
+//!   convolution of the output gradient with the flipped, transposed kernel): im2col from a
+//!   zero-padded copy of each image, where a window row along the last dim is one
+//!   contiguous `kernel_width * channels` segment, into a cache-sized tile; then one `gemm`
+//!   per tile with `k = prod(kernel) * channels` (a 1x1 unpadded convolution is one `gemm`
+//!   on the input itself).
+//! - kernel gradient, stride 1, one group: "shifted GEMM". For each kernel offset, the
+//!   rows of the padded image starting at that offset *are* the im2col rows (with a few
+//!   junk rows where a window wraps around a row end, whose output gradient is zero), so
+//!   each offset is one strided `gemm` with a long `k` and no im2col copy.
+//! - one input channel per group (depthwise): direct loops, vectorised over channels.
+//! - otherwise: im2col (or col2im) of a tile of output rows and one `gemm` per group.
+//!
+//! All three parallelise over images when there are at least as many images as threads,
+//! else inside `gemm`. Spatial dims are canonicalised to three (leading dims of size 1).
+//! f16 is computed in f32.
+
+use super::{out_len, winograd, ConvSpec};
+use crate::error::{Error, Result};
+use crate::runtime::value::{Arr, Elem, Value};
+use crate::value_err;
+use gemm::Parallelism;
+use num_traits::Float;
+use rayon::prelude::*;
+
+/// Element types the kernels compute in.
+pub trait F: Float + Elem + Send + Sync + std::iter::Sum + std::ops::AddAssign {}
+impl F for f32 {}
+impl F for f64 {}
+
+/// The geometry of one convolution, spatial dims canonicalised to three.
+#[derive(Clone, Debug)]
+pub struct Geom {
+    pub n: usize,
+    pub x: [usize; 3],
+    pub k: [usize; 3],
+    pub o: [usize; 3],
+    pub s: [usize; 3],
+    pub d: [usize; 3],
+    pub p: [(usize, usize); 3],
+    pub cin: usize,
+    pub cout: usize,
+    pub groups: usize,
+    pub x_shape: Vec<usize>,
+    pub w_shape: Vec<usize>,
+    pub y_shape: Vec<usize>,
+}
+
+impl Geom {
+    /// From runtime input and kernel shapes; `y` (when given) is checked against the output.
+    pub fn new(spec: &ConvSpec, xs: &[usize], ws: &[usize], y: Option<&[usize]>) -> Result<Geom> {
+        let n = spec.nsp();
+        if xs.len() != n + 2 || ws.len() != n + 2 {
+            return Err(value_err!("conv: shapes {xs:?} and {ws:?} do not have rank {}", n + 2));
+        }
+        let (cin, cout) = (xs[n + 1], ws[n + 1]);
+        if cin != ws[n] * spec.groups || cout % spec.groups != 0 {
+            return Err(value_err!("conv: input shape {xs:?} does not match kernel shape {ws:?} with {} groups", spec.groups));
+        }
+        let mut g = Geom {
+            n: xs[0],
+            x: [1; 3],
+            k: [1; 3],
+            o: [1; 3],
+            s: [1; 3],
+            d: [1; 3],
+            p: [(0, 0); 3],
+            cin,
+            cout,
+            groups: spec.groups,
+            x_shape: xs.to_vec(),
+            w_shape: ws.to_vec(),
+            y_shape: vec![],
+        };
+        let lead = 3 - n;
+        for i in 0..n {
+            let (x, k, s, d) = (xs[1 + i], ws[i], spec.strides[i], spec.dilation[i]);
+            let eff = d * (k - 1) + 1;
+            let p = spec.padding.resolve(i, x, eff, s);
+            let o = out_len(x, eff, s, p)
+                .ok_or_else(|| value_err!("conv: spatial dim {i} of size {x} is smaller than the dilated kernel ({eff})"))?;
+            (g.x[lead + i], g.k[lead + i], g.o[lead + i], g.s[lead + i], g.d[lead + i], g.p[lead + i]) = (x, k, o, s, d, p);
+        }
+        g.y_shape = std::iter::once(g.n).chain(g.o[lead..].iter().copied()).chain([cout]).collect();
+        if let Some(y) = y {
+            if y != g.y_shape.as_slice() {
+                return Err(value_err!(
+                    "conv: a gradient of shape {y:?} does not match the convolution output {:?} of input {xs:?}",
+                    g.y_shape
+                ));
+            }
+        }
+        Ok(g)
+    }
+    fn cg(&self) -> usize {
+        self.cin / self.groups
+    }
+    fn og(&self) -> usize {
+        self.cout / self.groups
+    }
+    pub(crate) fn kk(&self) -> usize {
+        self.k.iter().product()
+    }
+    pub(crate) fn xpix(&self) -> usize {
+        self.x.iter().product()
+    }
+    pub(crate) fn opix(&self) -> usize {
+        self.o.iter().product()
+    }
+    fn unit_stride(&self) -> bool {
+        self.s == [1; 3]
+    }
+    /// Input index along dim `t` for output index `o` and kernel index `k`, if in bounds.
+    #[inline(always)]
+    fn src(&self, t: usize, o: usize, k: usize) -> Option<usize> {
+        (o * self.s[t] + k * self.d[t]).checked_sub(self.p[t].0).filter(|&i| i < self.x[t])
+    }
+    /// Input pixel (flat) read by output pixel `op` at kernel offset `kp`, if any.
+    #[inline(always)]
+    pub(crate) fn src_pix(&self, op: usize, kp: usize) -> Option<usize> {
+        let (o2, o1, o0) = (op % self.o[2], (op / self.o[2]) % self.o[1], op / (self.o[2] * self.o[1]));
+        let (k2, k1, k0) = (kp % self.k[2], (kp / self.k[2]) % self.k[1], kp / (self.k[2] * self.k[1]));
+        Some((self.src(0, o0, k0)? * self.x[1] + self.src(1, o1, k1)?) * self.x[2] + self.src(2, o2, k2)?)
+    }
+}
+
+// ---------------------------------------------------------------- dtype dispatch
+
+fn run2(a: &Value, b: &Value, shape: &[usize], f32k: impl Fn(&[f32], &[f32], &mut [f32]), f64k: impl Fn(&[f64], &[f64], &mut [f64])) -> Result<Value> {
+    let len = shape.iter().product();
+    match (a, b) {
+        (Value::F32(x), Value::F32(y)) => Ok(go(x, y, shape, len, f32k)),
+        (Value::F64(x), Value::F64(y)) => Ok(go(x, y, shape, len, f64k)),
+        (Value::F16(_), Value::F16(_)) => {
+            let (Value::F32(x), Value::F32(y)) = (a.cast(crate::dtype::DType::F32), b.cast(crate::dtype::DType::F32)) else {
+                unreachable!("cast to f32")
+            };
+            Ok(go(&x, &y, shape, len, f32k).cast(crate::dtype::DType::F16))
+        }
+        _ => Err(Error::Type(format!("conv: operands must be float tensors of one dtype, got {} and {}", a.dtype(), b.dtype()))),
+    }
+}
+
+fn go<T: F>(a: &Arr<T>, b: &Arr<T>, shape: &[usize], len: usize, k: impl Fn(&[T], &[T], &mut [T])) -> Value {
+    let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
+    let mut out = vec![T::zero(); len];
+    k(a.as_slice().expect("standard"), b.as_slice().expect("standard"), &mut out);
+    Value::from_vec(shape, out).expect("shape matches")
+}
+
+pub fn forward(g: &Geom, x: &Value, w: &Value) -> Result<Value> {
+    run2(x, w, &g.y_shape, |x, w, y| fwd(g, x, w, y), |x, w, y| fwd(g, x, w, y))
+}
+pub fn input_grad(g: &Geom, gy: &Value, w: &Value) -> Result<Value> {
+    run2(gy, w, &g.x_shape, |gy, w, dx| bwd_input(g, gy, w, dx), |gy, w, dx| bwd_input(g, gy, w, dx))
+}
+pub fn kernel_grad(g: &Geom, x: &Value, gy: &Value) -> Result<Value> {
+    run2(x, gy, &g.w_shape, |x, gy, dw| bwd_kernel(g, x, gy, dw), |x, gy, dw| bwd_kernel(g, x, gy, dw))
+}
+
+// ---------------------------------------------------------------- scheduling
+
+fn threads() -> usize {
+    rayon::current_num_threads()
+}
+
+/// Per-thread buffers a kernel keeps across the images it runs (padded image, im2col
+/// tile, ...), so only the first image of a thread allocates. Within one kernel call the
+/// geometry is fixed, so zero borders written once stay zero.
+#[derive(Default)]
+pub struct Scratch<T> {
+    pub a: Vec<T>,
+    pub b: Vec<T>,
+    pub c: Vec<T>,
+}
+
+/// `buf` resized to `len` elements; zero-filled only when its size changes.
+pub fn sized<T: F>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buf.len() != len {
+        buf.clear();
+        buf.resize(len, T::zero());
+    }
+    buf
+}
+
+/// Runs `f(image, out_chunk, scratch, parallelism)` for every image: images in parallel
+/// when there are enough of them, else one after another with a parallel `gemm` inside.
+fn per_image<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync) {
+    if n == 0 || out.is_empty() {
+        return;
+    }
+    let chunk = out.len() / n;
+    if n >= threads() && n > 1 {
+        out.par_chunks_mut(chunk).enumerate().for_each_init(Scratch::default, |sc, (i, o)| f(i, o, sc, Parallelism::None));
+    } else {
+        let mut sc = Scratch::default();
+        out.chunks_mut(chunk).enumerate().for_each(|(i, o)| f(i, o, &mut sc, Parallelism::Rayon(threads())));
+    }
+}
+
+/// Sums `f(image, acc, scratch, parallelism)` over images into `out` (the kernel gradient).
+fn sum_images<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync) {
+    if n >= threads() && n > 1 {
+        let len = out.len();
+        let per = n.div_ceil(threads());
+        let parts: Vec<Vec<T>> = (0..n.div_ceil(per))
+            .into_par_iter()
+            .map(|t| {
+                let (mut acc, mut sc) = (vec![T::zero(); len], Scratch::default());
+                (t * per..((t + 1) * per).min(n)).for_each(|i| f(i, &mut acc, &mut sc, Parallelism::None));
+                acc
+            })
+            .collect();
+        for p in parts {
+            out.iter_mut().zip(p).for_each(|(o, v)| *o += v);
+        }
+    } else {
+        let mut sc = Scratch::default();
+        (0..n).for_each(|i| f(i, out, &mut sc, Parallelism::Rayon(threads())));
+    }
+}
+
+/// `dst[m x n] (row stride drs) = [dst +] lhs[m x k] @ rhs[k x n]`, strides in elements.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mm<T: F>(m: usize, n: usize, k: usize, dst: &mut [T], drs: usize, acc: bool, lhs: &[T], l: (usize, usize), rhs: &[T], r: (usize, usize), par: Parallelism) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    let par = if m * n * k < 1 << 18 { Parallelism::None } else { par };
+    // Every access stays inside the slices: the last element each operand touches is
+    // asserted here, so the unsafe call below cannot read or write out of bounds.
+    assert!((m - 1) * drs + n <= dst.len());
+    assert!((m - 1) * l.0 + (k - 1) * l.1 < lhs.len());
+    assert!((k - 1) * r.0 + (n - 1) * r.1 < rhs.len());
+    // SAFETY: bounds checked above; dst does not alias lhs or rhs (distinct borrows).
+    unsafe {
+        gemm::gemm(
+            m, n, k,
+            dst.as_mut_ptr(), 1, drs as isize, acc,
+            lhs.as_ptr(), l.1 as isize, l.0 as isize,
+            rhs.as_ptr(), r.1 as isize, r.0 as isize,
+            T::one(), T::one(), false, false, false, par,
+        )
+    }
+}
+
+// ---------------------------------------------------------------- forward
+
+fn fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
+    let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
+    if g.groups == 1 {
+        let wk = Walk { x: &g.x, k: &g.k, s: &g.s, d: &g.d, p: &g.p, cin: g.cin, cout: g.cout };
+        dense_fwd(g.n, &wk, x, w, y);
+    } else if g.cg() == 1 {
+        per_image(g.n, y, |i, y, _, _| depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y));
+    } else {
+        per_image(g.n, y, |i, y, _, par| im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par));
+    }
+    debug_assert_eq!(y.len(), g.n * yl);
+}
+
+/// A zero-padded copy of one channels-last image in `buf`, `(P0, P1, P2, c)` with
+/// `P = x + before + after`; returns `P`.
+pub fn pad_into<T: F>(xs: &[usize; 3], p: &[(usize, usize); 3], c: usize, x: &[T], buf: &mut Vec<T>) -> [usize; 3] {
+    let pd = [0, 1, 2].map(|t| xs[t] + p[t].0 + p[t].1);
+    let out = sized(buf, pd.iter().product::<usize>() * c);
+    for a in 0..xs[0] {
+        for b in 0..xs[1] {
+            let src = ((a * xs[1] + b) * xs[2]) * c;
+            let dst = (((a + p[0].0) * pd[1] + b + p[1].0) * pd[2] + p[2].0) * c;
+            out[dst..dst + xs[2] * c].copy_from_slice(&x[src..src + xs[2] * c]);
+        }
+    }
+    pd
+}
+
+/// The window walk of one groups=1 convolution, for `segment_fwd`.
+pub struct Walk<'a> {
+    pub x: &'a [usize; 3],
+    pub k: &'a [usize; 3],
+    pub s: &'a [usize; 3],
+    pub d: &'a [usize; 3],
+    pub p: &'a [(usize, usize); 3],
+    pub cin: usize,
+    pub cout: usize,
+}
+
+/// A groups=1 convolution of `n` images: Winograd where it applies, else `segment_fwd`.
+fn dense_fwd<T: F>(n: usize, wk: &Walk, x: &[T], w: &[T], y: &mut [T]) {
+    let xl = x.len() / n.max(1);
+    if winograd::applies(wk) {
+        let u = winograd::transform_kernel(w, wk.cin, wk.cout);
+        per_image(n, y, |i, y, sc, par| winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par));
+    } else {
+        per_image(n, y, |i, y, sc, par| segment_fwd(wk, &x[i * xl..(i + 1) * xl], w, y, sc, par));
+    }
+}
+
+/// One image of a groups=1 convolution: im2col of a tile of output pixels from a padded
+/// copy of the image, where each window row along the last dim is one contiguous
+/// `kernel_width * cin` segment (no dilation there) or `kernel_width` segments of `cin`,
+/// then one `gemm` per tile with `k = prod(kernel) * cin` written straight into `y`.
+fn segment_fwd<T: F>(wk: &Walk, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+    let (k, s, d, cin, cout) = (wk.k, wk.s, wk.d, wk.cin, wk.cout);
+    let unpadded = wk.p.iter().all(|&(a, b)| a == 0 && b == 0);
+    if k.iter().product::<usize>() == 1 && *s == [1; 3] && unpadded {
+        let rows = x.len() / cin.max(1);
+        mm(rows, cout, cin, y, cout, false, x, (cin, 1), w, (cout, 1), par);
+        return;
+    }
+    let pd = pad_into(wk.x, wk.p, cin, x, &mut sc.a);
+    let xp = &sc.a;
+    let o = [0, 1, 2].map(|t| (pd[t] - d[t] * (k[t] - 1) - 1) / s[t] + 1);
+    let merge = d[2] == 1;
+    let seg = if merge { k[2] * cin } else { cin };
+    let mut offs = Vec::new();
+    for a in 0..k[0] {
+        for b in 0..k[1] {
+            for c in 0..(if merge { 1 } else { k[2] }) {
+                offs.push(((a * d[0] * pd[1] + b * d[1]) * pd[2] + c * d[2]) * cin);
+            }
+        }
+    }
+    let ktot = offs.len() * seg;
+    let opix = o.iter().product::<usize>();
+    let tile = ((1usize << 18) / ktot.max(1)).max(16).min(opix.max(1));
+    let col = sized(&mut sc.b, tile * ktot);
+    for r0 in (0..opix).step_by(tile) {
+        let rows = tile.min(opix - r0);
+        for r in 0..rows {
+            let op = r0 + r;
+            let (c, b, a) = (op % o[2], (op / o[2]) % o[1], op / (o[2] * o[1]));
+            let base = ((a * s[0] * pd[1] + b * s[1]) * pd[2] + c * s[2]) * cin;
+            let row = &mut col[r * ktot..(r + 1) * ktot];
+            for (dst, &off) in row.chunks_exact_mut(seg).zip(&offs) {
+                dst.copy_from_slice(&xp[base + off..base + off + seg]);
+            }
+        }
+        mm(rows, cout, ktot, &mut y[r0 * cout..], cout, false, col, (ktot, 1), w, (cout, 1), par);
+    }
+}
+
+/// Output rows per im2col tile: the column buffer stays within about 512 KiB of f32.
+fn tile_rows(g: &Geom) -> usize {
+    ((1usize << 17) / (g.kk() * g.cin).max(1)).max(8).min(g.opix().max(1))
+}
+
+/// Columns `(rows, groups, kernel, cin / groups)` of output pixels `r0..r0 + rows`.
+fn im2col<T: F>(g: &Geom, x: &[T], r0: usize, rows: usize, col: &mut [T]) {
+    let (kk, cg) = (g.kk(), g.cg());
+    let width = kk * g.cin;
+    for r in 0..rows {
+        let row = &mut col[r * width..(r + 1) * width];
+        for kp in 0..kk {
+            match g.src_pix(r0 + r, kp) {
+                Some(ip) => {
+                    for gi in 0..g.groups {
+                        let s = ip * g.cin + gi * cg;
+                        row[(gi * kk + kp) * cg..][..cg].copy_from_slice(&x[s..s + cg]);
+                    }
+                }
+                None => (0..g.groups).for_each(|gi| row[(gi * kk + kp) * cg..][..cg].fill(T::zero())),
+            }
+        }
+    }
+}
+
+fn im2col_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], par: Parallelism) {
+    let (kk, cg, og, cout) = (g.kk(), g.cg(), g.og(), g.cout);
+    let tile = tile_rows(g);
+    let mut col = vec![T::zero(); tile * kk * g.cin];
+    for r0 in (0..g.opix()).step_by(tile) {
+        let rows = tile.min(g.opix() - r0);
+        im2col(g, x, r0, rows, &mut col);
+        for gi in 0..g.groups {
+            let lhs = &col[gi * kk * cg..];
+            mm(rows, og, kk * cg, &mut y[r0 * cout + gi * og..], cout, false, lhs, (kk * g.cin, 1), &w[gi * og..], (cout, 1), par);
+        }
+    }
+}
+
+/// One input channel per group: `y[o, c*m + j] = sum_k x[i(o,k), c] * w[k, 0, c*m + j]`.
+fn depthwise_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
+    let (kk, cout, m) = (g.kk(), g.cout, g.og());
+    for op in 0..g.opix() {
+        let yr = &mut y[op * cout..(op + 1) * cout];
+        for kp in 0..kk {
+            let Some(ip) = g.src_pix(op, kp) else { continue };
+            let (xr, wr) = (&x[ip * g.cin..(ip + 1) * g.cin], &w[kp * cout..(kp + 1) * cout]);
+            if m == 1 {
+                yr.iter_mut().zip(xr).zip(wr).for_each(|((y, &x), &w)| *y += x * w);
+            } else {
+                for (c, &xv) in xr.iter().enumerate() {
+                    yr[c * m..(c + 1) * m].iter_mut().zip(&wr[c * m..(c + 1) * m]).for_each(|(y, &w)| *y += xv * w);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- input gradient
+
+fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
+    let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
+    // Stride 1: dx is a stride-1 convolution of gy, padded by (k-1)*d - p, with the
+    // spatially flipped kernel whose in/out channels are swapped.
+    let eff = [0, 1, 2].map(|t| g.d[t] * (g.k[t] - 1));
+    if g.unit_stride() && g.groups == 1 && (0..3).all(|t| g.p[t].0 <= eff[t] && g.p[t].1 <= eff[t]) {
+        let p2 = [0, 1, 2].map(|t| (eff[t] - g.p[t].0, eff[t] - g.p[t].1));
+        let wf = flip_transpose(g, w);
+        let wk = Walk { x: &g.o, k: &g.k, s: &[1; 3], d: &g.d, p: &p2, cin: g.cout, cout: g.cin };
+        dense_fwd(g.n, &wk, gy, &wf, dx);
+    } else if g.cg() == 1 {
+        per_image(g.n, dx, |i, dx, _, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx));
+    } else {
+        per_image(g.n, dx, |i, dx, _, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par));
+    }
+    debug_assert_eq!(dx.len(), g.n * xl);
+}
+
+/// `w[k0, k1, k2, ci, co]` -> `w'[K0-1-k0, K1-1-k1, K2-1-k2, co, ci]`.
+fn flip_transpose<T: F>(g: &Geom, w: &[T]) -> Vec<T> {
+    let (kk, ci, co) = (g.kk(), g.cin, g.cout);
+    let mut out = vec![T::zero(); w.len()];
+    for kp in 0..kk {
+        let src = &w[kp * ci * co..(kp + 1) * ci * co];
+        let dst = &mut out[(kk - 1 - kp) * ci * co..(kk - kp) * ci * co];
+        for i in 0..ci {
+            for o in 0..co {
+                dst[o * ci + i] = src[i * co + o];
+            }
+        }
+    }
+    out
+}
+
+fn col2im_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], par: Parallelism) {
+    let (kk, cg, og, cout) = (g.kk(), g.cg(), g.og(), g.cout);
+    let width = kk * g.cin;
+    let tile = tile_rows(g);
+    let mut col = vec![T::zero(); tile * width];
+    for r0 in (0..g.opix()).step_by(tile) {
+        let rows = tile.min(g.opix() - r0);
+        for gi in 0..g.groups {
+            let rhs = &w[gi * og..];
+            mm(rows, kk * cg, og, &mut col[gi * kk * cg..], width, false, &gy[r0 * cout + gi * og..], (cout, 1), rhs, (1, cout), par);
+        }
+        for r in 0..rows {
+            for kp in 0..kk {
+                let Some(ip) = g.src_pix(r0 + r, kp) else { continue };
+                for gi in 0..g.groups {
+                    let src = &col[r * width + (gi * kk + kp) * cg..][..cg];
+                    dx[ip * g.cin + gi * cg..][..cg].iter_mut().zip(src).for_each(|(d, &v)| *d += v);
+                }
+            }
+        }
+    }
+}
+
+fn depthwise_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
+    let (kk, cout, m) = (g.kk(), g.cout, g.og());
+    for op in 0..g.opix() {
+        let gr = &gy[op * cout..(op + 1) * cout];
+        for kp in 0..kk {
+            let Some(ip) = g.src_pix(op, kp) else { continue };
+            let (dr, wr) = (&mut dx[ip * g.cin..(ip + 1) * g.cin], &w[kp * cout..(kp + 1) * cout]);
+            if m == 1 {
+                dr.iter_mut().zip(gr).zip(wr).for_each(|((d, &gv), &w)| *d += gv * w);
+            } else {
+                for (c, d) in dr.iter_mut().enumerate() {
+                    *d += gr[c * m..(c + 1) * m].iter().zip(&wr[c * m..(c + 1) * m]).map(|(&a, &b)| a * b).sum::<T>();
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- kernel gradient
+
+fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
+    let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
+    if g.unit_stride() && g.groups == 1 {
+        sum_images(g.n, dw, |i, dw, sc, par| shifted_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc, par));
+    } else if g.cg() == 1 {
+        sum_images(g.n, dw, |i, dw, _, _| depthwise_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw));
+    } else {
+        sum_images(g.n, dw, |i, dw, _, par| im2col_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, par));
+    }
+}
+
+/// `dw[k] += X_k^T @ gy`, with `X_k` the shifted rows of the padded image (stride 1).
+fn shifted_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+    let (k, d, cin, cout, o) = (g.k, g.d, g.cin, g.cout, g.o);
+    let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
+    let xp = &sc.a;
+    let rows = ((o[0] - 1) * pd[1] + o[1] - 1) * pd[2] + o[2];
+    let ext = sized(&mut sc.b, rows * cout);
+    for a in 0..o[0] {
+        for b in 0..o[1] {
+            let dst = (a * pd[1] + b) * pd[2] * cout;
+            let src = (a * o[1] + b) * o[2] * cout;
+            ext[dst..dst + o[2] * cout].copy_from_slice(&gy[src..src + o[2] * cout]);
+        }
+    }
+    let merge = d[2] == 1;
+    let (lsteps, klen) = if merge { (1, k[2] * cin) } else { (k[2], cin) };
+    for a in 0..k[0] {
+        for b in 0..k[1] {
+            for c in 0..lsteps {
+                let off = ((a * d[0] * pd[1] + b * d[1]) * pd[2] + c * d[2]) * cin;
+                let wo = ((a * k[1] + b) * k[2] + c) * cin * cout;
+                mm(klen, cout, rows, &mut dw[wo..], cout, true, &xp[off..], (1, cin), ext, (cout, 1), par);
+            }
+        }
+    }
+}
+
+fn im2col_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], par: Parallelism) {
+    let (kk, cg, og, cout) = (g.kk(), g.cg(), g.og(), g.cout);
+    let width = kk * g.cin;
+    let tile = tile_rows(g);
+    let mut col = vec![T::zero(); tile * width];
+    for r0 in (0..g.opix()).step_by(tile) {
+        let rows = tile.min(g.opix() - r0);
+        im2col(g, x, r0, rows, &mut col);
+        for gi in 0..g.groups {
+            let lhs = &col[gi * kk * cg..];
+            mm(kk * cg, og, rows, &mut dw[gi * og..], cout, true, lhs, (1, width), &gy[r0 * cout + gi * og..], (cout, 1), par);
+        }
+    }
+}
+
+fn depthwise_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
+    let (kk, cout, m) = (g.kk(), g.cout, g.og());
+    for op in 0..g.opix() {
+        let gr = &gy[op * cout..(op + 1) * cout];
+        for kp in 0..kk {
+            let Some(ip) = g.src_pix(op, kp) else { continue };
+            let (xr, dr) = (&x[ip * g.cin..(ip + 1) * g.cin], &mut dw[kp * cout..(kp + 1) * cout]);
+            if m == 1 {
+                dr.iter_mut().zip(gr).zip(xr).for_each(|((d, &gv), &xv)| *d += gv * xv);
+            } else {
+                for (c, &xv) in xr.iter().enumerate() {
+                    dr[c * m..(c + 1) * m].iter_mut().zip(&gr[c * m..(c + 1) * m]).for_each(|(d, &gv)| *d += gv * xv);
+                }
+            }
+        }
+    }
+}

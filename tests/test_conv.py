@@ -1,0 +1,502 @@
+"""Convolutions and pooling against straightforward NumPy references, both data formats,
+each padding, strides and dilation; gradients (first and second order) by central finite
+differences in float64.
+
+The references below are the executable spec: loops over kernel offsets with plain
+matmuls, written from the definitions (cross-correlation; TensorFlow's `same` split puts
+the odd padding element at the end; `causal` pads the left only; `avg` pooling with `same`
+divides by the number of in-bounds elements), independent of the kernels under test.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import assert_mentions, check_grad, run
+from ferrokeras import backend as K
+
+# ---- references (channels-last) --------------------------------------------------------
+
+
+def same_pads(sizes, ks, strides, dil):
+    pads = []
+    for n, k, s, d in zip(sizes, ks, strides, dil):
+        out = -(-n // s)
+        total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
+        pads.append((total // 2, total - total // 2))
+    return pads
+
+
+def pads_for(mode, sizes, ks, strides, dil):
+    if mode == "same":
+        return same_pads(sizes, ks, strides, dil)
+    if mode == "causal":
+        return [(d * (k - 1), 0) for k, d in zip(ks, dil)]
+    return [(0, 0)] * len(sizes)
+
+
+def windows(out_sp, kidx, strides, dil):
+    return tuple(slice(kidx[i] * dil[i], kidx[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i])
+                 for i in range(len(out_sp)))
+
+
+def ref_conv(x, k, strides, dil, mode, groups=1):
+    """y[n, o, :] = sum_k xpad[n, o*s + k*d, group] @ k[k, :, group]."""
+    nsp = x.ndim - 2
+    ks = k.shape[:nsp]
+    pads = pads_for(mode, x.shape[1:-1], ks, strides, dil)
+    xp = np.pad(x, [(0, 0)] + pads + [(0, 0)])
+    out = [(xp.shape[1 + i] - d * (kk - 1) - 1) // s + 1 for i, (kk, s, d) in enumerate(zip(ks, strides, dil))]
+    cg, og = k.shape[-2], k.shape[-1] // groups
+    y = np.zeros((x.shape[0], *out, k.shape[-1]))
+    for kidx in np.ndindex(*ks):
+        patch = xp[(slice(None),) + windows(out, kidx, strides, dil)]
+        for g in range(groups):
+            y[..., g * og:(g + 1) * og] += patch[..., g * cg:(g + 1) * cg] @ k[kidx][:, g * og:(g + 1) * og]
+    return y
+
+
+def ref_conv_transpose(y, k, out_shape, strides, dil, mode):
+    """The adjoint of `ref_conv` in x: scatter y @ k^T back into the padded input."""
+    nsp = y.ndim - 2
+    ks = k.shape[:nsp]
+    pads = pads_for(mode, out_shape[1:-1], ks, strides, dil)
+    xp = np.zeros((out_shape[0],) + tuple(n + a + b for n, (a, b) in zip(out_shape[1:-1], pads)) + (out_shape[-1],))
+    for kidx in np.ndindex(*ks):
+        xp[(slice(None),) + windows(y.shape[1:-1], kidx, strides, dil)] += y @ k[kidx].T
+    return xp[(slice(None),) + tuple(slice(a, a + n) for n, (a, _) in zip(out_shape[1:-1], pads))]
+
+
+def ref_depthwise(x, dk, strides, dil, mode):
+    """Each channel alone (a one-channel ref_conv), output channel c * M + m."""
+    c, m = dk.shape[-2:]
+    outs = [ref_conv(x[..., ci:ci + 1], dk[..., ci:ci + 1, mi:mi + 1], strides, dil, mode)
+            for ci in range(c) for mi in range(m)]
+    return np.concatenate(outs, axis=-1)
+
+
+def ref_pool(x, window, strides, mode, pool_mode):
+    nsp = x.ndim - 2
+    pads = pads_for(mode, x.shape[1:-1], window, strides, [1] * nsp)
+    fill = -np.inf if pool_mode == "max" else 0.0
+    xp = np.pad(x, [(0, 0)] + pads + [(0, 0)], constant_values=fill)
+    valid = np.pad(np.ones_like(x), [(0, 0)] + pads + [(0, 0)])
+    out = [(xp.shape[1 + i] - window[i]) // strides[i] + 1 for i in range(nsp)]
+    acc = np.full((x.shape[0], *out, x.shape[-1]), fill)
+    cnt = np.zeros_like(acc)
+    for kidx in np.ndindex(*window):
+        sl = (slice(None),) + windows(out, kidx, strides, [1] * nsp)
+        acc = np.maximum(acc, xp[sl]) if pool_mode == "max" else acc + xp[sl]
+        cnt += valid[sl]
+    return acc if pool_mode == "max" else acc / cnt
+
+
+def ref_local(x, kernel, ks, strides, fmt):
+    """Keras 2.3.1 `local_conv`: each window flattened in the input's own layout order."""
+    nsp = len(ks)
+    xl = x if fmt == "channels_last" else np.moveaxis(x, 1, -1)
+    out = [(xl.shape[1 + i] - ks[i]) // strides[i] + 1 for i in range(nsp)]
+    y = np.zeros((x.shape[0], *out, kernel.shape[-1]))
+    for item, pos in enumerate(np.ndindex(*out)):
+        sl = tuple(slice(p * s, p * s + k) for p, s, k in zip(pos, strides, ks))
+        patch = xl[(slice(None),) + sl]
+        if fmt == "channels_first":
+            patch = np.moveaxis(patch, -1, 1)
+        y[(slice(None),) + pos] = patch.reshape(x.shape[0], -1) @ kernel[item]
+    return y if fmt == "channels_last" else np.moveaxis(y, -1, 1)
+
+
+def to_first(a):
+    return np.moveaxis(a, -1, 1)
+
+
+def from_first(a):
+    return np.moveaxis(a, 1, -1)
+
+
+# ---- forward, table-driven ---------------------------------------------------------------
+# (K function, x shape (channels-last), kernel shape(s), kwargs, reference)
+
+def _conv_case(fn, nsp):
+    def ref(x, ks, kw):
+        return ref_conv(x, ks[0], _tup(kw.get("strides", 1), nsp), _tup(kw.get("dilation_rate", 1), nsp),
+                        kw.get("padding", "valid"))
+    return fn, ref
+
+
+def _tup(v, n):
+    return (v,) * n if isinstance(v, int) else tuple(v)
+
+
+def _depthwise_ref(x, ks, kw):
+    return ref_depthwise(x, ks[0], _tup(kw.get("strides", 1), 2), _tup(kw.get("dilation_rate", 1), 2), kw.get("padding", "valid"))
+
+
+def _separable_ref(nsp):
+    def ref(x, ks, kw):
+        d = ref_depthwise(x, ks[0], _tup(kw.get("strides", 1), nsp), _tup(kw.get("dilation_rate", 1), nsp),
+                          kw.get("padding", "valid"))
+        return d @ ks[1].reshape(ks[1].shape[-2:])
+    return ref
+
+
+CONV_CASES = [
+    # conv1d: every padding, strides, dilation
+    ("conv1d", (2, 9, 3), [(3, 3, 4)], dict(padding="valid")),
+    ("conv1d", (2, 9, 3), [(3, 3, 4)], dict(padding="same", strides=2)),
+    ("conv1d", (2, 9, 3), [(2, 3, 4)], dict(padding="same")),
+    ("conv1d", (2, 9, 3), [(3, 3, 4)], dict(padding="causal", dilation_rate=2)),
+    ("conv1d", (2, 10, 3), [(4, 3, 2)], dict(padding="causal", strides=3)),
+    # conv2d
+    ("conv2d", (2, 7, 6, 3), [(3, 3, 3, 4)], dict()),
+    ("conv2d", (2, 7, 6, 3), [(3, 3, 3, 4)], dict(padding="same")),
+    ("conv2d", (2, 7, 6, 3), [(3, 2, 3, 4)], dict(padding="same", strides=(2, 3))),
+    ("conv2d", (2, 8, 8, 3), [(2, 3, 3, 4)], dict(padding="valid", strides=2)),
+    ("conv2d", (2, 9, 8, 3), [(3, 3, 3, 2)], dict(padding="same", dilation_rate=(2, 3))),
+    ("conv2d", (1, 9, 8, 2), [(2, 3, 2, 2)], dict(padding="valid", dilation_rate=2)),
+    ("conv2d", (3, 6, 6, 5), [(1, 1, 5, 3)], dict(padding="valid")),
+    # 3x3, stride 1, >= 16 channels: the Winograd kernel (odd sizes leave partial tiles)
+    ("conv2d", (3, 7, 9, 16), [(3, 3, 16, 17)], dict(padding="same")),
+    ("conv2d", (1, 8, 5, 17), [(3, 3, 17, 16)], dict(padding="valid")),
+    # conv3d
+    ("conv3d", (2, 5, 4, 6, 2), [(2, 3, 2, 2, 3)], dict()),
+    ("conv3d", (2, 5, 4, 6, 2), [(3, 3, 3, 2, 3)], dict(padding="same", strides=(2, 1, 2))),
+    ("conv3d", (1, 6, 5, 5, 2), [(2, 2, 2, 2, 2)], dict(padding="same", dilation_rate=(2, 1, 2))),
+    # depthwise / separable (groups)
+    ("depthwise_conv2d", (2, 7, 6, 3), [(3, 3, 3, 1)], dict()),
+    ("depthwise_conv2d", (2, 7, 6, 3), [(3, 2, 3, 2)], dict(padding="same", strides=2)),
+    ("depthwise_conv2d", (2, 8, 7, 2), [(2, 3, 2, 3)], dict(padding="same", dilation_rate=(2, 2))),
+    ("separable_conv2d", (2, 7, 6, 3), [(3, 3, 3, 2), (1, 1, 6, 4)], dict()),
+    ("separable_conv2d", (2, 7, 6, 3), [(3, 3, 3, 1), (1, 1, 3, 5)], dict(padding="same", strides=(2, 1))),
+    ("separable_conv1d", (2, 9, 3), [(3, 3, 2), (1, 6, 4)], dict(padding="same", dilation_rate=2)),
+    ("separable_conv1d", (2, 9, 3), [(2, 3, 1), (1, 3, 2)], dict(strides=2)),
+]
+
+REFS = {
+    "conv1d": _conv_case(K.conv1d, 1)[1],
+    "conv2d": _conv_case(K.conv2d, 2)[1],
+    "conv3d": _conv_case(K.conv3d, 3)[1],
+    "depthwise_conv2d": _depthwise_ref,
+    "separable_conv2d": _separable_ref(2),
+    "separable_conv1d": _separable_ref(1),
+}
+
+
+def _case_id(c):
+    return f"{c[0]}-{c[1]}-{'-'.join(f'{k}={v}' for k, v in c[3].items())}"
+
+
+@pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=_case_id)
+def test_conv_forward(case, fmt, rng):
+    name, xshape, kshapes, kw = case
+    x = rng.normal(size=xshape)
+    ks = [rng.normal(size=s) for s in kshapes]
+    ref = REFS[name](x, ks, kw)
+    xin = x if fmt == "channels_last" else to_first(x)
+    ph = K.placeholder(shape=(None,) + xin.shape[1:], dtype="float64")
+    out = getattr(K, name)(ph, *[K.constant(k, dtype="float64") for k in ks], data_format=fmt, **kw)
+    got = run([ph], [out], [xin])[0]
+    got = got if fmt == "channels_last" else from_first(got)
+    assert got.shape == ref.shape
+    assert K.int_shape(out)[1:] == (ref if fmt == "channels_last" else to_first(ref)).shape[1:]
+    np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 2e-2)])
+@pytest.mark.parametrize("name,xshape,kshape,kw", [
+    ("conv2d", (2, 9, 9, 8), (3, 3, 8, 16), dict(padding="same")),
+    ("conv2d", (2, 9, 9, 8), (3, 3, 8, 16), dict(padding="valid", strides=2)),
+    ("depthwise_conv2d", (2, 9, 9, 8), (3, 3, 8, 1), dict(padding="same")),
+    ("conv2d", (2, 9, 11, 32), (3, 3, 32, 24), dict(padding="same")),
+])
+def test_conv_low_precision(name, xshape, kshape, kw, dtype, tol, rng):
+    x, k = rng.normal(size=xshape), rng.normal(size=kshape) / 4
+    ref = REFS[name](x, [k], kw)
+    out = getattr(K, name)(K.constant(x, dtype=dtype), K.constant(k, dtype=dtype), **kw)
+    got = K.eval(out)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * 4)
+
+
+# ---- transposed convolutions ----------------------------------------------------------
+
+TRANSPOSE_CASES = [
+    (K.conv2d_transpose, (2, 3, 3, 4), (3, 3, 2, 4), (2, 6, 6, 2), dict(strides=(2, 2), padding="same")),
+    (K.conv2d_transpose, (2, 3, 3, 4), (3, 3, 2, 4), (2, 7, 7, 2), dict(strides=(2, 2), padding="valid")),
+    (K.conv2d_transpose, (2, 4, 3, 3), (2, 3, 2, 3), (2, 5, 5, 2), dict(padding="valid")),
+    (K.conv2d_transpose, (2, 4, 4, 3), (3, 3, 5, 3), (2, 4, 4, 5), dict(padding="same")),
+    (K.conv2d_transpose, (1, 4, 4, 3), (3, 3, 2, 3), (1, 8, 8, 2), dict(padding="valid", dilation_rate=2)),
+    (K.conv2d_transpose, (2, 3, 4, 3), (2, 3, 2, 3), (2, 9, 8, 2), dict(strides=(3, 2), padding="same")),
+    (K.conv2d_transpose, (2, 5, 6, 16), (3, 3, 20, 16), (2, 5, 6, 20), dict(padding="same")),
+    (K.conv2d_transpose, (1, 3, 4, 18), (3, 3, 16, 18), (1, 5, 6, 16), dict(padding="valid")),
+    (K.conv3d_transpose, (1, 2, 3, 2, 3), (2, 2, 2, 2, 3), (1, 4, 6, 4, 2), dict(strides=(2, 2, 2), padding="same")),
+    (K.conv3d_transpose, (2, 2, 2, 2, 2), (2, 3, 2, 3, 2), (2, 3, 4, 3, 3), dict()),
+]
+
+
+@pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("fn,xshape,kshape,oshape,kw", TRANSPOSE_CASES)
+def test_conv_transpose_forward(fn, xshape, kshape, oshape, kw, fmt, rng):
+    x, k = rng.normal(size=xshape), rng.normal(size=kshape)
+    nsp = len(xshape) - 2
+    s = _tup(kw.get("strides", 1), nsp)
+    d = _tup(kw.get("dilation_rate", 1), nsp)
+    ref = ref_conv_transpose(x, k, oshape, s, d, kw.get("padding", "valid"))
+    first = fmt == "channels_first"
+    xin = to_first(x) if first else x
+    osh = (None,) + ((oshape[-1],) + oshape[1:-1] if first else oshape[1:])
+    ph = K.placeholder(shape=(None,) + xin.shape[1:], dtype="float64")
+    out = fn(ph, K.constant(k, dtype="float64"), osh, data_format=fmt, **kw)
+    got = run([ph], [out], [xin])[0]
+    np.testing.assert_allclose(from_first(got) if first else got, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_conv_transpose_is_adjoint_of_conv(rng):
+    # <conv2d(x, k), y> == <x, conv2d_transpose(y, k)>: the defining property.
+    x, k, y = rng.normal(size=(2, 7, 7, 3)), rng.normal(size=(3, 3, 3, 4)), rng.normal(size=(2, 4, 4, 4))
+    kc = K.constant(k, dtype="float64")
+    fwd = K.eval(K.conv2d(K.constant(x, dtype="float64"), kc, strides=2, padding="same"))
+    back = K.eval(K.conv2d_transpose(K.constant(y, dtype="float64"), kc, (2, 7, 7, 3), strides=2, padding="same"))
+    assert np.isclose(np.sum(fwd * y), np.sum(x * back), rtol=1e-12)
+
+
+def test_winograd_gradient_matches_direct(rng):
+    # The input gradient of a 3x3 stride-1 convolution with 16+ channels runs the Winograd
+    # kernel; its float64 result must match the transposed-convolution reference.
+    x, k = rng.normal(size=(2, 6, 7, 16)), rng.normal(size=(3, 3, 16, 16))
+    g = rng.normal(size=(2, 6, 7, 16))
+    xv = K.variable(x, dtype="float64")
+    y = K.conv2d(xv, K.constant(k, dtype="float64"), padding="same")
+    dx = K.eval(K.gradients(K.sum(y * K.constant(g, dtype="float64")), [xv])[0])
+    np.testing.assert_allclose(dx, ref_conv_transpose(g, k, x.shape, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10)
+
+
+def test_conv_transpose_output_shape_tensor(rng):
+    x, k = rng.normal(size=(2, 3, 3, 4)).astype("float32"), rng.normal(size=(3, 3, 2, 4)).astype("float32")
+    ph = K.placeholder(shape=(None, 3, 3, 4))
+    osh = K.concatenate([K.shape(ph)[0:1], K.constant(np.array([6, 6, 2]), dtype="int32")])
+    out = K.conv2d_transpose(ph, K.constant(k), osh, strides=(2, 2), padding="same")
+    got = run([ph], [out], [x])[0]
+    ref = ref_conv_transpose(x.astype(np.float64), k.astype(np.float64), (2, 6, 6, 2), (2, 2), (1, 1), "same")
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+# ---- locally connected ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("xshape,ks,strides,filters", [
+    ((2, 7, 3), (2,), (2,), 4),
+    ((2, 6, 2), (3,), (1,), 3),
+    ((2, 5, 6, 3), (2, 3), (1, 2), 4),
+    ((2, 6, 5, 2), (3, 2), (2, 1), 3),
+])
+def test_local_conv(xshape, ks, strides, filters, fmt, rng):
+    nsp = len(ks)
+    x = rng.normal(size=xshape)
+    out_sp = tuple((xshape[1 + i] - ks[i]) // strides[i] + 1 for i in range(nsp))
+    kernel = rng.normal(size=(int(np.prod(out_sp)), int(np.prod(ks)) * xshape[-1], filters))
+    xin = to_first(x) if fmt == "channels_first" else x
+    ref = ref_local(xin, kernel, ks, strides, fmt)
+    xc, kc = K.constant(xin, dtype="float64"), K.constant(kernel, dtype="float64")
+    if nsp == 1:
+        out = K.local_conv1d(xc, kc, ks, strides, data_format=fmt)
+    else:
+        out = K.local_conv2d(xc, kc, ks, strides, out_sp, data_format=fmt)
+    np.testing.assert_allclose(K.eval(out), ref, rtol=1e-10, atol=1e-10)
+
+
+# ---- pooling ------------------------------------------------------------------------------
+
+POOL_CASES = [
+    ((2, 6, 7, 3), (2, 2), (2, 2), "valid"),
+    ((2, 6, 7, 3), (2, 2), (2, 2), "same"),
+    ((2, 7, 7, 2), (3, 3), (2, 2), "same"),
+    ((2, 7, 6, 2), (3, 2), (1, 1), "same"),
+    ((1, 8, 7, 2), (3, 3), (3, 2), "valid"),
+    ((2, 5, 4, 6, 2), (2, 2, 2), (2, 2, 2), "same"),
+    ((1, 5, 5, 5, 2), (3, 2, 3), (2, 1, 2), "valid"),
+]
+
+
+@pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("pool_mode", ["max", "avg"])
+@pytest.mark.parametrize("xshape,window,strides,padding", POOL_CASES)
+def test_pool(xshape, window, strides, padding, pool_mode, fmt, rng):
+    x = rng.normal(size=xshape)
+    ref = ref_pool(x, window, strides, padding, pool_mode)
+    xin = to_first(x) if fmt == "channels_first" else x
+    fn = K.pool2d if len(window) == 2 else K.pool3d
+    ph = K.placeholder(shape=(None,) + xin.shape[1:], dtype="float64")
+    out = fn(ph, window, strides=strides, padding=padding, data_format=fmt, pool_mode=pool_mode)
+    got = run([ph], [out], [xin])[0]
+    np.testing.assert_allclose(from_first(got) if fmt == "channels_first" else got, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_pool_low_precision(dtype, rng):
+    x = rng.normal(size=(2, 7, 7, 4))
+    for mode in ("max", "avg"):
+        got = K.eval(K.pool2d(K.constant(x, dtype=dtype), (3, 3), (2, 2), "same", pool_mode=mode))
+        assert got.dtype == np.dtype(dtype)
+        ref = ref_pool(x.astype(dtype).astype(np.float64), (3, 3), (2, 2), "same", mode)
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+
+
+# ---- gradients ----------------------------------------------------------------------------
+
+GRAD_CASES = [
+    ("conv1d", lambda x, k: K.conv1d(x, k, strides=2, padding="same"), (2, 7, 2), (3, 2, 3)),
+    ("conv1d causal", lambda x, k: K.conv1d(x, k, padding="causal", dilation_rate=2), (2, 7, 2), (2, 2, 3)),
+    ("conv2d same", lambda x, k: K.conv2d(x, k, padding="same"), (2, 5, 4, 2), (3, 3, 2, 3)),
+    ("conv2d strided", lambda x, k: K.conv2d(x, k, strides=(2, 1), padding="valid"), (2, 5, 5, 2), (3, 2, 2, 2)),
+    ("conv2d dilated cf", lambda x, k: K.conv2d(x, k, padding="same", dilation_rate=2, data_format="channels_first"),
+     (2, 2, 5, 5), (2, 2, 2, 2)),
+    ("conv3d", lambda x, k: K.conv3d(x, k, strides=(1, 2, 1), padding="same"), (1, 3, 4, 3, 2), (2, 2, 2, 2, 2)),
+    ("depthwise", lambda x, k: K.depthwise_conv2d(x, k, strides=2, padding="same"), (2, 5, 5, 3), (3, 3, 3, 2)),
+    ("depthwise s1", lambda x, k: K.depthwise_conv2d(x, k, padding="valid"), (1, 4, 5, 2), (2, 2, 2, 1)),
+    ("conv2d_transpose", lambda x, k: K.conv2d_transpose(x, k, (2, 6, 5, 2), strides=2, padding="same"),
+     (2, 3, 3, 3), (3, 3, 2, 3)),
+    ("conv2d_transpose s1", lambda x, k: K.conv2d_transpose(x, k, (1, 5, 5, 2), padding="valid"), (1, 3, 4, 3), (3, 2, 2, 3)),
+    ("local_conv2d", lambda x, k: K.local_conv2d(x, k, (2, 2), (1, 1), (2, 3)), (2, 3, 4, 2), (6, 8, 2)),
+    ("local_conv1d cf", lambda x, k: K.local_conv1d(x, k, (2,), (2,), data_format="channels_first"), (2, 2, 6), (3, 4, 2)),
+]
+
+
+@pytest.mark.parametrize("name,fn,xshape,kshape", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_conv_gradients(name, fn, xshape, kshape, rng):
+    check_grad(fn, [rng.normal(size=xshape), rng.normal(size=kshape)], eps=1e-6, rtol=1e-6, atol=1e-8)
+
+
+def test_separable_gradients(rng):
+    fn = lambda x, d, p: K.separable_conv2d(x, d, p, padding="same", strides=(1, 2))  # noqa: E731
+    check_grad(fn, [rng.normal(size=(2, 4, 5, 2)), rng.normal(size=(3, 3, 2, 2)), rng.normal(size=(1, 1, 4, 3))],
+               eps=1e-6, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("pool_mode", ["max", "avg"])
+@pytest.mark.parametrize("window,strides,padding", [((2, 2), (2, 2), "valid"), ((3, 3), (2, 2), "same"), ((3, 2), (1, 1), "same")])
+def test_pool_gradients(window, strides, padding, pool_mode, rng):
+    # Distinct values (a shuffled range) keep every max away from a tie within eps.
+    x = rng.permutation(2 * 5 * 5 * 2).reshape(2, 5, 5, 2) / 10.0
+    check_grad(lambda t: K.pool2d(t, window, strides, padding, pool_mode=pool_mode), [x], eps=1e-6, rtol=1e-6, atol=1e-8)
+
+
+def test_pool3d_gradients(rng):
+    x = rng.permutation(1 * 4 * 3 * 4 * 2).reshape(1, 4, 3, 4, 2) / 10.0
+    for mode in ("max", "avg"):
+        check_grad(lambda t: K.pool3d(t, (2, 2, 2), (1, 2, 2), "same", pool_mode=mode), [x], eps=1e-6, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("strides,padding", [((1, 1), "same"), ((2, 2), "same"), ((2, 1), "valid")])
+def test_conv_second_order(strides, padding, rng):
+    # Gradients of gradients: d/dx and d/dk of K.gradients(sum(conv(x, k)^2 * P), [x, k]),
+    # which runs the VJPs of the transposed and kernel-gradient primitives.
+    proj = K.constant(rng.uniform(0.5, 1.5, size=(64,)), dtype="float64")
+
+    def grad_of(x, k, i):
+        y = K.conv2d(x, k, strides=strides, padding=padding)
+        return K.gradients(K.sum(K.square(y) * K.reshape(proj[: int(np.prod(K.int_shape(y)[1:]))], K.int_shape(y)[1:])),
+                           [x, k])[i]
+
+    arrays = [rng.normal(size=(1, 4, 4, 2)), rng.normal(size=(2, 2, 2, 2))]
+    check_grad(lambda x, k: grad_of(x, k, 0), arrays, eps=1e-5, rtol=1e-5, atol=1e-7)
+    check_grad(lambda x, k: grad_of(x, k, 1), arrays, eps=1e-5, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("pool_mode", ["max", "avg"])
+def test_pool_second_order(pool_mode, rng):
+    # d/dx of the gradient of sum(pool(x * w)^2): runs the VJPs of PoolGrad and PoolSelect.
+    x = rng.permutation(36).reshape(1, 6, 6, 1) / 10.0
+    w = rng.uniform(0.5, 1.5, size=(1, 6, 6, 1))
+
+    def fn(t):
+        return K.gradients(K.sum(K.square(K.pool2d(t * K.constant(w, dtype="float64"), (2, 2), (2, 2),
+                                                   pool_mode=pool_mode))), [t])[0]
+    check_grad(fn, [x], eps=1e-6, rtol=1e-6, atol=1e-8)
+
+
+def test_gradients_flow_through_unknown_batch(rng):
+    x = rng.normal(size=(3, 6, 6, 2))
+    k = K.variable(rng.normal(size=(3, 3, 2, 4)), dtype="float64")
+    ph = K.placeholder(shape=(None, None, None, 2), dtype="float64")
+    y = K.pool2d(K.conv2d(ph, k, strides=2, padding="same"), (2, 2), padding="same", pool_mode="avg")
+    assert K.int_shape(y) == (None, None, None, 4)
+    g = K.gradients(K.sum(y), [k])[0]
+    got_y, got_g = run([ph], [y, g], [x])
+    np.testing.assert_allclose(got_y, ref_pool(ref_conv(x, K.get_value(k), (2, 2), (1, 1), "same"), (2, 2), (1, 1), "same", "avg"),
+                               rtol=1e-10, atol=1e-10)
+    assert got_g.shape == (3, 3, 2, 4)
+
+
+# ---- bad input ----------------------------------------------------------------------------
+
+BAD = [
+    (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 2, 4))), ("channel", "kernel")),
+    (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 4))), ("kernel", "rank")),
+    (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), padding="full"), ("padding",)),
+    (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), padding="causal"), ("padding",)),
+    (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), data_format="nchw"), ("data_format",)),
+    (lambda: K.conv2d(K.ones((1, 9, 9, 3)), K.ones((3, 3, 3, 4)), strides=2, dilation_rate=2), ("strides", "dilation")),
+    (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), strides=(1, 1, 1)), ("strides",)),
+    (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), strides=0), ("strides",)),
+    (lambda: K.conv2d(K.ones((1, 2, 2, 3)), K.ones((3, 3, 3, 4))), ("kernel", "size")),
+    (lambda: K.conv1d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 4))), ("rank",)),
+    (lambda: K.depthwise_conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 2, 1))), ("channels", "depthwise_kernel")),
+    (lambda: K.separable_conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 1)), K.ones((1, 1, 4, 2))), ("pointwise_kernel",)),
+    (lambda: K.conv2d_transpose(K.ones((1, 3, 3, 4)), K.ones((3, 3, 2, 4)), (1, 9, 9, 2), strides=2, padding="same"),
+     ("output_shape",)),
+    (lambda: K.conv2d_transpose(K.ones((1, 3, 3, 4)), K.ones((3, 3, 2, 5)), (1, 6, 6, 2), strides=2, padding="same"),
+     ("channels",)),
+    (lambda: K.pool2d(K.ones((1, 5, 5, 3)), (2, 2), pool_mode="min"), ("pool_mode",)),
+    (lambda: K.pool2d(K.ones((1, 5, 5, 3)), (2, 2), padding="causal"), ("padding",)),
+    (lambda: K.pool2d(K.ones((1, 5, 5, 3)), (2, 2), data_format="channels_middle"), ("data_format",)),
+    (lambda: K.pool3d(K.ones((1, 5, 5, 3)), (2, 2, 2)), ("rank",)),
+    (lambda: K.local_conv2d(K.ones((1, 4, 4, 3)), K.ones((9, 10, 5)), (2, 2), (1, 1), (3, 3)), ("feature_dim",)),
+]
+
+
+@pytest.mark.parametrize("i", range(len(BAD)))
+def test_bad_input(i):
+    fn, words = BAD[i]
+    with pytest.raises(ValueError) as e:
+        fn()
+    assert_mentions(e, *words)
+
+
+def test_dtype_mismatch_is_type_error():
+    with pytest.raises(TypeError):
+        K.conv2d(K.ones((1, 5, 5, 3), dtype="float64"), K.ones((3, 3, 3, 4), dtype="float32"))
+
+
+def test_runtime_shape_mismatch_raises_value_error(rng):
+    ph = K.placeholder(shape=(None, None, None, 3))
+    f = K.function([ph], [K.conv2d(ph, K.ones((3, 3, 3, 2)))])
+    with pytest.raises(ValueError):
+        f([np.ones((1, 2, 2, 3), dtype="float32")])
+
+
+def test_all_functions_exported():
+    names = ["conv1d", "conv2d", "conv3d", "depthwise_conv2d", "separable_conv1d", "separable_conv2d",
+             "conv2d_transpose", "conv3d_transpose", "local_conv1d", "local_conv2d", "pool2d", "pool3d"]
+    for n in names:
+        assert callable(getattr(K, n)), n
+        assert getattr(K, n).__doc__ and "Example" in getattr(K, n).__doc__, n
+
+
+def test_many_images_run_in_parallel_and_agree(rng):
+    # More images than threads takes the per-image parallel path; one image the GEMM-
+    # parallel path. Both must agree with the reference.
+    x, k = rng.normal(size=(5, 12, 11, 6)), rng.normal(size=(3, 3, 6, 7))
+    for xs in (x, x[:1]):
+        got = K.eval(K.conv2d(K.constant(xs, dtype="float64"), K.constant(k, dtype="float64"), padding="same"))
+        np.testing.assert_allclose(got, ref_conv(xs, k, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10)
+
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from ferrokeras._k import conv
+
+    result = doctest.testmod(conv)
+    assert result.failed == 0 and result.attempted >= 12
