@@ -48,7 +48,9 @@ fn random_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroup
     let dist = P[5];
     var v = 0.0;
     if (dist == 0u) {
-        v = f32(philox(vec4<u32>(i, 0u, P[3], P[4]), key).x >> 8u) * (1.0 / 16777216.0);
+        // One Philox block gives four uniforms: element i takes word i % 4 of block i / 4.
+        let w = philox(vec4<u32>(i / 4u, 0u, P[3], P[4]), key);
+        v = f32(w[i % 4u] >> 8u) * (1.0 / 16777216.0);
     } else if (dist == 1u) {
         let w = philox(vec4<u32>(i, 0u, P[3], P[4]), key);
         v = box_muller(w.x, w.y);
