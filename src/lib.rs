@@ -15,6 +15,9 @@ pub mod compile;
 #[cfg(feature = "python")]
 mod py;
 
+#[cfg(test)]
+mod tests;
+
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::Tensor;

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _core
 from ..tensor import Tensor, wrap
 from .common import _axis, _data_format, _dtype, _int, _t
-from .linalg import _dims, _reshape, _shape_tensor
+from .linalg import _dims, _prod, _reshape, _shape_tensor
 from .variables import cast
 
 _INTS = ("int8", "int16", "int32", "int64", "uint8")
@@ -336,7 +336,7 @@ def batch_flatten(x):
         if m > 0:
             return _reshape(x, [-1, m])
     d = _dims(x)
-    return _reshape(x, [d[0], -1])
+    return _reshape(x, [d[0], _prod(d[1:])])
 
 
 def squeeze(x, axis):

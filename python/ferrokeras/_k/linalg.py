@@ -42,6 +42,21 @@ def _reshape(x, parts):
     return wrap(_core.reshape(x._core, _shape_tensor(parts)))
 
 
+def _prod(parts):
+    """The product of dims from ``_dims`` (ints and scalar tensors): an int when all are
+    static. Used instead of a ``-1`` entry, which is ambiguous for a zero-size tensor."""
+    static, dyn = 1, None
+    for p in parts:
+        if isinstance(p, Tensor):
+            q = p if p.dtype == "int32" else cast(p, "int32")
+            dyn = q if dyn is None else dyn * q
+        else:
+            static *= int(p)
+    if dyn is None:
+        return static
+    return dyn if static == 1 else dyn * static
+
+
 def _matmul(x, y):
     if x.ndim == 1 or y.ndim == 1:
         return dot(x, y)
@@ -77,9 +92,9 @@ def dot(x, y):
     if x.ndim == 2 and y.ndim == 2:
         return wrap(_core.matmul(x._core, y._core, False, False))
     xd, yd = _dims(x), _dims(y)
-    xt = _reshape(x, [-1, xd[-1]])
+    xt = _reshape(x, [_prod(xd[:-1]), xd[-1]])
     perm = [y.ndim - 2] + [i for i in range(y.ndim) if i != y.ndim - 2]
-    yt = _reshape(permute_dimensions(y, perm), [yd[-2], -1])
+    yt = _reshape(permute_dimensions(y, perm), [yd[-2], _prod(yd[:-2] + yd[-1:])])
     out = wrap(_core.matmul(xt._core, yt._core, False, False))
     return _reshape(out, xd[:-1] + yd[:-2] + yd[-1:])
 
@@ -134,9 +149,9 @@ def batch_dot(x, y, axes=None):
         y = permute_dimensions(y, [0, a1] + [i for i in range(1, y_ndim) if i != a1])
     xd, yd = _dims(x), _dims(y)
     if x_ndim > 3:
-        x = _reshape(x, [xd[0], -1, xd[-1]])
+        x = _reshape(x, [xd[0], _prod(xd[1:-1]), xd[-1]])
     if y_ndim > 3:
-        y = _reshape(y, [yd[0], yd[1], -1])
+        y = _reshape(y, [yd[0], yd[1], _prod(yd[2:])])
     out = wrap(_core.matmul(x._core, y._core, False, False))
     if x_ndim > 3 or y_ndim > 3:
         od = _dims(out)

@@ -6,7 +6,7 @@ import numpy as np
 from .. import _core
 from ..config import floatx
 from ..tensor import Tensor, is_tensor, wrap
-from .common import _axes, _int, _t
+from .common import _axes, _check_float, _int, _t
 from .function import stop_gradient
 from .variables import cast, zeros_like
 
@@ -104,13 +104,20 @@ def clip(x, min_value, max_value):
     ``max_value`` below ``min_value`` is raised to it, and ``None`` bounds mean unbounded.
     """
     x = _t(x)
-    if min_value is None:
-        min_value = -np.inf
-    if max_value is None:
-        max_value = np.inf
-    if not is_tensor(min_value) and not is_tensor(max_value) and max_value < min_value:
+    if min_value is not None and max_value is not None and not is_tensor(min_value) \
+            and not is_tensor(max_value) and max_value < min_value:
         max_value = min_value
-    return _bin("minimum", _bin("maximum", x, min_value), max_value)
+    if x.dtype in ("int8", "int16", "int32", "int64", "uint8"):
+        # bounds beyond the dtype's range (-1 for uint8, +-inf) would wrap when converted
+        info = np.iinfo(x.dtype)
+        lo_hi = [v if v is None or is_tensor(v) else
+                 int(info.min) if v < info.min else int(info.max) if v > info.max else v
+                 for v in (min_value, max_value)]
+        min_value, max_value = lo_hi
+    # A None bound is skipped rather than made infinite, so integer tensors can be clipped.
+    out = x if min_value is None else _bin("maximum", x, min_value)
+    out = out if max_value is None else _bin("minimum", out, max_value)
+    return out if out is not x else Tensor(x._core)
 
 
 def maximum(x, y):
@@ -243,7 +250,7 @@ def logsumexp(x, axis=None, keepdims=False):
         >>> float(K.eval(K.logsumexp(K.constant([1e4, 1e4]))))
         10000.693...
     """
-    x = _t(x)
+    x = _check_float(_t(x), "logsumexp")
     m = stop_gradient(max(x, axis, keepdims=True))
     m = wrap(_core.select(_bin("less", abs(m), np.inf)._core, m._core, zeros_like(m)._core))
     s = log(sum(exp(x - m), axis, keepdims=True)) + m

@@ -19,7 +19,7 @@ from .function import stop_gradient
 from .layout import _dims, _int_tensor, _one_hot_mask
 from .linalg import _reshape
 from .math import _bin, _unary, clip, exp, log, max, mean, square, sum
-from .variables import cast
+from .variables import cast, zeros_like
 
 _INTS = ("int8", "int16", "int32", "int64", "uint8")
 
@@ -73,7 +73,9 @@ def relu(x, alpha=0.0, max_value=None, threshold=0.0):
     if _nonzero(alpha):
         neg = _unary("relu", _bin("subtract", threshold, x) if _nonzero(threshold) else -x)
     if _nonzero(threshold):
-        out = x * cast(_bin("greater", x, threshold), x.dtype)
+        # x for threshold <= x (the doc), NaN kept; a select, not x * mask, which is NaN at -inf
+        keep = _unary("logical_not", _bin("less", x, threshold))
+        out = wrap(_core.select(keep._core, x._core, zeros_like(x)._core))
     else:
         out = _unary("relu", x)
     if max_value is not None:
@@ -153,7 +155,11 @@ def softsign(x):
         array([-0.75,  0.5 ], dtype=float32)
     """
     x = _check_float(_t(x), "softsign")
-    return x / (_unary("abs", x) + 1)
+    # inf / inf would be NaN: the limit at +-inf is +-1 (and the unused branch sees 0, so
+    # the gradient stays finite there too)
+    finite = _bin("less", _unary("abs", x), np.inf)
+    xs = wrap(_core.select(finite._core, x._core, zeros_like(x)._core))
+    return wrap(_core.select(finite._core, (xs / (_unary("abs", xs) + 1))._core, _unary("sign", x)._core))
 
 
 def hard_sigmoid(x):
@@ -292,6 +298,9 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
     if target.ndim == logp.ndim and target.shape[-1] in (1, None):
         target = wrap(_core.squeeze(target._core, [-1]))
     if target.ndim != logp.ndim - 1:
+        nt, nl = target.shape, logp.shape[:-1]
+        if _b.all(v is not None for v in (*nt, *nl)) and int(np.prod(nt)) != int(np.prod(nl)):
+            raise ValueError(f"{fn}: target of shape {tuple(nt)} does not match output of shape {tuple(output.shape)}")
         target = _reshape(target, [-1])
         logp = _reshape(logp, [-1, n_classes])
     else:
@@ -381,7 +390,9 @@ def l2_normalize(x, axis=None):
         raw = axis if isinstance(axis, (list, tuple)) else [axis]
         axes = [_axis(a, x.ndim, "l2_normalize") for a in raw]
     ss = sum(square(x), axes, keepdims=True)
-    return x * _unary("rsqrt", _bin("maximum", ss, 1e-12))
+    # 1e-12 rounds to 0 in float16, where a zero vector would then give 0 * inf = NaN
+    floor = 1e-12 if x.dtype != "float16" else float(np.finfo(np.float16).smallest_subnormal)
+    return x * _unary("rsqrt", _bin("maximum", ss, floor))
 
 
 def in_top_k(predictions, targets, k):
@@ -415,6 +426,9 @@ def in_top_k(predictions, targets, k):
     targets = _int_tensor(targets, f"{fn}: targets")
     if targets.ndim != 1:
         raise ValueError(f"{fn}: targets must be 1-D (batch_size,), got shape {tuple(targets.shape)}")
+    nb, nt = predictions.shape[0], targets.shape[0]
+    if nb is not None and nt is not None and nb != nt:
+        raise ValueError(f"{fn}: {nt} targets for a batch of {nb} predictions")
     k = _int(k, f"{fn}: k")
     n_classes = _dims(predictions)[1]
     hit = _one_hot_mask(targets, n_classes)

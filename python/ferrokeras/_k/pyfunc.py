@@ -164,8 +164,13 @@ def print_tensor(x, message=""):
         return v
 
     res = _core.host_call("print_tensor", _Runner(show, [x.dtype]), [x._core], [(list(x.shape), x.dtype)])
-    printed = wrap(res[0])
-    return x + stop_gradient(printed - x)
+    printed = stop_gradient(wrap(res[0]))
+    # `x` itself, made to depend on the printing node through an always-true condition
+    # (x == x or x != x also holds for NaN); not `x + (printed - x)`, which is NaN for an
+    # infinite x and undefined for bool.
+    always = _core.binary("logical_or", _core.binary("equal", printed._core, printed._core),
+                          _core.binary("not_equal", printed._core, printed._core))
+    return wrap(_core.select(always, x._core, printed._core))
 
 
 __all__ = ["py_function", "print_tensor"]

@@ -8,7 +8,7 @@ time do not depend on the number of steps, and the gradient is a reverse loop.
 import numpy as np
 
 from .. import _core
-from ..tensor import Tensor, wrap
+from ..tensor import wrap
 from .common import _t
 
 

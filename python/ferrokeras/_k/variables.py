@@ -10,6 +10,15 @@ from ..tensor import Tensor, Variable, is_tensor, wrap
 from .common import _dtype, _int, _t
 
 
+def _as_array(fn, value, dtype, **kw):
+    """``np.array(value, dtype)``, with NumPy's OverflowError for a Python number that does
+    not fit the dtype raised as a ValueError."""
+    try:
+        return np.array(value, dtype=dtype, **kw)
+    except OverflowError as e:
+        raise ValueError(f"{fn}: {value!r} does not fit in dtype {dtype}: {e}") from None
+
+
 def variable(value, dtype=None, name=None, constraint=None):
     """Instantiates a variable and returns it.
 
@@ -37,7 +46,7 @@ def variable(value, dtype=None, name=None, constraint=None):
         value = eval(value)
     if hasattr(value, "toarray"):
         value = value.toarray()
-    arr = np.array(value, dtype=dtype, copy=True, order="C")
+    arr = _as_array("variable", value, dtype, copy=True, order="C")
     if name is None:
         name = f"variable_{get_uid('variable')}"
     return Variable(arr, name, constraint=constraint)
@@ -63,7 +72,7 @@ def constant(value, dtype=None, shape=None, name=None):
     dtype = _dtype(dtype)
     if isinstance(value, Tensor):
         value = eval(value)
-    arr = np.asarray(value, dtype=dtype)
+    arr = _as_array("constant", value, dtype)
     if shape is not None:
         shape = tuple(shape)
         if arr.size == 1:
@@ -96,7 +105,10 @@ def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
     if shape is None:
         if ndim is None:
             raise ValueError("placeholder: specify `shape` or `ndim`")
-        shape = (None,) * _int(ndim, "ndim")
+        ndim = _int(ndim, "ndim")
+        if ndim < 0:
+            raise ValueError(f"placeholder: ndim must be non-negative, got {ndim}")
+        shape = (None,) * ndim
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
     shape = tuple(None if d is None else _int(d, "shape entry") for d in shape)
