@@ -292,6 +292,12 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         }
         Op::Reduce { op, axes, keepdims } => {
             let x = ex.dev(ins[0])?;
+            if axes.iter().any(|&a| x.shape[a] == 0) {
+                // An empty reduction is its identity, as the CPU kernel defines it (for
+                // integers, the i64 extremes wrapped to the dtype): take it from there.
+                let empty = crate::runtime::value::Value::full(x.dtype, &x.shape, 0.0);
+                return Ok(Slot::host(node.op().cpu(&[&empty])?));
+            }
             let shape: Vec<usize> = x
                 .shape
                 .iter()
