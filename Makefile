@@ -12,6 +12,7 @@
 #   make bench-profile  where ferrokeras' time goes in the MLP and LSTM steps (py-spy)
 #   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (each peer in
 #                     its own venv, benches/.venv-tf and benches/.venv-torch, made on first use)
+#   make bench-gpu    run benches/bench_gpu.py (GPU vs CPU vs NumPy, optional PyTorch CUDA)
 #   make clean        remove build outputs (make distclean also removes .venv)
 #
 # Everything a fresh machine needs besides python3 (with venv + pip) and cargo is
@@ -32,10 +33,10 @@ DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn
 # also active).
 MATURIN := env -u CONDA_PREFIX VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin
 
-# Devices the pytest suite runs on, one full pass each (FERROKERAS_DEVICE=<d>).
-# >>> GPU pass: when the wgpu backend lands, add `gpu` here (CI has Mesa llvmpipe):
-# TEST_DEVICES ?= cpu gpu
-TEST_DEVICES ?= cpu
+# Devices the pytest suite runs on, one full pass each (FERROKERAS_DEVICE=<d>). The gpu
+# pass runs every WGSL kernel, on Mesa llvmpipe where there is no GPU (CI sets
+# FERROKERAS_REQUIRE_GPU=1 so a missing adapter fails instead of running on the CPU).
+TEST_DEVICES ?= cpu gpu
 PYTEST_ARGS ?= -q
 
 # Inputs of the compiled extension. Python sources are not listed: `maturin develop`
@@ -48,7 +49,7 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv clean distclean
+.PHONY: help venv .venv build demo test wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -169,6 +170,9 @@ benches/.venv-%/.stamp:
 bench-conv: build benches/.venv-tf/.stamp benches/.venv-torch/.stamp
 	$(VENV_PY) benches/check_conv_vs_tf.py
 	$(VENV_PY) benches/bench_conv.py
+
+bench-gpu: build
+	$(VENV_PY) benches/bench_gpu.py
 
 clean:
 	rm -rf target dist .pytest_cache .hypothesis $(BUILD_STAMP)

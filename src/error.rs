@@ -16,9 +16,14 @@ pub enum Error {
     /// A feature this build or device does not have. Maps to `NotImplementedError`-free `RuntimeError`.
     #[error("{0}")]
     Unsupported(String),
-    /// A failure while running a plan (device fault, arithmetic fault). Maps to `RuntimeError`.
+    /// A failure while running a plan (arithmetic fault, internal error). Maps to `RuntimeError`.
     #[error("{0}")]
     Runtime(String),
+    /// A device fault: no such adapter, out of GPU memory, device lost, a shader that does
+    /// not compile, a buffer over the adapter's limits. Maps to `ferrokeras.DeviceError`
+    /// (a `RuntimeError`).
+    #[error("{0}")]
+    Device(String),
     /// An error raised by a host callback (`py_function`), carried unchanged so the binding
     /// layer can re-raise the original exception.
     #[error("{1}")]

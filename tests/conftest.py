@@ -39,7 +39,11 @@ def pytest_report_header(config):
     if device is None:
         return "ferrokeras device: (ferrokeras.device() not available)"
     try:
-        return "ferrokeras device: %s" % (device(),)
+        name = device()
+        info = [d for d in ferrokeras.devices() if d["device"] == name]
+        if info and name != "cpu":
+            name = "%s (%s, %s, %s)" % (name, info[0]["name"], info[0]["backend"], info[0]["type"])
+        return "ferrokeras device: %s" % (name,)
     except Exception as exc:  # the header must never break collection
         return "ferrokeras device: <error: %r>" % (exc,)
 

@@ -2,21 +2,63 @@
 
 Use it as ``from ferrokeras import backend as K``, or under Keras 2.3.1 with
 ``KERAS_BACKEND=ferrokeras.backend``.
+
+Devices: graphs run on the CPU or on a GPU through wgpu (Vulkan, Metal, DX12). The
+device comes from ``FERROKERAS_DEVICE`` (``auto``, ``cpu``, ``gpu``, ``gpu:N``) or
+``set_device``; see the README's "Devices" section.
 """
 
 from . import _core
 
 __version__ = "0.1.0"
 
+DeviceError = _core.DeviceError
+
 
 def device():
-    """Returns the name of the device graphs run on (``'cpu'`` until the GPU backend lands)."""
+    """Returns the device later calls run on: ``'cpu'`` or ``'gpu:N'``.
+
+    Example:
+        >>> import ferrokeras
+        >>> ferrokeras.device() in ('cpu',) or ferrokeras.device().startswith('gpu:')
+        True
+    """
     return _core.device()
 
 
+def set_device(name):
+    """Selects the device for later calls and returns its name.
+
+    Arguments:
+        name: ``'auto'`` (a hardware GPU if wgpu finds one, else the CPU), ``'cpu'``,
+            ``'gpu'`` (the first GPU adapter, software ones included) or ``'gpu:N'``
+            (adapter N of ``devices()``).
+
+    Raises:
+        ValueError: `name` is not a device name.
+        DeviceError: there is no such GPU adapter, or it cannot be opened.
+
+    Variables keep their values across switches (a value resident on one GPU is copied
+    through the host when another device reads it).
+    """
+    return _core.set_device(name)
+
+
 def devices():
-    """Lists the devices ferrokeras can run on, as dicts with ``name``, ``backend`` and ``type``."""
-    return [{"name": "cpu", "backend": "host", "type": "cpu"}]
+    """Lists the devices ferrokeras can run on.
+
+    Returns:
+        A list of dicts with ``device`` (the name ``set_device`` takes), ``name``,
+        ``backend`` (``host``, ``Vulkan``, ``Metal``, ``Dx12`` or ``Gl``), ``type``
+        (``cpu``, ``discrete``, ``integrated``, ``virtual`` or ``other``) and ``software``
+        (True for software rasterisers such as Mesa llvmpipe, which ``auto`` skips).
+        The CPU comes first.
+    """
+    out = [{"device": "cpu", "name": "cpu", "backend": "host", "type": "cpu", "software": False}]
+    for index, name, backend, kind, software in _core.gpu_adapters():
+        out.append({"device": "gpu:%d" % index, "name": name, "backend": backend, "type": kind,
+                    "software": software})
+    return out
 
 
 def __getattr__(name):
@@ -28,4 +70,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'ferrokeras' has no attribute {name!r}")
 
 
-__all__ = ["device", "devices", "py_function", "__version__"]
+__all__ = ["device", "set_device", "devices", "DeviceError", "py_function", "__version__"]

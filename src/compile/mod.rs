@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::graph::{topo_order, Tensor};
 use crate::ops::{Op, VarCell};
 use crate::runtime::value::Value;
+use crate::runtime::{Out, RunStats};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -118,7 +119,8 @@ impl Plan {
         Ok(Plan { nodes: nodes_k, steps: steps_k, inputs: inputs_k, frees, outputs })
     }
 
-    /// Number of kernel launches one run performs (sources and folded values excluded).
+    /// Number of kernel launches one CPU run performs (sources and folded values excluded).
+    /// On a GPU, `Function::last` has the launches of the last call (fused kernels count once).
     pub fn dispatches(&self) -> usize {
         self.steps
             .iter()
@@ -136,6 +138,10 @@ pub struct Function {
     pub plan: Plan,
     pub n_outputs: usize,
     pub updates: Vec<Arc<VarCell>>,
+    /// Per-plan GPU state (placement, fusion groups, uploaded constants).
+    pub gpu: crate::runtime::gpu::PlanCache,
+    /// Kernel launches and submits of the last call.
+    pub last: std::sync::Mutex<Option<RunStats>>,
 }
 
 impl Function {
@@ -164,12 +170,20 @@ impl Function {
             targets.push(val.clone());
         }
         let plan = Plan::new(&feeds, &targets)?;
-        Ok(Function { feeds, plan, n_outputs: outputs.len(), updates: cells })
+        Ok(Function {
+            feeds,
+            plan,
+            n_outputs: outputs.len(),
+            updates: cells,
+            gpu: Default::default(),
+            last: std::sync::Mutex::new(None),
+        })
     }
 
     /// Runs the plan on `feeds` (already validated), assigns the updates and returns the outputs.
     pub fn call(&self, feeds: Vec<Value>) -> Result<Vec<Value>> {
-        let mut values = crate::runtime::cpu::run(&self.plan, feeds)?;
+        let (mut values, stats) = crate::runtime::run(&self.plan, feeds, self.n_outputs, &self.gpu)?;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
         let upd = values.split_off(self.n_outputs);
         for (cell, v) in self.updates.iter().zip(&upd) {
             if v.shape() != cell.shape.as_slice() {
@@ -182,9 +196,18 @@ impl Function {
             }
         }
         for (cell, v) in self.updates.iter().zip(upd) {
-            cell.set(v)?;
+            match v {
+                Out::Host(v) => cell.set(v)?,
+                Out::Resident(r) => cell.set_resident(r),
+            }
         }
-        Ok(values)
+        values
+            .into_iter()
+            .map(|o| match o {
+                Out::Host(v) => Ok(v),
+                Out::Resident(r) => r.download(),
+            })
+            .collect()
     }
 }
 

@@ -29,7 +29,7 @@ macro_rules! int_or_zero {
 }
 
 macro_rules! unary_table {
-    ($( $V:ident $name:literal float |$x:ident| $f:expr $(, int |$ix:ident| $ie:expr)? ; )*) => {
+    ($( $V:ident $name:literal float |$x:ident| $f:expr $(, int |$ix:ident| $ie:expr)? ; wgsl $wf:literal $(, $wi:literal)? ; )*) => {
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum UnaryOp { $($V),* }
 
@@ -39,6 +39,11 @@ macro_rules! unary_table {
             pub fn from_name(s: &str) -> Option<UnaryOp> { match s { $($name => Some(UnaryOp::$V),)* _ => None } }
             /// Whether the op has an integer kernel.
             pub fn takes_int(self) -> bool { match self { $(UnaryOp::$V => false $(|| { let _ = stringify!($ix); true })?),* } }
+            /// The WGSL expression of the op in `x` (an `f32` when `float`, else an `i32`),
+            /// from which fused GPU kernels are generated; helpers are in `shaders/elementwise.wgsl`.
+            pub fn wgsl(self, float: bool) -> Option<&'static str> {
+                match self { $(UnaryOp::$V => if float { Some($wf) } else { None $(.or(Some($wi)))? }),* }
+            }
             fn float_kernel<F: Float + Send + Sync>(self, a: &[F], out: &mut [MaybeUninit<F>]) {
                 match self { $(UnaryOp::$V => par_map(a, out, |$x: F| $f)),* }
             }
@@ -57,32 +62,32 @@ fn half<F: Float>() -> F {
 }
 
 unary_table! {
-    Neg     "neg"        float |x| -x,                       int |x| x.wrapping_neg();
-    Abs     "abs"        float |x| x.abs(),                  int |x| x.wrapping_abs();
-    Sign    "sign"       float |x| if x > F::zero() { F::one() } else if x < F::zero() { -F::one() } else { x }, int |x| x.signum();
-    Square  "square"     float |x| x * x,                    int |x| x.wrapping_mul(x);
-    Sqrt    "sqrt"       float |x| x.sqrt();
-    Rsqrt   "rsqrt"      float |x| x.sqrt().recip();
-    Exp     "exp"        float |x| x.exp();
-    Expm1   "expm1"      float |x| x.exp_m1();
-    Log     "log"        float |x| x.ln();
-    Log1p   "log1p"      float |x| x.ln_1p();
-    Sin     "sin"        float |x| x.sin();
-    Cos     "cos"        float |x| x.cos();
-    Tan     "tan"        float |x| x.tan();
-    Tanh    "tanh"       float |x| x.tanh();
-    Sigmoid "sigmoid"    float |x| if x >= F::zero() { (F::one() + (-x).exp()).recip() } else { let e = x.exp(); e / (F::one() + e) };
-    Relu    "relu"       float |x| if x < F::zero() { F::zero() } else { x }, int |x| x.max(0);
-    Round   "round"      float |x| { let r = x.round(); if (x - x.trunc()).abs() == half() { (x * half()).round() * (F::one() + F::one()) } else { r } }, int |x| x;
-    Floor   "floor"      float |x| x.floor(),                int |x| x;
-    Ceil    "ceil"       float |x| x.ceil(),                 int |x| x;
-    Recip   "reciprocal" float |x| x.recip();
-    Softplus "softplus"  float |x| x.max(F::zero()) + (-x.abs()).exp().ln_1p();
-    Not     "logical_not" float |x| x,                       int |x| (x == 0) as i64;
+    Neg     "neg"        float |x| -x,                       int |x| x.wrapping_neg(); wgsl "-x", "-x";
+    Abs     "abs"        float |x| x.abs(),                  int |x| x.wrapping_abs(); wgsl "abs(x)", "abs(x)";
+    Sign    "sign"       float |x| if x > F::zero() { F::one() } else if x < F::zero() { -F::one() } else { x }, int |x| x.signum(); wgsl "select(select(x, -1.0, x < 0.0), 1.0, x > 0.0)", "sign(x)";
+    Square  "square"     float |x| x * x,                    int |x| x.wrapping_mul(x); wgsl "x * x", "x * x";
+    Sqrt    "sqrt"       float |x| x.sqrt(); wgsl "sqrt(x)";
+    Rsqrt   "rsqrt"      float |x| x.sqrt().recip(); wgsl "1.0 / sqrt(x)";
+    Exp     "exp"        float |x| x.exp(); wgsl "exp(x)";
+    Expm1   "expm1"      float |x| x.exp_m1(); wgsl "fk_expm1(x)";
+    Log     "log"        float |x| x.ln(); wgsl "log(x)";
+    Log1p   "log1p"      float |x| x.ln_1p(); wgsl "fk_log1p(x)";
+    Sin     "sin"        float |x| x.sin(); wgsl "sin(x)";
+    Cos     "cos"        float |x| x.cos(); wgsl "cos(x)";
+    Tan     "tan"        float |x| x.tan(); wgsl "tan(x)";
+    Tanh    "tanh"       float |x| x.tanh(); wgsl "fk_tanh(x)";
+    Sigmoid "sigmoid"    float |x| if x >= F::zero() { (F::one() + (-x).exp()).recip() } else { let e = x.exp(); e / (F::one() + e) }; wgsl "fk_sigmoid(x)";
+    Relu    "relu"       float |x| if x < F::zero() { F::zero() } else { x }, int |x| x.max(0); wgsl "select(x, 0.0, x < 0.0)", "max(x, 0)";
+    Round   "round"      float |x| { let r = x.round(); if (x - x.trunc()).abs() == half() { (x * half()).round() * (F::one() + F::one()) } else { r } }, int |x| x; wgsl "round(x)", "x";
+    Floor   "floor"      float |x| x.floor(),                int |x| x; wgsl "floor(x)", "x";
+    Ceil    "ceil"       float |x| x.ceil(),                 int |x| x; wgsl "ceil(x)", "x";
+    Recip   "reciprocal" float |x| x.recip(); wgsl "1.0 / x";
+    Softplus "softplus"  float |x| x.max(F::zero()) + (-x.abs()).exp().ln_1p(); wgsl "max(x, 0.0) + fk_log1p(exp(-abs(x)))";
+    Not     "logical_not" float |x| x,                       int |x| (x == 0) as i64; wgsl "x", "select(0, 1, x == 0)";
 }
 
 macro_rules! binary_table {
-    ($( $V:ident $name:literal $class:ident float |$a:ident, $b:ident| $f:expr, int |$ia:ident, $ib:ident| $ie:expr ; )*) => {
+    ($( $V:ident $name:literal $class:ident float |$a:ident, $b:ident| $f:expr, int |$ia:ident, $ib:ident| $ie:expr ; wgsl $wf:literal, $wi:literal ; )*) => {
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum BinaryOp { $($V),* }
 
@@ -94,6 +99,9 @@ macro_rules! binary_table {
             pub fn name(self) -> &'static str { match self { $(BinaryOp::$V => $name),* } }
             pub fn from_name(s: &str) -> Option<BinaryOp> { match s { $($name => Some(BinaryOp::$V),)* _ => None } }
             pub fn class(self) -> BinaryClass { match self { $(BinaryOp::$V => BinaryClass::$class),* } }
+            /// The WGSL expression in `a`, `b` (`f32` when `float`, else `i32`); predicates
+            /// give an `i32` 0/1. Fused GPU kernels are generated from these.
+            pub fn wgsl(self, float: bool) -> &'static str { match self { $(BinaryOp::$V => if float { $wf } else { $wi }),* } }
             fn float_kernel<F: Float + Send + Sync>(self, a: &Arr<F>, b: &Arr<F>) -> Result<Value> where F: Elem + PredOrSame<F> {
                 match self { $(BinaryOp::$V => {
                     let f = |$a: F, $b: F| $f;
@@ -111,23 +119,23 @@ macro_rules! binary_table {
 }
 
 binary_table! {
-    Add      "add"           Arith   float |a, b| a + b,                     int |a, b| a.wrapping_add(b);
-    Sub      "subtract"      Arith   float |a, b| a - b,                     int |a, b| a.wrapping_sub(b);
-    Mul      "multiply"      Arith   float |a, b| a * b,                     int |a, b| a.wrapping_mul(b);
-    Div      "divide"        Arith   float |a, b| a / b,                     int |a, b| floor_div(a, b);
-    FloorDiv "floor_divide"  Arith   float |a, b| (a / b).floor(),           int |a, b| floor_div(a, b);
-    Mod      "mod"           Arith   float |a, b| { let r = a % b; if r != F::zero() && ((r < F::zero()) != (b < F::zero())) { r + b } else { r } }, int |a, b| floor_mod(a, b);
-    Pow      "pow"           Arith   float |a, b| a.powf(b),                 int |a, b| int_pow(a, b);
-    Maximum  "maximum"       Arith   float |a, b| if a >= b || a.is_nan() { a } else { b }, int |a, b| a.max(b);
-    Minimum  "minimum"       Arith   float |a, b| if a <= b || a.is_nan() { a } else { b }, int |a, b| a.min(b);
-    Equal    "equal"         Compare float |a, b| a == b,                    int |a, b| a == b;
-    NotEqual "not_equal"     Compare float |a, b| a != b,                    int |a, b| a != b;
-    Less     "less"          Compare float |a, b| a < b,                     int |a, b| a < b;
-    LessEqual "less_equal"   Compare float |a, b| a <= b,                    int |a, b| a <= b;
-    Greater  "greater"       Compare float |a, b| a > b,                     int |a, b| a > b;
-    GreaterEqual "greater_equal" Compare float |a, b| a >= b,                int |a, b| a >= b;
-    And      "logical_and"   Logical float |a, b| a != F::zero() && b != F::zero(), int |a, b| a != 0 && b != 0;
-    Or       "logical_or"    Logical float |a, b| a != F::zero() || b != F::zero(), int |a, b| a != 0 || b != 0;
+    Add      "add"           Arith   float |a, b| a + b,                     int |a, b| a.wrapping_add(b); wgsl "a + b", "a + b";
+    Sub      "subtract"      Arith   float |a, b| a - b,                     int |a, b| a.wrapping_sub(b); wgsl "a - b", "a - b";
+    Mul      "multiply"      Arith   float |a, b| a * b,                     int |a, b| a.wrapping_mul(b); wgsl "a * b", "a * b";
+    Div      "divide"        Arith   float |a, b| a / b,                     int |a, b| floor_div(a, b); wgsl "a / b", "fk_floor_div(a, b)";
+    FloorDiv "floor_divide"  Arith   float |a, b| (a / b).floor(),           int |a, b| floor_div(a, b); wgsl "floor(a / b)", "fk_floor_div(a, b)";
+    Mod      "mod"           Arith   float |a, b| { let r = a % b; if r != F::zero() && ((r < F::zero()) != (b < F::zero())) { r + b } else { r } }, int |a, b| floor_mod(a, b); wgsl "fk_fmod(a, b)", "fk_floor_mod(a, b)";
+    Pow      "pow"           Arith   float |a, b| a.powf(b),                 int |a, b| int_pow(a, b); wgsl "fk_pow(a, b)", "fk_ipow(a, b)";
+    Maximum  "maximum"       Arith   float |a, b| if a >= b || a.is_nan() { a } else { b }, int |a, b| a.max(b); wgsl "select(b, a, a >= b || fk_isnan(a))", "max(a, b)";
+    Minimum  "minimum"       Arith   float |a, b| if a <= b || a.is_nan() { a } else { b }, int |a, b| a.min(b); wgsl "select(b, a, a <= b || fk_isnan(a))", "min(a, b)";
+    Equal    "equal"         Compare float |a, b| a == b,                    int |a, b| a == b; wgsl "i32(a == b)", "i32(a == b)";
+    NotEqual "not_equal"     Compare float |a, b| a != b,                    int |a, b| a != b; wgsl "i32(!(a == b))", "i32(a != b)";
+    Less     "less"          Compare float |a, b| a < b,                     int |a, b| a < b; wgsl "i32(a < b)", "i32(a < b)";
+    LessEqual "less_equal"   Compare float |a, b| a <= b,                    int |a, b| a <= b; wgsl "i32(a <= b)", "i32(a <= b)";
+    Greater  "greater"       Compare float |a, b| a > b,                     int |a, b| a > b; wgsl "i32(a > b)", "i32(a > b)";
+    GreaterEqual "greater_equal" Compare float |a, b| a >= b,                int |a, b| a >= b; wgsl "i32(a >= b)", "i32(a >= b)";
+    And      "logical_and"   Logical float |a, b| a != F::zero() && b != F::zero(), int |a, b| a != 0 && b != 0; wgsl "i32(!(a == 0.0) && !(b == 0.0))", "i32(a != 0 && b != 0)";
+    Or       "logical_or"    Logical float |a, b| a != F::zero() || b != F::zero(), int |a, b| a != 0 || b != 0; wgsl "i32(!(a == 0.0) || !(b == 0.0))", "i32(a != 0 || b != 0)";
 }
 
 fn floor_div(a: i64, b: i64) -> i64 {
@@ -544,5 +552,23 @@ pub fn vjp_cast(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
         Ok(vec![Some(cast(g, x.dtype())?)])
     } else {
         Ok(vec![None])
+    }
+}
+
+#[cfg(test)]
+mod wgsl_table_tests {
+    use super::*;
+
+    /// Every op has a float WGSL expression, and an integer one exactly when it has an
+    /// integer CPU kernel, so fused GPU kernels exist for every dtype the CPU accepts.
+    #[test]
+    fn wgsl_expressions_cover_the_cpu_kernels() {
+        for &u in UnaryOp::ALL {
+            assert!(u.wgsl(true).is_some(), "{}", u.name());
+            assert_eq!(u.wgsl(false).is_some(), u.takes_int(), "{}", u.name());
+        }
+        for &b in BinaryOp::ALL {
+            assert!(!b.wgsl(true).is_empty() && !b.wgsl(false).is_empty(), "{}", b.name());
+        }
     }
 }

@@ -254,10 +254,137 @@ impl Op {
         }
     }
 
+    /// How the GPU device runs the op (`runtime/gpu`). `Host` means "no WGSL lowering":
+    /// the node runs its CPU kernel inside the GPU plan (inputs downloaded, result
+    /// uploaded when a GPU node reads it). A new primitive starts as `Host`.
+    pub fn gpu_kind(&self) -> GpuKind<'_> {
+        match self {
+            Op::Placeholder(_) | Op::Constant(_) | Op::Variable(_) => GpuKind::Source,
+            Op::Unary(u) => GpuKind::Fused(FusedOp::Unary(*u)),
+            Op::Binary(b) => GpuKind::Fused(FusedOp::Binary(*b)),
+            Op::Select => GpuKind::Fused(FusedOp::Select),
+            Op::Cast(d) => GpuKind::Fused(FusedOp::Cast(*d)),
+            Op::BroadcastTo => GpuKind::Fused(FusedOp::BroadcastTo),
+            Op::StopGradient => GpuKind::View(ViewOp::Identity),
+            Op::Reshape => GpuKind::View(ViewOp::Reshape),
+            Op::ExpandDims(axes) => GpuKind::View(ViewOp::ExpandDims(axes)),
+            Op::Squeeze(axes) => GpuKind::View(ViewOp::Squeeze(axes)),
+            Op::ShapeOf => GpuKind::Meta,
+            Op::Reduce { .. }
+            | Op::Arg { .. }
+            | Op::Scan { .. }
+            | Op::SumTo
+            | Op::Transpose(_)
+            | Op::Slice(_)
+            | Op::SliceGrad(_)
+            | Op::Concat(_)
+            | Op::ConcatGrad { .. }
+            | Op::Pad { .. }
+            | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::ScatterAdd(_)
+            | Op::MatMul { .. }
+            | Op::Random(_) => GpuKind::Kernel,
+            // Loops run their body with the CPU executor, inside the GPU plan.
+            Op::Loop(_) | Op::TupleGet(_) => GpuKind::Host,
+            // A Python callback: its inputs come to the host, its result goes back.
+            Op::HostCall(_) => GpuKind::Host,
+            // CTC loss and decoding: dynamic programming over label sequences, CPU kernels.
+            Op::Ctc(_) | Op::CtcDecode(_) => GpuKind::Host,
+            // Convolution and pooling: CPU kernels until they get WGSL ones.
+            Op::Conv(_)
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_) => GpuKind::Host,
+        }
+    }
+
+    /// Inputs whose *values* the op needs on the host (target shapes), not on a device.
+    pub fn host_args(&self) -> &'static [usize] {
+        match self {
+            Op::Reshape | Op::BroadcastTo | Op::SumTo => &[1],
+            Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) => &[2],
+            Op::Random(_) => &[0],
+            Op::Placeholder(_)
+            | Op::Constant(_)
+            | Op::Variable(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast(_)
+            | Op::StopGradient
+            | Op::Reduce { .. }
+            | Op::Arg { .. }
+            | Op::Scan { .. }
+            | Op::ShapeOf
+            | Op::ExpandDims(_)
+            | Op::Squeeze(_)
+            | Op::Transpose(_)
+            | Op::Slice(_)
+            | Op::SliceGrad(_)
+            | Op::Concat(_)
+            | Op::ConcatGrad { .. }
+            | Op::Pad { .. }
+            | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::ScatterAdd(_)
+            | Op::MatMul { .. }
+            | Op::Loop(_)
+            | Op::TupleGet(_)
+            | Op::HostCall(_)
+            | Op::Ctc(_)
+            | Op::CtcDecode(_)
+            | Op::Conv(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_) => &[],
+        }
+    }
+
     /// Whether the op is elementwise (a fusion candidate).
     pub fn is_elementwise(&self) -> bool {
         matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
     }
+}
+
+/// GPU execution class of an op; see `Op::gpu_kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuKind<'a> {
+    /// Placeholder, constant, variable: supplied by the executor.
+    Source,
+    /// Elementwise with NumPy broadcasting: fused into generated WGSL kernels from the
+    /// op -> expression tables in `elementwise.rs`.
+    Fused(FusedOp),
+    /// A new view of the same buffer (reshape, expand/squeeze, stop_gradient): no dispatch.
+    View(ViewOp<'a>),
+    /// Computed from static metadata (the runtime shape): no dispatch.
+    Meta,
+    /// A hand-written kernel in `shaders/<family>.wgsl` (see `runtime/gpu/kernels`).
+    Kernel,
+    /// No WGSL lowering: runs the CPU kernel inside the GPU plan.
+    Host,
+}
+
+/// The elementwise ops the GPU fuses (`GpuKind::Fused`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedOp {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Select,
+    Cast(DType),
+    /// Identity whose input is read with broadcasting.
+    BroadcastTo,
+}
+
+/// The ops that only relabel a buffer's shape (`GpuKind::View`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewOp<'a> {
+    Identity,
+    Reshape,
+    ExpandDims(&'a [usize]),
+    Squeeze(&'a [usize]),
 }
 
 /// Shorthands used by the VJP rules, so rules read like the math.

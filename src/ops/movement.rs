@@ -460,14 +460,20 @@ pub fn vjp_scatter_add(axis: usize, node: &Tensor, g: &Tensor) -> Result<Vec<Opt
 // ---------------------------------------------------------------- kernels
 
 fn runtime_target(op: &str, x: &Value, s: &Value) -> Result<Vec<usize>> {
+    reshape_dims(op, x.shape(), s)
+}
+
+/// The runtime target shape of a reshape of a `shape` tensor to the int vector `s` (one
+/// dim may be -1).
+pub fn reshape_dims(op: &str, shape: &[usize], s: &Value) -> Result<Vec<usize>> {
     let t = s.to_i64_vec();
-    let n = x.len();
+    let n: usize = shape.iter().product();
     let known: i64 = t.iter().filter(|&&d| d != -1).product();
     let mut out = Vec::with_capacity(t.len());
     for &d in &t {
         if d == -1 {
             if known == 0 || n as i64 % known != 0 {
-                return Err(value_err!("{op}: cannot reshape a tensor of shape {:?} into {t:?}", x.shape()));
+                return Err(value_err!("{op}: cannot reshape a tensor of shape {shape:?} into {t:?}"));
             }
             out.push(n / known as usize);
         } else if d < 0 {
@@ -476,14 +482,47 @@ fn runtime_target(op: &str, x: &Value, s: &Value) -> Result<Vec<usize>> {
             out.push(d as usize);
         }
     }
+    if out.iter().product::<usize>() != n {
+        return Err(value_err!("{op}: cannot reshape a tensor of shape {shape:?} ({n} elements) into {out:?}"));
+    }
     Ok(out)
+}
+
+/// The shape `expand_dims` gives a tensor of `shape`.
+pub fn expanded_dims(axes: &[usize], shape: &[usize]) -> Vec<usize> {
+    let r = shape.len() + axes.len();
+    let mut src = shape.iter();
+    (0..r).map(|i| if axes.contains(&i) { 1 } else { *src.next().expect("rank") }).collect()
+}
+
+/// The shape `squeeze` gives a tensor of `shape`; every squeezed axis must have size 1.
+pub fn squeezed_dims(axes: &[usize], shape: &[usize]) -> Result<Vec<usize>> {
+    if let Some(&a) = axes.iter().find(|&&a| shape[a] != 1) {
+        return Err(value_err!("squeeze: axis {a} of shape {shape:?} has size {}, not 1", shape[a]));
+    }
+    Ok(shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect())
+}
+
+/// The axes `sum_to` reduces to bring `xs` down to `target` (then reshaped to it).
+pub fn sum_to_axes(xs: &[usize], target: &[usize]) -> Result<Vec<usize>> {
+    if target.len() > xs.len() {
+        return Err(value_err!("sum_to: cannot sum shape {xs:?} down to the higher rank {target:?}"));
+    }
+    let lead = xs.len() - target.len();
+    let mut axes: Vec<usize> = (0..lead).collect();
+    for (i, &t) in target.iter().enumerate() {
+        let d = xs[lead + i];
+        if t == 1 && d != 1 {
+            axes.push(lead + i);
+        } else if t != d {
+            return Err(value_err!("sum_to: shape {xs:?} does not broadcast from {target:?}"));
+        }
+    }
+    Ok(axes)
 }
 
 pub fn cpu_reshape(x: &Value, s: &Value) -> Result<Value> {
     let target = runtime_target("reshape", x, s)?;
-    if target.iter().product::<usize>() != x.len() {
-        return Err(value_err!("reshape: cannot reshape a tensor of shape {:?} ({} elements) into {target:?}", x.shape(), x.len()));
-    }
     x.reshape(&target)
 }
 
@@ -505,19 +544,7 @@ pub fn cpu_sum_to(x: &Value, s: &Value) -> Result<Value> {
     if xs == target.as_slice() {
         return Ok(x.clone());
     }
-    if target.len() > xs.len() {
-        return Err(value_err!("sum_to: cannot sum shape {xs:?} down to the higher rank {target:?}"));
-    }
-    let lead = xs.len() - target.len();
-    let mut axes: Vec<usize> = (0..lead).collect();
-    for (i, &t) in target.iter().enumerate() {
-        let d = xs[lead + i];
-        if t == 1 && d != 1 {
-            axes.push(lead + i);
-        } else if t != d {
-            return Err(value_err!("sum_to: shape {xs:?} does not broadcast from {target:?}"));
-        }
-    }
+    let axes = sum_to_axes(xs, &target)?;
     let r = super::reduce::cpu_reduce(ReduceOp::Sum, &axes, false, x)?;
     r.reshape(&target)
 }
@@ -527,18 +554,11 @@ pub fn cpu_shape_of(x: &Value) -> Result<Value> {
 }
 
 pub fn cpu_expand_dims(axes: &[usize], x: &Value) -> Result<Value> {
-    let r = x.shape().len() + axes.len();
-    let mut src = x.shape().iter();
-    let shape: Vec<usize> = (0..r).map(|i| if axes.contains(&i) { 1 } else { *src.next().expect("rank") }).collect();
-    x.reshape(&shape)
+    x.reshape(&expanded_dims(axes, x.shape()))
 }
 
 pub fn cpu_squeeze(axes: &[usize], x: &Value) -> Result<Value> {
-    if let Some(&a) = axes.iter().find(|&&a| x.shape()[a] != 1) {
-        return Err(value_err!("squeeze: axis {a} of shape {:?} has size {}, not 1", x.shape(), x.shape()[a]));
-    }
-    let shape: Vec<usize> = x.shape().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
-    x.reshape(&shape)
+    x.reshape(&squeezed_dims(axes, x.shape())?)
 }
 
 pub fn cpu_transpose(perm: &[usize], x: &Value) -> Result<Value> {
@@ -634,7 +654,7 @@ pub fn cpu_reverse(axes: &[usize], x: &Value) -> Result<Value> {
     }))
 }
 
-fn indices(op: &str, i: &Value, n: usize) -> Result<Vec<usize>> {
+pub fn indices(op: &str, i: &Value, n: usize) -> Result<Vec<usize>> {
     i.to_i64_vec()
         .into_iter()
         .map(|k| {

@@ -5,6 +5,7 @@ use super::Op;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{fresh_id, Tensor};
+use crate::runtime::gpu::Resident;
 use crate::runtime::value::Value;
 use crate::shape::Shape;
 use std::sync::{Arc, RwLock};
@@ -18,18 +19,62 @@ pub struct PlaceholderInfo {
     pub default: Option<Value>,
 }
 
-#[derive(Debug)]
+/// A variable's value. Ownership rule: at least one of `host` and `device` is present, and
+/// both, when present, hold the same value. A host write (`set`) replaces the host copy
+/// and drops the device copy; a GPU update (`set_resident`) replaces the device copy and
+/// drops the host copy, which `get` downloads again lazily. `version` counts writes, so a
+/// copy made from an older value is never attached.
+pub struct VarState {
+    pub host: Option<Value>,
+    pub device: Option<Resident>,
+    pub version: u64,
+}
+
 pub struct VarCell {
     pub id: u64,
     pub name: String,
     pub dtype: DType,
     pub shape: Vec<usize>,
-    pub value: RwLock<Value>,
+    pub state: RwLock<VarState>,
+}
+
+impl std::fmt::Debug for VarCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VarCell({} {:?} {})", self.name, self.shape, self.dtype)
+    }
 }
 
 impl VarCell {
-    pub fn get(&self) -> Value {
-        self.value.read().unwrap_or_else(|e| e.into_inner()).clone()
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, VarState> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, VarState> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The value on the host, downloading it from the device if only the device has it.
+    // Without the `gpu` feature `Resident` is uninhabited, so the download is unreachable.
+    #[allow(unreachable_code)]
+    pub fn get(&self) -> Result<Value> {
+        let (dev, version) = {
+            let st = self.read();
+            if let Some(h) = &st.host {
+                return Ok(h.clone());
+            }
+            (st.device.clone().expect("a variable has a host or a device copy"), st.version)
+        };
+        let v = dev.download()?;
+        let mut st = self.write();
+        if st.version == version {
+            st.host = Some(v.clone());
+        }
+        Ok(v)
+    }
+
+    /// The host value if there is one, else the device copy (for executors).
+    pub fn snapshot(&self) -> (Option<Value>, Option<Resident>, u64) {
+        let st = self.read();
+        (st.host.clone(), st.device.clone(), st.version)
     }
 
     /// Replaces the value; the shape must match and the dtype is converted.
@@ -42,8 +87,29 @@ impl VarCell {
                 v.shape()
             )));
         }
-        *self.value.write().unwrap_or_else(|e| e.into_inner()) = v.cast(self.dtype).standard();
+        let v = v.cast(self.dtype).standard();
+        let mut st = self.write();
+        st.host = Some(v);
+        st.device = None;
+        st.version += 1;
         Ok(())
+    }
+
+    /// Replaces the value with one that lives on a device (a GPU update).
+    pub fn set_resident(&self, r: Resident) {
+        let mut st = self.write();
+        st.host = None;
+        st.device = Some(r);
+        st.version += 1;
+    }
+
+    /// Records a device copy of the current value, unless the value changed since
+    /// `version` was read.
+    pub fn attach_resident(&self, r: Resident, version: u64) {
+        let mut st = self.write();
+        if st.version == version {
+            st.device = Some(r);
+        }
     }
 }
 
@@ -68,7 +134,7 @@ pub fn variable(name: &str, v: Value) -> (Arc<VarCell>, Tensor) {
         name: name.to_string(),
         dtype: v.dtype(),
         shape: v.shape().to_vec(),
-        value: RwLock::new(v),
+        state: RwLock::new(VarState { host: Some(v), device: None, version: 0 }),
     });
     let t = Tensor::new(Op::Variable(cell.clone()), vec![]).expect("a variable always has a shape");
     (cell, t)
@@ -86,7 +152,7 @@ pub fn infer(op: &Op) -> Result<(Shape, DType)> {
 pub fn cpu(op: &Op) -> Result<Value> {
     match op {
         Op::Constant(v) => Ok((**v).clone()),
-        Op::Variable(c) => Ok(c.get()),
+        Op::Variable(c) => c.get(),
         Op::Placeholder(p) => p.default.clone().ok_or_else(|| {
             Error::Unfed(format!("placeholder '{}' (shape {}, {}) must be fed a value", p.name, p.shape, p.dtype))
         }),

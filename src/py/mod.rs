@@ -16,6 +16,13 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
+pyo3::create_exception!(
+    _core,
+    DeviceError,
+    PyRuntimeError,
+    "A device fault: no such adapter, out of GPU memory, device lost, a shader compile failure, a buffer over the adapter's limits."
+);
+
 fn err(e: Error) -> PyErr {
     match e {
         Error::Callback(payload, m) => match payload.downcast_ref::<PyErr>() {
@@ -25,6 +32,7 @@ fn err(e: Error) -> PyErr {
         Error::Value(m) | Error::Unfed(m) => PyValueError::new_err(m),
         Error::Type(m) => PyTypeError::new_err(m),
         Error::Unsupported(m) | Error::Runtime(m) => PyRuntimeError::new_err(m),
+        Error::Device(m) => DeviceError::new_err(m),
     }
 }
 
@@ -143,8 +151,13 @@ impl PyVariable {
     fn name(&self) -> String {
         self.cell.name.clone()
     }
-    fn get(&self, py: Python<'_>) -> Py<PyAny> {
-        to_py(py, self.cell.get())
+    fn get(&self, py: Python<'_>) -> R<Py<PyAny>> {
+        let v = py.detach(|| guarded("get_value", || self.cell.get()))?;
+        Ok(to_py(py, v))
+    }
+    /// Whether the value currently has a copy on a GPU (tests of residency).
+    fn on_device(&self) -> bool {
+        self.cell.snapshot().1.is_some()
     }
     fn set(&self, value: &Bound<'_, PyAny>) -> R<()> {
         self.cell.set(to_value(value)?).map_err(err)
@@ -499,10 +512,22 @@ impl PyFunction {
         Ok(out.into_iter().map(|v| to_py(py, v)).collect())
     }
 
-    /// Kernel launches per call, for tests of fusion and folding.
+    /// Kernel launches per call, for tests of fusion and folding: those of the last call
+    /// (on a GPU, a fused elementwise chain counts once), or the CPU plan's count before
+    /// the first call.
     #[getter]
     fn dispatches(&self) -> usize {
-        self.0.plan.dispatches()
+        match *self.0.last.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(s) => s.dispatches,
+            None => self.0.plan.dispatches(),
+        }
+    }
+
+    /// Queue submissions of the last call (0 on the CPU, 1 for a plan that runs wholly
+    /// on a GPU).
+    #[getter]
+    fn submits(&self) -> usize {
+        self.0.last.lock().unwrap_or_else(|e| e.into_inner()).map_or(0, |s| s.submits)
     }
 }
 
@@ -514,8 +539,38 @@ fn evaluate(py: Python<'_>, xs: Vec<PyTensor>) -> R<Vec<Py<PyAny>>> {
 }
 
 #[pyfunction]
-fn device() -> String {
-    "cpu".to_string()
+fn device() -> R<String> {
+    crate::runtime::device::current().map(|d| d.name()).map_err(err)
+}
+
+#[pyfunction]
+fn set_device(name: &str) -> R<String> {
+    crate::runtime::device::set(name).map_err(err)
+}
+
+/// The GPU adapters: (index, name, backend, type, software).
+#[pyfunction]
+fn gpu_adapters() -> Vec<(usize, String, String, String, bool)> {
+    crate::runtime::device::list().into_iter().map(|a| (a.index, a.name, a.backend, a.kind, a.software)).collect()
+}
+
+/// Counters of the current GPU device: (buffer allocations, bytes allocated, pipelines
+/// compiled); None on the CPU.
+#[pyfunction]
+fn device_stats() -> R<Option<(u64, u64, usize)>> {
+    Ok(match crate::runtime::device::current().map_err(err)? {
+        crate::runtime::device::Device::Cpu => None,
+        crate::runtime::device::Device::Gpu(c) => Some(crate::runtime::gpu::stats(&c)),
+    })
+}
+
+/// Compiles a WGSL compute shader on the current GPU (tests of the shader-error path).
+#[pyfunction]
+fn compile_wgsl(source: &str, entry: &str) -> R<()> {
+    match crate::runtime::device::current().map_err(err)? {
+        crate::runtime::device::Device::Cpu => Err(err(Error::Device("compile_wgsl: the current device is the CPU".into()))),
+        crate::runtime::device::Device::Gpu(c) => guarded("compile_wgsl", || crate::runtime::gpu::compile_wgsl(&c, source, entry)),
+    }
 }
 
 #[pymodule]
@@ -556,6 +611,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gradients, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(device, m)?)?;
+    m.add_function(wrap_pyfunction!(set_device, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_adapters, m)?)?;
+    m.add_function(wrap_pyfunction!(device_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(compile_wgsl, m)?)?;
+    m.add("DeviceError", m.py().get_type::<DeviceError>())?;
     m.add("UNARY_OPS", UnaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
     m.add("BINARY_OPS", BinaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
     Ok(())

@@ -1,4 +1,52 @@
-//! Executing plans. `cpu` runs every primitive on host values.
+//! Executing plans. `cpu` runs every primitive on host values; `gpu` (feature `gpu`)
+//! runs them through wgpu, falling back to the CPU kernels node by node where WGSL has
+//! no lowering. `device` decides which one a call uses.
 
 pub mod cpu;
+pub mod device;
 pub mod value;
+
+#[cfg(feature = "gpu")]
+pub mod gpu;
+#[cfg(not(feature = "gpu"))]
+#[path = "gpu_stub.rs"]
+pub mod gpu;
+
+use crate::compile::Plan;
+use crate::error::Result;
+use value::Value;
+
+/// One result of a run: a host value, or (for variable updates on a GPU) a buffer that
+/// stays on the device.
+pub enum Out {
+    Host(Value),
+    Resident(gpu::Resident),
+}
+
+impl Out {
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Out::Host(v) => v.shape(),
+            Out::Resident(r) => r.shape(),
+        }
+    }
+}
+
+/// Kernel launches and queue submissions of the last run, for tests and benchmarks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunStats {
+    pub dispatches: usize,
+    pub submits: usize,
+}
+
+/// Runs `plan` on the current device. The first `n_host` results are returned as host
+/// values; the rest (update values) may stay on the device.
+pub fn run(plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &gpu::PlanCache) -> Result<(Vec<Out>, RunStats)> {
+    match device::current()? {
+        device::Device::Cpu => {
+            let stats = RunStats { dispatches: plan.dispatches(), submits: 0 };
+            Ok((cpu::run(plan, feeds)?.into_iter().map(Out::Host).collect(), stats))
+        }
+        device::Device::Gpu(ctx) => gpu::run(&ctx, plan, feeds, n_host, cache),
+    }
+}

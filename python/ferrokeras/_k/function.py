@@ -64,8 +64,14 @@ class Function:
 
     @property
     def dispatches(self):
-        """Kernel launches one call performs (folded constants excluded)."""
+        """Kernel launches of the last call (folded constants excluded; on a GPU a fused
+        elementwise chain counts once). Before the first call: the CPU plan's count."""
         return self._f.dispatches
+
+    @property
+    def submits(self):
+        """GPU queue submissions of the last call (1 when the plan runs wholly on a GPU)."""
+        return self._f.submits
 
 
 def function(inputs, outputs, updates=None, name=None, **kwargs):

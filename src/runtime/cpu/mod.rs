@@ -21,27 +21,7 @@ pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
                     .iter()
                     .map(|&j| slots[j].as_ref().expect("inputs are computed before their users"))
                     .collect();
-                match node.op() {
-                    Op::Loop(body) => {
-                        multi.insert(i, crate::ops::control::run(body, &args, &run)?);
-                        Value::scalar_f64(node.dtype(), 0.0)
-                    }
-                    Op::HostCall(h) => {
-                        multi.insert(i, crate::ops::host::run(h, &args)?);
-                        Value::scalar_f64(node.dtype(), 0.0)
-                    }
-                    Op::CtcDecode(d) => {
-                        multi.insert(i, crate::ops::ctc::run_decode(*d, &args)?);
-                        Value::scalar_f64(node.dtype(), 0.0)
-                    }
-                    Op::TupleGet(k) => {
-                        let src = plan.inputs[i][0];
-                        multi.get(&src).and_then(|r| r.get(*k)).cloned().ok_or_else(|| {
-                            Error::Runtime(format!("result {k} of a multi-result node was not computed"))
-                        })?
-                    }
-                    op => op.cpu(&args).map_err(|e| annotate(e, node))?,
-                }
+                run_node(plan, i, &args, &mut multi).map_err(|e| annotate(e, node))?
             }
         };
         slots[i] = Some(v);
@@ -51,6 +31,36 @@ pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
         }
     }
     Ok(plan.outputs.iter().map(|&o| slots[o].clone().expect("outputs are kept")).collect())
+}
+
+/// Runs compute node `i` of `plan` on host values. Multi-result nodes (loops, host
+/// callbacks, CTC decoding) keep their results in `multi`, where their `TupleGet` users find them; the
+/// GPU executor uses this too for the nodes it runs on the CPU.
+pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
+    let node = &plan.nodes[i];
+    match node.op() {
+        Op::Loop(body) => {
+            multi.insert(i, crate::ops::control::run(body, args, &run)?);
+            Ok(Value::scalar_f64(node.dtype(), 0.0))
+        }
+        Op::HostCall(h) => {
+            multi.insert(i, crate::ops::host::run(h, args)?);
+            Ok(Value::scalar_f64(node.dtype(), 0.0))
+        }
+        Op::CtcDecode(d) => {
+            multi.insert(i, crate::ops::ctc::run_decode(*d, args)?);
+            Ok(Value::scalar_f64(node.dtype(), 0.0))
+        }
+        Op::TupleGet(k) => {
+            let src = plan.inputs[i][0];
+            multi
+                .get(&src)
+                .and_then(|r| r.get(*k))
+                .cloned()
+                .ok_or_else(|| Error::Runtime(format!("result {k} of a multi-result node was not computed")))
+        }
+        op => op.cpu(args),
+    }
 }
 
 fn annotate(e: Error, node: &crate::graph::Tensor) -> Error {

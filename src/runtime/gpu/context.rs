@@ -1,0 +1,160 @@
+//! Adapters and devices. One `Context` per opened adapter, kept for the life of the
+//! process so buffers, pipelines and resident variables survive device switches.
+//! wgpu errors never panic: uncaptured errors are collected and turned into
+//! `Error::Device` after each submit, and device loss is recorded by a callback.
+
+use super::pipelines::PipelineCache;
+use super::pool::Pool;
+use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex, OnceLock};
+
+#[derive(Clone, Debug)]
+pub struct AdapterDesc {
+    pub index: usize,
+    pub name: String,
+    /// Vulkan, Metal, Dx12 or Gl.
+    pub backend: String,
+    /// discrete, integrated, virtual, cpu or other.
+    pub kind: String,
+    /// A software rasteriser (llvmpipe, WARP): never picked by `auto`.
+    pub software: bool,
+}
+
+pub struct Context {
+    pub id: u64,
+    pub desc: AdapterDesc,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub limits: wgpu::Limits,
+    /// The adapter has `shader-f16`; f16 rounding then uses native f16 conversions.
+    pub has_f16: bool,
+    /// Largest buffer a kernel may bind (adapter limit, or `FERROKERAS_GPU_MAX_BINDING`).
+    pub max_binding: u64,
+    pub(crate) pool: Mutex<Pool>,
+    pub(crate) pipelines: Mutex<PipelineCache>,
+    errors: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+impl Context {
+    pub fn index(&self) -> usize {
+        self.desc.index
+    }
+
+    /// Fails if the device was lost or wgpu reported an error since the last check.
+    pub fn check(&self, what: &str) -> Result<()> {
+        if let Some(m) = self.lost.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            return Err(Error::Device(format!("GPU device lost ({}): {m}", self.desc.name)));
+        }
+        let mut errs = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        if !errs.is_empty() {
+            let msg = errs.join("; ");
+            errs.clear();
+            return Err(Error::Device(format!("GPU error during {what}: {msg}")));
+        }
+        Ok(())
+    }
+}
+
+struct Registry {
+    instance: wgpu::Instance,
+    adapters: Vec<(AdapterDesc, wgpu::Adapter)>,
+    open: Mutex<Vec<Option<Arc<Context>>>>,
+}
+
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(|| {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::PRIMARY;
+        let instance = wgpu::Instance::new(desc);
+        let found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+        let adapters: Vec<(AdapterDesc, wgpu::Adapter)> = found
+            .into_iter()
+            .enumerate()
+            .map(|(index, a)| {
+                let info = a.get_info();
+                let (kind, software) = match info.device_type {
+                    wgpu::DeviceType::DiscreteGpu => ("discrete", false),
+                    wgpu::DeviceType::IntegratedGpu => ("integrated", false),
+                    wgpu::DeviceType::VirtualGpu => ("virtual", false),
+                    wgpu::DeviceType::Cpu => ("cpu", true),
+                    wgpu::DeviceType::Other => ("other", false),
+                };
+                let backend = format!("{:?}", info.backend);
+                (AdapterDesc { index, name: info.name.clone(), backend, kind: kind.into(), software }, a)
+            })
+            .collect();
+        let n = adapters.len();
+        Registry { instance, adapters, open: Mutex::new(vec![None; n]) }
+    })
+}
+
+pub fn adapters() -> Vec<AdapterDesc> {
+    registry().adapters.iter().map(|(d, _)| d.clone()).collect()
+}
+
+pub fn why_none() -> String {
+    let _ = &registry().instance;
+    "wgpu found no GPU adapter (Vulkan, Metal or DX12); on Linux install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers".into()
+}
+
+fn env_cap() -> Option<u64> {
+    std::env::var("FERROKERAS_GPU_MAX_BINDING").ok().and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+/// Opens (once) the device of adapter `index`.
+pub fn open(index: usize) -> Result<Arc<Context>> {
+    let reg = registry();
+    let mut open = reg.open.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(c)) = open.get(index) {
+        return Ok(c.clone());
+    }
+    let (desc, adapter) = reg
+        .adapters
+        .get(index)
+        .ok_or_else(|| Error::Device(format!("no GPU adapter number {index} ({} found)", reg.adapters.len())))?;
+    let has_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+    let limits = adapter.limits();
+    let features = if has_f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+    let dd = wgpu::DeviceDescriptor {
+        label: Some("ferrokeras"),
+        required_features: features,
+        required_limits: limits.clone(),
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&dd))
+        .map_err(|e| Error::Device(format!("cannot open GPU adapter {index} ({}): {e}", desc.name)))?;
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let lost = Arc::new(Mutex::new(None));
+    {
+        let errors = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            errors.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
+        }));
+        let lost = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{reason:?}: {msg}"));
+        });
+    }
+    let mut max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+    if let Some(cap) = env_cap() {
+        max_binding = max_binding.min(cap);
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let ctx = Arc::new(Context {
+        id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        desc: desc.clone(),
+        device,
+        queue,
+        limits,
+        has_f16,
+        max_binding,
+        pool: Mutex::new(Pool::default()),
+        pipelines: Mutex::new(PipelineCache::default()),
+        errors,
+        lost,
+    });
+    open[index] = Some(ctx.clone());
+    Ok(ctx)
+}

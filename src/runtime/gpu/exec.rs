@@ -1,0 +1,590 @@
+//! The GPU executor. Per plan (and device) a `Layout` is computed once: where each node
+//! runs (`Place`), which elementwise nodes fuse into which kernel, and when each slot
+//! dies. Per call, the nodes are walked in order: kernels are *recorded*, not run;
+//! views alias buffers; CPU nodes download what they read (the only reason for a
+//! submit before the end); at the end one submit runs everything and one mapped
+//! staging buffer brings back all outputs. Update values stay on the device.
+
+use super::pipelines::{dtag, Pipe};
+use super::pool::{self, DevBuf};
+use super::{fusion, kernels, transfer, Context, DTensor, Resident};
+use crate::compile::{Plan, Step};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::ops::{movement, GpuKind, Op, ViewOp};
+use crate::runtime::value::Value;
+use crate::runtime::{Out, RunStats};
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Feeds, folded constants, placeholders, variables.
+    Source,
+    /// CPU kernel inside the GPU plan.
+    Host,
+    /// A WGSL kernel (fused or hand-written).
+    Gpu,
+    /// Aliases its input's buffer.
+    View,
+    /// Computed from the input's shape.
+    Meta,
+}
+
+/// Static per-(plan, device) schedule.
+pub(crate) struct Layout {
+    ctx_id: u64,
+    pub place: Vec<Place>,
+    /// The node whose kernel computes node i (i itself unless i is fused into a user).
+    pub sink: Vec<usize>,
+    /// For the sink of a fused group: its members in execution order (sink last).
+    pub members: Vec<Vec<usize>>,
+    /// Slots dead after step i.
+    frees: Vec<Vec<usize>>,
+    /// Folded constants already uploaded.
+    consts: Mutex<HashMap<usize, DTensor>>,
+    /// Generated pipelines per (sink, input modes).
+    pub fused: Mutex<HashMap<(usize, Vec<u32>), Arc<Pipe>>>,
+}
+
+/// A `Function`'s GPU state, rebuilt when the device changes.
+#[derive(Default)]
+pub struct PlanCache {
+    layout: Mutex<Option<Arc<Layout>>>,
+}
+
+pub(crate) struct Slot {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub host: Option<Value>,
+    pub dev: Option<DTensor>,
+}
+
+impl Slot {
+    pub fn host(v: Value) -> Slot {
+        Slot { shape: v.shape().to_vec(), dtype: v.dtype(), host: Some(v), dev: None }
+    }
+    pub fn dev(d: DTensor) -> Slot {
+        Slot { shape: d.shape.clone(), dtype: d.dtype, host: None, dev: Some(d) }
+    }
+}
+
+pub(crate) struct Cmd {
+    pipe: Arc<Pipe>,
+    /// (binding, buffer, bytes bound)
+    bufs: Vec<(u32, Arc<DevBuf>, u64)>,
+    params: Vec<u32>,
+    groups: [u32; 3],
+}
+
+pub(crate) struct Exec<'a> {
+    pub ctx: &'a Arc<Context>,
+    pub plan: &'a Plan,
+    pub lay: &'a Layout,
+    pub slots: Vec<Option<Slot>>,
+    cmds: Vec<Cmd>,
+    status: Option<Arc<DevBuf>>,
+    /// Error messages of kernels that report out-of-range indices, by tag.
+    status_msgs: HashMap<u32, String>,
+    /// Variable versions read this call, for attaching uploaded copies.
+    var_versions: HashMap<usize, u64>,
+    /// Results of multi-result nodes (loops), read by their `TupleGet` users.
+    multi: HashMap<usize, Vec<Value>>,
+    pub stats: RunStats,
+}
+
+fn gpu_supports(t: &Tensor) -> bool {
+    let op = t.op();
+    let hargs = op.host_args();
+    let ins_ok = t.inputs().iter().enumerate().all(|(p, x)| hargs.contains(&p) || dtag(x.dtype()).is_some());
+    let out_ok = dtag(t.dtype()).is_some() || matches!(op, Op::Arg { .. });
+    ins_ok && out_ok && kernels::supports(t)
+}
+
+fn build_layout(ctx: &Context, plan: &Plan) -> Layout {
+    let n = plan.nodes.len();
+    let mut consumers: Vec<Vec<(usize, usize)>> = vec![vec![]; n];
+    for (i, ins) in plan.inputs.iter().enumerate() {
+        for (p, &j) in ins.iter().enumerate() {
+            consumers[j].push((i, p));
+        }
+    }
+    let mut is_out = vec![false; n];
+    for &o in &plan.outputs {
+        is_out[o] = true;
+    }
+    // Small int vectors that only feed target shapes stay on the host.
+    let mut shape_like = vec![false; n];
+    for i in (0..n).rev() {
+        let t = &plan.nodes[i];
+        shape_like[i] = t.dtype().is_int()
+            && t.rank() <= 1
+            && !consumers[i].is_empty()
+            && consumers[i].iter().all(|&(c, p)| plan.nodes[c].op().host_args().contains(&p) || shape_like[c]);
+    }
+    let place: Vec<Place> = (0..n)
+        .map(|i| match plan.steps[i] {
+            Step::Fed(_) | Step::Folded(_) => Place::Source,
+            Step::Compute => match plan.nodes[i].op().gpu_kind() {
+                GpuKind::Source => Place::Source,
+                GpuKind::Meta => Place::Meta,
+                GpuKind::View(_) => Place::View,
+                GpuKind::Host => Place::Host,
+                GpuKind::Fused(_) | GpuKind::Kernel => {
+                    if !shape_like[i] && gpu_supports(&plan.nodes[i]) {
+                        Place::Gpu
+                    } else {
+                        Place::Host
+                    }
+                }
+            },
+        })
+        .collect();
+    let fusable = |i: usize| place[i] == Place::Gpu && matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_));
+    let inlined = |j: usize| matches!(&plan.steps[j], Step::Folded(v) if v.len() == 1 && dtag(v.dtype()).is_some());
+    let dev_inputs = |i: usize| -> Vec<usize> {
+        let h = plan.nodes[i].op().host_args();
+        plan.inputs[i].iter().enumerate().filter(|(p, &j)| !h.contains(p) && !inlined(j)).map(|(_, &j)| j).collect()
+    };
+    let max_inputs = (ctx.limits.max_storage_buffers_per_shader_stage as usize).saturating_sub(2).max(2);
+    let mut sink: Vec<usize> = (0..n).collect();
+    let mut ext: HashMap<usize, Vec<usize>> = HashMap::new();
+    for i in (0..n).rev() {
+        if !fusable(i) {
+            continue;
+        }
+        let mine = dev_inputs(i);
+        let mut distinct_users: Vec<usize> = consumers[i].iter().map(|c| c.0).collect();
+        distinct_users.dedup();
+        if !is_out[i] && distinct_users.len() == 1 && fusable(distinct_users[0]) {
+            let s = sink[distinct_users[0]];
+            let cur = ext.get(&s).cloned().unwrap_or_default();
+            let mut merged: Vec<usize> = cur.into_iter().filter(|&j| j != i).collect();
+            for j in mine.iter().copied() {
+                if !merged.contains(&j) {
+                    merged.push(j);
+                }
+            }
+            if merged.len() <= max_inputs {
+                sink[i] = s;
+                ext.insert(s, merged);
+                continue;
+            }
+        }
+        ext.insert(i, mine);
+    }
+    let mut members = vec![Vec::new(); n];
+    for i in 0..n {
+        if fusable(i) {
+            members[sink[i]].push(i);
+        }
+    }
+    let mut last: Vec<Option<usize>> = vec![None; n];
+    for i in 0..n {
+        for &j in &plan.inputs[i] {
+            let at = sink[i];
+            last[j] = Some(last[j].map_or(at, |l: usize| l.max(at)));
+        }
+    }
+    let mut frees = vec![Vec::new(); n];
+    for (j, l) in last.iter().enumerate() {
+        if let (Some(l), false) = (l, is_out[j]) {
+            frees[*l].push(j);
+        }
+    }
+    Layout { ctx_id: ctx.id, place, sink, members, frees, consts: Mutex::new(HashMap::new()), fused: Mutex::new(HashMap::new()) }
+}
+
+/// Runs `plan` on `ctx`. Results `..n_host` come back as host values, the rest may stay
+/// resident.
+pub fn run(ctx: &Arc<Context>, plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &PlanCache) -> Result<(Vec<Out>, RunStats)> {
+    let lay = {
+        let mut l = cache.layout.lock().unwrap_or_else(|e| e.into_inner());
+        match l.as_ref() {
+            Some(x) if x.ctx_id == ctx.id => x.clone(),
+            _ => {
+                let x = Arc::new(build_layout(ctx, plan));
+                *l = Some(x.clone());
+                x
+            }
+        }
+    };
+    ctx.check("an earlier call")?;
+    let mut ex = Exec {
+        ctx,
+        plan,
+        lay: &lay,
+        slots: (0..plan.nodes.len()).map(|_| None).collect(),
+        cmds: Vec::new(),
+        status: None,
+        status_msgs: HashMap::new(),
+        var_versions: HashMap::new(),
+        multi: HashMap::new(),
+        stats: RunStats::default(),
+    };
+    let mut feeds: Vec<Option<Value>> = feeds.into_iter().map(Some).collect();
+    for i in 0..plan.nodes.len() {
+        ex.step(i, &mut feeds).map_err(|e| annotate(e, &plan.nodes[i]))?;
+        for &j in &lay.frees[i] {
+            ex.slots[j] = None;
+            ex.multi.remove(&j);
+        }
+    }
+    let mut need: Vec<usize> = plan.outputs[..n_host].to_vec();
+    need.sort_unstable();
+    need.dedup();
+    ex.ensure_host(&need, true)?;
+    let outs = plan
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(k, &o)| {
+            let s = ex.slots[o].as_ref().expect("outputs are kept");
+            match (&s.host, &s.dev) {
+                (Some(h), _) if k < n_host => Out::Host(h.clone()),
+                (_, Some(d)) if k >= n_host => Out::Resident(Resident(d.clone())),
+                (Some(h), _) => Out::Host(h.clone()),
+                (None, _) => unreachable!("host outputs were downloaded"),
+            }
+        })
+        .collect();
+    Ok((outs, ex.stats))
+}
+
+fn annotate(e: Error, node: &Tensor) -> Error {
+    match e {
+        Error::Device(m) if !m.contains(&node.op().name()) => {
+            Error::Device(format!("{m} (while running {} of shape {})", node.op().name(), node.shape()))
+        }
+        other => other,
+    }
+}
+
+impl<'a> Exec<'a> {
+    pub fn slot(&self, j: usize) -> &Slot {
+        self.slots[j].as_ref().expect("inputs are computed before their users")
+    }
+
+    fn step(&mut self, i: usize, feeds: &mut [Option<Value>]) -> Result<()> {
+        let lay = self.lay;
+        if lay.sink[i] != i {
+            return Ok(()); // computed inside its user's fused kernel
+        }
+        let plan = self.plan;
+        let slot = match &self.plan.steps[i] {
+            Step::Fed(f) => Slot::host(feeds[*f].take().expect("each feed is read once")),
+            Step::Folded(v) => {
+                let mut s = Slot::host(v.clone());
+                s.dev = lay.consts.lock().unwrap_or_else(|e| e.into_inner()).get(&i).cloned();
+                s
+            }
+            Step::Compute => match lay.place[i] {
+                Place::Source => self.source(i)?,
+                Place::Meta => {
+                    let sh = &self.slot(self.plan.inputs[i][0]).shape;
+                    Slot::host(Value::from_vec(&[sh.len()], sh.iter().map(|&d| d as i32).collect())?)
+                }
+                Place::View => self.view(i)?,
+                Place::Host => {
+                    let ins = self.plan.inputs[i].clone();
+                    self.ensure_host(&ins, false)?;
+                    let vals: Vec<Value> = ins.iter().map(|&j| self.slot(j).host.clone().expect("downloaded")).collect();
+                    let args: Vec<&Value> = vals.iter().collect();
+                    Slot::host(crate::runtime::cpu::run_node(plan, i, &args, &mut self.multi)?)
+                }
+                Place::Gpu if !lay.members[i].is_empty() => fusion::record(self, i)?,
+                Place::Gpu => kernels::record(self, i)?,
+            },
+        };
+        self.slots[i] = Some(slot);
+        Ok(())
+    }
+
+    fn source(&mut self, i: usize) -> Result<Slot> {
+        let plan = self.plan;
+        let node = &plan.nodes[i];
+        if let Op::Variable(cell) = node.op() {
+            let (host, dev, version) = cell.snapshot();
+            self.var_versions.insert(i, version);
+            return Ok(match (host, dev) {
+                (h, Some(r)) if r.context_id() == self.ctx.id => {
+                    let mut s = Slot::dev(r.0);
+                    s.host = h;
+                    s
+                }
+                (Some(h), _) => Slot::host(h),
+                (None, Some(r)) => {
+                    // Resident on another device: bring it over through the host.
+                    Slot::host(r.download()?)
+                }
+                (None, None) => unreachable!("a variable has a host or a device copy"),
+            });
+        }
+        Ok(Slot::host(node.op().cpu(&[])?))
+    }
+
+    fn view(&mut self, i: usize) -> Result<Slot> {
+        let plan = self.plan;
+        let node = &plan.nodes[i];
+        let ins = &plan.inputs[i];
+        let x = self.slot(ins[0]);
+        let shape = match node.op().gpu_kind() {
+            GpuKind::View(ViewOp::Identity) => x.shape.clone(),
+            GpuKind::View(ViewOp::Reshape) => {
+                let s = self.slot(ins[1]);
+                let Some(target) = s.host.as_ref() else {
+                    return Err(Error::Runtime("reshape: the target shape is not on the host".into()));
+                };
+                movement::reshape_dims("reshape", &x.shape, target)?
+            }
+            GpuKind::View(ViewOp::ExpandDims(axes)) => movement::expanded_dims(axes, &x.shape),
+            GpuKind::View(ViewOp::Squeeze(axes)) => movement::squeezed_dims(axes, &x.shape)?,
+            GpuKind::Source | GpuKind::Meta | GpuKind::Fused(_) | GpuKind::Kernel | GpuKind::Host => {
+                return Err(Error::Runtime(format!("internal: {} is not a view", node.op().name())))
+            }
+        };
+        Ok(Slot {
+            dtype: node.dtype(),
+            host: x.host.as_ref().map(|h| h.reshape(&shape)).transpose()?,
+            dev: x.dev.as_ref().map(|d| DTensor { buf: d.buf.clone(), shape: shape.clone(), dtype: d.dtype }),
+            shape,
+        })
+    }
+
+    /// The device copy of slot `j`, uploading it if needed (once per plan for folded
+    /// constants, once per value for variables).
+    pub fn dev(&mut self, j: usize) -> Result<DTensor> {
+        let s = self.slot(j);
+        if let Some(d) = &s.dev {
+            return Ok(d.clone());
+        }
+        let v = s.host.as_ref().expect("a slot has a host or a device value");
+        let words = transfer::to_words(v)
+            .ok_or_else(|| Error::Runtime(format!("internal: a {} value cannot be uploaded to the GPU", v.dtype())))?;
+        let what = || format!("{} (shape {:?}, {})", self.plan.nodes[j].op().name(), v.shape(), v.dtype());
+        let buf = pool::alloc(self.ctx, (words.len() as u64 * 4).max(4), &what)?;
+        if !words.is_empty() {
+            self.ctx.queue.write_buffer(buf.raw(), 0, bytemuck::cast_slice(&words));
+        }
+        let d = DTensor { buf, shape: v.shape().to_vec(), dtype: v.dtype() };
+        match (&self.plan.steps[j], self.plan.nodes[j].op()) {
+            (Step::Folded(_), _) => {
+                self.lay.consts.lock().unwrap_or_else(|e| e.into_inner()).insert(j, d.clone());
+            }
+            (Step::Compute, Op::Variable(cell)) => {
+                if let Some(&ver) = self.var_versions.get(&j) {
+                    cell.attach_resident(Resident(d.clone()), ver);
+                }
+            }
+            _ => {}
+        }
+        self.slots[j].as_mut().expect("slot").dev = Some(d.clone());
+        Ok(d)
+    }
+
+    /// A fresh device tensor (contents undefined).
+    pub fn alloc(&self, shape: &[usize], dtype: DType, node: usize) -> Result<DTensor> {
+        let n: usize = shape.iter().product();
+        let what = || format!("the result of {} (shape {shape:?}, {dtype})", self.plan.nodes[node].op().name());
+        let buf = pool::alloc(self.ctx, (n as u64 * 4).max(4), &what)?;
+        Ok(DTensor { buf, shape: shape.to_vec(), dtype })
+    }
+
+    /// Records one dispatch. `bufs` are (binding, tensor) pairs; binding 0 is the params.
+    pub fn dispatch(&mut self, pipe: Arc<Pipe>, bufs: &[(u32, &DTensor)], params: Vec<u32>, groups: [u32; 3]) {
+        if groups.contains(&0) {
+            return;
+        }
+        let bufs = bufs.iter().map(|(b, t)| (*b, t.buf.clone(), (t.numel() as u64 * 4).max(4))).collect();
+        self.cmds.push(Cmd { pipe, bufs, params, groups });
+        self.stats.dispatches += 1;
+    }
+
+    /// Like `dispatch`, binding the call's error-status buffer at binding 4; an index out
+    /// of range makes the call fail with `msg`.
+    pub fn dispatch_checked(&mut self, pipe: Arc<Pipe>, bufs: &[(u32, &DTensor)], mut params: Vec<u32>, groups: [u32; 3], tag: u32, msg: String) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let status = match &self.status {
+            Some(s) => s.clone(),
+            None => {
+                let s = pool::alloc(self.ctx, 256, &|| "the error-status buffer".into())?;
+                self.ctx.queue.write_buffer(s.raw(), 0, &[0u8; 16]);
+                self.status = Some(s.clone());
+                s
+            }
+        };
+        params.push(tag);
+        self.status_msgs.insert(tag, msg);
+        let mut b: Vec<(u32, Arc<DevBuf>, u64)> = bufs.iter().map(|(b, t)| (*b, t.buf.clone(), (t.numel() as u64 * 4).max(4))).collect();
+        b.push((4, status, 16));
+        self.cmds.push(Cmd { pipe, bufs: b, params, groups });
+        self.stats.dispatches += 1;
+        Ok(())
+    }
+
+    /// Makes the host values of `js` available, downloading device-only ones in one
+    /// submit. `finish` submits recorded work even when nothing needs downloading.
+    pub fn ensure_host(&mut self, js: &[usize], finish: bool) -> Result<()> {
+        let need: Vec<usize> = js.iter().copied().filter(|&j| self.slot(j).host.is_none()).collect::<Vec<_>>();
+        let mut need_u = need.clone();
+        need_u.sort_unstable();
+        need_u.dedup();
+        if need_u.is_empty() && !(finish && (!self.cmds.is_empty() || self.status.is_some())) {
+            return Ok(());
+        }
+        let mut reads: Vec<DTensor> = need_u.iter().map(|&j| self.slot(j).dev.clone().expect("device value")).collect();
+        let status = self.status.take();
+        if let Some(s) = &status {
+            reads.push(DTensor { buf: s.clone(), shape: vec![4], dtype: DType::I32 });
+        }
+        let cmds = std::mem::take(&mut self.cmds);
+        let mut words = submit(self.ctx, cmds, &reads)?;
+        self.stats.submits += 1;
+        if status.is_some() {
+            let st = words.pop().expect("status words");
+            if st[0] != 0 {
+                let msg = self.status_msgs.get(&st[0]).cloned().unwrap_or_else(|| "an index is out of range".into());
+                return Err(Error::Value(msg));
+            }
+        }
+        for (&j, w) in need_u.iter().zip(words) {
+            let s = self.slots[j].as_mut().expect("slot");
+            s.host = Some(transfer::from_words(s.dtype, &s.shape, &w));
+        }
+        Ok(())
+    }
+}
+
+/// Flat 1-D grid of 256-wide workgroups for `n` invocations (2-D past 65535 groups).
+pub fn grid(n: usize) -> [u32; 3] {
+    let g = n.div_ceil(256);
+    if g == 0 {
+        return [0, 1, 1];
+    }
+    let x = g.min(65535);
+    [x as u32, g.div_ceil(x) as u32, 1]
+}
+
+/// Downloads device tensors outside of a call (a resident variable's value).
+pub fn read_back(ctx: &Arc<Context>, ts: &[DTensor]) -> Result<Vec<Vec<u32>>> {
+    submit(ctx, Vec::new(), ts)
+}
+
+/// Encodes `cmds` in one compute pass, copies `reads` into one staging buffer, submits
+/// once, maps once, and returns the words of each read.
+fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<Vec<u32>>> {
+    let align = (ctx.limits.min_storage_buffer_offset_alignment as usize / 4).max(1);
+    let mut all: Vec<u32> = Vec::new();
+    let mut offs = Vec::with_capacity(cmds.len());
+    for c in &cmds {
+        all.resize(all.len().div_ceil(align) * align, 0);
+        offs.push(all.len());
+        all.extend_from_slice(&c.params);
+        if c.params.is_empty() {
+            all.push(0);
+        }
+    }
+    let pbuf = if all.is_empty() {
+        None
+    } else {
+        let b = pool::alloc(ctx, all.len() as u64 * 4, &|| "kernel parameters".into())?;
+        ctx.queue.write_buffer(b.raw(), 0, bytemuck::cast_slice(&all));
+        Some(b)
+    };
+    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ferrokeras call") });
+    if let Some(pbuf) = &pbuf {
+        let groups: Vec<wgpu::BindGroup> = cmds
+            .iter()
+            .zip(&offs)
+            .map(|(c, &o)| {
+                let plen = c.params.len().max(1) as u64 * 4;
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: pbuf.raw(),
+                        offset: o as u64 * 4,
+                        size: NonZeroU64::new(plen),
+                    }),
+                }];
+                for (b, buf, bytes) in &c.bufs {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: *b,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: buf.raw(),
+                            offset: 0,
+                            size: NonZeroU64::new(*bytes),
+                        }),
+                    });
+                }
+                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &c.pipe.layout, entries: &entries })
+            })
+            .collect();
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+        for (c, g) in cmds.iter().zip(&groups) {
+            pass.set_pipeline(&c.pipe.pipeline);
+            pass.set_bind_group(0, g, &[]);
+            pass.dispatch_workgroups(c.groups[0], c.groups[1], c.groups[2]);
+        }
+    }
+    let sizes: Vec<u64> = reads.iter().map(|t| t.numel() as u64 * 4).collect();
+    let total: u64 = sizes.iter().sum();
+    let staging = if total > 0 { Some(pool::alloc_staging(ctx, total)?) } else { None };
+    if let Some(st) = &staging {
+        let mut off = 0;
+        for (t, &sz) in reads.iter().zip(&sizes) {
+            if sz > 0 {
+                enc.copy_buffer_to_buffer(t.buf.raw(), 0, st.raw(), off, sz);
+            }
+            off += sz;
+        }
+    }
+    ctx.queue.submit([enc.finish()]);
+    let mut out: Vec<Vec<u32>> = Vec::with_capacity(reads.len());
+    match &staging {
+        Some(st) => {
+            let slice = st.raw().slice(0..total);
+            let (tx, rx) = std::sync::mpsc::channel();
+            slice.map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            ctx.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| Error::Device(format!("GPU wait failed on {}: {e}", ctx.desc.name)))?;
+            ctx.check("a GPU call")?;
+            match rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(Error::Device(format!("mapping the GPU results failed: {e}"))),
+                Err(_) => return Err(Error::Device("mapping the GPU results did not complete".into())),
+            }
+            {
+                let view = slice
+                    .get_mapped_range()
+                    .map_err(|e| Error::Device(format!("reading the mapped GPU results failed: {e}")))?;
+                let words: &[u32] = bytemuck::cast_slice(&view);
+                let mut off = 0usize;
+                for &sz in &sizes {
+                    let n = sz as usize / 4;
+                    out.push(words[off..off + n].to_vec());
+                    off += n;
+                }
+            }
+            st.raw().unmap();
+        }
+        None => {
+            ctx.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| Error::Device(format!("GPU wait failed on {}: {e}", ctx.desc.name)))?;
+            ctx.check("a GPU call")?;
+            out.extend(reads.iter().map(|_| Vec::new()));
+        }
+    }
+    drop(cmds);
+    drop(pbuf);
+    drop(staging);
+    ctx.pool.lock().unwrap_or_else(|e| e.into_inner()).recycle();
+    Ok(out)
+}

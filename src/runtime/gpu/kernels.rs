@@ -1,0 +1,458 @@
+//! Lowerings of the non-elementwise primitives to the hand-written kernels in
+//! `shaders/{movement,reduce,scatter,matmul,random}.wgsl`. Each computes its runtime
+//! output shape (raising the same errors as the CPU kernel), then records dispatches.
+
+use super::exec::{grid, Exec, Slot};
+use super::pipelines::{self, dtag};
+use super::transfer::scalar_word;
+use super::DTensor;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::ops::movement::{indices, resolve_slice, sum_to_axes};
+use crate::ops::{random, ArgOp, Op, ReduceOp, ScanOp, SliceAxis};
+use crate::shape::broadcast_runtime;
+use crate::value_err;
+
+/// Whether the GPU lowering of `t` handles its dtypes (the rest run on the CPU).
+pub(crate) fn supports(t: &Tensor) -> bool {
+    let d = t.dtype();
+    match t.op() {
+        // Integer means divide an i32 sum, which could wrap where the CPU's i64 does not.
+        Op::Reduce { op: ReduceOp::Mean, .. } => d.is_float(),
+        // Atomic adds accumulate in the storage type: exact only for f32 and i32.
+        Op::ScatterAdd(_) => matches!(d, DType::F32 | DType::I32),
+        Op::Random(_) => matches!(d, DType::F32 | DType::F16),
+        Op::Reduce { .. }
+        | Op::Arg { .. }
+        | Op::Scan { .. }
+        | Op::SumTo
+        | Op::Transpose(_)
+        | Op::Slice(_)
+        | Op::SliceGrad(_)
+        | Op::Concat(_)
+        | Op::ConcatGrad { .. }
+        | Op::Pad { .. }
+        | Op::Reverse(_)
+        | Op::Gather(_)
+        | Op::MatMul { .. }
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Select
+        | Op::Cast(_)
+        | Op::BroadcastTo => true,
+        Op::Placeholder(_)
+        | Op::Constant(_)
+        | Op::Variable(_)
+        | Op::StopGradient
+        | Op::Reshape
+        | Op::ShapeOf
+        | Op::ExpandDims(_)
+        | Op::Squeeze(_)
+        | Op::Loop(_)
+        | Op::TupleGet(_)
+        | Op::HostCall(_)
+        | Op::Ctc(_)
+        | Op::CtcDecode(_)
+        | Op::Conv(_)
+        | Op::ConvInputGrad(_)
+        | Op::ConvKernelGrad(_)
+        | Op::Pool(_)
+        | Op::PoolGrad(_)
+        | Op::PoolSelect(_) => false,
+    }
+}
+
+fn c_strides(shape: &[usize]) -> Vec<i64> {
+    let mut st = vec![0i64; shape.len()];
+    let mut acc = 1i64;
+    for d in (0..shape.len()).rev() {
+        st[d] = acc;
+        acc *= shape[d] as i64;
+    }
+    st
+}
+
+fn tag(d: DType) -> Result<&'static str> {
+    dtag(d).ok_or_else(|| Error::Runtime(format!("internal: {d} reached a GPU kernel")))
+}
+
+/// out[i] = src[base + sum coord_d * strides_d] over `out_shape`.
+fn gather_strided(ex: &mut Exec, i: usize, src: &DTensor, out_shape: &[usize], base: i64, strides: &[i64]) -> Result<DTensor> {
+    let out = ex.alloc(out_shape, src.dtype, i)?;
+    let n: usize = out_shape.iter().product();
+    let mut p = vec![n as u32, out_shape.len() as u32, base as i32 as u32];
+    p.extend(out_shape.iter().map(|&d| d as u32));
+    p.extend(strides.iter().map(|&s| s as i32 as u32));
+    let pipe = pipelines::family(ex.ctx, "movement", "gather_strided", "u32")?;
+    ex.dispatch(pipe, &[(1, &out), (2, src)], p, grid(n));
+    Ok(out)
+}
+
+/// out[base + sum coord_d * strides_d] = src[i] over src's shape.
+fn scatter_strided(ex: &mut Exec, out: &DTensor, src: &DTensor, base: i64, strides: &[i64]) -> Result<()> {
+    let n = src.numel();
+    let mut p = vec![n as u32, src.shape.len() as u32, base as i32 as u32];
+    p.extend(src.shape.iter().map(|&d| d as u32));
+    p.extend(strides.iter().map(|&s| s as i32 as u32));
+    let pipe = pipelines::family(ex.ctx, "movement", "scatter_strided", "u32")?;
+    ex.dispatch(pipe, &[(1, out), (2, src)], p, grid(n));
+    Ok(())
+}
+
+fn fill(ex: &mut Exec, out: &DTensor, word: u32) -> Result<()> {
+    let n = out.numel();
+    let pipe = pipelines::family(ex.ctx, "movement", "fill", "u32")?;
+    ex.dispatch(pipe, &[(1, out)], vec![n as u32, word], grid(n));
+    Ok(())
+}
+
+/// Base offset, strides and shape of a strided slice of a tensor of `shape`.
+fn slice_geometry(spec: &[SliceAxis], shape: &[usize]) -> (i64, Vec<i64>, Vec<usize>) {
+    let cs = c_strides(shape);
+    let mut base = 0i64;
+    let mut st = Vec::with_capacity(shape.len());
+    let mut dims = Vec::with_capacity(shape.len());
+    for (d, s) in spec.iter().enumerate() {
+        let (start, _, step, len) = resolve_slice(s, shape[d]);
+        if len > 0 {
+            base += start * cs[d];
+        }
+        st.push(step * cs[d]);
+        dims.push(len);
+    }
+    (base, st, dims)
+}
+
+/// Reduces `x` over `axes` with reduction op code `code` (0 sum, 1 prod, 2 max, 3 min,
+/// 4 mean) into a tensor of `out_shape`.
+fn reduce(ex: &mut Exec, i: usize, x: &DTensor, axes: &[usize], code: u32, out_shape: &[usize]) -> Result<DTensor> {
+    let r = x.shape.len();
+    let mut x = x.clone();
+    let (lo, hi) = match (axes.first(), axes.last()) {
+        (Some(&a), Some(&b)) if b + 1 - a == axes.len() => (a, b + 1),
+        (Some(_), Some(_)) => {
+            let mut perm: Vec<usize> = (0..r).filter(|d| !axes.contains(d)).collect();
+            perm.extend_from_slice(axes);
+            let cs = c_strides(&x.shape);
+            let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+            let st: Vec<i64> = perm.iter().map(|&p| cs[p]).collect();
+            x = gather_strided(ex, i, &x, &shape, 0, &st)?;
+            (r - axes.len(), r)
+        }
+        _ => (r, r),
+    };
+    let outer: usize = x.shape[..lo].iter().product();
+    let red: usize = x.shape[lo..hi].iter().product();
+    let inner: usize = x.shape[hi..].iter().product();
+    let nout = outer * inner;
+    let out = ex.alloc(out_shape, x.dtype, i)?;
+    let t = tag(x.dtype)?;
+    let params = vec![outer as u32, red as u32, inner as u32, code];
+    if nout < 4096 && red >= 64 {
+        let pipe = pipelines::family(ex.ctx, "reduce", "reduce_tree", t)?;
+        let x_ = nout.min(65535);
+        ex.dispatch(pipe, &[(1, &out), (2, &x)], params, [x_ as u32, nout.div_ceil(x_.max(1)) as u32, 1]);
+    } else {
+        let pipe = pipelines::family(ex.ctx, "reduce", "reduce_serial", t)?;
+        ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(nout));
+    }
+    Ok(out)
+}
+
+fn shape_value(ex: &Exec, j: usize, what: &str) -> Result<Vec<i64>> {
+    ex.slot(j)
+        .host
+        .as_ref()
+        .map(|v| v.to_i64_vec())
+        .ok_or_else(|| Error::Runtime(format!("{what}: the target shape is not on the host")))
+}
+
+/// Records the kernel(s) of node `i`.
+pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
+    let plan = ex.plan;
+    let node = &plan.nodes[i];
+    let ins = ex.plan.inputs[i].clone();
+    let name = node.op().name();
+    let out = match node.op() {
+        Op::Transpose(perm) => {
+            let x = ex.dev(ins[0])?;
+            let cs = c_strides(&x.shape);
+            let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+            let st: Vec<i64> = perm.iter().map(|&p| cs[p]).collect();
+            gather_strided(ex, i, &x, &shape, 0, &st)?
+        }
+        Op::Slice(spec) => {
+            let x = ex.dev(ins[0])?;
+            let (base, st, dims) = slice_geometry(spec, &x.shape);
+            gather_strided(ex, i, &x, &dims, base, &st)?
+        }
+        Op::Reverse(axes) => {
+            let x = ex.dev(ins[0])?;
+            let mut st = c_strides(&x.shape);
+            let mut base = 0i64;
+            for &a in axes {
+                if x.shape[a] > 0 {
+                    base += (x.shape[a] as i64 - 1) * st[a];
+                }
+                st[a] = -st[a];
+            }
+            let shape = x.shape.clone();
+            gather_strided(ex, i, &x, &shape, base, &st)?
+        }
+        Op::ConcatGrad { axis, index } => {
+            let g = ex.dev(ins[0])?;
+            let off: usize = ins[1..1 + index].iter().map(|&j| ex.slot(j).shape[*axis]).sum();
+            let len = ex.slot(ins[1 + index]).shape[*axis];
+            let cs = c_strides(&g.shape);
+            let mut shape = g.shape.clone();
+            shape[*axis] = len;
+            gather_strided(ex, i, &g, &shape, off as i64 * cs[*axis], &cs)?
+        }
+        Op::SliceGrad(spec) => {
+            let g = ex.dev(ins[0])?;
+            let like = ex.slot(ins[1]).shape.clone();
+            let (base, st, dims) = slice_geometry(spec, &like);
+            if dims != g.shape {
+                return Err(value_err!("slice_grad: gradient shape {:?} does not match the slice shape {dims:?}", g.shape));
+            }
+            let out = ex.alloc(&like, g.dtype, i)?;
+            fill(ex, &out, 0)?;
+            scatter_strided(ex, &out, &g, base, &st)?;
+            out
+        }
+        Op::Pad { pads, value } => {
+            let x = ex.dev(ins[0])?;
+            let shape: Vec<usize> = x.shape.iter().zip(pads).map(|(d, (a, b))| d + a + b).collect();
+            let cs = c_strides(&shape);
+            let base: i64 = pads.iter().zip(&cs).map(|((a, _), s)| *a as i64 * s).sum();
+            let out = ex.alloc(&shape, x.dtype, i)?;
+            fill(ex, &out, scalar_word(x.dtype, *value))?;
+            scatter_strided(ex, &out, &x, base, &cs)?;
+            out
+        }
+        Op::Concat(axis) => {
+            let xs: Vec<DTensor> = ins.iter().map(|&j| ex.dev(j)).collect::<Result<_>>()?;
+            let mut shape = xs[0].shape.clone();
+            shape[*axis] = 0;
+            for x in &xs {
+                let ok = x.shape.len() == shape.len() && x.shape.iter().zip(&shape).enumerate().all(|(d, (a, b))| d == *axis || a == b);
+                if !ok {
+                    let shapes: Vec<_> = xs.iter().map(|x| x.shape.clone()).collect();
+                    return Err(value_err!("concatenate: shapes {shapes:?} do not match outside axis {axis}"));
+                }
+                shape[*axis] += x.shape[*axis];
+            }
+            let cs = c_strides(&shape);
+            let out = ex.alloc(&shape, xs[0].dtype, i)?;
+            let mut off = 0i64;
+            for x in &xs {
+                scatter_strided(ex, &out, x, off * cs[*axis], &cs)?;
+                off += x.shape[*axis] as i64;
+            }
+            out
+        }
+        Op::Gather(axis) => {
+            let p = ex.dev(ins[0])?;
+            let ps = p.shape.clone();
+            let (outer, n, inner) = (ps[..*axis].iter().product::<usize>(), ps[*axis], ps[axis + 1..].iter().product::<usize>());
+            if let Some(h) = ex.slot(ins[1]).host.as_ref() {
+                indices("gather", h, n)?;
+            }
+            let idx = ex.dev(ins[1])?;
+            let mut shape = ps[..*axis].to_vec();
+            shape.extend_from_slice(&idx.shape);
+            shape.extend_from_slice(&ps[axis + 1..]);
+            let out = ex.alloc(&shape, p.dtype, i)?;
+            let total = outer * idx.numel() * inner;
+            let pipe = pipelines::family(ex.ctx, "movement", "gather", "u32")?;
+            let msg = format!("gather: an index is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
+            let params = vec![total as u32, idx.numel() as u32, n as u32, inner as u32];
+            ex.dispatch_checked(pipe, &[(1, &out), (2, &p), (3, &idx)], params, grid(total), i as u32 + 1, msg)?;
+            out
+        }
+        Op::ScatterAdd(axis) => {
+            let u = ex.dev(ins[0])?;
+            let ls = ex.slot(ins[2]).shape.clone();
+            let (outer, n, inner) = (ls[..*axis].iter().product::<usize>(), ls[*axis], ls[axis + 1..].iter().product::<usize>());
+            if let Some(h) = ex.slot(ins[1]).host.as_ref() {
+                indices("scatter_add", h, n)?;
+            }
+            let idx = ex.dev(ins[1])?;
+            if u.numel() != outer * idx.numel() * inner {
+                return Err(value_err!("scatter_add: updates of shape {:?} do not match indices {:?} into {ls:?}", u.shape, idx.shape));
+            }
+            let out = ex.alloc(&ls, u.dtype, i)?;
+            fill(ex, &out, 0)?;
+            let pipe = pipelines::family(ex.ctx, "scatter", "scatter_add", tag(u.dtype)?)?;
+            let msg = format!("scatter_add: an index is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
+            let params = vec![u.numel() as u32, idx.numel() as u32, n as u32, inner as u32];
+            ex.dispatch_checked(pipe, &[(1, &out), (2, &u), (3, &idx)], params, grid(u.numel()), i as u32 + 1, msg)?;
+            out
+        }
+        Op::Reduce { op, axes, keepdims } => {
+            let x = ex.dev(ins[0])?;
+            if axes.iter().any(|&a| x.shape[a] == 0) {
+                // An empty reduction is its identity, as the CPU kernel defines it (for
+                // integers, the i64 extremes wrapped to the dtype): take it from there.
+                let empty = crate::runtime::value::Value::full(x.dtype, &x.shape, 0.0);
+                return Ok(Slot::host(node.op().cpu(&[&empty])?));
+            }
+            let shape: Vec<usize> = x
+                .shape
+                .iter()
+                .enumerate()
+                .filter_map(|(d, &n)| match (axes.contains(&d), keepdims) {
+                    (false, _) => Some(n),
+                    (true, true) => Some(1),
+                    (true, false) => None,
+                })
+                .collect();
+            let code = match op {
+                ReduceOp::Sum => 0,
+                ReduceOp::Prod => 1,
+                ReduceOp::Max => 2,
+                ReduceOp::Min => 3,
+                ReduceOp::Mean => 4,
+            };
+            reduce(ex, i, &x, axes, code, &shape)?
+        }
+        Op::SumTo => {
+            let x = ex.dev(ins[0])?;
+            let target: Vec<usize> = shape_value(ex, ins[1], "sum_to")?.iter().map(|&d| d.max(0) as usize).collect();
+            if target == x.shape {
+                x
+            } else {
+                let axes = sum_to_axes(&x.shape, &target)?;
+                reduce(ex, i, &x, &axes, 0, &target)?
+            }
+        }
+        Op::Arg { op, axis } => {
+            let x = ex.dev(ins[0])?;
+            let s = x.shape.clone();
+            if s[*axis] == 0 {
+                return Err(value_err!("{}: cannot reduce an empty axis {axis} of shape {s:?}", op.name()));
+            }
+            let (outer, red, inner) = (s[..*axis].iter().product::<usize>(), s[*axis], s[axis + 1..].iter().product::<usize>());
+            let mut shape = s.clone();
+            shape.remove(*axis);
+            let out = ex.alloc(&shape, DType::I64, i)?;
+            let code = match op {
+                ArgOp::ArgMax => 0,
+                ArgOp::ArgMin => 1,
+            };
+            let pipe = pipelines::family(ex.ctx, "reduce", "arg", tag(x.dtype)?)?;
+            ex.dispatch(pipe, &[(1, &out), (2, &x)], vec![outer as u32, red as u32, inner as u32, code], grid(outer * inner));
+            out
+        }
+        Op::Scan { op, axis, exclusive, reverse } => {
+            let x = ex.dev(ins[0])?;
+            let s = x.shape.clone();
+            let (outer, red, inner) = (s[..*axis].iter().product::<usize>(), s[*axis], s[axis + 1..].iter().product::<usize>());
+            let out = ex.alloc(&s, x.dtype, i)?;
+            let code = match op {
+                ScanOp::Cumsum => 0,
+                ScanOp::Cumprod => 1,
+            };
+            let pipe = pipelines::family(ex.ctx, "reduce", "scan", tag(x.dtype)?)?;
+            let params = vec![outer as u32, red as u32, inner as u32, code, *exclusive as u32, *reverse as u32];
+            ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(outer * inner));
+            out
+        }
+        Op::MatMul { ta, tb } => matmul(ex, i, &ins, *ta, *tb)?,
+        Op::Random(st) => {
+            let dims: Vec<usize> = shape_value(ex, ins[0], &name)?
+                .iter()
+                .map(|&d| if d < 0 { Err(value_err!("{name}: negative dimension {d}")) } else { Ok(d as usize) })
+                .collect::<Result<_>>()?;
+            let n: usize = dims.iter().product();
+            let (key, call) = random::next_call(st);
+            let dist = match st.dist {
+                random::RandomDist::Uniform => 0,
+                random::RandomDist::Normal => 1,
+                random::RandomDist::TruncatedNormal => 2,
+            };
+            let out = ex.alloc(&dims, node.dtype(), i)?;
+            let pipe = pipelines::family(ex.ctx, "random", "random", tag(node.dtype())?)?;
+            let params = vec![n as u32, key[0], key[1], call as u32, (call >> 32) as u32, dist];
+            ex.dispatch(pipe, &[(1, &out)], params, grid(n));
+            out
+        }
+        Op::Placeholder(_)
+        | Op::Constant(_)
+        | Op::Variable(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Select
+        | Op::Cast(_)
+        | Op::StopGradient
+        | Op::Reshape
+        | Op::BroadcastTo
+        | Op::ShapeOf
+        | Op::ExpandDims(_)
+        | Op::Squeeze(_)
+        | Op::Loop(_)
+        | Op::TupleGet(_)
+        | Op::HostCall(_)
+        | Op::Ctc(_)
+        | Op::CtcDecode(_)
+        | Op::Conv(_)
+        | Op::ConvInputGrad(_)
+        | Op::ConvKernelGrad(_)
+        | Op::Pool(_)
+        | Op::PoolGrad(_)
+        | Op::PoolSelect(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
+    };
+    Ok(Slot::dev(out))
+}
+
+fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<DTensor> {
+    let a = ex.dev(ins[0])?;
+    let b = ex.dev(ins[1])?;
+    let (sa, sb) = (a.shape.clone(), b.shape.clone());
+    let (ra, rb) = (sa.len(), sb.len());
+    let (m, ka) = if ta { (sa[ra - 1], sa[ra - 2]) } else { (sa[ra - 2], sa[ra - 1]) };
+    let (kb, n) = if tb { (sb[rb - 1], sb[rb - 2]) } else { (sb[rb - 2], sb[rb - 1]) };
+    if ka != kb {
+        return Err(value_err!("dot: shapes {sa:?} and {sb:?} are incompatible: the contracted dims are {ka} and {kb}"));
+    }
+    let bshape = broadcast_runtime("matmul", &sa[..ra - 2], &sb[..rb - 2])?;
+    let batches: usize = bshape.iter().product();
+    if batches > 65535 {
+        return Err(Error::Device(format!("matmul: {batches} batch matrices exceed the GPU grid limit of 65535")));
+    }
+    let mut shape = bshape.clone();
+    shape.extend([m, n]);
+    let out = ex.alloc(&shape, a.dtype, i)?;
+    let bstrides = |own: &[usize], mat: usize| -> Vec<u32> {
+        let lead = bshape.len() - own.len();
+        let mut st = vec![0u32; bshape.len()];
+        let mut acc = mat;
+        for d in (0..own.len()).rev() {
+            st[lead + d] = if own[d] == 1 { 0 } else { acc as u32 };
+            acc *= own[d];
+        }
+        st
+    };
+    let (a_cols, b_cols) = (sa[ra - 1], sb[rb - 1]);
+    let (a_rs, a_cs) = if ta { (1, a_cols) } else { (a_cols, 1) };
+    let (b_rs, b_cs) = if tb { (1, b_cols) } else { (b_cols, 1) };
+    let mut p = vec![m as u32, n as u32, ka as u32, bshape.len() as u32, a_rs as u32, a_cs as u32, b_rs as u32, b_cs as u32];
+    p.extend(bshape.iter().map(|&d| d as u32));
+    p.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
+    p.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
+    // vec4 loads along each operand's contiguous dimension when it is a multiple of 4
+    // (then every vec4 and every batch offset is 16-byte aligned).
+    let a_v4 = if ta { m % 4 == 0 } else { ka % 4 == 0 };
+    let b_v4 = if tb { ka % 4 == 0 } else { n % 4 == 0 };
+    p.extend([a_v4 as u32 | (b_v4 as u32) << 1, ta as u32, tb as u32]);
+    let pipe = pipelines::family(ex.ctx, "matmul", "matmul", tag(a.dtype)?)?;
+    let (a4, b4) = (a.as_vec4(), b.as_vec4());
+    ex.dispatch(
+        pipe,
+        &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
+        p,
+        [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batches as u32],
+    );
+    Ok(out)
+}

@@ -1,0 +1,84 @@
+//! The wgpu device. A plan runs as one command encoder: fused elementwise kernels
+//! generated from the op -> WGSL tables (`fusion`), hand-written kernels from
+//! `shaders/<family>.wgsl` (`kernels`), views that alias buffers, and nodes without a
+//! WGSL lowering (f64, i64, new primitives) on the CPU inside the same plan (`exec`).
+//! One call submits once and maps one staging buffer for all its outputs, unless a CPU
+//! node needs a GPU value mid-plan.
+//!
+//! Module map: `context` (adapters, device, error capture), `pool` (buffers by size
+//! class), `pipelines` (the shader table and pipeline cache), `transfer` (host <-> word
+//! conversion), `exec` (the executor), `fusion` (grouping and codegen), `kernels`.
+
+mod context;
+mod exec;
+mod fusion;
+mod kernels;
+mod pipelines;
+mod pool;
+mod transfer;
+
+pub use context::{adapters, open, why_none, AdapterDesc, Context};
+pub use exec::{run, PlanCache};
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::runtime::value::Value;
+use pool::DevBuf;
+use std::sync::Arc;
+
+/// A tensor in device memory: one 32-bit word per element, C order (see `transfer`).
+#[derive(Clone)]
+pub struct DTensor {
+    pub buf: Arc<DevBuf>,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl DTensor {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn ctx(&self) -> &Arc<Context> {
+        self.buf.ctx()
+    }
+    /// The same buffer, sized for a vec4 binding (a whole number of 16-byte words; pool
+    /// buffers are at least 256 bytes and a multiple of 64, so this stays inside).
+    pub fn as_vec4(&self) -> DTensor {
+        let words = self.numel().div_ceil(4).max(1) * 4;
+        DTensor { buf: self.buf.clone(), shape: vec![words], dtype: self.dtype }
+    }
+}
+
+/// A variable's value kept on a GPU between calls (see `ops::source::VarState`).
+#[derive(Clone)]
+pub struct Resident(pub(crate) DTensor);
+
+impl Resident {
+    pub fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    pub fn context_id(&self) -> u64 {
+        self.0.ctx().id
+    }
+    /// Copies the value back to the host (one submit, one map).
+    pub fn download(&self) -> Result<Value> {
+        let ctx = self.0.ctx().clone();
+        let words = exec::read_back(&ctx, &[self.0.clone()])?;
+        Ok(transfer::from_words(self.0.dtype, &self.0.shape, &words[0]))
+    }
+}
+
+/// Buffer-pool and pipeline-cache counters of a device, for tests and benchmarks.
+pub fn stats(ctx: &Context) -> (u64, u64, usize) {
+    let p = ctx.pool.lock().unwrap_or_else(|e| e.into_inner());
+    let c = ctx.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+    (p.allocations, p.allocated, c.compiled)
+}
+
+/// Compiles a WGSL compute shader on `ctx` (tests of the shader-error path).
+pub fn compile_wgsl(ctx: &Arc<Context>, src: &str, entry: &str) -> Result<()> {
+    pipelines::build(ctx, format!("user:{src}"), src, entry).map(|_| ())
+}

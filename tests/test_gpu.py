@@ -1,0 +1,435 @@
+"""GPU-specific behaviour: device selection, fusion (dispatch counts), one submit per
+call, resident variables, the CPU fallback for dtypes WGSL lacks, Philox equality between
+devices, and device errors as Python exceptions.
+
+Every test here switches to a GPU explicitly (and back afterwards), so the file runs the
+same in the cpu and the gpu pass of `make test`. Without any GPU adapter the tests are
+skipped, unless FERROKERAS_REQUIRE_GPU=1 (CI), which makes the absence a failure.
+References are NumPy.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ferrokeras
+from ferrokeras import _core
+from ferrokeras import backend as K
+from ferrokeras.tensor import wrap
+
+GPUS = [d for d in ferrokeras.devices() if d["device"] != "cpu"]
+REQUIRE = os.environ.get("FERROKERAS_REQUIRE_GPU", "") not in ("", "0")
+
+
+@pytest.fixture
+def gpu():
+    """Runs the test on the first GPU adapter, restoring the previous device after."""
+    if not GPUS:
+        if REQUIRE:
+            pytest.fail("FERROKERAS_REQUIRE_GPU=1 but wgpu found no GPU adapter")
+        pytest.skip("no GPU adapter on this machine")
+    before = ferrokeras.device()
+    name = ferrokeras.set_device("gpu")
+    assert name.startswith("gpu:")
+    yield name
+    ferrokeras.set_device(before)
+
+
+def test_device_listing():
+    devs = ferrokeras.devices()
+    assert devs[0]["device"] == "cpu" and devs[0]["backend"] == "host"
+    for d in devs[1:]:
+        assert d["device"].startswith("gpu:")
+        assert d["backend"] in ("Vulkan", "Metal", "Dx12", "Gl")
+        assert d["type"] in ("cpu", "discrete", "integrated", "virtual", "other")
+        assert isinstance(d["name"], str) and d["name"]
+    if REQUIRE:
+        assert GPUS, "FERROKERAS_REQUIRE_GPU=1 but wgpu found no GPU adapter"
+
+
+def test_current_device_name():
+    name = ferrokeras.device()
+    assert name == "cpu" or name.startswith("gpu:")
+    if os.environ.get("FERROKERAS_DEVICE", "").startswith("gpu") and REQUIRE:
+        assert name.startswith("gpu:")
+
+
+def test_bad_device_names():
+    before = ferrokeras.device()
+    with pytest.raises(ValueError, match="gpu:N"):
+        ferrokeras.set_device("tpu")
+    with pytest.raises(ferrokeras.DeviceError):
+        ferrokeras.set_device("gpu:99")
+    assert ferrokeras.device() == before
+    assert issubclass(ferrokeras.DeviceError, RuntimeError)
+
+
+def test_fused_chain_is_one_dispatch(gpu, rng):
+    x = K.placeholder(shape=(None, 6))
+    w = K.variable(rng.standard_normal((6, 5)).astype("float32"))
+    b = K.variable(rng.standard_normal(5).astype("float32"))
+    y = _relu(K.dot(x, w) + b) * 2.0
+    f = K.function([x], [y])
+    xv = rng.standard_normal((7, 6)).astype("float32")
+    out = f([xv])[0]
+    ref = np.maximum(xv @ K.get_value(w) + K.get_value(b), 0) * 2.0
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert f.dispatches == 2  # matmul + one fused kernel for (+ b, relu, * 2)
+    assert f._f.submits == 1
+
+
+def test_long_elementwise_chain_is_one_dispatch(gpu, rng):
+    x = K.placeholder(shape=(3, 4))
+    y = K.sigmoid(K.tanh(x) * 3.0 - 1.0) + K.exp(-K.abs(x)) / (1.0 + K.square(x))
+    f = K.function([x], [y])
+    xv = rng.standard_normal((3, 4)).astype("float32")
+    ref = 1 / (1 + np.exp(-(np.tanh(xv) * 3 - 1))) + np.exp(-np.abs(xv)) / (1 + xv * xv)
+    np.testing.assert_allclose(f([xv])[0], ref, rtol=1e-5, atol=1e-6)
+    assert f.dispatches == 1
+
+
+def test_broadcasting_inside_a_fused_kernel(gpu, rng):
+    a = K.placeholder(shape=(4, 1, 3))
+    b = K.placeholder(shape=(5, 1))
+    c = K.placeholder(shape=(3,))
+    y = K.maximum(a * b, c) - 1.0
+    f = K.function([a, b, c], [y])
+    av, bv, cv = (rng.standard_normal(s).astype("float32") for s in [(4, 1, 3), (5, 1), (3,)])
+    np.testing.assert_allclose(f([av, bv, cv])[0], np.maximum(av * bv, cv) - 1.0, rtol=1e-6)
+    assert f.dispatches == 1
+
+
+def test_variables_stay_resident(gpu, rng):
+    init = rng.standard_normal((8, 3)).astype("float32")
+    v = K.variable(init)
+    step = K.function([], [], updates=[(v, v * 2.0 + 1.0)])
+    step([])
+    assert v._var.on_device()
+    stats0 = _core.device_stats()
+    for _ in range(5):
+        step([])
+    assert step._f.submits == 1
+    stats1 = _core.device_stats()
+    assert stats1[0] == stats0[0], "steady-state calls allocated new GPU buffers"
+    ref = init.copy()
+    for _ in range(6):
+        ref = ref * 2 + 1
+    np.testing.assert_allclose(K.get_value(v), ref, rtol=1e-6)
+    # A host write replaces the device copy; the next call uploads it again.
+    K.set_value(v, np.ones((8, 3), "float32"))
+    step([])
+    np.testing.assert_allclose(K.get_value(v), np.full((8, 3), 3.0), rtol=1e-6)
+
+
+def test_resident_variable_read_after_switching_to_cpu(gpu):
+    v = K.variable(np.arange(6, dtype="float32").reshape(2, 3))
+    K.function([], [], updates=[(v, v + 10.0)])([])
+    ferrokeras.set_device("cpu")
+    out = K.function([], [K.sum(v)])([])[0]
+    assert out == pytest.approx(float(np.arange(6).sum() + 60))
+    np.testing.assert_allclose(K.get_value(v), np.arange(6).reshape(2, 3) + 10.0)
+
+
+def test_float64_runs_on_the_cpu_path_exactly(gpu, rng):
+    x = K.placeholder(shape=(5, 4), dtype="float64")
+    w = K.constant(rng.standard_normal((4, 3)), dtype="float64")
+    y = K.sum(K.exp(K.dot(x, w)) * 1e-3, axis=0)
+    xv = rng.standard_normal((5, 4))
+    f = K.function([x], [y])
+    out = f([xv])[0]
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, np.sum(np.exp(xv @ K.get_value(w)) * 1e-3, axis=0), rtol=1e-13)
+
+
+def test_mixed_float64_and_float32(gpu, rng):
+    x = K.placeholder(shape=(6,), dtype="float64")
+    y = K.cast(K.square(x), "float32") * 3.0 + 1.0  # f64 on the CPU, then f32 on the GPU
+    z = K.cast(y, "float64") / 7.0
+    xv = rng.standard_normal(6)
+    out = K.function([x], [z])([xv])[0]
+    ref = ((xv ** 2).astype(np.float32) * np.float32(3) + np.float32(1)).astype(np.float64) / 7.0
+    np.testing.assert_allclose(out, ref, rtol=1e-7)
+
+
+def test_int64_and_argmax(gpu, rng):
+    x = K.placeholder(shape=(4, 7))
+    xv = rng.standard_normal((4, 7)).astype("float32")
+    am = K.argmax(x, axis=1)
+    f = K.function([x], [am, am * 3 + 1])
+    a, b = f([xv])
+    assert a.dtype == np.int64
+    np.testing.assert_array_equal(a, np.argmax(xv, axis=1))
+    np.testing.assert_array_equal(b, np.argmax(xv, axis=1) * 3 + 1)
+
+
+def _random(dist, n, seed):
+    shape = _core.constant(np.array([n], dtype="int32"))
+    return _core.evaluate([_core.random(dist, shape, "float32", seed)])[0]
+
+
+def test_philox_matches_between_cpu_and_gpu(gpu):
+    on_gpu = {d: _random(d, 4099, 1234) for d in ("uniform", "normal", "truncated_normal")}
+    ferrokeras.set_device("cpu")
+    on_cpu = {d: _random(d, 4099, 1234) for d in ("uniform", "normal", "truncated_normal")}
+    np.testing.assert_array_equal(on_gpu["uniform"], on_cpu["uniform"])
+    np.testing.assert_allclose(on_gpu["normal"], on_cpu["normal"], rtol=1e-4, atol=1e-5)
+    t_gpu, t_cpu = on_gpu["truncated_normal"], on_cpu["truncated_normal"]
+    assert np.all(np.abs(t_gpu) <= 2.0)
+    close = np.isclose(t_gpu, t_cpu, rtol=1e-4, atol=1e-5)
+    # A draw within float rounding of the +-2 cut may be kept on one device only.
+    assert close.mean() > 0.999
+
+
+def test_gather_index_out_of_range_computed_on_gpu(gpu):
+    p = K.placeholder(shape=(5, 2))
+    i = K.placeholder(shape=(3,), dtype="int32")
+    y = _gather(p, i * 2)  # the indices are computed on the device
+    f = K.function([p, i], [y])
+    pv = np.arange(10, dtype="float32").reshape(5, 2)
+    np.testing.assert_array_equal(f([pv, np.array([0, 1, 2], "int32")])[0], pv[[0, 2, 4]])
+    with pytest.raises(ValueError, match="out of range"):
+        f([pv, np.array([0, 1, 3], "int32")])
+    # The device still works after the error.
+    np.testing.assert_array_equal(f([pv, np.array([2, 1, 0], "int32")])[0], pv[[4, 2, 0]])
+
+
+def test_shader_compile_failure_is_a_python_exception(gpu):
+    with pytest.raises(ferrokeras.DeviceError, match="shader"):
+        _core.compile_wgsl("@compute @workgroup_size(1) fn main() { let x: u32 = -; }", "main")
+    x = K.placeholder(shape=(3,))
+    np.testing.assert_allclose(K.function([x], [x * 2.0])([np.ones(3, "float32")])[0], [2, 2, 2])
+
+
+def test_matmul_shapes_against_numpy(gpu, rng):
+    for (m, k, n) in [(1, 1, 1), (3, 70, 5), (65, 17, 130), (128, 64, 64)]:
+        a = K.placeholder(shape=(m, k))
+        b = K.placeholder(shape=(n, k))
+        f = K.function([a, b], [K.dot(a, K.transpose(b))])
+        av = rng.standard_normal((m, k)).astype("float32")
+        bv = rng.standard_normal((n, k)).astype("float32")
+        np.testing.assert_allclose(f([av, bv])[0], av @ bv.T, rtol=1e-4, atol=1e-4)
+    a = K.placeholder(shape=(2, 3, 4, 5))
+    b = K.placeholder(shape=(3, 5, 6))
+    av = rng.standard_normal((2, 3, 4, 5)).astype("float32")
+    bv = rng.standard_normal((3, 5, 6)).astype("float32")
+    np.testing.assert_allclose(K.function([a, b], [_matmul(a, b)])([av, bv])[0],
+                               av @ bv, rtol=1e-5, atol=1e-5)
+
+
+def _matmul(a, b):
+    return wrap(_core.matmul(a._core, b._core, False, False))
+
+
+def _relu(x):
+    return wrap(_core.unary("relu", x._core))
+
+
+def _gather(p, i):
+    return wrap(_core.gather(p._core, i._core, 0))
+
+
+def test_training_step_is_one_submit(gpu, rng):
+    x = K.placeholder(shape=(None, 4))
+    y = K.placeholder(shape=(None, 1))
+    w1 = K.variable(rng.standard_normal((4, 8)).astype("float32") * 0.5)
+    w2 = K.variable(rng.standard_normal((8, 1)).astype("float32") * 0.5)
+    loss = K.mean(K.square(K.dot(K.tanh(K.dot(x, w1)), w2) - y))
+    g1, g2 = K.gradients(loss, [w1, w2])
+    train = K.function([x, y], [loss], updates=[(w1, w1 - 0.1 * g1), (w2, w2 - 0.1 * g2)])
+    xv = rng.standard_normal((32, 4)).astype("float32")
+    yv = np.sin(xv.sum(axis=1, keepdims=True)).astype("float32")
+    losses = [float(train([xv, yv])[0]) for _ in range(30)]
+    assert train._f.submits == 1
+    assert losses[-1] < losses[0]
+
+
+def test_oversize_buffer_is_refused_clearly():
+    if not GPUS:
+        pytest.skip("no GPU adapter on this machine")
+    code = r"""
+import numpy as np, ferrokeras
+from ferrokeras import backend as K
+ferrokeras.set_device("gpu")
+x = K.placeholder(shape=(300, 300))
+f = K.function([x], [K.exp(x) + 1.0])
+try:
+    f([np.ones((300, 300), "float32")])
+except ferrokeras.DeviceError as e:
+    print("ERR", e)
+ferrokeras.set_device("cpu")
+print("CPU", float(f([np.zeros((300, 300), "float32")])[0].sum()))
+"""
+    env = dict(os.environ, FERROKERAS_GPU_MAX_BINDING="65536")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "ERR" in r.stdout and "limit" in r.stdout and "(300, 300)" in r.stdout, r.stdout
+    assert "CPU 180000.0" in r.stdout, r.stdout
+
+
+# ---------------------------------------------------------------- device parity
+#
+# Every primitive with a WGSL lowering, run through `_core` on the GPU and on the CPU
+# (whose kernels the rest of the suite checks against NumPy), over the dtypes the GPU
+# stores in 32-bit words: float32, float16 (rounded after each op), int32, int16, int8,
+# uint8 and bool (wrapped / 0-1 after each op).
+
+def _inputs(dtype, shape, rng, lo=-3.0, hi=3.0):
+    if dtype == "bool":
+        return rng.random(shape) > 0.5
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -300), min(info.max, 300) + 1, size=shape).astype(dtype)
+    return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def _on_both(build, arrays):
+    phs = [_core.placeholder("p%d" % k, list(a.shape), str(a.dtype)) for k, a in enumerate(arrays)]
+    outs = build(*phs)
+    outs = outs if isinstance(outs, list) else [outs]
+    f = _core.Function(phs, outs, [])
+    res = {}
+    for dev in ("cpu", "gpu"):
+        ferrokeras.set_device(dev)
+        res[dev] = f(list(arrays))
+        if dev == "gpu":
+            # Ran as GPU kernels (one submit), unless WGSL has no lowering for the dtypes.
+            assert f.submits == 1 or not f.dispatches, (f.submits, f.dispatches)
+            gpu_dispatches.append(f.dispatches)
+    ferrokeras.set_device("gpu")
+    return res["gpu"], res["cpu"], f
+
+
+gpu_dispatches = []
+
+
+def _same(gpu_out, cpu_out, rtol=2e-5, atol=1e-5):
+    for g, c in zip(gpu_out, cpu_out):
+        assert g.dtype == c.dtype and g.shape == c.shape, (g.dtype, c.dtype, g.shape, c.shape)
+        if g.dtype.kind == "f":
+            tol = (2e-3, 1e-3) if g.dtype == np.float16 else (rtol, atol)
+            np.testing.assert_allclose(g.astype(np.float64), c.astype(np.float64), rtol=tol[0], atol=tol[1], equal_nan=True)
+        else:
+            np.testing.assert_array_equal(g, c)
+
+
+INT_UNARY = ["neg", "abs", "sign", "square", "relu", "round", "floor", "ceil"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int16", "int8", "uint8"])
+def test_parity_unary(gpu, rng, dtype):
+    names = _core.UNARY_OPS if np.dtype(dtype).kind == "f" else INT_UNARY
+    for name in names:
+        if name == "logical_not":
+            continue
+        lo, hi = (0.1, 3.0) if name in ("sqrt", "rsqrt", "log", "reciprocal") else (-1.0, 1.0) if name == "tan" else (-3.0, 3.0)
+        x = _inputs(dtype, (5, 7), rng, lo, hi)
+        g, c, _ = _on_both(lambda p, name=name: _core.unary(name, p), [x])
+        _same(g, c)
+    b = _inputs("bool", (9,), rng)
+    _same(*_on_both(lambda p: _core.unary("logical_not", p), [b])[:2])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int16", "uint8"])
+def test_parity_binary(gpu, rng, dtype):
+    for name in _core.BINARY_OPS:
+        if name.startswith("logical"):
+            continue
+        a = _inputs(dtype, (4, 1, 6), rng)
+        b = _inputs(dtype, (3, 6), rng)
+        if name in ("divide", "floor_divide", "mod") and np.dtype(dtype).kind == "f":
+            b = np.where(np.abs(b) < 0.25, 1, b).astype(dtype)
+        if name == "pow":
+            a = np.abs(a).astype(dtype) if np.dtype(dtype).kind == "f" else a
+            b = (np.abs(b) % 4).astype(dtype)
+        g, c, _ = _on_both(lambda p, q, name=name: _core.binary(name, p, q), [a, b])
+        _same(g, c)
+    p, q = _inputs("bool", (6,), rng), _inputs("bool", (6,), rng)
+    for name in ("logical_and", "logical_or", "equal"):
+        _same(*_on_both(lambda x, y, name=name: _core.binary(name, x, y), [p, q])[:2])
+
+
+DTYPES = ["float32", "float16", "int32", "int16", "int8", "uint8", "bool"]
+
+
+@pytest.mark.parametrize("src", DTYPES)
+def test_parity_cast_and_select(gpu, rng, src):
+    x = _inputs(src, (17,), rng, -300.0, 300.0)
+    if np.dtype(src).kind == "f":
+        x[:3] = [np.nan, 0.5, -0.5]
+    for dst in DTYPES:
+        g, c, _ = _on_both(lambda p, dst=dst: _core.cast(p, dst), [x])
+        _same(g, c)
+    cond = _inputs("bool", (17,), rng)
+    y = _inputs(src, (1,), rng)
+    _same(*_on_both(lambda k, p, q: _core.select(k, p, q), [cond, x, y])[:2])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int8", "bool"])
+def test_parity_reductions(gpu, rng, dtype):
+    x = _inputs(dtype, (3, 70, 4, 5), rng, 0.5, 1.5)
+    big = _inputs(dtype, (2, 3000), rng, 0.5, 1.5)
+    ops = ["max", "min"] if dtype == "bool" else ["sum", "prod", "max", "min", "mean"]
+    for name in ops:
+        for arr, axes in [(x, [1]), (x, [0, 2]), (x, [3]), (x, [1, 3]), (x, [0, 1, 2, 3]), (big, [1])]:
+            if name == "prod" and arr is big:
+                continue
+            g, c, f = _on_both(lambda p, name=name, axes=axes: _core.reduce(name, p, axes, True), [arr])
+            _same(g, c, rtol=1e-4, atol=1e-4)
+            # Integer means run on the CPU path (an i32 sum could wrap where int64 does not).
+            assert f.submits == (0 if (name == "mean" and dtype != "float32" and dtype != "float16") else 1)
+    if dtype != "bool":
+        for name in ("argmax", "argmin"):
+            _same(*_on_both(lambda p, name=name: _core.arg(name, p, 1), [x])[:2])
+        for name in ("cumsum", "cumprod"):
+            for excl in (False, True):
+                for rev in (False, True):
+                    v = _inputs(dtype, (3, 6, 2), rng, 0.5, 1.5)
+                    g, c, _ = _on_both(lambda p, name=name, e=excl, r=rev: _core.scan(name, p, 1, e, r), [v])
+                    _same(g, c, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "bool"])
+def test_parity_movement(gpu, rng, dtype):
+    x = _inputs(dtype, (4, 5, 6), rng)
+    cases = [
+        lambda p: _core.transpose(p, [2, 0, 1]),
+        lambda p: _core.slice(p, [(None, None, -1), (1, 4, 2), (-5, None, 3)]),
+        lambda p: _core.slice(p, [(3, 0, -2), (None, None, 1), (2, 2, 1)]),
+        lambda p: _core.pad(p, [(1, 0), (0, 2), (3, 1)], 1.0),
+        lambda p: _core.reverse(p, [0, 2]),
+        lambda p: _core.concat([p, _core.unary("neg", p) if dtype != "bool" else p, p], 1),
+        lambda p: _core.gather(p, _core.constant(np.array([[3, 0], [1, 1]], "int32")), 1),
+    ]
+    for build in cases:
+        _same(*_on_both(build, [x])[:2])
+
+
+def test_parity_gradients_of_movement(gpu, rng):
+    x = _inputs("float32", (4, 5, 6), rng)
+    idx = _core.constant(np.array([3, 0, 3, 1], "int32"))
+
+    def build(p):
+        y = _core.concat([_core.slice(p, [(None, None, 2), (1, 4, 1), (None, None, -1)]),
+                          _core.slice(p, [(None, None, 2), (0, 3, 1), (None, None, 1)])], 1)
+        z = _core.gather(p, idx, 1)
+        s = _core.binary("add", _core.reduce("sum", _core.unary("square", y), [0, 1, 2], False),
+                         _core.reduce("sum", _core.unary("exp", z), [0, 1, 2], False))
+        return _core.gradients(s, [p])
+
+    g, c, f = _on_both(build, [x])
+    _same(g, c, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int8"])
+@pytest.mark.parametrize("mkn", [(33, 19, 70), (36, 20, 68), (4, 132, 8)])  # scalar and vec4 loads
+def test_parity_matmul(gpu, rng, dtype, mkn):
+    m, k, n = mkn
+    for ta in (False, True):
+        for tb in (False, True):
+            a = _inputs(dtype, (2, m, k) if not ta else (2, k, m), rng, -1, 1)
+            b = _inputs(dtype, (k, n) if not tb else (n, k), rng, -1, 1)
+            g, c, _ = _on_both(lambda p, q, ta=ta, tb=tb: _core.matmul(p, q, ta, tb), [a, b])
+            _same(g, c, rtol=1e-4, atol=1e-4)
