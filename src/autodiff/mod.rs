@@ -48,18 +48,13 @@ fn grads_impl(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>, stop_at_xs: bool) -
         if stop_at_xs && targets.contains(&t.id()) {
             continue;
         }
-        let gs = if let Op::Loop(body) = t.op() {
+        let gs = if matches!(t.op(), Op::Loop(_) | Op::HostCall(_) | Op::CtcDecode(_)) {
+            // A multi-result node: gather the gradients its `TupleGet` users received.
             let Some(tg) = tuple_grads.remove(&t.id()) else { continue };
-            let mut full = tg;
-            full.resize(body.n_results(), None);
-            crate::ops::control::vjp_loop(t, &full)?
-        } else if let Op::CtcDecode(_) = t.op() {
-            continue;
-        } else if let Op::HostCall(h) = t.op() {
-            let Some(tg) = tuple_grads.remove(&t.id()) else { continue };
-            let mut full = tg;
-            full.resize(h.results.len(), None);
-            crate::ops::host::vjp(t, &full)?
+            match multi_result_vjp(t, tg)? {
+                Some(gs) => gs,
+                None => continue,
+            }
         } else {
             let Some(g) = grads.get(&t.id()).cloned() else { continue };
             if let Op::TupleGet(k) = t.op() {
@@ -92,4 +87,21 @@ fn grads_impl(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>, stop_at_xs: bool) -
         }
     }
     Ok(xs.iter().map(|x| grads.get(&x.id()).cloned()).collect())
+}
+
+/// The VJP of a multi-result node, given the gradient of each result read so far (`None`
+/// when the node is not differentiable, as CTC decoding).
+fn multi_result_vjp(t: &Tensor, mut gs: Vec<Option<Tensor>>) -> Result<Option<Vec<Option<Tensor>>>> {
+    Ok(Some(match t.op() {
+        Op::Loop(body) => {
+            gs.resize(body.n_results(), None);
+            crate::ops::control::vjp_loop(t, &gs)?
+        }
+        Op::HostCall(h) => {
+            gs.resize(h.results.len(), None);
+            crate::ops::host::vjp(t, &gs)?
+        }
+        Op::CtcDecode(_) => return Ok(None),
+        other => return Err(crate::error::Error::Runtime(format!("{} has a single result", other.name()))),
+    }))
 }

@@ -295,11 +295,10 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
         }
         grads = crate::autodiff::gradients_at_leaves(&y, &wrt)?;
     }
-    let zeros = |t: &Tensor| -> Result<Tensor> { zeros_like(t) };
     let g_of = |i: usize| -> Result<Tensor> {
         match &grads[i] {
             Some(g) => Ok(g.clone()),
-            None => zeros(&wrt[i]),
+            None => zeros_like(&wrt[i]),
         }
     };
     // Backward body: sequences [x.., state history.., g_out..], states [g_state.., acc..].

@@ -197,15 +197,6 @@ impl Value {
         let v = self.clone().standard();
         Ok(map_value!(v, a => a.into_shape_with_order(IxDyn(shape)).map_err(|e| Error::Value(format!("reshape: {e}")))?))
     }
-
-    pub fn has_nan(&self) -> bool {
-        match self {
-            Value::F16(a) => a.iter().any(|x| x.is_nan()),
-            Value::F32(a) => a.iter().any(|x| x.is_nan()),
-            Value::F64(a) => a.iter().any(|x| x.is_nan()),
-            _ => false,
-        }
-    }
 }
 
 /// Binds a type alias `T` to the Rust element type of a `DType` and evaluates the body.

@@ -67,8 +67,9 @@ def ctc_label_dense_to_sparse(labels, label_lengths):
     if labels.ndim != 2:
         raise ValueError(f"ctc_label_dense_to_sparse: labels must have shape (samples, max_label_length), got {tuple(labels.shape)}")
     indices, values = py_function(_sparse_parts, [labels, lengths], ["int64", "int32"], name="ctc_label_dense_to_sparse")
-    steps = wrap(_core.constant(np.arange(labels.shape[1] or 0, dtype=np.int32))) if labels.shape[1] is not None else None
-    if steps is None:
+    if labels.shape[1] is not None:
+        steps = wrap(_core.constant(np.arange(labels.shape[1], dtype=np.int32)))
+    else:
         from .layout import arange
 
         steps = arange(shape(labels)[1])

@@ -21,7 +21,7 @@ pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
                     .iter()
                     .map(|&j| slots[j].as_ref().expect("inputs are computed before their users"))
                     .collect();
-                run_node(plan, i, &args, &mut multi).map_err(|e| annotate(e, node))?
+                run_node(plan, i, &args, &mut multi)?
             }
         };
         slots[i] = Some(v);
@@ -61,9 +61,4 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
         }
         op => op.cpu(args),
     }
-}
-
-fn annotate(e: Error, node: &crate::graph::Tensor) -> Error {
-    let _ = node;
-    e
 }
