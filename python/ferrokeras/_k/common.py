@@ -29,9 +29,14 @@ def _t(x, like=None):
 
 
 def _axes(x, axis):
-    """``axis`` (None, int or list) as a list of ints for the core."""
+    """``axis`` (None, an int, or a list, tuple or 1-d integer array of ints) as a list of
+    ints for the core. Keras code passes NumPy arrays too (``np.arange(1, ndim)``)."""
     if axis is None:
         return list(range(x.ndim))
+    if isinstance(axis, np.ndarray) and axis.ndim == 0:
+        axis = axis[()]
+    elif isinstance(axis, np.ndarray) and axis.ndim == 1 and axis.dtype.kind in "iu":
+        axis = axis.tolist()
     if isinstance(axis, (list, tuple)):
         return [_int(a, "axis") for a in axis]
     return [_int(axis, "axis")]

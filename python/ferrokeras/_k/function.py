@@ -60,6 +60,9 @@ class Function:
                 arr = arr.astype(dt)
             arrs.append(arr)
         out = self._f(arrs)
+        # 0-d results come back as NumPy scalars (np.float32, ...), as TensorFlow's
+        # session.run and EagerTensor.numpy() give them.
+        out = [o[()] if o.ndim == 0 else o for o in out]
         return out[0] if self._single else out
 
     @property

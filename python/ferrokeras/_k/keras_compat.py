@@ -95,6 +95,83 @@ def _patch_h5py():
     manager.__getitem__ = __getitem__
 
 
+def _patch_lambda(core):
+    """Keras 2.3.1's ``Lambda`` without ``output_shape`` infers its output shape only on
+    the TensorFlow and CNTK backends (by calling the function on placeholders); on any
+    other backend it assumes the input shape, so ``Lambda(lambda x: K.concatenate([x, x]))``
+    followed by a ``Dense`` layer fails to build. ferrokeras's graph knows shapes as
+    TensorFlow's does, so the TensorFlow branch is taken: the function is applied to
+    placeholders of the input shapes and their static shapes are returned. Should that
+    fail (a function meant for integer inputs, say), Keras's own rule applies."""
+    lam = getattr(core, "Lambda", None)
+    if lam is None or getattr(lam.compute_output_shape, "_ferrokeras_infers", False):
+        return
+    original, call = lam.compute_output_shape, lam.call
+
+    def record_dtypes(self, inputs, mask=None):
+        # The placeholders below take the dtypes of the last real inputs (int indices
+        # for a one_hot, say); Keras calls `call` before `compute_output_shape`.
+        xs = inputs if isinstance(inputs, list) else [inputs]
+        self._ferrokeras_dtypes = [getattr(x, "dtype", None) for x in xs]
+        return call(self, inputs, mask)
+
+    def compute_output_shape(self, input_shape):
+        if self._output_shape is None:
+            from .. import backend as FK
+
+            shapes = input_shape if isinstance(input_shape, list) else [input_shape]
+            dtypes = getattr(self, "_ferrokeras_dtypes", None)
+            if dtypes is None or len(dtypes) != len(shapes):
+                dtypes = [None] * len(shapes)
+            try:
+                xs = [FK.placeholder(shape=s, dtype=d) for s, d in zip(shapes, dtypes)]
+                x = self.call(xs if isinstance(input_shape, list) else xs[0])
+            except Exception:
+                return original(self, input_shape)
+            if isinstance(x, list):
+                return [int_shape(e) for e in x]
+            return int_shape(x)
+        return original(self, input_shape)
+
+    compute_output_shape._ferrokeras_infers = True
+    lam.compute_output_shape = compute_output_shape
+    lam.call = record_dtypes
+
+
+class _AfterImport:
+    """Calls ``fn(module)`` right after the module ``fullname`` is first executed."""
+
+    def __init__(self, fullname, fn):
+        self.fullname, self.fn = fullname, fn
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.fullname:
+            return None
+        import importlib.util
+
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then(module):
+            exec_module(module)
+            self.fn(module)
+
+        spec.loader.exec_module = exec_then
+        return spec
+
+
+def _after_import(fullname, fn):
+    """Runs ``fn`` on module ``fullname`` now if it is imported, else once it is."""
+    module = sys.modules.get(fullname)
+    if module is not None:
+        fn(module)
+    elif not _b.any(isinstance(f, _AfterImport) and f.fullname == fullname for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(fullname, fn))
+
+
 _install_shims()
 
 
@@ -116,11 +193,13 @@ def _join_keras(kb, lb):
     ferrokeras's, so ``keras.backend.set_floatx('float64')`` changes both. For an external
     backend, ``keras.backend`` re-exports only a fixed list of names; the documented ones it
     leaves out (``clear_session``, ``manual_variable_initialization``, ...) are added. h5py 3
-    is adapted for Keras's model loading (``_patch_h5py``).
+    is adapted for Keras's model loading (``_patch_h5py``), and ``Lambda`` infers output
+    shapes as under TensorFlow (``_patch_lambda``).
     """
     if getattr(lb, "_BACKEND", None) != "ferrokeras.backend":
         return
     _patch_h5py()
+    _after_import("keras.layers.core", _patch_lambda)
     from .. import backend as FK
     from .. import config
 
@@ -140,29 +219,12 @@ def _join_keras(kb, lb):
             setattr(kb, name, value)
 
 
-class _KerasBackendHook:
-    """Runs ``_join_keras`` right after ``keras.backend`` is first imported, for programs
-    that import ferrokeras before Keras."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "keras.backend":
-            return None
-        import importlib.util
-
-        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_join(module):
-            exec_module(module)
-            lb = sys.modules.get("keras.backend.load_backend")
-            if lb is not None:
-                _join_keras(module, lb)
-
-        spec.loader.exec_module = exec_and_join
-        return spec
+def _join_loaded(kb):
+    """``_join_keras`` for a program that imported ferrokeras before Keras: run once
+    ``keras.backend`` has been executed (and has loaded its backend)."""
+    lb = sys.modules.get("keras.backend.load_backend")
+    if lb is not None:
+        _join_keras(kb, lb)
 
 
 # ======================================================================= graph context
@@ -386,8 +448,8 @@ def _hook_keras():
     if kb is not None and lb is not None:
         # Keras is importing us right now (KERAS_BACKEND or keras.json): join it now.
         _join_keras(kb, lb)
-    elif kb is None and not _b.any(isinstance(f, _KerasBackendHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _KerasBackendHook())
+    elif kb is None:
+        _after_import("keras.backend", _join_loaded)
 
 
 _hook_keras()

@@ -384,12 +384,7 @@ def l2_normalize(x, axis=None):
         array([[0.6, 0.8]], dtype=float32)
     """
     x = _check_float(_t(x), "l2_normalize")
-    if axis is None:
-        axes = list(range(x.ndim))
-    else:
-        raw = axis if isinstance(axis, (list, tuple)) else [axis]
-        axes = [_axis(a, x.ndim, "l2_normalize") for a in raw]
-    ss = sum(square(x), axes, keepdims=True)
+    ss = sum(square(x), axis, keepdims=True)
     # 1e-12 rounds to 0 in float16, where a zero vector would then give 0 * inf = NaN
     floor = 1e-12 if x.dtype != "float16" else float(np.finfo(np.float16).smallest_subnormal)
     return x * _unary("rsqrt", _bin("maximum", ss, floor))
