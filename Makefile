@@ -10,8 +10,8 @@
 #                     TF, Keras 3 + JAX, Keras 3 + PyTorch; peer venvs created on first use)
 #   make bench-quick  the same, as a ~2 minute smoke run
 #   make bench-profile  where ferrokeras' time goes in the MLP and LSTM steps (py-spy)
-#   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (each peer in
-#                     its own venv, benches/.venv-tf and benches/.venv-torch, made on first use)
+#   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (the peer
+#                     venvs of make bench, benches/.venvs/tf and torch, made on first use)
 #   make bench-gpu    run benches/bench_gpu.py (GPU vs CPU vs NumPy, optional PyTorch CUDA)
 #   make clean        remove build outputs (make distclean also removes .venv)
 #
@@ -160,14 +160,9 @@ $(PEER_DIR)/%/.stamp:
 	  echo "!! bench peer '$*' failed to install (see $(PEER_DIR)/$*.log); its column will read n/a"; \
 	fi
 
-# Benchmark peers, each in its own venv (torch from PyPI brings CUDA libraries; it runs on
-# the CPU here).
-benches/.venv-%/.stamp:
-	$(PYTHON) -m venv benches/.venv-$*
-	benches/.venv-$*/bin/pip install -q numpy $(if $(filter tf,$*),tensorflow-cpu,$*)
-	touch $@
-
-bench-conv: build benches/.venv-tf/.stamp benches/.venv-torch/.stamp
+# The conv benchmark's peers are bench_keras's tf and torch venvs (torch from PyPI brings
+# CUDA libraries; it runs on the CPU here).
+bench-conv: build $(PEER_DIR)/tf/.stamp $(PEER_DIR)/torch/.stamp
 	$(VENV_PY) benches/check_conv_vs_tf.py
 	$(VENV_PY) benches/bench_conv.py
 

@@ -2,7 +2,7 @@
 and forward+backward (gradients w.r.t. input and kernel), ferrokeras vs TensorFlow CPU
 (oneDNN) vs PyTorch CPU, side by side in one run.
 
-    make bench-conv            # creates benches/.venv-tf and benches/.venv-torch on first use
+    make bench-conv            # creates the tf and torch venvs of benches/.venvs on first use
     python benches/bench_conv.py [--repeat N] [--batch N]
 
 Each framework runs in its own process (the peers from their own virtual environments),
@@ -23,9 +23,12 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The peer venvs `make bench` creates (benches/.venvs/<peer>); another directory of them
+# with FERROKERAS_BENCH_VENVS.
+VENVS = os.environ.get("FERROKERAS_BENCH_VENVS", os.path.join(HERE, ".venvs"))
 PEERS = {
-    "tensorflow": os.path.join(HERE, ".venv-tf", "bin", "python"),
-    "torch": os.path.join(HERE, ".venv-torch", "bin", "python"),
+    "tensorflow": os.path.join(VENVS, "tf", "bin", "python"),
+    "torch": os.path.join(VENVS, "torch", "bin", "python"),
 }
 
 

@@ -96,6 +96,10 @@ def worker_env(fw):
     # other work that makes PyTorch up to 8x slower whenever another process holds a core.
     # Passive waiting is what a shared machine needs; set OMP_WAIT_POLICY=ACTIVE to override.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # NumPy's OpenBLAS (Keras's Orthogonal initializer runs an SVD before training) leaves
+    # its threads busy-waiting afterwards, taking a core from whichever framework then
+    # trains. NumPy work is outside every timed loop, so one BLAS thread costs nothing there.
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     return env
 
 

@@ -1,5 +1,5 @@
 """Cross-check of the convolution and pooling functions against TensorFlow's own ops
-(`tf.nn.*`, in benches/.venv-tf) on the same inputs: the semantics a NumPy reference
+(`tf.nn.*`, in benches/.venvs/tf) on the same inputs: the semantics a NumPy reference
 cannot settle by itself (TF's `same` split, depthwise channel order, transposed-convolution
 padding, `avg` pooling over the in-bounds elements only). Run by `make bench-conv`:
 
@@ -18,7 +18,7 @@ if mode == "driver":
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "fk.npz")
         subprocess.run([sys.executable, __file__, "fk", path], check=True)
-        r = subprocess.run([os.path.join(HERE, ".venv-tf", "bin", "python"), __file__, "tf", path],
+        r = subprocess.run([os.path.join(os.environ.get("FERROKERAS_BENCH_VENVS", os.path.join(HERE, ".venvs")), "tf", "bin", "python"), __file__, "tf", path],
                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True)
         print(r.stdout, end="")
         if r.returncode != 0 or "MISMATCH" in r.stdout:
