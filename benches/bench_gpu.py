@@ -177,8 +177,9 @@ def main():
                   % (ms, train.dispatches, train.submits))
         batch = 2 if (args.quick or software) else 32
         ms, gflops, f = conv_step(batch)
-        print("  conv 3x3 64->64 56x56 batch %d fwd+bwd: %.1f ms, %.1f GFLOP/s  [%d dispatches, %d on the CPU]"
-              % (batch, ms, gflops, f.dispatches, f._f.host_nodes))
+        where = "" if d["device"] == "cpu" else ", %d nodes on the CPU fallback" % f._f.host_nodes
+        print("  conv 3x3 64->64 56x56 batch %d fwd+bwd: %.1f ms, %.1f GFLOP/s  [%d dispatches%s]"
+              % (batch, ms, gflops, f.dispatches, where))
         stats = _core.device_stats()
         if stats:
             print("  buffer allocations %d (%.1f MiB), pipelines compiled %d" % (stats[0], stats[1] / 2 ** 20, stats[2]))

@@ -493,7 +493,9 @@ def test_parity_conv_and_its_gradients(gpu, rng, case):
     assert f.host_nodes == 0 and f.submits == 1, (f.host_nodes, f.submits)
 
 
-@pytest.mark.parametrize("case", [CONV_CASES[k] for k in (0, 1, 4, 9)], ids=lambda c: "x%s_w%s" % (c[0], c[1]))
+# Tiled and direct kernels, and kernel gradients split into chunks (6, 7), whose f32
+# partial sums are rounded to f16 once, as the CPU rounds its f32 accumulation.
+@pytest.mark.parametrize("case", [CONV_CASES[k] for k in (0, 1, 4, 6, 7, 9)], ids=lambda c: "x%s_w%s" % (c[0], c[1]))
 def test_parity_conv_float16(gpu, rng, case):
     xs, ws, strides, dilation, padding, groups = case
     x, w, u = _conv_arrays(rng, xs, ws, strides, dilation, padding, groups, "float16")

@@ -601,22 +601,37 @@ fn conv_dw(ex: &mut Exec, i: usize, g: &Geom, x: &DTensor, gy: &DTensor) -> Resu
     let want = (1024 / workgroups.max(1)).clamp(1, max_parts).min(m.div_ceil(256)).min(65535 / groups_z).max(1);
     let chunk = m.div_ceil(want).next_multiple_of(16);
     let splits = m.div_ceil(chunk);
+    if splits == 1 {
+        let out = ex.alloc(&g.w_shape, x.dtype, i)?;
+        conv_dw_partials(ex, g, direct, x.dtype, &out, x, gy, 1, chunk)?;
+        return Ok(out);
+    }
+    // Partial sums stay f32 (an f16 tensor is f32 words on the device, so the f32 kernel
+    // reads it as is) and are rounded once, by the reduce kernel of the node's dtype: the
+    // CPU's single rounding of an f32 accumulation.
     let mut part_shape = vec![splits];
     part_shape.extend_from_slice(&g.w_shape);
-    let part = if splits == 1 { ex.alloc(&g.w_shape, x.dtype, i)? } else { ex.alloc(&part_shape, x.dtype, i)? };
+    let part = ex.alloc(&part_shape, DType::F32, i)?;
+    conv_dw_partials(ex, g, direct, DType::F32, &part, x, gy, splits, chunk)?;
+    let part = DTensor { dtype: x.dtype, ..part };
+    reduce(ex, i, &part, &[0], 0, &g.w_shape)
+}
+
+/// The kernel gradient's `splits` partial sums over chunks of `chunk` batch*spatial
+/// positions into `out` (`(splits, *w_shape)`, or `w_shape` for one), computed as `dtype`.
+#[allow(clippy::too_many_arguments)]
+fn conv_dw_partials(ex: &mut Exec, g: &Geom, direct: bool, dtype: DType, out: &DTensor, x: &DTensor, gy: &DTensor, splits: usize, chunk: usize) -> Result<()> {
     let p = conv_words(g, splits, chunk);
     if direct {
-        let pipe = pipelines::family(ex.ctx, "conv", "conv_dw_direct", tag(x.dtype)?)?;
-        let mut groups = grid(wn);
+        let pipe = pipelines::family(ex.ctx, "conv", "conv_dw_direct", tag(dtype)?)?;
+        let mut groups = grid(g.w_shape.iter().product());
         groups[2] = splits as u32;
-        ex.dispatch(pipe, &[(1, &part), (2, x), (3, gy)], p, groups);
+        ex.dispatch(pipe, &[(1, out), (2, x), (3, gy)], p, groups);
+        Ok(())
     } else {
-        conv_tiled(ex, "conv_dw", x.dtype, p, &[(1, &part), (2, x), (3, gy)], rows, og, g.groups * splits)?;
+        let (rows, og) = (g.kk() * g.cin / g.groups, g.cout / g.groups);
+        conv_tiled(ex, "conv_dw", dtype, p, &[(1, out), (2, x), (3, gy)], rows, og, g.groups * splits)
     }
-    if splits == 1 {
-        return Ok(part);
-    }
-    reduce(ex, i, &part, &[0], 0, &g.w_shape)
 }
 
 fn pool_mode(kind: PoolKind) -> u32 {
