@@ -433,3 +433,193 @@ def test_parity_matmul(gpu, rng, dtype, mkn):
             b = _inputs(dtype, (k, n) if not tb else (n, k), rng, -1, 1)
             g, c, _ = _on_both(lambda p, q, ta=ta, tb=tb: _core.matmul(p, q, ta, tb), [a, b])
             _same(g, c, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- convolution and pooling
+#
+# The conv primitives (forward, transposed = input gradient, kernel gradient) and the
+# pooling primitives (forward, gradient, and the select that is the gradient's adjoint)
+# run as the WGSL kernels of shaders/conv.wgsl and shaders/pool.wgsl: no node of these
+# plans falls back to the CPU (`host_nodes`), and results match the CPU kernels (which
+# tests/test_conv.py checks against NumPy and finite differences).
+
+# (x shape, kernel shape, strides, dilation, padding, groups): every kernel path: tiled
+# GEMMs (>= 16 channels on the column side), the one-output-per-thread kernels (fewer:
+# depthwise), strided, dilated, explicit/causal/same padding, grouped, 1-D, 2-D, 3-D,
+# and batch*spatial long enough that the kernel gradient is split into chunks.
+CONV_CASES = [
+    ((2, 7, 9, 16), (3, 3, 16, 20), [1, 1], [1, 1], "same", 1),
+    ((3, 8, 7, 5), (3, 2, 5, 4), [2, 1], [1, 1], "same", 1),
+    ((2, 9, 9, 18), (3, 3, 18, 17), [1, 1], [2, 3], [(1, 2), (0, 1)], 1),
+    ((2, 7, 6, 32), (3, 3, 16, 32), [2, 2], [1, 1], "same", 2),
+    ((2, 7, 6, 4), (3, 3, 1, 8), [1, 2], [1, 1], "same", 4),
+    ((2, 10, 10, 24), (5, 5, 1, 24), [2, 2], [1, 1], [(2, 1), (0, 3)], 24),
+    ((4, 24, 24, 8), (3, 3, 1, 8), [1, 1], [1, 1], "same", 8),
+    ((4, 20, 20, 16), (3, 3, 16, 16), [1, 1], [1, 1], "same", 1),
+    ((1, 11, 3), (4, 3, 2), [3], [1], [(3, 0)], 1),
+    ((2, 40, 17), (5, 17, 33), [2], [2], "same", 1),
+    ((2, 4, 5, 6, 2), (2, 3, 2, 2, 3), [2, 1, 2], [1, 1, 1], "same", 1),
+    ((1, 5, 6, 7, 16), (3, 3, 3, 16, 16), [1, 1, 1], [1, 1, 1], "same", 1),
+    ((2, 5, 5, 16), (1, 1, 16, 24), [1, 1], [1, 1], [(0, 0), (0, 0)], 1),
+    ((2, 9, 8, 20), (3, 3, 20, 16), [3, 2], [1, 1], "same", 1),
+]
+
+
+def _conv_with_grads(spec):
+    strides, dilation, padding, groups = spec
+
+    def build(x, w, u):
+        y = _core.conv(x, w, strides, dilation, padding, groups)
+        dx, dw = _core.gradients(y, [x, w], u)
+        return [y, dx, dw]
+
+    return build
+
+
+def _conv_arrays(rng, xs, ws, strides, dilation, padding, groups, dtype):
+    x = _inputs(dtype, xs, rng, -1, 1)
+    w = _inputs(dtype, ws, rng, -1, 1)
+    ph = [_core.placeholder("x", list(xs), dtype), _core.placeholder("w", list(ws), dtype)]
+    yshape = _core.Function(ph, [_core.conv(*ph, strides, dilation, padding, groups)], [])([x, w])[0].shape
+    return x, w, _inputs(dtype, yshape, rng, -1, 1)
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "x%s_w%s_s%s_d%s_g%d" % (c[0], c[1], c[2], c[3], c[5]))
+def test_parity_conv_and_its_gradients(gpu, rng, case):
+    xs, ws, strides, dilation, padding, groups = case
+    x, w, u = _conv_arrays(rng, xs, ws, strides, dilation, padding, groups, "float32")
+    g, c, f = _on_both(_conv_with_grads((strides, dilation, padding, groups)), [x, w, u])
+    _same(g, c, rtol=1e-4, atol=1e-4)
+    assert f.host_nodes == 0 and f.submits == 1, (f.host_nodes, f.submits)
+
+
+# Tiled and direct kernels, and kernel gradients split into chunks (6, 7), whose f32
+# partial sums are rounded to f16 once, as the CPU rounds its f32 accumulation.
+@pytest.mark.parametrize("case", [CONV_CASES[k] for k in (0, 1, 4, 6, 7, 9)], ids=lambda c: "x%s_w%s" % (c[0], c[1]))
+def test_parity_conv_float16(gpu, rng, case):
+    xs, ws, strides, dilation, padding, groups = case
+    x, w, u = _conv_arrays(rng, xs, ws, strides, dilation, padding, groups, "float16")
+    g, c, f = _on_both(_conv_with_grads((strides, dilation, padding, groups)), [x, w, u])
+    for a, b in zip(g, c):
+        assert a.dtype == b.dtype == np.float16 and a.shape == b.shape
+        # f32 accumulation in a different order, then one rounding to f16: one f16 ulp.
+        scale = max(1.0, float(np.abs(b.astype(np.float32)).max()))
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=2e-3, atol=2e-3 * scale)
+    assert f.host_nodes == 0
+
+
+def test_parity_conv_transpose_primitive(gpu, rng):
+    # conv_transpose as K.conv2d_transpose builds it: the input-gradient primitive alone,
+    # its target shape a constant.
+    for xs, ws, strides, padding, groups in [((2, 6, 5, 16), (3, 3, 8, 16), [2, 2], "same", 2),
+                                               ((2, 6, 5, 3), (4, 4, 5, 3), [2, 3], [(1, 2), (0, 0)], 1),
+                                               ((1, 4, 4, 4, 16), (2, 2, 2, 24, 16), [2, 2, 2], "same", 1)]:
+        gshape = xs
+        xshape = [gshape[0]] + [d * s for d, s in zip(gshape[1:-1], strides)] + [ws[-2] * groups]
+        if padding != "same":
+            xshape = [gshape[0], 12, 16, ws[-2]]
+        gv = _inputs("float32", gshape, rng, -1, 1)
+        wv = _inputs("float32", ws, rng, -1, 1)
+        target = _core.constant(np.array(xshape, "int32"))
+        build = (lambda p, q, target=target, strides=strides, padding=padding, groups=groups:
+                 _core.conv_transpose(p, q, target, strides, [1] * len(strides), padding, groups))
+        g, c, f = _on_both(build, [gv, wv])
+        assert list(g[0].shape) == xshape
+        _same(g, c, rtol=1e-4, atol=1e-4)
+        assert f.host_nodes == 0
+
+
+# (mode, x shape, window, strides, padding)
+POOL_CASES = [
+    ("max", (2, 9, 8, 5), [3, 3], [2, 2], "same"),
+    ("avg", (2, 9, 8, 5), [3, 3], [2, 2], "same"),
+    ("max", (3, 8, 8, 4), [2, 2], [2, 2], [(0, 0), (0, 0)]),
+    ("avg", (2, 7, 9, 3), [3, 2], [1, 2], "same"),
+    ("max", (2, 13, 6), [3], [2], "same"),
+    ("avg", (2, 13, 6), [4], [3], "same"),
+    ("max", (2, 4, 6, 5, 3), [2, 2, 2], [1, 2, 2], "same"),
+    ("avg", (1, 5, 5, 4, 2), [3, 3, 2], [2, 2, 1], "same"),
+    ("max", (2, 6, 7, 3), [3, 3], [2, 1], [(1, 2), (0, 1)]),
+    ("avg", (2, 6, 7, 3), [3, 3], [2, 1], [(1, 2), (0, 1)]),
+    # Windows wholly in the padding: -inf (max), NaN (avg), as on the CPU.
+    ("max", (1, 4, 4, 2), [2, 2], [1, 1], [(2, 0), (0, 0)]),
+    ("avg", (1, 4, 4, 2), [2, 2], [1, 1], [(2, 0), (0, 0)]),
+]
+
+
+def _pool_with_grads(mode, window, strides, padding):
+    def build(x, u, v):
+        y = _core.pool(x, mode, window, strides, padding)
+        (dx,) = _core.gradients(y, [x], u)  # PoolGrad(x, u)
+        (sel,) = _core.gradients(dx, [u], v)  # PoolSelect(x, v), the adjoint in u
+        return [y, dx, sel]
+
+    return build
+
+
+def _pool_arrays(rng, mode, xs, window, strides, padding, ties=False):
+    x = (rng.integers(0, 3, size=xs) if ties else rng.uniform(-2, 2, size=xs)).astype("float32")
+    ph = _core.placeholder("x", list(xs), "float32")
+    yshape = _core.Function([ph], [_core.pool(ph, mode, window, strides, padding)], [])([x])[0].shape
+    return x, _inputs("float32", yshape, rng, -1, 1), _inputs("float32", xs, rng, -1, 1)
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=lambda c: "%s_x%s_k%s_s%s" % (c[0], c[1], c[2], c[3]))
+def test_parity_pool_and_its_gradients(gpu, rng, case):
+    mode, xs, window, strides, padding = case
+    g, c, f = _on_both(_pool_with_grads(mode, window, strides, padding), _pool_arrays(rng, *case))
+    _same(g, c, rtol=1e-5, atol=1e-6)
+    assert f.host_nodes == 0 and f.submits == 1, (f.host_nodes, f.submits)
+
+
+@pytest.mark.parametrize("case", [c for c in POOL_CASES if c[0] == "max"][:4], ids=lambda c: "x%s_k%s" % (c[1], c[2]))
+def test_max_pool_ties_route_to_the_first_maximum_as_on_the_cpu(gpu, rng, case):
+    _, xs, window, strides, padding = case
+    arrays = _pool_arrays(rng, *case, ties=True)
+    g, c, _ = _on_both(_pool_with_grads("max", window, strides, padding), arrays)
+    for a, b in zip(g, c):
+        np.testing.assert_array_equal(a, b)  # same elements chosen, same order of sums
+
+
+def test_pool_float16(gpu, rng):
+    for mode in ("max", "avg"):
+        x, u, v = (a.astype("float16") for a in _pool_arrays(rng, mode, (2, 9, 8, 5), [3, 3], [2, 2], "same"))
+        g, c, f = _on_both(_pool_with_grads(mode, [3, 3], [2, 2], "same"), [x, u, v])
+        _same(g, c)
+        assert f.host_nodes == 0
+
+
+@pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
+def test_conv_net_step_runs_wholly_on_the_gpu(gpu, rng, fmt):
+    # A K-level conv net (both data formats; channels_first is transposes around the same
+    # channels-last primitives) with its gradients: every node a GPU kernel, one submit.
+    shape = (4, 10, 10, 3) if fmt == "channels_last" else (4, 3, 10, 10)
+    x = K.placeholder(shape=shape)
+    k1 = K.variable(rng.standard_normal((3, 3, 3, 16)).astype("float32") * 0.3)
+    k2 = K.variable(rng.standard_normal((3, 3, 16, 1)).astype("float32") * 0.3)
+    h = K.relu(K.conv2d(x, k1, padding="same", data_format=fmt))
+    h = K.depthwise_conv2d(h, k2, strides=(2, 2), padding="same", data_format=fmt)
+    h = K.pool2d(h, (2, 2), strides=(2, 2), padding="same", data_format=fmt, pool_mode="max")
+    h = K.pool2d(h, (2, 2), strides=(1, 1), padding="same", data_format=fmt, pool_mode="avg")
+    loss = K.mean(K.square(h))
+    grads = K.gradients(loss, [k1, k2])
+    f = K.function([x], [loss] + grads)
+    xv = rng.standard_normal(shape).astype("float32")
+    out = f([xv])
+    assert f._f.host_nodes == 0 and f._f.submits == 1, (f._f.host_nodes, f._f.submits)
+    ferrokeras.set_device("cpu")
+    ref = f([xv])
+    for a, b in zip(out, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_float64_conv_is_an_observable_cpu_fallback(gpu, rng):
+    x = K.placeholder(shape=(2, 6, 6, 3), dtype="float64")
+    k = K.constant(rng.standard_normal((3, 3, 3, 4)), dtype="float64")
+    f = K.function([x], [K.pool2d(K.conv2d(x, k), (2, 2))])
+    xv = rng.standard_normal((2, 6, 6, 3))
+    out = f([xv])[0]
+    assert out.dtype == np.float64
+    assert f._f.host_nodes >= 2  # WGSL has no f64: conv and pool run their CPU kernels
+    ferrokeras.set_device("cpu")
+    np.testing.assert_allclose(out, f([xv])[0], rtol=1e-13)

@@ -284,20 +284,19 @@ impl Op {
             | Op::Gather(_)
             | Op::ScatterAdd(_)
             | Op::MatMul { .. }
-            | Op::Random(_) => GpuKind::Kernel,
+            | Op::Random(_)
+            | Op::Conv(_)
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_) => GpuKind::Kernel,
             // Loops run their body with the CPU executor, inside the GPU plan.
             Op::Loop(_) | Op::TupleGet(_) => GpuKind::Host,
             // A Python callback: its inputs come to the host, its result goes back.
             Op::HostCall(_) => GpuKind::Host,
             // CTC loss and decoding: dynamic programming over label sequences, CPU kernels.
             Op::Ctc(_) | Op::CtcDecode(_) => GpuKind::Host,
-            // Convolution and pooling: CPU kernels until they get WGSL ones.
-            Op::Conv(_)
-            | Op::ConvInputGrad(_)
-            | Op::ConvKernelGrad(_)
-            | Op::Pool(_)
-            | Op::PoolGrad(_)
-            | Op::PoolSelect(_) => GpuKind::Host,
         }
     }
 

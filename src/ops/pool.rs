@@ -45,7 +45,8 @@ impl PoolSpec {
             groups: channels.max(1),
         }
     }
-    fn geom(&self, xs: &[usize]) -> Result<Geom> {
+    /// The window walk over an input of shape `xs` (also what the GPU lowering runs).
+    pub(crate) fn geom(&self, xs: &[usize]) -> Result<Geom> {
         let c = xs[xs.len() - 1];
         let mut ws = self.window.clone();
         ws.extend([1, c]);

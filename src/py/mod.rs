@@ -529,6 +529,12 @@ impl PyFunction {
     fn submits(&self) -> usize {
         self.0.last.lock().unwrap_or_else(|e| e.into_inner()).map_or(0, |s| s.submits)
     }
+
+    /// Nodes of the last call's GPU plan that ran on the CPU instead (0 on the CPU).
+    #[getter]
+    fn host_nodes(&self) -> usize {
+        self.0.last.lock().unwrap_or_else(|e| e.into_inner()).map_or(0, |s| s.host_nodes)
+    }
 }
 
 #[pyfunction]

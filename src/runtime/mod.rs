@@ -37,6 +37,9 @@ impl Out {
 pub struct RunStats {
     pub dispatches: usize,
     pub submits: usize,
+    /// Nodes of a GPU plan that ran their CPU kernel instead (no WGSL lowering, or a
+    /// dtype WGSL lacks); 0 on the CPU device.
+    pub host_nodes: usize,
 }
 
 /// Runs `plan` on the current device. The first `n_host` results are returned as host
@@ -44,7 +47,7 @@ pub struct RunStats {
 pub fn run(plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &gpu::PlanCache) -> Result<(Vec<Out>, RunStats)> {
     match device::current()? {
         device::Device::Cpu => {
-            let stats = RunStats { dispatches: plan.dispatches(), submits: 0 };
+            let stats = RunStats { dispatches: plan.dispatches(), submits: 0, host_nodes: 0 };
             Ok((cpu::run(plan, feeds)?.into_iter().map(Out::Host).collect(), stats))
         }
         device::Device::Gpu(ctx) => gpu::run(&ctx, plan, feeds, n_host, cache),

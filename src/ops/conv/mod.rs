@@ -309,6 +309,23 @@ pub fn cpu_kernel_grad(spec: &ConvSpec, x: &Value, g: &Value, s: &Value) -> Resu
     cpu::kernel_grad(&geo, x, g)
 }
 
+/// The geometry each primitive's kernel runs with, from runtime shapes (`s` the host value
+/// of the target-shape input), raising the CPU wrappers' errors: for device lowerings,
+/// which must reject exactly what the CPU path rejects.
+pub fn conv_geom(spec: &ConvSpec, xs: &[usize], ws: &[usize]) -> Result<cpu::Geom> {
+    let n = spec.nsp();
+    if xs.len() == n + 2 && ws.len() == n + 2 && xs[n + 1] != ws[n] * spec.groups {
+        return Err(value_err!("conv: the input has {} channels but the kernel expects {}", xs[n + 1], ws[n] * spec.groups));
+    }
+    cpu::Geom::new(spec, xs, ws, None)
+}
+pub fn input_grad_geom(spec: &ConvSpec, gs: &[usize], ws: &[usize], s: &Value) -> Result<cpu::Geom> {
+    cpu::Geom::new(spec, &target("conv_transpose", s, gs)?, ws, Some(gs))
+}
+pub fn kernel_grad_geom(spec: &ConvSpec, xs: &[usize], gs: &[usize], s: &Value) -> Result<cpu::Geom> {
+    cpu::Geom::new(spec, xs, &target("conv_kernel_grad", s, xs)?, Some(gs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

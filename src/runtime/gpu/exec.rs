@@ -288,6 +288,7 @@ impl<'a> Exec<'a> {
                 }
                 Place::View => self.view(i)?,
                 Place::Host => {
+                    self.stats.host_nodes += 1;
                     let ins = self.plan.inputs[i].clone();
                     self.ensure_host(&ins, false)?;
                     let vals: Vec<Value> = ins.iter().map(|&j| self.slot(j).host.clone().expect("downloaded")).collect();

@@ -1,5 +1,5 @@
 //! Lowerings of the non-elementwise primitives to the hand-written kernels in
-//! `shaders/{movement,reduce,scatter,matmul,random}.wgsl`. Each computes its runtime
+//! `shaders/{movement,reduce,scatter,matmul,random,conv,pool}.wgsl`. Each computes its runtime
 //! output shape (raising the same errors as the CPU kernel), then records dispatches.
 
 use super::exec::{grid, Exec, Slot};
@@ -10,7 +10,10 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::ops::movement::{indices, resolve_slice, sum_to_axes};
+use crate::ops::conv::{self, cpu::Geom};
+use crate::ops::pool::PoolKind;
 use crate::ops::{random, ArgOp, Op, ReduceOp, ScanOp, SliceAxis};
+use crate::runtime::value::Value;
 use crate::shape::broadcast_runtime;
 use crate::value_err;
 
@@ -23,6 +26,10 @@ pub(crate) fn supports(t: &Tensor) -> bool {
         // Atomic adds accumulate in the storage type: exact only for f32 and i32.
         Op::ScatterAdd(_) => matches!(d, DType::F32 | DType::I32),
         Op::Random(_) => matches!(d, DType::F32 | DType::F16),
+        // Float only, as their shape rules require; f64 never gets here (no WGSL type).
+        Op::Conv(_) | Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) | Op::Pool(_) | Op::PoolGrad(_) | Op::PoolSelect(_) => {
+            d.is_float()
+        }
         Op::Reduce { .. }
         | Op::Arg { .. }
         | Op::Scan { .. }
@@ -53,13 +60,7 @@ pub(crate) fn supports(t: &Tensor) -> bool {
         | Op::TupleGet(_)
         | Op::HostCall(_)
         | Op::Ctc(_)
-        | Op::CtcDecode(_)
-        | Op::Conv(_)
-        | Op::ConvInputGrad(_)
-        | Op::ConvKernelGrad(_)
-        | Op::Pool(_)
-        | Op::PoolGrad(_)
-        | Op::PoolSelect(_) => false,
+        | Op::CtcDecode(_) => false,
     }
 }
 
@@ -166,6 +167,11 @@ fn shape_value(ex: &Exec, j: usize, what: &str) -> Result<Vec<i64>> {
         .as_ref()
         .map(|v| v.to_i64_vec())
         .ok_or_else(|| Error::Runtime(format!("{what}: the target shape is not on the host")))
+}
+
+/// The host value of slot `j` (a target shape).
+fn host_value(ex: &Exec, j: usize, what: &str) -> Result<Value> {
+    ex.slot(j).host.clone().ok_or_else(|| Error::Runtime(format!("{what}: the target shape is not on the host")))
 }
 
 /// Records the kernel(s) of node `i`.
@@ -360,6 +366,59 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             out
         }
         Op::MatMul { ta, tb } => matmul(ex, i, &ins, *ta, *tb)?,
+        Op::Conv(spec) => {
+            let (x, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
+            let g = conv::conv_geom(spec, &x.shape, &w.shape)?;
+            let out = ex.alloc(&g.y_shape, x.dtype, i)?;
+            conv_fwd(ex, &g, &out, &x, &w)?;
+            out
+        }
+        Op::ConvInputGrad(spec) => {
+            let (gy, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
+            let s = host_value(ex, ins[2], &name)?;
+            let g = conv::input_grad_geom(spec, &gy.shape, &w.shape, &s)?;
+            let out = ex.alloc(&g.x_shape, gy.dtype, i)?;
+            conv_dx(ex, &g, &out, &gy, &w)?;
+            out
+        }
+        Op::ConvKernelGrad(spec) => {
+            let (x, gy) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
+            let s = host_value(ex, ins[2], &name)?;
+            let g = conv::kernel_grad_geom(spec, &x.shape, &gy.shape, &s)?;
+            conv_dw(ex, i, &g, &x, &gy)?
+        }
+        Op::Pool(spec) => {
+            let x = ex.dev(ins[0])?;
+            let g = spec.geom(&x.shape)?;
+            let out = ex.alloc(&g.y_shape, x.dtype, i)?;
+            pool_dispatch(ex, "pool_fwd", &g, pool_mode(spec.kind), &out, &x, &x)?;
+            out
+        }
+        Op::PoolGrad(spec) => {
+            let (x, gy) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
+            let g = spec.geom(&x.shape)?;
+            if gy.shape != g.y_shape {
+                return Err(value_err!("pool_grad: gradient shape {:?} does not match the pooled shape {:?}", gy.shape, g.y_shape));
+            }
+            let out = ex.alloc(&x.shape, x.dtype, i)?;
+            pool_dispatch(ex, "pool_grad", &g, pool_mode(spec.kind), &out, &x, &gy)?;
+            out
+        }
+        Op::PoolSelect(spec) => {
+            let (x, h) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
+            let g = spec.geom(&x.shape)?;
+            if h.shape != x.shape {
+                return Err(value_err!("pool_select: shapes {:?} and {:?} differ", h.shape, x.shape));
+            }
+            let out = ex.alloc(&g.y_shape, x.dtype, i)?;
+            match spec.kind {
+                // h at each window's first maximum of x.
+                PoolKind::Max => pool_dispatch(ex, "pool_fwd", &g, 2, &out, &x, &h)?,
+                // The average pool of h.
+                PoolKind::Avg => pool_dispatch(ex, "pool_fwd", &g, 1, &out, &h, &h)?,
+            }
+            out
+        }
         Op::Random(st) => {
             let dims: Vec<usize> = shape_value(ex, ins[0], &name)?
                 .iter()
@@ -395,13 +454,7 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         | Op::TupleGet(_)
         | Op::HostCall(_)
         | Op::Ctc(_)
-        | Op::CtcDecode(_)
-        | Op::Conv(_)
-        | Op::ConvInputGrad(_)
-        | Op::ConvKernelGrad(_)
-        | Op::Pool(_)
-        | Op::PoolGrad(_)
-        | Op::PoolSelect(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
+        | Op::CtcDecode(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
     };
     Ok(Slot::dev(out))
 }
@@ -455,4 +508,144 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
         [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batches as u32],
     );
     Ok(out)
+}
+
+// ---------------------------------------------------------------- convolution and pooling
+
+/// The geometry words shared by `conv.wgsl` and `pool.wgsl`: `[n, x[3], k[3], o[3], s[3],
+/// d[3], pad_before[3]]`.
+fn geom_words(g: &Geom) -> Vec<u32> {
+    let mut p = vec![g.n as u32];
+    for v in [g.x, g.k, g.o, g.s, g.d] {
+        p.extend(v.iter().map(|&d| d as u32));
+    }
+    p.extend(g.p.iter().map(|&(before, _)| before as u32));
+    p
+}
+
+/// `geom_words` + `[cin, cout, groups, cin / groups, cout / groups, row_base, splits,
+/// chunk]`, the parameter block of every `conv.wgsl` kernel.
+fn conv_words(g: &Geom, splits: usize, chunk: usize) -> Vec<u32> {
+    let mut p = geom_words(g);
+    p.extend([g.cin, g.cout, g.groups, g.cin / g.groups, g.cout / g.groups, 0, splits, chunk].map(|v| v as u32));
+    p
+}
+
+/// Index of `row_base` in `conv_words`.
+const ROW_BASE: usize = 24;
+
+/// Below this many channels on a GEMM's column side, the one-output-per-thread kernels
+/// beat the 64-wide tiles (depthwise convolutions: one channel per group).
+const DIRECT_BELOW: usize = 16;
+
+/// Records tiled kernel `kernel` over a `rows` x `cols` GEMM per z slice, as dispatches
+/// of at most 65535 row tiles each (the grid limit per dimension).
+fn conv_tiled(ex: &mut Exec, kernel: &str, dtype: DType, p: Vec<u32>, bufs: &[(u32, &DTensor)], rows: usize, cols: usize, z: usize) -> Result<()> {
+    if z > 65535 {
+        return Err(Error::Device(format!("conv: {z} groups exceed the GPU grid limit of 65535")));
+    }
+    let pipe = pipelines::family(ex.ctx, "conv", kernel, tag(dtype)?)?;
+    let tiles = rows.div_ceil(64);
+    let per = 65535usize;
+    for t0 in (0..tiles).step_by(per) {
+        let mut p = p.clone();
+        p[ROW_BASE] = (t0 * 64) as u32;
+        ex.dispatch(pipe.clone(), bufs, p, [cols.div_ceil(64) as u32, per.min(tiles - t0) as u32, z as u32]);
+    }
+    Ok(())
+}
+
+fn conv_fwd(ex: &mut Exec, g: &Geom, out: &DTensor, x: &DTensor, w: &DTensor) -> Result<()> {
+    let og = g.cout / g.groups;
+    let p = conv_words(g, 1, 0);
+    if og < DIRECT_BELOW {
+        let pipe = pipelines::family(ex.ctx, "conv", "conv_fwd_direct", tag(x.dtype)?)?;
+        ex.dispatch(pipe, &[(1, out), (2, x), (3, w)], p, grid(out.numel()));
+        Ok(())
+    } else {
+        conv_tiled(ex, "conv_fwd", x.dtype, p, &[(1, out), (2, x), (3, w)], g.n * g.opix(), og, g.groups)
+    }
+}
+
+/// The transposed convolution, an implicit GEMM over the input gradient's pixels.
+fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) -> Result<()> {
+    let cg = g.cin / g.groups;
+    let p = conv_words(g, 1, 0);
+    if cg < DIRECT_BELOW {
+        let pipe = pipelines::family(ex.ctx, "conv", "conv_dx_direct", tag(gy.dtype)?)?;
+        ex.dispatch(pipe, &[(1, out), (2, gy), (3, w)], p, grid(out.numel()));
+        Ok(())
+    } else {
+        conv_tiled(ex, "conv_dx", gy.dtype, p, &[(1, out), (2, gy), (3, w)], g.n * g.xpix(), cg, g.groups)
+    }
+}
+
+/// The kernel gradient, a GEMM whose reduction runs over batch * output pixels. That axis
+/// is long and the output small, so it is split into chunks reduced by separate
+/// workgroups (about a thousand in all), whose partial kernels are then summed by the
+/// reduce kernel.
+fn conv_dw(ex: &mut Exec, i: usize, g: &Geom, x: &DTensor, gy: &DTensor) -> Result<DTensor> {
+    let (cg, og) = (g.cin / g.groups, g.cout / g.groups);
+    let m = g.n * g.opix();
+    let wn: usize = g.w_shape.iter().product();
+    if m == 0 || wn == 0 {
+        let out = ex.alloc(&g.w_shape, x.dtype, i)?;
+        fill(ex, &out, 0)?;
+        return Ok(out);
+    }
+    let direct = og < DIRECT_BELOW;
+    let rows = g.kk() * cg;
+    let groups_z = if direct { 1 } else { g.groups };
+    let workgroups = if direct { wn.div_ceil(256) } else { rows.div_ceil(64) * og.div_ceil(64) * g.groups };
+    let max_parts = ((ex.ctx.max_binding / 4) as usize / wn).clamp(1, 256);
+    let want = (1024 / workgroups.max(1)).clamp(1, max_parts).min(m.div_ceil(256)).min(65535 / groups_z).max(1);
+    let chunk = m.div_ceil(want).next_multiple_of(16);
+    let splits = m.div_ceil(chunk);
+    if splits == 1 {
+        let out = ex.alloc(&g.w_shape, x.dtype, i)?;
+        conv_dw_partials(ex, g, direct, x.dtype, &out, x, gy, 1, chunk)?;
+        return Ok(out);
+    }
+    // Partial sums stay f32 (an f16 tensor is f32 words on the device, so the f32 kernel
+    // reads it as is) and are rounded once, by the reduce kernel of the node's dtype: the
+    // CPU's single rounding of an f32 accumulation.
+    let mut part_shape = vec![splits];
+    part_shape.extend_from_slice(&g.w_shape);
+    let part = ex.alloc(&part_shape, DType::F32, i)?;
+    conv_dw_partials(ex, g, direct, DType::F32, &part, x, gy, splits, chunk)?;
+    let part = DTensor { dtype: x.dtype, ..part };
+    reduce(ex, i, &part, &[0], 0, &g.w_shape)
+}
+
+/// The kernel gradient's `splits` partial sums over chunks of `chunk` batch*spatial
+/// positions into `out` (`(splits, *w_shape)`, or `w_shape` for one), computed as `dtype`.
+#[allow(clippy::too_many_arguments)]
+fn conv_dw_partials(ex: &mut Exec, g: &Geom, direct: bool, dtype: DType, out: &DTensor, x: &DTensor, gy: &DTensor, splits: usize, chunk: usize) -> Result<()> {
+    let p = conv_words(g, splits, chunk);
+    if direct {
+        let pipe = pipelines::family(ex.ctx, "conv", "conv_dw_direct", tag(dtype)?)?;
+        let mut groups = grid(g.w_shape.iter().product());
+        groups[2] = splits as u32;
+        ex.dispatch(pipe, &[(1, out), (2, x), (3, gy)], p, groups);
+        Ok(())
+    } else {
+        let (rows, og) = (g.kk() * g.cin / g.groups, g.cout / g.groups);
+        conv_tiled(ex, "conv_dw", dtype, p, &[(1, out), (2, x), (3, gy)], rows, og, g.groups * splits)
+    }
+}
+
+fn pool_mode(kind: PoolKind) -> u32 {
+    match kind {
+        PoolKind::Max => 0,
+        PoolKind::Avg => 1,
+    }
+}
+
+/// One `pool.wgsl` kernel, one thread per element of `out`.
+fn pool_dispatch(ex: &mut Exec, kernel: &str, g: &Geom, mode: u32, out: &DTensor, a: &DTensor, b: &DTensor) -> Result<()> {
+    let mut p = geom_words(g);
+    p.extend([g.cin as u32, mode]);
+    let pipe = pipelines::family(ex.ctx, "pool", kernel, tag(out.dtype)?)?;
+    ex.dispatch(pipe, &[(1, out), (2, a), (3, b)], p, grid(out.numel()));
+    Ok(())
 }

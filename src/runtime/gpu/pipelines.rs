@@ -18,6 +18,8 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("scatter", include_str!("../../../shaders/scatter.wgsl")),
     ("matmul", include_str!("../../../shaders/matmul.wgsl")),
     ("random", include_str!("../../../shaders/random.wgsl")),
+    ("conv", include_str!("../../../shaders/conv.wgsl")),
+    ("pool", include_str!("../../../shaders/pool.wgsl")),
 ];
 
 fn shader(family: &str) -> &'static str {
