@@ -76,6 +76,7 @@ def test_pool_stats_shape(gpu):
 
 
 def test_steady_state_calls_allocate_no_buffers(gpu, rng):
+    _core.gpu_pool_clear()                          # no idle buffers of earlier tests ageing out
     f = _scale_fn(1000)
     xv = rng.standard_normal(1000).astype("float32")
     for _ in range(3):
