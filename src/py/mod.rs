@@ -570,13 +570,60 @@ fn device_stats() -> R<Option<(u64, u64, usize)>> {
     })
 }
 
+/// The current GPU device, or a `DeviceError` naming `what` on the CPU.
+fn current_gpu(what: &str) -> R<Arc<crate::runtime::gpu::Context>> {
+    match crate::runtime::device::current().map_err(err)? {
+        crate::runtime::device::Device::Cpu => Err(err(Error::Device(format!("{what}: the current device is the CPU")))),
+        crate::runtime::device::Device::Gpu(c) => Ok(c),
+    }
+}
+
 /// Compiles a WGSL compute shader on the current GPU (tests of the shader-error path).
 #[pyfunction]
 fn compile_wgsl(source: &str, entry: &str) -> R<()> {
-    match crate::runtime::device::current().map_err(err)? {
-        crate::runtime::device::Device::Cpu => Err(err(Error::Device("compile_wgsl: the current device is the CPU".into()))),
-        crate::runtime::device::Device::Gpu(c) => guarded("compile_wgsl", || crate::runtime::gpu::compile_wgsl(&c, source, entry)),
+    let c = current_gpu("compile_wgsl")?;
+    guarded("compile_wgsl", || crate::runtime::gpu::compile_wgsl(&c, source, entry))
+}
+
+/// Buffer-pool counters of the current GPU (pooled/live/allocated bytes, buffers created,
+/// reused and released, the idle bounds); None on the CPU.
+#[pyfunction]
+fn gpu_pool_stats(py: Python<'_>) -> R<Option<Py<pyo3::types::PyDict>>> {
+    let c = match crate::runtime::device::current().map_err(err)? {
+        crate::runtime::device::Device::Cpu => return Ok(None),
+        crate::runtime::device::Device::Gpu(c) => c,
+    };
+    let d = pyo3::types::PyDict::new(py);
+    for (k, v) in crate::runtime::gpu::pool_stats(&c) {
+        d.set_item(k, v)?;
     }
+    d.set_item("device", format!("gpu:{}", c.index()))?;
+    Ok(Some(d.unbind()))
+}
+
+/// Sets the current GPU's bounds on idle pooled memory and trims to them.
+#[pyfunction]
+#[pyo3(signature = (max_idle_bytes=None, max_idle_submits=None))]
+fn gpu_pool_limits(max_idle_bytes: Option<u64>, max_idle_submits: Option<u64>) -> R<()> {
+    let c = current_gpu("gpu_pool_limits")?;
+    crate::runtime::gpu::pool_limits(&c, max_idle_bytes, max_idle_submits);
+    Ok(())
+}
+
+/// Releases the free pooled buffers of every opened GPU (`K.clear_session`).
+#[pyfunction]
+fn gpu_pool_clear() {
+    crate::runtime::gpu::pool_clear()
+}
+
+/// Test-only: destroys the current GPU device, so that it is lost.
+#[pyfunction]
+fn _debug_lose_gpu() -> R<()> {
+    let c = current_gpu("_debug_lose_gpu")?;
+    guarded("_debug_lose_gpu", || {
+        crate::runtime::gpu::lose(&c);
+        Ok(())
+    })
 }
 
 #[pymodule]
@@ -621,6 +668,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_adapters, m)?)?;
     m.add_function(wrap_pyfunction!(device_stats, m)?)?;
     m.add_function(wrap_pyfunction!(compile_wgsl, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_pool_limits, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_pool_clear, m)?)?;
+    m.add_function(wrap_pyfunction!(_debug_lose_gpu, m)?)?;
     m.add("DeviceError", m.py().get_type::<DeviceError>())?;
     m.add("UNARY_OPS", UnaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
     m.add("BINARY_OPS", BinaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;

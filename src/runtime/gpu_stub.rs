@@ -69,3 +69,17 @@ pub fn stats(ctx: &Context) -> (u64, u64, usize) {
 pub fn compile_wgsl(ctx: &Arc<Context>, _src: &str, _entry: &str) -> Result<()> {
     match **ctx {}
 }
+
+pub fn pool_stats(ctx: &Context) -> Vec<(&'static str, u64)> {
+    match *ctx {}
+}
+
+pub fn pool_limits(ctx: &Context, _max_idle_bytes: Option<u64>, _max_idle_submits: Option<u64>) {
+    match *ctx {}
+}
+
+pub fn pool_clear() {}
+
+pub fn lose(ctx: &Context) {
+    match *ctx {}
+}

@@ -55,8 +55,15 @@ class Function:
                 v = v.toarray()
             arr = np.asarray(v)
             if arr.dtype != dt:
-                if arr.dtype.kind == "f" and dt.kind in "iub" and arr.size and not np.all(np.mod(arr, 1) == 0):
+                if arr.dtype.kind == "c":
+                    raise TypeError(f"cannot feed complex values to '{t.name}', which has dtype {dt.name}")
+                if arr.dtype.kind == "f" and dt.kind in "iub" and arr.size and not _integral(arr):
                     raise TypeError(f"cannot feed non-integer values to '{t.name}', which has dtype {dt.name}")
+                if dt.kind in "iu" and arr.dtype.kind in "iuf" and arr.size:
+                    lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
+                    if arr.min() < lo or arr.max() > hi:
+                        raise ValueError(f"cannot feed values in [{arr.min()}, {arr.max()}] to '{t.name}': "
+                                         f"outside the range of its dtype {dt.name} [{lo}, {hi}]")
                 arr = arr.astype(dt)
             arrs.append(arr)
         out = self._f(arrs)
@@ -75,6 +82,12 @@ class Function:
     def submits(self):
         """GPU queue submissions of the last call (1 when the plan runs wholly on a GPU)."""
         return self._f.submits
+
+
+def _integral(arr):
+    """Whether every value of a float array is a whole number (inf and NaN are not)."""
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(np.mod(arr, 1) == 0))
 
 
 def function(inputs, outputs, updates=None, name=None, **kwargs):

@@ -17,7 +17,7 @@ from ..tensor import Tensor, wrap
 from .common import _axis, _check_float, _data_format, _int, _t
 from .function import stop_gradient
 from .layout import _dims, _int_tensor, _one_hot_mask
-from .linalg import _reshape
+from .linalg import _prod, _reshape
 from .math import _bin, _unary, clip, exp, log, max, mean, square, sum
 from .variables import cast, zeros_like
 
@@ -301,12 +301,16 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
         nt, nl = target.shape, logp.shape[:-1]
         if _b.all(v is not None for v in (*nt, *nl)) and int(np.prod(nt)) != int(np.prod(nl)):
             raise ValueError(f"{fn}: target of shape {tuple(nt)} does not match output of shape {tuple(output.shape)}")
-        target = _reshape(target, [-1])
+        # Reshaping to the row count (not -1) makes a count known only at run time a
+        # ValueError there, instead of a broadcast.
+        target = _reshape(target, [_prod(d[:-1])])
         logp = _reshape(logp, [-1, n_classes])
     else:
         ts, ls = tuple(target.shape), tuple(logp.shape[:-1])
         if _b.any(x is not None and y is not None and x != y for x, y in zip(ts, ls)):
             raise ValueError(f"{fn}: target of shape {ts} does not match output of shape {tuple(output.shape)} (axis {axis})")
+        if None in ts or None in ls:
+            target = _reshape(target, d[:-1])
     zero = _t(np.zeros((), dtype=logp.dtype))
     picked = sum(wrap(_core.select(_one_hot_mask(target, n_classes)._core, logp._core, zero._core)), -1)
     valid = _bin("logical_and", _bin("greater_equal", target, 0), _bin("less", target, cast(_t(n_classes), target.dtype)))

@@ -78,14 +78,20 @@ def set_learning_phase(value):
 
 
 def clear_session():
-    """Resets uid counters, the learning phase and compiled-plan caches.
+    """Resets uid counters, the learning phase and compiled-plan caches, and releases the
+    GPU memory pooled for reuse.
 
     Variables and tensors the caller still holds stay valid.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.clear_session()
     """
     global _LEARNING_PHASE, _LEARNING_PHASE_VALUE
     reset_uids()
     _LEARNING_PHASE = None
     _LEARNING_PHASE_VALUE = None
+    _core.gpu_pool_clear()
 
 
 

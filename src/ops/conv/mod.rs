@@ -52,7 +52,12 @@ impl Padding {
             Padding::Explicit(p) => p[i],
             Padding::Same => {
                 let out = x.div_ceil(stride);
-                let total = ((out.max(1) - 1) * stride + eff).saturating_sub(x);
+                // An empty axis (out = 0) is padded one short of a window, so that
+                // `out_len` finds no window position in it.
+                let total = match out {
+                    0 => eff - 1,
+                    _ => ((out - 1) * stride + eff).saturating_sub(x),
+                };
                 (total / 2, total - total / 2)
             }
         }
@@ -60,8 +65,13 @@ impl Padding {
 }
 
 /// Number of window positions along one dim, or `None` when the window does not fit.
+/// An empty input axis padded to one short of the window (`same`, `causal`) has none, as
+/// in TensorFlow (`ceil((span - eff + 1) / stride)`).
 pub fn out_len(x: usize, eff: usize, stride: usize, pads: (usize, usize)) -> Option<usize> {
     let span = x + pads.0 + pads.1;
+    if x == 0 && span + 1 == eff {
+        return Some(0);
+    }
     (span >= eff).then(|| (span - eff) / stride + 1)
 }
 
@@ -306,6 +316,10 @@ pub fn cpu_input_grad(spec: &ConvSpec, g: &Value, w: &Value, s: &Value) -> Resul
 pub fn cpu_kernel_grad(spec: &ConvSpec, x: &Value, g: &Value, s: &Value) -> Result<Value> {
     let ws = target("conv_kernel_grad", s, x.shape())?;
     let geo = cpu::Geom::new(spec, x.shape(), &ws, Some(g.shape()))?;
+    if g.is_empty() {
+        // No output position (an empty batch, or `same` over an empty axis): a sum of nothing.
+        return Ok(Value::full(x.dtype(), &ws, 0.0));
+    }
     cpu::kernel_grad(&geo, x, g)
 }
 
@@ -379,10 +393,29 @@ mod tests {
     }
 
     #[test]
+    fn same_over_an_empty_axis_is_empty_and_so_are_its_gradients() {
+        let sp = spec(&[1, 2], &[1, 1], Padding::Same, 1);
+        let (x, _) = values(&[2, 0, 3, 2], 1);
+        let (w, _) = values(&[2, 2, 2, 3], 2);
+        let y = cpu_conv(&sp, &x, &w).unwrap();
+        assert_eq!(y.shape(), &[2, 0, 2, 3]);
+        let shape = |s: &[usize]| Value::from_vec(&[s.len()], s.iter().map(|&d| d as i64).collect()).unwrap();
+        assert_eq!(cpu_input_grad(&sp, &y, &w, &shape(&[2, 0, 3, 2])).unwrap().shape(), &[2, 0, 3, 2]);
+        let dw = cpu_kernel_grad(&sp, &x, &y, &shape(&[2, 2, 2, 3])).unwrap();
+        assert_eq!((dw.shape(), dw.to_f64_vec()), (&[2usize, 2, 2, 3][..], vec![0.0; 24]));
+    }
+
+    #[test]
     fn same_padding_puts_the_odd_element_last() {
         assert_eq!(Padding::Same.resolve(0, 5, 4, 1), (1, 2));
         assert_eq!(Padding::Same.resolve(0, 6, 3, 2), (0, 1));
         assert_eq!(Padding::Same.resolve(0, 7, 3, 2), (1, 1));
         assert_eq!(out_len(2, 3, 1, (0, 0)), None);
+        // Empty axes: `same` and `causal` give no output, `valid` fits no window.
+        for (eff, stride) in [(1, 1), (2, 1), (3, 2), (5, 3)] {
+            assert_eq!(out_len(0, eff, stride, Padding::Same.resolve(0, 0, eff, stride)), Some(0));
+            assert_eq!(out_len(0, eff, 1, (eff - 1, 0)), Some(0));
+        }
+        assert_eq!(out_len(0, 2, 1, (0, 0)), None);
     }
 }

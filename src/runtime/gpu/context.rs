@@ -1,7 +1,9 @@
 //! Adapters and devices. One `Context` per opened adapter, kept for the life of the
 //! process so buffers, pipelines and resident variables survive device switches.
 //! wgpu errors never panic: uncaptured errors are collected and turned into
-//! `Error::Device` after each submit, and device loss is recorded by a callback.
+//! `Error::Device` after each submit, and device loss is recorded by a callback. A lost
+//! device stays lost (every call on it fails); opening its adapter again, as
+//! `set_device` does, replaces it with a fresh device.
 
 use super::pipelines::PipelineCache;
 use super::pool::Pool;
@@ -44,7 +46,11 @@ impl Context {
     /// Fails if the device was lost or wgpu reported an error since the last check.
     pub fn check(&self, what: &str) -> Result<()> {
         if let Some(m) = self.lost.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            return Err(Error::Device(format!("GPU device lost ({}): {m}", self.desc.name)));
+            return Err(Error::Device(format!(
+                "GPU device lost ({}): {m}; values that lived only on it are gone. \
+                 ferrokeras.set_device('gpu') opens a fresh device, ferrokeras.set_device('cpu') runs on the CPU",
+                self.desc.name
+            )));
         }
         let mut errs = self.errors.lock().unwrap_or_else(|e| e.into_inner());
         if !errs.is_empty() {
@@ -53,6 +59,17 @@ impl Context {
             return Err(Error::Device(format!("GPU error during {what}: {msg}")));
         }
         Ok(())
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// Destroys the device, which makes it lost (tests of the device-loss path). wgpu
+    /// reports the loss through the callback when it next maintains the device.
+    pub fn destroy(&self) {
+        self.device.destroy();
+        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
     }
 }
 
@@ -103,12 +120,19 @@ fn env_cap() -> Option<u64> {
     std::env::var("FERROKERAS_GPU_MAX_BINDING").ok().and_then(|v| v.trim().parse::<u64>().ok())
 }
 
-/// Opens (once) the device of adapter `index`.
+/// The devices opened so far (lost ones included until replaced).
+pub fn opened() -> Vec<Arc<Context>> {
+    registry().open.lock().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
+}
+
+/// Opens (once) the device of adapter `index`; a lost device is replaced by a new one.
 pub fn open(index: usize) -> Result<Arc<Context>> {
     let reg = registry();
     let mut open = reg.open.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(Some(c)) = open.get(index) {
-        return Ok(c.clone());
+        if !c.is_lost() {
+            return Ok(c.clone());
+        }
     }
     let (desc, adapter) = reg
         .adapters
@@ -134,7 +158,8 @@ pub fn open(index: usize) -> Result<Arc<Context>> {
         }));
         let lost = lost.clone();
         device.set_device_lost_callback(move |reason, msg| {
-            *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{reason:?}: {msg}"));
+            let m = if msg.is_empty() { format!("{reason:?}") } else { format!("{reason:?}: {msg}") };
+            *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
         });
     }
     let mut max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);

@@ -472,6 +472,7 @@ pub fn grid(n: usize) -> [u32; 3] {
 
 /// Downloads device tensors outside of a call (a resident variable's value).
 pub fn read_back(ctx: &Arc<Context>, ts: &[DTensor]) -> Result<Vec<Vec<u32>>> {
+    ctx.check("reading back a GPU value")?;
     submit(ctx, Vec::new(), ts)
 }
 

@@ -78,7 +78,33 @@ pub fn stats(ctx: &Context) -> (u64, u64, usize) {
     (p.allocations, p.allocated, c.compiled)
 }
 
-/// Compiles a WGSL compute shader on `ctx` (tests of the shader-error path).
+/// Buffer-pool counters of a device (`pool::Pool::stats`).
+pub fn pool_stats(ctx: &Context) -> Vec<(&'static str, u64)> {
+    ctx.pool.lock().unwrap_or_else(|e| e.into_inner()).stats()
+}
+
+/// Sets the bounds on a device's idle pool memory (`None` keeps a bound), then trims to them.
+pub fn pool_limits(ctx: &Context, max_idle_bytes: Option<u64>, max_idle_submits: Option<u64>) {
+    let mut p = ctx.pool.lock().unwrap_or_else(|e| e.into_inner());
+    p.max_idle_bytes = max_idle_bytes.unwrap_or(p.max_idle_bytes);
+    p.max_idle_submits = max_idle_submits.unwrap_or(p.max_idle_submits);
+    p.trim_to_bounds();
+}
+
+/// Destroys the free buffers of every opened device.
+pub fn pool_clear() {
+    for ctx in context::opened() {
+        ctx.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// Compiles a WGSL compute shader on `ctx` through the pipeline cache (tests of the
+/// shader-error path).
 pub fn compile_wgsl(ctx: &Arc<Context>, src: &str, entry: &str) -> Result<()> {
-    pipelines::build(ctx, format!("user:{src}"), src, entry).map(|_| ())
+    pipelines::generated(ctx, src, entry).map(|_| ())
+}
+
+/// Destroys `ctx`'s device, so that it is lost (tests of the device-loss path).
+pub fn lose(ctx: &Context) {
+    ctx.destroy();
 }

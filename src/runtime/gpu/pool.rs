@@ -6,22 +6,64 @@
 //! in `pending` and join the free lists after the next completed submit. Calls on
 //! several threads, or nested calls (a `py_function` callback evaluating a tensor), each
 //! own their buffers.
+//!
+//! Idle memory is bounded, so one large call does not pin its buffers for the life of
+//! the process: a free buffer not reused within `max_idle_submits` submits is destroyed,
+//! and free bytes over `max_idle_bytes` are destroyed least recently used first
+//! (`FERROKERAS_GPU_POOL_MAX_IDLE_MB`, default 256; `FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS`,
+//! default 1000). `clear` (from `K.clear_session`) destroys every free buffer.
 
 use super::context::Context;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Free memory kept for reuse beyond which freed buffers are destroyed instead.
-const KEEP_FREE_BYTES: u64 = 1 << 30;
+const DEFAULT_MAX_IDLE_BYTES: u64 = 256 << 20;
+const DEFAULT_MAX_IDLE_SUBMITS: u64 = 1000;
 
-#[derive(Default)]
+/// A free buffer and the submit count when it was last given back.
+struct Idle {
+    buf: wgpu::Buffer,
+    since: u64,
+}
+
 pub struct Pool {
-    free: HashMap<(u64, bool), Vec<wgpu::Buffer>>,
+    free: HashMap<(u64, bool), Vec<Idle>>,
     pending: Vec<(u64, bool, wgpu::Buffer)>,
     free_bytes: u64,
+    free_buffers: u64,
+    /// Completed submits (the pool's clock).
+    submits: u64,
+    pub max_idle_bytes: u64,
+    pub max_idle_submits: u64,
+    /// Bytes of every buffer that exists (live, pending and free).
     pub allocated: u64,
+    /// Buffers created, taken from a free list, and destroyed.
     pub allocations: u64,
+    pub reuses: u64,
+    pub released: u64,
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+impl Default for Pool {
+    fn default() -> Pool {
+        Pool {
+            free: HashMap::new(),
+            pending: Vec::new(),
+            free_bytes: 0,
+            free_buffers: 0,
+            submits: 0,
+            max_idle_bytes: env_u64("FERROKERAS_GPU_POOL_MAX_IDLE_MB").map_or(DEFAULT_MAX_IDLE_BYTES, |mb| mb << 20),
+            max_idle_submits: env_u64("FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS").unwrap_or(DEFAULT_MAX_IDLE_SUBMITS),
+            allocated: 0,
+            allocations: 0,
+            reuses: 0,
+            released: 0,
+        }
+    }
 }
 
 pub fn size_class(bytes: u64) -> u64 {
@@ -36,17 +78,83 @@ pub fn size_class(bytes: u64) -> u64 {
 
 impl Pool {
     /// Makes buffers freed since the last call reusable (the caller has waited for its
-    /// submit).
+    /// submit), then trims idle memory to the bounds.
     pub fn recycle(&mut self) {
+        self.submits += 1;
+        let now = self.submits;
         for (class, staging, buf) in self.pending.drain(..) {
-            if self.free_bytes + class > KEEP_FREE_BYTES {
-                buf.destroy();
-                self.allocated -= class;
-                continue;
-            }
             self.free_bytes += class;
-            self.free.entry((class, staging)).or_default().push(buf);
+            self.free_buffers += 1;
+            self.free.entry((class, staging)).or_default().push(Idle { buf, since: now });
         }
+        // Ageing needs a scan of every free buffer; once per 16 submits is plenty.
+        let expire = if now % 16 == 0 { now.checked_sub(self.max_idle_submits) } else { None };
+        if expire.is_some() || self.free_bytes > self.max_idle_bytes {
+            self.trim(expire, self.max_idle_bytes);
+        }
+    }
+
+    /// Destroys free buffers last given back at or before submit `expire`, then the least
+    /// recently used ones until at most `keep` free bytes remain.
+    fn trim(&mut self, expire: Option<u64>, keep: u64) {
+        let mut dead: Vec<Idle> = Vec::new();
+        if let Some(t) = expire {
+            for v in self.free.values_mut() {
+                // Each list is in the order buffers came back, oldest first.
+                let n = v.iter().take_while(|b| b.since <= t).count();
+                dead.extend(v.drain(..n));
+            }
+        }
+        let mut bytes = self.free_bytes - dead.iter().map(|b| b.buf.size()).sum::<u64>();
+        if bytes > keep {
+            let mut all: Vec<(u64, (u64, bool))> =
+                self.free.iter().flat_map(|(&k, v)| v.iter().map(move |b| (b.since, k))).collect();
+            all.sort_unstable();
+            for (_, k) in all {
+                if bytes <= keep {
+                    break;
+                }
+                let b = self.free.get_mut(&k).expect("listed").remove(0);
+                bytes -= b.buf.size();
+                dead.push(b);
+            }
+        }
+        self.free.retain(|_, v| !v.is_empty());
+        for b in dead {
+            self.free_bytes -= b.buf.size();
+            self.free_buffers -= 1;
+            self.allocated -= b.buf.size();
+            self.released += 1;
+            b.buf.destroy();
+        }
+    }
+
+    /// Trims to the current bounds now (after they changed).
+    pub fn trim_to_bounds(&mut self) {
+        let expire = self.submits.checked_sub(self.max_idle_submits);
+        self.trim(expire, self.max_idle_bytes);
+    }
+
+    /// Destroys every free buffer (buffers in use are untouched).
+    pub fn clear(&mut self) {
+        self.trim(Some(u64::MAX), 0);
+    }
+
+    /// Named counters, for `ferrokeras._core.gpu_pool_stats()`.
+    pub fn stats(&self) -> Vec<(&'static str, u64)> {
+        let pending: u64 = self.pending.iter().map(|p| p.0).sum();
+        vec![
+            ("pooled_bytes", self.free_bytes),
+            ("pooled_buffers", self.free_buffers),
+            ("live_bytes", self.allocated - self.free_bytes - pending),
+            ("allocated_bytes", self.allocated),
+            ("allocations", self.allocations),
+            ("reuses", self.reuses),
+            ("released", self.released),
+            ("submits", self.submits),
+            ("max_idle_bytes", self.max_idle_bytes),
+            ("max_idle_submits", self.max_idle_submits),
+        ]
     }
 }
 
@@ -101,9 +209,11 @@ pub fn alloc_staging(ctx: &Arc<Context>, bytes: u64) -> Result<Arc<DevBuf>> {
 fn take(ctx: &Arc<Context>, class: u64, staging: bool, what: &dyn Fn() -> String) -> Result<Arc<DevBuf>> {
     let reused = {
         let mut p = ctx.pool.lock().unwrap_or_else(|e| e.into_inner());
-        let b = p.free.get_mut(&(class, staging)).and_then(|v| v.pop());
+        let b = p.free.get_mut(&(class, staging)).and_then(|v| v.pop()).map(|i| i.buf);
         if b.is_some() {
             p.free_bytes -= class;
+            p.free_buffers -= 1;
+            p.reuses += 1;
         }
         b
     };
