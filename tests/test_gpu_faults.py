@@ -118,7 +118,8 @@ def test_idle_bytes_stay_under_the_bound(gpu):
     small = _scale_fn(100)
     for _ in range(3):
         y = big([np.full(1 << 20, 2.0, "float32")])[0]
-        assert st["pooled_bytes"] <= MIB
+        st = _core.gpu_pool_stats()
+        assert st["pooled_bytes"] <= MIB, st
         for _ in range(20):
             small([np.zeros(100, "float32")])
             st = _core.gpu_pool_stats()
