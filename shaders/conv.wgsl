@@ -8,7 +8,9 @@
 //   conv_dx    dx[m, g*cg + n] = sum_k G[m, k] W'[k, n]    m = (image, input pixel),
 //              k = (kernel offset, output channel in group); G reads the output
 //              gradient at the output pixel whose window puts that kernel offset on m
-//              (zero where there is none: off the stride grid or out of range).
+//              (zero where it is out of range). One dispatch per stride phase: the input
+//              pixels of one residue modulo the stride, and only the kernel offsets that
+//              reach them from the stride grid, so no k is wasted on stride holes.
 //   conv_dw    dw[r, g*og + n] = sum_m A[m, r] gy[m, n]    r = (kernel offset, channel),
 //              a GEMM over the batch * spatial axis, split in `splits` chunks (workgroup
 //              z = g * splits + chunk) whose partial sums the executor adds up.
@@ -20,7 +22,8 @@
 //
 // Bindings: 0 params, 1 out, 2 a (x, or gy for conv_dx), 3 b (w, or gy for conv_dw).
 // P = [n, x[3], k[3], o[3], s[3], d[3], pad_before[3], cin, cout, groups, cg, og,
-//      row_base, splits, chunk]; row_base offsets the GEMM rows of one dispatch (the
+//      row_base, splits, chunk, (conv_dx only) first[3], count[3], kstart[3], kstep[3],
+//      kcount[3]]; row_base offsets the GEMM rows of one dispatch (the
 //      executor splits tall GEMMs into dispatches of at most 65535 row tiles).
 
 @group(0) @binding(0) var<storage, read> P: array<u32>;
@@ -146,13 +149,21 @@ fn conv_fwd_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id
 
 @compute @workgroup_size(16, 16)
 fn conv_dx_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
-    let xp_n = xpix();
-    let M = P[0] * xp_n;
+    // One stride phase: input pixels ip = first + a * s (a < count) along each dim, and the
+    // kernel offsets that put some output pixel on them, kp = kstart + j * kstep (j < kcount).
+    let first = vec3<u32>(P[27], P[28], P[29]);
+    let count = vec3<u32>(P[30], P[31], P[32]);
+    let kstart = vec3<u32>(P[33], P[34], P[35]);
+    let kstep = vec3<u32>(P[36], P[37], P[38]);
+    let kcount = vec3<u32>(P[39], P[40], P[41]);
+    let rows_n = count.x * count.y * count.z;
+    let M = P[0] * rows_n;
     let cin = P[19];
     let cout = P[20];
     let cg = P[22];
     let og = P[23];
-    let K = kk() * og;
+    let K = kcount.x * kcount.y * kcount.z * og;
+    let kd = kdim();
     let g = w.z;
     let row0 = P[24] + w.y * 64u;
     let col0 = w.x * 64u;
@@ -162,15 +173,16 @@ fn conv_dx_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id)
     var pix: array<vec3<i32>, 4>;
     for (var t = 0u; t < 4u; t++) {
         let m = row0 + tid / 16u + 16u * t;
-        base[t] = select(-1, i32((m / max(xp_n, 1u)) * opix()), m < M);
-        pix[t] = vec3<i32>(unflat(m % max(xp_n, 1u), vec3<u32>(P[1], P[2], P[3])));
+        base[t] = select(-1, i32((m / max(rows_n, 1u)) * opix()), m < M);
+        pix[t] = vec3<i32>(first + unflat(m % max(rows_n, 1u), count) * sdim());
     }
     var acc: array<vec4<T>, 4>;
     for (var i = 0u; i < 4u; i++) { acc[i] = vec4<T>(T(0)); }
     for (var k0 = 0u; k0 < K; k0 += 16u) {
         let k = k0 + ka;
         let co = k % max(og, 1u);
-        let kp = k / max(og, 1u);
+        let kv = kstart + unflat(k / max(og, 1u), kcount) * kstep;
+        let kp = (kv.x * kd.y + kv.y) * kd.z + kv.z;
         for (var t = 0u; t < 4u; t++) {
             var v = T(0);
             if (base[t] >= 0 && k < K) {
@@ -188,7 +200,8 @@ fn conv_dx_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id)
             let kg = k0 + kb;
             var v = T(0);
             if (kg < K && col0 + nn < cg) {
-                let kpb = kg / og;
+                let kvb = kstart + unflat(kg / og, kcount) * kstep;
+                let kpb = (kvb.x * kd.y + kvb.y) * kd.z + kvb.z;
                 v = ld_b((kpb * cg + col0 + nn) * cout + g * og + kg % og);
             }
             Bs[kb * 64u + nn] = v;
@@ -197,12 +210,15 @@ fn conv_dx_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id)
         mac(l, &acc);
         workgroupBarrier();
     }
+    let x = vec3<u32>(P[1], P[2], P[3]);
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + l.y * 4u + i;
         if (r >= M) { break; }
+        let q = first + unflat(r % rows_n, count) * sdim();
+        let px = (r / rows_n) * xpix() + (q.x * x.y + q.y) * x.z + q.z;
         for (var j = 0u; j < 4u; j++) {
             let c = col0 + l.x * 4u + j;
-            if (c < cg) { st(r * cin + g * cg + c, acc[i][j]); }
+            if (c < cg) { st(px * cin + g * cg + c, acc[i][j]); }
         }
     }
 }

@@ -567,17 +567,43 @@ fn conv_fwd(ex: &mut Exec, g: &Geom, out: &DTensor, x: &DTensor, w: &DTensor) ->
     }
 }
 
-/// The transposed convolution, an implicit GEMM over the input gradient's pixels.
+/// The transposed convolution, an implicit GEMM over the input gradient's pixels, one
+/// dispatch per stride phase (see `stride_phase`).
 fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) -> Result<()> {
     let cg = g.cin / g.groups;
-    let p = conv_words(g, 1, 0);
     if cg < DIRECT_BELOW {
         let pipe = pipelines::family(ex.ctx, "conv", "conv_dx_direct", tag(gy.dtype)?)?;
-        ex.dispatch(pipe, &[(1, out), (2, gy), (3, w)], p, grid(out.numel()));
-        Ok(())
-    } else {
-        conv_tiled(ex, "conv_dx", gy.dtype, p, &[(1, out), (2, gy), (3, w)], g.n * g.xpix(), cg, g.groups)
+        ex.dispatch(pipe, &[(1, out), (2, gy), (3, w)], conv_words(g, 1, 0), grid(out.numel()));
+        return Ok(());
     }
+    for r0 in 0..g.s[0] {
+        for r1 in 0..g.s[1] {
+            for r2 in 0..g.s[2] {
+                let ph = [0, 1, 2].map(|t| stride_phase(g, t, [r0, r1, r2][t]));
+                let rows = g.n * ph.iter().map(|q| q[1]).product::<usize>();
+                let mut p = conv_words(g, 1, 0);
+                for field in 0..5 {
+                    p.extend(ph.iter().map(|q| q[field] as u32));
+                }
+                conv_tiled(ex, "conv_dx", gy.dtype, p, &[(1, out), (2, gy), (3, w)], rows, cg, g.groups)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Along dim `t`, the input positions `i` with `(i + pad_before) % stride == r` and the
+/// kernel offsets that reach them from an output position: `(kp * dilation) % stride == r`,
+/// a residue class modulo `stride / gcd(dilation, stride)`. Returns `[first i, count of i,
+/// first kp, kp step, count of kp]`.
+fn stride_phase(g: &Geom, t: usize, r: usize) -> [usize; 5] {
+    let (s, d, x, k, p) = (g.s[t], g.d[t], g.x[t], g.k[t], g.p[t].0);
+    let first = (r + s - p % s) % s;
+    let count = if first < x { (x - first).div_ceil(s) } else { 0 };
+    let kps: Vec<usize> = (0..k).filter(|&kp| (kp * d) % s == r).collect();
+    let step = if kps.len() > 1 { kps[1] - kps[0] } else { 1 };
+    debug_assert!(kps.windows(2).all(|q| q[1] - q[0] == step));
+    [first, count, kps.first().copied().unwrap_or(0), step, kps.len()]
 }
 
 /// The kernel gradient, a GEMM whose reduction runs over batch * output pixels. That axis
