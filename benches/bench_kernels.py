@@ -7,6 +7,7 @@ process, so the ratio is not at the mercy of a shared machine's load:
 
     .venv/bin/python benches/bench_kernels.py                  # all groups
     .venv/bin/python benches/bench_kernels.py --only gemm,reduce --ab FK_OLD
+    RAYON_NUM_THREADS=1 .venv/bin/python benches/bench_kernels.py --cpu-time --ab FK_OLD
 
 Rates: GFLOP/s for GEMM and convolution (2 flops per multiply-add), ns per input element
 otherwise.
@@ -24,17 +25,20 @@ from ferrokeras import backend as K
 from ferrokeras.tensor import wrap
 
 
+CLOCK = time.perf_counter
+
+
 def timed(f, args, budget=0.05):
     """Mean seconds per call, from enough calls to fill `budget` seconds."""
     f(args)
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     f(args)
-    one = time.perf_counter() - t0
+    one = CLOCK() - t0
     calls = int(max(2, min(1000, budget / max(one, 1e-7))))
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for _ in range(calls):
         f(args)
-    return (time.perf_counter() - t0) / calls
+    return (CLOCK() - t0) / calls
 
 
 def measure(f, args, repeats, ab):
@@ -135,7 +139,13 @@ def main():
     ap.add_argument("--ab", default="", help="environment variable selecting the previous kernels")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--filter", default="", help="only rows whose name contains this")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by the process's CPU time, not wall time: with RAYON_NUM_THREADS=1 this "
+                         "compares single-thread kernel efficiency on a machine other jobs load")
     a = ap.parse_args()
+    if a.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
     groups = a.only.split(",")
     rng = np.random.default_rng(0)
     rows = [c for c in cases(rng) if c[0] in groups and a.filter in c[1]]

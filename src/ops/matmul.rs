@@ -1,6 +1,7 @@
 //! Batched matrix multiply with broadcasting batch dims: `(..., m, k) @ (..., k, n)`, either
 //! side optionally transposed in its last two axes. f32/f64/f16 run through the `gemm`
-//! crate with strides (a transposed operand is never copied); integers use a plain loop.
+//! crate with strides; a transposed B is copied to row-major first (see `run_gemm`), and
+//! small products stay on the calling thread. Integers use a plain loop.
 
 use super::build::*;
 use super::Op;
@@ -174,21 +175,14 @@ fn transposed_copies<T: Copy + Send + Sync>(data: &[T], offs: &[usize], rows: us
     (buf, map)
 }
 
-fn legacy() -> bool {
-    std::env::var_os("FK_OLD").is_some()
-}
-
 fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], aoff: &[usize], boff: &[usize]) -> Value {
-    if legacy() {
-        return run_gemm_old(a, b, p, out_shape, aoff, boff);
-    }
     let (m, n, k) = (p.m, p.n, p.k);
     // Written by gemm (read_dst = false) without zeroing first.
     let total: usize = out_shape.iter().product();
     let mut out: Vec<T> = Vec::with_capacity(total);
-    let (mut ad, mut bd) = (a.as_slice().expect("standard"), b.as_slice().expect("standard"));
-    let (mut aoff, mut boff) = (std::borrow::Cow::Borrowed(aoff), std::borrow::Cow::Borrowed(boff));
-    let (mut a_rs, mut a_cs) = strides(p.a_cols, p.ta);
+    let (ad, mut bd) = (a.as_slice().expect("standard"), b.as_slice().expect("standard"));
+    let mut boff = std::borrow::Cow::Borrowed(boff);
+    let (a_rs, a_cs) = strides(p.a_cols, p.ta);
     let (mut b_rs, mut b_cs) = strides(p.b_cols, p.tb);
     let macs = m * n * k;
     // A transposed B is read by `gemm` with a gather in its packing; one transposed copy
@@ -200,15 +194,9 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         bd = &bt;
         (b_rs, b_cs) = (n as isize, 1);
     }
-    let at;
-    if p.ta && m > 1 && k > 1 && n >= 4 && n > SKINNY_N {
-        let (buf, map) = transposed_copies(ad, &aoff, k, m);
-        (at, aoff) = (buf, std::borrow::Cow::Owned(map));
-        ad = &at;
-        (a_rs, a_cs) = (k as isize, 1);
-    }
+    // A transposed A needs no copy: `gemm` reads it in place (measured no faster copied).
     let skinny = p.ta && n <= SKINNY_N && n > 1 && m > SKINNY_N;
-    let (aoff, boff) = (&aoff[..], &boff[..]);
+    let boff = &boff[..];
     let batches = aoff.len();
     let one = |dst: &mut [MaybeUninit<T>], ao: usize, bo: usize, par: Parallelism, tmp: &mut Vec<T>| {
         if m == 0 || n == 0 {
@@ -266,55 +254,6 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         let mut tmp = Vec::new();
         for (i, dst) in spare.chunks_mut(chunk).enumerate().take(batches) {
             one(dst, aoff[i], boff[i], par, &mut tmp);
-        }
-    }
-    // SAFETY: each batch's m x n block was written above (by gemm, or zeros when k == 0).
-    unsafe { out.set_len(total) };
-    T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared())
-}
-
-fn run_gemm_old<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], aoff: &[usize], boff: &[usize]) -> Value {
-
-    let (m, n, k) = (p.m, p.n, p.k);
-    // Written by gemm (read_dst = false) without zeroing first.
-    let total: usize = out_shape.iter().product();
-    let mut out: Vec<T> = Vec::with_capacity(total);
-    let (ad, bd) = (a.as_slice().expect("standard"), b.as_slice().expect("standard"));
-    let (a_rs, a_cs) = strides(p.a_cols, p.ta);
-    let (b_rs, b_cs) = strides(p.b_cols, p.tb);
-    let batches = aoff.len();
-    let flops = m * n * k;
-    let one = |dst: &mut [MaybeUninit<T>], ao: usize, bo: usize, par: Parallelism| {
-        if m == 0 || n == 0 {
-            return;
-        }
-        if k == 0 {
-            dst.iter_mut().for_each(|v| {
-                v.write(T::zero());
-            });
-            return;
-        }
-        // SAFETY: every pointer addresses an m x k, k x n or m x n block inside its buffer,
-        // with the strides computed for that buffer's row-major layout above.
-        unsafe {
-            gemm::gemm(
-                m, n, k,
-                dst.as_mut_ptr() as *mut T, 1, n as isize, false,
-                ad.as_ptr().add(ao), a_cs, a_rs,
-                bd.as_ptr().add(bo), b_cs, b_rs,
-                T::zero(), T::one(), false, false, false, par,
-            )
-        }
-    };
-    let spare = &mut out.spare_capacity_mut()[..total];
-    if batches > 1 && flops < 1 << 20 {
-        spare.par_chunks_mut((m * n).max(1)).zip(aoff.par_iter().zip(boff.par_iter())).for_each(|(dst, (&ao, &bo))| {
-            one(dst, ao, bo, Parallelism::None)
-        });
-    } else {
-        let par = if flops >= 1 << 18 { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
-        for (i, dst) in spare.chunks_mut((m * n).max(1)).enumerate().take(batches) {
-            one(dst, aoff[i], boff[i], par);
         }
     }
     // SAFETY: each batch's m x n block was written above (by gemm, or zeros when k == 0).

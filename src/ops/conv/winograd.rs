@@ -63,9 +63,9 @@ fn add3<T: F>(out: &mut [T], a: &[T], b: &[T], c: &[T], minus: bool) {
     }
 }
 
-/// One image: `y` gets the convolution of `x` with the transformed kernel `u`. The
-/// transforms are half the kernel's time at the CNN's shapes, so they run vectorised for
-/// the CPU's widest vector unit.
+// `forward(wk, x, u, y, sc, par)`, one image: `y` gets the convolution of `x` with the
+// transformed kernel `u`. The transforms were a quarter of the kernel's time at the CNN's
+// shapes compiled for SSE2, so they run vectorised for the CPU's widest vector unit.
 super::cpu::simd_kernel!(pub fn forward<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratch<T>, par: Parallelism) = forward_tiles);
 
 #[inline(always)]
