@@ -1,13 +1,15 @@
 """CPU kernels at the Keras workloads' shapes (GEMM, convolution, pooling, reductions).
 
 Each row is one primitive through `K.function`, median over interleaved repeats. With
-`--ab VAR`, every repeat is timed twice, once with the environment variable VAR set (a
-kernel's previous path, where a build provides one) and once without, in the same
-process, so the ratio is not at the mercy of a shared machine's load:
+`--ab VAR`, every repeat is timed twice, once with the environment variable VAR set and
+once without, in the same process, so the ratio is not at the mercy of a shared
+machine's load; that needs a temporary build whose kernels read VAR to select their
+previous path (benches/PROFILE.md's kernel figures used one, `FK_OLD`, since removed).
+Without one, compare builds by CPU time on one thread:
 
     .venv/bin/python benches/bench_kernels.py                  # all groups
-    .venv/bin/python benches/bench_kernels.py --only gemm,reduce --ab FK_OLD
-    RAYON_NUM_THREADS=1 .venv/bin/python benches/bench_kernels.py --cpu-time --ab FK_OLD
+    .venv/bin/python benches/bench_kernels.py --only gemm,reduce --filter lstm
+    RAYON_NUM_THREADS=1 .venv/bin/python benches/bench_kernels.py --cpu-time
 
 Rates: GFLOP/s for GEMM and convolution (2 flops per multiply-add), ns per input element
 otherwise.
