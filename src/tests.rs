@@ -124,3 +124,63 @@ fn second_order_gradient() {
         assert!((g - (2.0 * x.cos() - x * x.sin())).abs() < 1e-12);
     }
 }
+
+/// The CPU GEMM's routes (transposed copy of B shared across a broadcast batch, skinny
+/// column-major result, whole small matrices per task, threaded) against a plain triple
+/// loop in f64.
+#[test]
+fn matmul_kernel_paths_match_a_plain_loop() {
+    let cases: &[(&[usize], &[usize], usize, usize, usize)] = &[
+        (&[], &[], 33, 17, 10),
+        (&[3], &[], 20, 8, 12),
+        (&[2, 1], &[1, 3], 5, 6, 7),
+        (&[64], &[64], 16, 32, 32),
+        (&[], &[], 160, 130, 110),
+        (&[], &[], 7, 0, 3),
+    ];
+    for &(ba, bb, m, k, n) in cases {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let sa: Vec<usize> = ba.iter().copied().chain(if ta { [k, m] } else { [m, k] }).collect();
+            let sb: Vec<usize> = bb.iter().copied().chain(if tb { [n, k] } else { [k, n] }).collect();
+            let (a, b) = (vals(&sa, 3), vals(&sb, 5));
+            let out = crate::ops::matmul::cpu(ta, tb, &a, &b).unwrap();
+            let (av, bv, ov) = (a.to_f64_vec(), b.to_f64_vec(), out.to_f64_vec());
+            let batch = broadcast_static("t", &Shape(ba.iter().map(|&d| Some(d)).collect()), &Shape(bb.iter().map(|&d| Some(d)).collect())).unwrap().0;
+            let nb: usize = batch.iter().map(|d| d.unwrap()).product();
+            assert_eq!(ov.len(), nb * m * n);
+            // Batch index -> flat index into each operand's batch (size-1 dims broadcast).
+            let flat = |own: &[usize], mut i: usize| -> usize {
+                let dims: Vec<usize> = batch.iter().map(|d| d.unwrap()).collect();
+                let (mut off, mut stride) = (0, 1);
+                for (t, &d) in dims.iter().enumerate().rev() {
+                    let idx = i % d;
+                    i /= d;
+                    let lead = dims.len() - own.len();
+                    if t >= lead && own[t - lead] != 1 {
+                        off += idx * stride;
+                    }
+                    if t >= lead {
+                        stride *= own[t - lead];
+                    }
+                }
+                off
+            };
+            for bi in 0..nb {
+                let (ao, bo) = (flat(ba, bi) * m * k, flat(bb, bi) * k * n);
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k)
+                            .map(|l| {
+                                let x = av[ao + if ta { l * m + i } else { i * k + l }];
+                                let y = bv[bo + if tb { j * k + l } else { l * n + j }];
+                                x * y
+                            })
+                            .sum();
+                        let got = ov[(bi * m + i) * n + j];
+                        assert!((got - want).abs() < 1e-10 * (1.0 + want.abs()), "{ba:?} {bb:?} {m}x{k}x{n} ta={ta} tb={tb}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -170,3 +170,56 @@ def test_transpose(shape, dtype, rng):
 def test_transpose_gradient(rng):
     check_grad(K.transpose, [rng.normal(size=(2, 3, 4))])
     check_grad(lambda x: K.dot(x, K.transpose(x)), [rng.normal(size=(3, 4))])
+
+
+# ---- matmul kernel paths --------------------------------------------------------------------
+# The CPU GEMM takes a different route by shape: a transposed copy of a transposed operand,
+# a column-major result for skinny n, single-threaded under a work threshold, whole small
+# matrices per task in a batch, and the k = 0 / empty edges. Each case runs all four
+# transpose flags of the primitive against np.matmul.
+
+from ferrokeras import _core  # noqa: E402
+from ferrokeras.tensor import wrap  # noqa: E402
+
+MATMUL_PATHS = [
+    # (batch of a, batch of b, m, k, n)
+    ((), (), 1, 1, 1),
+    ((), (), 5, 0, 3),          # k = 0: zeros
+    ((), (), 0, 4, 3),          # empty result
+    ((), (), 3, 4, 0),
+    ((), (), 7, 5, 1),          # n = 1
+    ((), (), 1, 9, 6),          # m = 1
+    ((), (), 3, 9, 6),          # m below the transposed-copy threshold
+    ((), (), 33, 17, 10),       # skinny n (the MLP's output layer)
+    ((), (), 130, 70, 16),      # the skinny limit
+    ((), (), 40, 3, 17),
+    ((), (), 160, 130, 110),    # above the threading threshold
+    ((4,), (4,), 6, 5, 7),
+    ((3, 1), (1, 4), 5, 6, 3),  # broadcast batch dims
+    ((2,), (), 20, 8, 12),      # one b shared by the batch
+    ((), (3,), 20, 8, 12),
+    ((5,), (5,), 20, 8, 3),     # batched, skinny
+    ((64,), (64,), 16, 32, 32),  # many small matrices, several per task
+    ((0,), (0,), 4, 4, 4),
+]
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64", "float16"))
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("ba,bb,m,k,n", MATMUL_PATHS, ids=str)
+def test_matmul_paths(ba, bb, m, k, n, ta, tb, dtype, rng):
+    a = rng.normal(size=ba + ((k, m) if ta else (m, k))).astype(dtype)
+    b = rng.normal(size=bb + ((n, k) if tb else (k, n))).astype(dtype)
+    pa, pb = K.placeholder(shape=a.shape, dtype=dtype), K.placeholder(shape=b.shape, dtype=dtype)
+    out = run([pa, pb], [wrap(_core.matmul(pa._core, pb._core, ta, tb))], [a, b])[0]
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = np.matmul(np.swapaxes(a64, -1, -2) if ta else a64, np.swapaxes(b64, -1, -2) if tb else b64)
+    assert out.shape == ref.shape and out.dtype == np.dtype(dtype)
+    tol = {"float16": 2e-2, "float32": 2e-5, "float64": 1e-12}[dtype] * max(1.0, np.sqrt(k))
+    np.testing.assert_allclose(out, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("xs,ys", [((6, 5), (5, 3)), ((9, 20), (20, 12)), ((4, 6, 5), (5, 2))], ids=str)
+def test_dot_gradient_through_transposed_paths(xs, ys, rng):
+    # dx = g·yᵀ and dy = xᵀ·g take the transposed-copy and skinny routes.
+    check_grad(K.dot, [rng.normal(size=xs), rng.normal(size=ys)])

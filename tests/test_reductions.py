@@ -236,3 +236,74 @@ def test_logsumexp_gradient_is_stable_for_large_magnitudes(rng):
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(value, e / e.sum(axis=1, keepdims=True), rtol=1e-10,
                                atol=1e-12)
+
+
+# ---- kernel paths over leading and middle axes ------------------------------------------
+# Shapes large enough for the CPU kernel's register strips (16 float32 / 8 float64 columns
+# and a remainder), the row-split across threads for one block of many narrow rows, and
+# the column split for wide rows.
+
+BIG_SHAPE = (37, 21, 40)
+ALL_AXES = [None, 0, 1, 2, (0, 1), (0, 2), (1, 2), (0, 1, 2)]
+
+
+def near_one(rng, shape):
+    return rng.uniform(0.99, 1.01, size=shape)
+
+
+@pytest.mark.parametrize("axis", ALL_AXES, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name,kfn,nfn,domain", [
+    ("sum", K.sum, np.sum, distinct),
+    ("mean", K.mean, np.mean, distinct),
+    ("max", K.max, np.max, distinct),
+    ("min", K.min, np.min, distinct),
+    ("prod", K.prod, np.prod, near_one),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_reduction_every_axis_set_large(name, kfn, nfn, domain, dtype, axis, rng):
+    x = domain(rng, BIG_SHAPE).astype(dtype)
+    ph = K.placeholder(shape=BIG_SHAPE, dtype=dtype)
+    value = run([ph], [kfn(ph, axis=axis)], [x])[0]
+    ref = nfn(x.astype(np.float64), axis=axis)
+    eps, count = np.finfo(dtype).eps, x.size / np.size(ref)
+    if name in ("sum", "mean"):
+        # compensated: within a few ulps of the float64 sum of magnitudes (/count for mean)
+        bound = 4 * eps * np.sum(np.abs(x.astype(np.float64)), axis=axis) / (count if name == "mean" else 1)
+    elif name == "prod":
+        bound = count * eps * np.abs(ref)
+    else:
+        bound = 0 * ref   # max/min pick an element: exact
+    assert np.all(np.abs(value - ref) <= bound), f"max error {np.max(np.abs(value - ref) - bound)} over the bound"
+
+
+@pytest.mark.parametrize("shape,axis", [
+    ((100_000, 3), 0),          # one block of many narrow rows: split across threads
+    ((400, 9, 40), (0, 1)),     # a bias gradient's shape family
+    ((64, 24, 24, 64), (0, 1, 2)),
+    ((3, 20_000, 5), 1),        # several blocks
+    ((50, 5000), 0),            # wide rows: split by columns
+])
+def test_column_sums_of_offset_float32_stay_accurate(shape, axis, rng):
+    # Documented bound (README, "Reliability guarantees"): rtol 1e-6 of the float64 sum.
+    x = (1000 + rng.uniform(0, 1, size=shape)).astype(np.float32)
+    ph = K.placeholder(shape=shape)
+    s, m = run([ph], [K.sum(ph, axis=axis), K.mean(ph, axis=axis)], [x])
+    ref = np.sum(x.astype(np.float64), axis=axis)
+    np.testing.assert_allclose(s, ref, rtol=1e-6)
+    np.testing.assert_allclose(m, ref / (x.size / ref.size), rtol=1e-6)
+
+
+def test_column_sums_with_infinities_and_nans():
+    x = np.ones((300, 40), np.float32)
+    x[5, 0] = np.inf
+    x[7, 1], x[9, 1] = np.inf, -np.inf
+    x[11, 2] = np.nan
+    x[13, 3] = np.float32(3e38)
+    x[14, 3] = np.float32(3e38)   # overflows to inf
+    ph = K.placeholder(shape=x.shape)
+    s, mx = run([ph], [K.sum(ph, axis=0), K.max(ph, axis=0)], [x])
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = np.sum(x, axis=0)
+    np.testing.assert_array_equal(s[:4], ref[:4])
+    np.testing.assert_allclose(s[4:], ref[4:])
+    assert np.isnan(mx[2]) and mx[0] == np.inf

@@ -1,6 +1,7 @@
 //! Batched matrix multiply with broadcasting batch dims: `(..., m, k) @ (..., k, n)`, either
 //! side optionally transposed in its last two axes. f32/f64/f16 run through the `gemm`
-//! crate with strides (a transposed operand is never copied); integers use a plain loop.
+//! crate with strides; a transposed B is copied to row-major first (see `run_gemm`), and
+//! small products stay on the calling thread. Integers use a plain loop.
 
 use super::build::*;
 use super::Op;
@@ -122,17 +123,82 @@ struct Plan {
     tb: bool,
 }
 
+/// Multiply-adds below which a GEMM runs on the calling thread: waking the pool costs more
+/// than the work it would share (the LSTM's per-step 64x64x256 is 1M).
+const PAR_MIN_MACS: usize = 1 << 21;
+/// Columns at or below which `C = Aᵀ·B` (A stored `k x m`) is computed column-major: the
+/// `gemm` microkernel runs `MR` rows of its destination at a time, so a row-major `m x 10`
+/// destination, which it transposes to `10 x m`, would compute mostly padding, while
+/// column-major it reads A's columns as they lie. (With A stored `m x k` the column-major
+/// form packs A with a gather, which measured 6x slower than the row-major one.)
+const SKINNY_N: usize = 16;
+
+/// `dst[c * rows + r] = src[r * cols + c]`: a transpose of a row-major `rows x cols`
+/// matrix in 8 x 8 blocks (8 source rows read in step, 8 contiguous destination runs).
+fn transpose_into<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [MaybeUninit<T>]) {
+    const B: usize = 8;
+    let (src, dst) = (&src[..rows * cols], &mut dst[..rows * cols]);
+    let mut r0 = 0;
+    while r0 + B <= rows {
+        let s: [&[T]; B] = std::array::from_fn(|i| &src[(r0 + i) * cols..(r0 + i + 1) * cols]);
+        for c in 0..cols {
+            let d = &mut dst[c * rows + r0..c * rows + r0 + B];
+            for i in 0..B {
+                d[i].write(s[i][c]);
+            }
+        }
+        r0 += B;
+    }
+    for r in r0..rows {
+        for c in 0..cols {
+            dst[c * rows + r].write(src[r * cols + c]);
+        }
+    }
+}
+
+/// The distinct matrices among `offs` copied transposed (`rows x cols` each) into one
+/// buffer, and each batch element's offset into it.
+fn transposed_copies<T: Copy + Send + Sync>(data: &[T], offs: &[usize], rows: usize, cols: usize) -> (Vec<T>, Vec<usize>) {
+    let mut uniq: Vec<usize> = offs.to_vec();
+    uniq.sort_unstable();
+    uniq.dedup();
+    let len = rows * cols;
+    let mut buf: Vec<T> = Vec::with_capacity(uniq.len() * len);
+    buf.spare_capacity_mut()[..uniq.len() * len]
+        .par_chunks_mut(len.max(1))
+        .zip(uniq.par_iter())
+        .with_min_len(1)
+        .for_each(|(dst, &o)| transpose_into(&data[o..o + len], rows, cols, dst));
+    // SAFETY: every element of each matrix's block was written by `transpose_into`.
+    unsafe { buf.set_len(uniq.len() * len) };
+    let map = offs.iter().map(|o| uniq.binary_search(o).expect("listed") * len).collect();
+    (buf, map)
+}
+
 fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], aoff: &[usize], boff: &[usize]) -> Value {
     let (m, n, k) = (p.m, p.n, p.k);
     // Written by gemm (read_dst = false) without zeroing first.
     let total: usize = out_shape.iter().product();
     let mut out: Vec<T> = Vec::with_capacity(total);
-    let (ad, bd) = (a.as_slice().expect("standard"), b.as_slice().expect("standard"));
+    let (ad, mut bd) = (a.as_slice().expect("standard"), b.as_slice().expect("standard"));
+    let mut boff = std::borrow::Cow::Borrowed(boff);
     let (a_rs, a_cs) = strides(p.a_cols, p.ta);
-    let (b_rs, b_cs) = strides(p.b_cols, p.tb);
+    let (mut b_rs, mut b_cs) = strides(p.b_cols, p.tb);
+    let macs = m * n * k;
+    // A transposed B is read by `gemm` with a gather in its packing; one transposed copy
+    // (n*k moves) is cheaper once there are a few rows of A to reuse it.
+    let bt;
+    if p.tb && n > 1 && k > 1 && m >= 4 {
+        let (buf, map) = transposed_copies(bd, &boff, n, k);
+        (bt, boff) = (buf, std::borrow::Cow::Owned(map));
+        bd = &bt;
+        (b_rs, b_cs) = (n as isize, 1);
+    }
+    // A transposed A needs no copy: `gemm` reads it in place (measured no faster copied).
+    let skinny = p.ta && n <= SKINNY_N && n > 1 && m > SKINNY_N;
+    let boff = &boff[..];
     let batches = aoff.len();
-    let flops = m * n * k;
-    let one = |dst: &mut [MaybeUninit<T>], ao: usize, bo: usize, par: Parallelism| {
+    let one = |dst: &mut [MaybeUninit<T>], ao: usize, bo: usize, par: Parallelism, tmp: &mut Vec<T>| {
         if m == 0 || n == 0 {
             return;
         }
@@ -140,6 +206,25 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
             dst.iter_mut().for_each(|v| {
                 v.write(T::zero());
             });
+            return;
+        }
+        if skinny {
+            // Column-major result (so `gemm` runs m down its microkernel rows), then
+            // transposed into place: m*n moves against 2*m*n*k flops.
+            tmp.clear();
+            tmp.reserve(m * n);
+            // SAFETY: as below; the n x m column-major block is tmp's spare capacity.
+            unsafe {
+                gemm::gemm(
+                    m, n, k,
+                    tmp.as_mut_ptr(), m as isize, 1, false,
+                    ad.as_ptr().add(ao), a_cs, a_rs,
+                    bd.as_ptr().add(bo), b_cs, b_rs,
+                    T::zero(), T::one(), false, false, false, par,
+                );
+                tmp.set_len(m * n);
+            }
+            transpose_into(tmp, n, m, dst);
             return;
         }
         // SAFETY: every pointer addresses an m x k, k x n or m x n block inside its buffer,
@@ -155,14 +240,20 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         }
     };
     let spare = &mut out.spare_capacity_mut()[..total];
-    if batches > 1 && flops < 1 << 20 {
-        spare.par_chunks_mut((m * n).max(1)).zip(aoff.par_iter().zip(boff.par_iter())).for_each(|(dst, (&ao, &bo))| {
-            one(dst, ao, bo, Parallelism::None)
-        });
+    let chunk = (m * n).max(1);
+    if batches > 1 && macs < PAR_MIN_MACS {
+        // Small matrices: whole ones per task, enough of them per task to pay for it.
+        let grain = (PAR_MIN_MACS / macs.max(1)).clamp(1, batches);
+        spare
+            .par_chunks_mut(chunk)
+            .zip(aoff.par_iter().zip(boff.par_iter()))
+            .with_min_len(grain)
+            .for_each_init(Vec::new, |tmp, (dst, (&ao, &bo))| one(dst, ao, bo, Parallelism::None, tmp));
     } else {
-        let par = if flops >= 1 << 18 { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
-        for (i, dst) in spare.chunks_mut((m * n).max(1)).enumerate().take(batches) {
-            one(dst, aoff[i], boff[i], par);
+        let par = if macs >= PAR_MIN_MACS { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
+        let mut tmp = Vec::new();
+        for (i, dst) in spare.chunks_mut(chunk).enumerate().take(batches) {
+            one(dst, aoff[i], boff[i], par, &mut tmp);
         }
     }
     // SAFETY: each batch's m x n block was written above (by gemm, or zeros when k == 0).

@@ -169,85 +169,145 @@ fn run(x: &Value, other: Option<&Value>, out_shape: &[usize], k32: impl Fn(&[f32
     }
 }
 
-/// Index (pixel) of the first maximum of each channel in output pixel `op`'s window.
-fn argmax<T: PF>(g: &Geom, x: &[T], op: usize, best: &mut [T], idx: &mut [usize]) {
-    let c = g.cin;
-    best.fill(T::neg_infinity());
-    idx.fill(usize::MAX);
-    for kp in 0..g.kk() {
-        let Some(ip) = g.src_pix(op, kp) else { continue };
+/// The input pixels (flat) of output pixel `o`'s window that lie inside the image, in
+/// window order, into `ips`. Per dim, the in-bounds part of a window is a range, so
+/// padding costs no per-element test.
+fn window(g: &Geom, o: [usize; 3], ips: &mut Vec<usize>) {
+    let (mut start, mut len) = ([0; 3], [0; 3]);
+    for t in 0..3 {
+        let lo = o[t] * g.s[t];
+        let a = lo.max(g.p[t].0);
+        let b = (lo + g.k[t]).min(g.p[t].0 + g.x[t]);
+        (start[t], len[t]) = (a - g.p[t].0, b.saturating_sub(a));
+    }
+    ips.clear();
+    for a in start[0]..start[0] + len[0] {
+        for b in start[1]..start[1] + len[1] {
+            let row = (a * g.x[1] + b) * g.x[2];
+            ips.extend(row + start[2]..row + start[2] + len[2]);
+        }
+    }
+}
+
+/// The output pixel `op` of one image as `[o0, o1, o2]`.
+#[inline(always)]
+fn out_coords(g: &Geom, op: usize) -> [usize; 3] {
+    [op / (g.o[1] * g.o[2]), (op / g.o[2]) % g.o[1], op % g.o[2]]
+}
+
+/// For each channel, the position in `ips` of the first maximum of `x` over the window
+/// (`idx`), and that maximum (`best`); a NaN wins only where it comes first, as in a
+/// `v > best` scan. An empty window leaves `-inf` and position 0.
+#[inline(always)]
+fn argmax<T: PF>(x: &[T], c: usize, ips: &[usize], best: &mut [T], idx: &mut [u32]) {
+    idx.fill(0);
+    let Some((&first, rest)) = ips.split_first() else {
+        best.fill(T::neg_infinity());
+        return;
+    };
+    best.copy_from_slice(&x[first * c..(first + 1) * c]);
+    for (t, &ip) in rest.iter().enumerate() {
+        let t = t as u32 + 1;
         for ((b, i), &v) in best.iter_mut().zip(idx.iter_mut()).zip(&x[ip * c..(ip + 1) * c]) {
-            if v > *b || *i == usize::MAX {
-                *b = v;
-                *i = ip;
-            }
+            let more = v > *b;
+            *i = if more { t } else { *i };
+            *b = if more { v } else { *b };
         }
     }
 }
 
-fn count<T: PF>(g: &Geom, op: usize) -> T {
-    T::from((0..g.kk()).filter(|&kp| g.src_pix(op, kp).is_some()).count()).expect("small count")
-}
+// The kernels below are loops over output pixels with no closures, so that all of each is
+// inlined into its `simd_kernel!` copies and vectorised over channels.
 
-fn pool_fwd<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) {
+#[inline(always)]
+fn pool_fwd_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) {
     let c = g.cin;
-    let mut idx = vec![0; c];
+    let mut ips = Vec::with_capacity(g.kk());
     for op in 0..g.opix() {
+        window(g, out_coords(g, op), &mut ips);
         let yr = &mut y[op * c..(op + 1) * c];
-        match kind {
-            PoolKind::Max => argmax(g, x, op, yr, &mut idx),
-            PoolKind::Avg => {
-                for kp in 0..g.kk() {
-                    let Some(ip) = g.src_pix(op, kp) else { continue };
-                    yr.iter_mut().zip(&x[ip * c..(ip + 1) * c]).for_each(|(y, &v)| *y = *y + v);
+        match (kind, ips.split_first()) {
+            (PoolKind::Max, None) => yr.fill(T::neg_infinity()),
+            (PoolKind::Max, Some((&first, rest))) => {
+                yr.copy_from_slice(&x[first * c..(first + 1) * c]);
+                for &ip in rest {
+                    for (y, &v) in yr.iter_mut().zip(&x[ip * c..(ip + 1) * c]) {
+                        *y = if v > *y { v } else { *y };
+                    }
                 }
-                let n: T = count(g, op);
-                yr.iter_mut().for_each(|y| *y = *y / n);
+            }
+            (PoolKind::Avg, _) => {
+                yr.fill(T::zero());
+                for &ip in &ips {
+                    for (y, &v) in yr.iter_mut().zip(&x[ip * c..(ip + 1) * c]) {
+                        *y = *y + v;
+                    }
+                }
+                let n = T::from(ips.len()).expect("small count");
+                for y in yr.iter_mut() {
+                    *y = *y / n;
+                }
             }
         }
     }
 }
 
-fn pool_bwd<T: PF>(kind: PoolKind, g: &Geom, x: &[T], gy: &[T], dx: &mut [T]) {
+#[inline(always)]
+fn pool_bwd_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], gy: &[T], dx: &mut [T]) {
     let c = g.cin;
-    let (mut best, mut idx) = (vec![T::zero(); c], vec![0; c]);
+    let (mut best, mut idx) = (vec![T::zero(); c], vec![0u32; c]);
+    let mut ips = Vec::with_capacity(g.kk());
     for op in 0..g.opix() {
+        window(g, out_coords(g, op), &mut ips);
         let gr = &gy[op * c..(op + 1) * c];
         match kind {
             PoolKind::Max => {
-                argmax(g, x, op, &mut best, &mut idx);
-                for (ch, (&ip, &v)) in idx.iter().zip(gr).enumerate() {
-                    if ip != usize::MAX {
-                        dx[ip * c + ch] = dx[ip * c + ch] + v;
+                argmax(x, c, &ips, &mut best, &mut idx);
+                for (t, &ip) in ips.iter().enumerate() {
+                    let t = t as u32;
+                    for ((d, &v), &i) in dx[ip * c..(ip + 1) * c].iter_mut().zip(gr).zip(&idx) {
+                        *d = *d + if i == t { v } else { T::zero() };
                     }
                 }
             }
             PoolKind::Avg => {
-                let n: T = count(g, op);
-                for kp in 0..g.kk() {
-                    let Some(ip) = g.src_pix(op, kp) else { continue };
-                    dx[ip * c..(ip + 1) * c].iter_mut().zip(gr).for_each(|(d, &v)| *d = *d + v / n);
+                let n = T::from(ips.len()).expect("small count");
+                for &ip in &ips {
+                    for (d, &v) in dx[ip * c..(ip + 1) * c].iter_mut().zip(gr) {
+                        *d = *d + v / n;
+                    }
                 }
             }
         }
     }
 }
 
-fn pool_sel<T: PF>(kind: PoolKind, g: &Geom, x: &[T], h: &[T], y: &mut [T]) {
+#[inline(always)]
+fn pool_sel_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], h: &[T], y: &mut [T]) {
     let c = g.cin;
-    match kind {
-        PoolKind::Avg => pool_fwd(kind, g, h, y),
-        PoolKind::Max => {
-            let (mut best, mut idx) = (vec![T::zero(); c], vec![0; c]);
-            for op in 0..g.opix() {
-                argmax(g, x, op, &mut best, &mut idx);
-                for (ch, &ip) in idx.iter().enumerate() {
-                    y[op * c + ch] = if ip == usize::MAX { T::zero() } else { h[ip * c + ch] };
-                }
+    if kind == PoolKind::Avg {
+        return pool_fwd_impl(kind, g, h, y);
+    }
+    let (mut best, mut idx) = (vec![T::zero(); c], vec![0u32; c]);
+    let mut ips = Vec::with_capacity(g.kk());
+    for op in 0..g.opix() {
+        window(g, out_coords(g, op), &mut ips);
+        argmax(x, c, &ips, &mut best, &mut idx);
+        let yr = &mut y[op * c..(op + 1) * c];
+        yr.fill(T::zero());
+        for (t, &ip) in ips.iter().enumerate() {
+            let t = t as u32;
+            for ((y, &v), &i) in yr.iter_mut().zip(&h[ip * c..(ip + 1) * c]).zip(&idx) {
+                *y = if i == t { v } else { *y };
             }
         }
     }
 }
+
+use super::conv::cpu::simd_kernel;
+simd_kernel!(fn pool_fwd<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) = pool_fwd_impl);
+simd_kernel!(fn pool_bwd<T: PF>(kind: PoolKind, g: &Geom, x: &[T], gy: &[T], dx: &mut [T]) = pool_bwd_impl);
+simd_kernel!(fn pool_sel<T: PF>(kind: PoolKind, g: &Geom, x: &[T], h: &[T], y: &mut [T]) = pool_sel_impl);
 
 pub fn cpu_pool(spec: &PoolSpec, x: &Value) -> Result<Value> {
     let g = spec.geom(x.shape())?;

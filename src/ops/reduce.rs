@@ -292,11 +292,131 @@ fn reduce_row<T: Acc>(op: ReduceOp, row: &[T]) -> T {
     }
 }
 
+/// One Kahan step: `a + b` into `a`, with the running compensation `c`. A compensation
+/// that is not finite (an infinite or NaN term, or an overflow) is dropped, so infinities
+/// sum as IEEE says.
+#[inline(always)]
+fn kahan<T: Acc>(a: &mut T, c: &mut T, b: T) {
+    let y = b.sub(*c);
+    let t = a.add(y);
+    let d = t.sub(*a).sub(y);
+    *c = if d.sub(d) == T::zero() { d } else { T::zero() };
+    *a = t;
+}
+
+/// Columns per register strip: one 64-byte vector of sums and one of compensations.
+const fn strip<T>() -> usize {
+    64 / std::mem::size_of::<T>()
+}
+
 /// Folds `red` rows into the columns `o`: row `r` is `block[r * inner + start..][..o.len()]`.
-/// Sums are Kahan-compensated: a column of a million float32 terms keeps an error of a few
-/// ulps, where plain accumulation drifts by ~1% (issue 8). A compensation that is not finite
-/// (an infinite or NaN term, or an overflow) is dropped, so infinities sum as IEEE says.
-fn fold_rows<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, inner: usize, start: usize) {
+/// Columns go in register strips, each strip walking a run of rows, so the accumulators
+/// stay in registers between rows; runs of rows are sized to stay in cache while all the
+/// strips walk them. Sums add each 8 rows as a tree, then Kahan-add that into the strip:
+/// the compensation's dependency chain runs once per 8 rows, and the error stays a few
+/// ulps of the sum of magnitudes, where plain accumulation of a million float32 terms
+/// drifts by ~1% (issue 8). The compensation is folded into `o` at the end.
+#[inline(always)]
+fn fold_rows_strips<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, inner: usize, start: usize) {
+    let n = o.len();
+    let w = strip::<T>();
+    let wide = n / w * w;
+    let sum = matches!(op, ReduceOp::Sum | ReduceOp::Mean);
+    let mut comp = vec![T::zero(); if sum { wide } else { 0 }];
+    // Rows per run: about 32 KiB of the block, a multiple of 8.
+    let run = ((1usize << 15) / (inner.max(1) * std::mem::size_of::<T>())).max(8) / 8 * 8;
+    macro_rules! strip_sum {
+        ($w:expr, $j:expr, $r0:expr, $r1:expr) => {{
+            const W: usize = $w;
+            let (j, r1) = ($j, $r1);
+            macro_rules! row {
+                ($r:expr) => {{
+                    let x: &[T; W] = block[$r * inner + start + j..][..W].try_into().expect("strip");
+                    x
+                }};
+            }
+            let (mut acc, mut cmp) = ([T::zero(); W], [T::zero(); W]);
+            acc.copy_from_slice(&o[j..j + W]);
+            cmp.copy_from_slice(&comp[j..j + W]);
+            let mut r = $r0;
+            while r + 8 <= r1 {
+                let rs = [row!(r), row!(r + 1), row!(r + 2), row!(r + 3), row!(r + 4), row!(r + 5), row!(r + 6), row!(r + 7)];
+                for i in 0..W {
+                    let t = ((rs[0][i].add(rs[1][i])).add(rs[2][i].add(rs[3][i]))).add((rs[4][i].add(rs[5][i])).add(rs[6][i].add(rs[7][i])));
+                    kahan(&mut acc[i], &mut cmp[i], t);
+                }
+                r += 8;
+            }
+            for r in r..r1 {
+                let x = row!(r);
+                for i in 0..W {
+                    kahan(&mut acc[i], &mut cmp[i], x[i]);
+                }
+            }
+            o[j..j + W].copy_from_slice(&acc);
+            comp[j..j + W].copy_from_slice(&cmp);
+        }};
+    }
+    macro_rules! strip_fold {
+        ($w:expr, $j:expr, $r0:expr, $r1:expr, $f:expr) => {{
+            const W: usize = $w;
+            let j = $j;
+            let mut acc = [T::zero(); W];
+            acc.copy_from_slice(&o[j..j + W]);
+            for r in $r0..$r1 {
+                let x: &[T; W] = block[r * inner + start + j..][..W].try_into().expect("strip");
+                for i in 0..W {
+                    acc[i] = $f(acc[i], x[i]);
+                }
+            }
+            o[j..j + W].copy_from_slice(&acc);
+        }};
+    }
+    macro_rules! all_strips {
+        ($one:ident $(, $f:expr)?) => {{
+            let mut r0 = 0;
+            while r0 < red {
+                let r1 = red.min(r0 + run);
+                let mut j = 0;
+                while j < wide {
+                    if w == 16 {
+                        $one!(16, j, r0, r1 $(, $f)?);
+                    } else {
+                        $one!(8, j, r0, r1 $(, $f)?);
+                    }
+                    j += w;
+                }
+                r0 = r1;
+            }
+        }};
+    }
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => {
+            all_strips!(strip_sum);
+            for (a, &c) in o[..wide].iter_mut().zip(&comp) {
+                *a = if c.sub(c) == T::zero() { a.sub(c) } else { *a };
+            }
+        }
+        ReduceOp::Prod => all_strips!(strip_fold, |a: T, b: T| a.mul(b)),
+        ReduceOp::Max => all_strips!(strip_fold, pick_max::<T>),
+        ReduceOp::Min => all_strips!(strip_fold, pick_min::<T>),
+    }
+    if wide < n {
+        // Fewer columns than a strip: rows outer, the remaining columns inner.
+        let sub = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+        fold_rows_rowwise(sub, &mut o[wide..], block, red, inner, start + wide);
+    }
+    if op == ReduceOp::Mean {
+        o.iter_mut().for_each(|a| *a = a.div_count(red));
+    }
+}
+
+super::conv::cpu::simd_kernel!(fn fold_rows<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, inner: usize, start: usize) = fold_rows_strips);
+
+/// `fold_rows` a row at a time (Kahan-compensated sums): for the columns left over after
+/// the register strips.
+#[inline(always)]
+fn fold_rows_rowwise<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, inner: usize, start: usize) {
     let n = o.len();
     let rows = (0..red).map(|r| &block[r * inner + start..r * inner + start + n]);
     match op {
@@ -320,6 +440,9 @@ fn fold_rows<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, inner: 
         ReduceOp::Min => rows.for_each(|row| o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_min(*a, b))),
     }
 }
+
+/// Rows per task when one block of many rows is split across threads.
+const ROWS_GRAIN_ELEMS: usize = 1 << 16;
 
 fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inner: usize) -> Vec<T> {
     if inner == 1 {
@@ -347,6 +470,7 @@ fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inn
         }
         return out;
     }
+    let threads = rayon::current_num_threads();
     if outer > 1 && outer * red * inner >= 1 << 15 {
         out.par_chunks_mut(inner).zip(data.par_chunks(red * inner)).for_each(|(o, b)| per_outer(o, b));
     } else if inner >= 4096 && red * inner >= 1 << 15 {
@@ -354,6 +478,25 @@ fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inn
         let cols = 1024;
         for (oi, block) in out.chunks_mut(inner).zip(data.chunks(red * inner)) {
             oi.par_chunks_mut(cols).enumerate().for_each(|(ci, o)| fold_rows(op, o, block, red, inner, ci * cols));
+        }
+    } else if outer == 1 && threads > 1 && red * inner >= 2 * ROWS_GRAIN_ELEMS {
+        // One block of many narrow rows (a bias gradient): each task folds a run of rows
+        // into its own partial result, then the partials are folded like rows.
+        let per = (ROWS_GRAIN_ELEMS / inner).max(red.div_ceil(threads));
+        let parts: Vec<T> = (0..red.div_ceil(per))
+            .into_par_iter()
+            .flat_map_iter(|t| {
+                let rows = per.min(red - t * per);
+                let mut part = vec![init; inner];
+                let sub = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+                fold_rows(sub, &mut part, &data[t * per * inner..], rows, inner, 0);
+                part
+            })
+            .collect();
+        let sub = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+        fold_rows(sub, &mut out, &parts, parts.len() / inner, inner, 0);
+        if op == ReduceOp::Mean {
+            out.iter_mut().for_each(|a| *a = a.div_count(red));
         }
     } else {
         out.chunks_mut(inner).zip(data.chunks(red * inner)).for_each(|(o, b)| per_outer(o, b));

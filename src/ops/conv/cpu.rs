@@ -128,6 +128,40 @@ impl Geom {
     }
 }
 
+/// Defines `fn $name<T: $bound>(args)` that runs `$kernel(args)` compiled for the widest
+/// vector unit the CPU has (AVX-512F, else AVX2 + FMA, else the build's baseline, SSE2 on
+/// x86-64), chosen at run time. The crate is built for the baseline, so a kernel's loops
+/// vectorise wider only where they are inlined into one of these copies: `$kernel` and the
+/// helpers its loops call must be `#[inline(always)]`, and its loops should not sit in
+/// closures (a closure called from three copies is not inlined).
+macro_rules! simd_kernel {
+    ($vis:vis fn $name:ident<$t:ident: $bound:path>($($a:ident: $ty:ty),* $(,)?) = $kernel:ident) => {
+        $vis fn $name<$t: $bound>($($a: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn v4<$t: $bound>($($a: $ty),*) {
+                    $kernel($($a),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v3<$t: $bound>($($a: $ty),*) {
+                    $kernel($($a),*)
+                }
+                if is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has the features `v4` is compiled for.
+                    return unsafe { v4($($a),*) };
+                }
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    // SAFETY: as above, for `v3`.
+                    return unsafe { v3($($a),*) };
+                }
+            }
+            $kernel($($a),*)
+        }
+    };
+}
+pub(crate) use simd_kernel;
+
 // ---------------------------------------------------------------- dtype dispatch
 
 fn run2(a: &Value, b: &Value, shape: &[usize], f32k: impl Fn(&[f32], &[f32], &mut [f32]), f64k: impl Fn(&[f64], &[f64], &mut [f64])) -> Result<Value> {
