@@ -216,10 +216,10 @@ def test_long_sequence_graph_does_not_grow():
 # ---------------------------------------------------------------- loop rewrites
 # src/ops/loop_opt.rs hoists `x_t · W` out of the body (one GEMM over the sequence) and
 # has the forward loop save the residuals its VJP reads. FERROKERAS_LOOP_OPT (read when a
-# loop is built) turns them off: 0 both, nohoist / nosave one. Every setting must give the
-# plain loop's numbers, which the NumPy references above pin down.
+# loop is built) turns them on: 1 both, hoist / save one, 0 (the default) none. Every
+# setting must give the plain loop's numbers, which the NumPy references above pin down.
 
-LOOP_OPTS = ("0", "nohoist", "nosave", "1")
+LOOP_OPTS = ("0", "hoist", "save", "1")
 
 
 def _lstm_data(rng, B=3, T=6, D=4, H=5):

@@ -12,8 +12,11 @@
 //!   again.
 //!
 //! Both rewrites feed an interior node of the body graph as a leaf (a plan treats any fed
-//! tensor as a leaf), so no graph is copied. `FERROKERAS_LOOP_OPT=0` turns both off
-//! (`nohoist` / `nosave` one of them): the A/B switch for benchmarks and tests.
+//! tensor as a leaf), so no graph is copied. They are off unless `FERROKERAS_LOOP_OPT` asks
+//! for them (`1`: both, `hoist` / `save`: one), read when a loop is built: on the 2-core
+//! machine of `benches/PROFILE.md` they cut the loop launches of a Keras LSTM training step
+//! from 5,800 to 4,650 but cost CPU time (the `[T*B, F]` GEMMs and the residual buffers cost
+//! more than the per-step work they replace); see the "Loops" section there.
 
 use super::build::*;
 use super::{Op, SliceAxis};
@@ -28,10 +31,9 @@ pub struct Switches {
 }
 
 pub fn switches() -> Switches {
-    let v = std::env::var("FERROKERAS_LOOP_OPT").unwrap_or_default();
-    let v = v.trim();
-    let off = v == "0" || v.eq_ignore_ascii_case("off");
-    Switches { hoist: !off && !v.contains("nohoist"), save: !off && !v.contains("nosave") }
+    let v = std::env::var("FERROKERAS_LOOP_OPT").unwrap_or_default().to_ascii_lowercase();
+    let all = v.trim() == "1" || v.trim() == "on";
+    Switches { hoist: all || v.contains("hoist"), save: all || v.contains("save") }
 }
 
 /// Ids of every node of the body (reachable from `roots`, stopping at `leaves`) that
