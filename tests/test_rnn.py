@@ -211,3 +211,128 @@ def test_long_sequence_graph_does_not_grow():
     assert out[0].shape == (B, H) and np.all(np.isfinite(out[1]))
     # generous bound: the point is independence from T (an unrolled graph takes minutes)
     assert build < 5.0, build
+
+
+# ---------------------------------------------------------------- loop rewrites
+# src/ops/loop_opt.rs hoists `x_t · W` out of the body (one GEMM over the sequence) and
+# has the forward loop save the residuals its VJP reads. FERROKERAS_LOOP_OPT (read when a
+# loop is built) turns them on: 1 both, hoist / save one, 0 (the default) none. Every
+# setting must give the plain loop's numbers, which the NumPy references above pin down.
+
+LOOP_OPTS = ("0", "hoist", "save", "1")
+
+
+def _lstm_data(rng, B=3, T=6, D=4, H=5):
+    return dict(
+        x=rng.normal(size=(B, T, D)),
+        h0=rng.normal(size=(B, H)) * 0.1,
+        W=rng.normal(size=(D, 4 * H)) * 0.4,
+        U=rng.normal(size=(H, 4 * H)) * 0.4,
+        V=rng.normal(size=(D, 4 * H)) * 0.4,
+        b=rng.normal(size=(4 * H,)) * 0.1,
+        mask=(rng.uniform(size=(B, T)) > 0.3).astype("float64"),
+    )
+
+
+def _lstm_values(d, masked, go_backwards, state_dependent_matmul):
+    """Outputs, final states and gradients of an LSTM-like K.rnn with a constant bias.
+
+    With ``state_dependent_matmul`` the step also multiplies ``x_t * h[:, :D]`` by a
+    matrix: a matmul of a step input that depends on the state, which must stay in the body.
+    """
+    H, D = d["h0"].shape[1], d["x"].shape[2]
+    x = K.placeholder(shape=(None,) + d["x"].shape[1:], dtype="float64")
+    h0 = K.placeholder(shape=(None, H), dtype="float64")
+    W, U, V, b = (K.variable(d[k], dtype="float64") for k in "WUVb")
+    m = K.constant(d["mask"], dtype="float64") if masked else None
+
+    def step(x_t, states):
+        h, c, bias = states
+        z = K.dot(x_t, W) + K.dot(h, U) + bias
+        if state_dependent_matmul:
+            z = z + K.dot(x_t * h[:, :D], V)
+        i, f, g, o = K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H]), K.tanh(z[:, 2 * H:3 * H]), K.sigmoid(z[:, 3 * H:])
+        c2 = f * c + i * g
+        h2 = o * K.tanh(c2)
+        return h2, [h2, c2]
+
+    last, outs, (h, c) = K.rnn(step, x, [h0, h0 * 0.5], constants=[b], mask=m, go_backwards=go_backwards)
+    loss = K.sum(outs * outs) + K.sum(c) + K.sum(last)
+    grads = K.gradients(loss, [x, h0, W, U, V, b] if state_dependent_matmul else [x, h0, W, U, b])
+    return K.function([x, h0], [last, outs, h, c] + grads)([d["x"], d["h0"]])
+
+
+@pytest.mark.parametrize("state_dependent_matmul", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_loop_rewrites_match_the_plain_loop(monkeypatch, rng, masked, go_backwards, state_dependent_matmul):
+    d = _lstm_data(rng)
+    got = {}
+    for opt in LOOP_OPTS:
+        monkeypatch.setenv("FERROKERAS_LOOP_OPT", opt)
+        got[opt] = _lstm_values(d, masked, go_backwards, state_dependent_matmul)
+    for opt in LOOP_OPTS[1:]:
+        for g, w in zip(got[opt], got["0"]):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=f"FERROKERAS_LOOP_OPT={opt}")
+
+
+@pytest.mark.parametrize("opt", LOOP_OPTS)
+def test_loop_rewrites_gradients(monkeypatch, rng, opt):
+    """Finite differences through a hoisted matmul, saved residuals and a state matmul."""
+    monkeypatch.setenv("FERROKERAS_LOOP_OPT", opt)
+    B, T, D, H = 2, 4, 3, 4
+
+    def f(x, W, U):
+        def step(x_t, states):
+            z = K.dot(x_t, W) + K.dot(states[0], U)
+            h = K.sigmoid(z[:, :H]) * K.tanh(z[:, H:])
+            return h, [h]
+
+        return K.rnn(step, x, [K.zeros((B, H), dtype="float64")])[1]
+
+    check_grad(f, [rng.normal(size=(B, T, D)), rng.normal(size=(D, 2 * H)) * 0.5, rng.normal(size=(H, 2 * H)) * 0.5],
+               eps=1e-5, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("opt", LOOP_OPTS)
+def test_second_order_through_a_hoisted_matmul(monkeypatch, opt):
+    """d2/dw2 of sum_t (x_t · w)^2 = 2 * sum(x^2), with x_t · w hoisted out of the loop."""
+    monkeypatch.setenv("FERROKERAS_LOOP_OPT", opt)
+    xs = np.array([[[1.0], [2.0], [3.0]]])
+    w = K.variable(np.full((1, 1), 0.7), dtype="float64")
+
+    def step(x_t, states):
+        s = states[0] + K.sum(K.square(K.tanh(K.dot(x_t, w))), axis=-1)
+        return s, [s]
+
+    _, _, (s,) = K.rnn(step, K.constant(xs, dtype="float64"), [K.constant([0.0], dtype="float64")])
+    g = K.gradients(K.sum(s), [w])[0]
+    gg = K.gradients(K.sum(g), [w])[0]
+    # f(w) = sum_t tanh(x_t w)^2: f' = sum 2 t x sech^2, f'' = sum 2 x^2 sech^2 (sech^2 - 2 t^2)
+    t = np.tanh(xs.ravel() * 0.7)
+    s2 = 1 - t * t
+    np.testing.assert_allclose(K.eval(g).ravel(), [np.sum(2 * t * xs.ravel() * s2)], rtol=1e-12)
+    np.testing.assert_allclose(K.eval(gg).ravel(), [np.sum(2 * xs.ravel() ** 2 * s2 * (s2 - 2 * t * t))], rtol=1e-10)
+
+
+@pytest.mark.parametrize("opt", LOOP_OPTS)
+def test_zero_length_loop_with_a_hoisted_matmul(monkeypatch, opt):
+    monkeypatch.setenv("FERROKERAS_LOOP_OPT", opt)
+    W = K.variable(np.ones((3, 2)), dtype="float64")
+    x = K.placeholder(shape=(None, 4, 3), dtype="float64")
+    y = K.map_fn(lambda r: K.tanh(K.dot(r, W)), x)
+    gW = K.gradients(K.sum(y), [W])[0]
+    out, g = K.function([x], [y, gW])([np.zeros((0, 4, 3))])
+    assert out.shape == (0, 4, 2)
+    np.testing.assert_array_equal(g, np.zeros((3, 2)))
+
+
+def test_keras_zero_initial_state_is_folded():
+    """sum(zeros_like(x), axis=(1, 2)), Keras' zero initial state, needs no pass over x."""
+    x = K.placeholder(shape=(None, 5, 3))
+    z = K.sum(K.zeros_like(x), axis=(1, 2))
+    assert K.int_shape(z) == (None,)
+    np.testing.assert_array_equal(K.function([x], [z])([np.ones((4, 5, 3))])[0], np.zeros(4))
+    c = K.sum(K.zeros_like(K.constant(np.ones((2, 5, 3)))), axis=1, keepdims=True)
+    assert K.int_shape(c) == (2, 1, 3)
+    np.testing.assert_array_equal(K.eval(c), np.zeros((2, 1, 3)))

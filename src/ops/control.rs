@@ -13,16 +13,20 @@ use crate::graph::{topo_order, Tensor};
 use crate::runtime::value::Value;
 use crate::shape::Shape;
 use crate::value_err;
+use ndarray::Axis;
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 /// A loop over axis 0 of its sequence inputs.
 ///
 /// Inputs of the `Loop` node: `[sequences.., initial states.., captured..]`. Results, read
-/// with `TupleGet`: `[stacked per-step outputs.., final states.., state histories..]`, where
-/// the history of a state stacks its value *before* each step (what the VJP needs).
+/// with `TupleGet`: `[stacked per-step outputs.., final states.., state histories..,
+/// stacked residuals..]`, where the history of a state stacks its value *before* each step
+/// and the residuals are body nodes a VJP of this loop reads (both what the VJP needs).
 #[derive(Debug)]
 pub struct LoopBody {
+    /// Step inputs, fed with row `t` of each sequence. Usually placeholders; a hoisted
+    /// matmul is an interior node fed the same way (see `loop_opt`).
     pub seq_phs: Vec<Tensor>,
     pub state_phs: Vec<Tensor>,
     /// Outer tensors the body reads (variables, placeholders, values built outside);
@@ -32,12 +36,48 @@ pub struct LoopBody {
     pub new_states: Vec<Tensor>,
     /// Iterate from the last index to the first (results stay at their own index).
     pub reverse: bool,
-    pub plan: Plan,
+    /// Residuals: body nodes saved per step for VJPs, appended by `vjp_loop` (only ever
+    /// grows; results already read keep their index). With `plan`, behind locks since the
+    /// loop node is shared and immutable otherwise.
+    hidden: RwLock<Vec<Tensor>>,
+    /// Computes `[outputs.., new states.., residuals..]` from `[steps.., states.., captured..]`.
+    plan: RwLock<Arc<Plan>>,
 }
 
 impl LoopBody {
     pub fn n_results(&self) -> usize {
-        self.outputs.len() + 2 * self.new_states.len()
+        self.outputs.len() + 2 * self.new_states.len() + self.hidden().len()
+    }
+
+    pub fn hidden(&self) -> Vec<Tensor> {
+        self.hidden.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn plan(&self) -> Arc<Plan> {
+        self.plan.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn feeds(&self) -> Vec<Tensor> {
+        self.seq_phs.iter().chain(&self.state_phs).chain(&self.captured).cloned().collect()
+    }
+
+    /// Result index of body node `r` stacked per step, saving it as a residual if it is
+    /// not an output already.
+    fn save(&self, r: &Tensor) -> Result<usize> {
+        if let Some(k) = self.outputs.iter().position(|o| o.id() == r.id()) {
+            return Ok(k);
+        }
+        let base = self.outputs.len() + 2 * self.new_states.len();
+        let mut hidden = self.hidden.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(j) = hidden.iter().position(|h| h.id() == r.id()) {
+            return Ok(base + j);
+        }
+        let mut targets: Vec<Tensor> = self.outputs.iter().chain(&self.new_states).chain(hidden.iter()).cloned().collect();
+        targets.push(r.clone());
+        let plan = Plan::new(&self.feeds(), &targets)?;
+        hidden.push(r.clone());
+        *self.plan.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(plan);
+        Ok(base + hidden.len() - 1)
     }
 
     /// Static shape and dtype of result `k`, given the sequence length `t`.
@@ -53,8 +93,10 @@ impl LoopBody {
         } else if k < no + ns {
             let s = &self.state_phs[k - no];
             (s.shape().clone(), s.dtype())
-        } else {
+        } else if k < no + 2 * ns {
             stacked(&self.state_phs[k - no - ns])
+        } else {
+            stacked(&self.hidden()[k - no - 2 * ns])
         }
     }
 }
@@ -97,13 +139,26 @@ pub fn build_loop(
             ));
         }
     }
+    let (mut seqs, mut seq_phs) = (seqs.to_vec(), seq_phs);
+    if super::loop_opt::switches().hoist {
+        let roots: Vec<Tensor> = outputs.iter().chain(&new_states).cloned().collect();
+        for (s, node) in super::loop_opt::hoist_sequence_matmuls(&seqs, &seq_phs, &state_phs, &roots)? {
+            seqs.push(s);
+            seq_phs.push(node);
+        }
+    }
     let leaves: Vec<Tensor> = seq_phs.iter().chain(&state_phs).cloned().collect();
     let captured = captures(&leaves, &outputs, &new_states);
     let feeds: Vec<Tensor> = leaves.iter().chain(&captured).cloned().collect();
     let targets: Vec<Tensor> = outputs.iter().chain(&new_states).cloned().collect();
-    let plan = Plan::new(&feeds, &targets)?;
-    let body = LoopBody { seq_phs, state_phs, captured: captured.clone(), outputs, new_states, reverse, plan };
-    let mut inputs: Vec<Tensor> = seqs.to_vec();
+    if std::env::var("FERROKERAS_LOOP_DEBUG").is_ok() {
+        let names = |v: &[Tensor]| v.iter().map(|t| t.op().name()).collect::<Vec<_>>().join(", ");
+        eprintln!("build_loop: seqs [{}] phs [{}] states [{}] captured [{}]", names(&seqs), names(&seq_phs), names(&state_phs), names(&captured));
+    }
+    let plan = RwLock::new(Arc::new(Plan::new(&feeds, &targets)?));
+    let hidden = RwLock::new(Vec::new());
+    let body = LoopBody { seq_phs, state_phs, captured: captured.clone(), outputs, new_states, reverse, hidden, plan };
+    let mut inputs = seqs;
     inputs.extend(init.iter().cloned());
     inputs.extend(captured);
     Tensor::new(Op::Loop(Arc::new(body)), inputs)
@@ -129,7 +184,9 @@ fn captures(leaves: &[Tensor], outputs: &[Tensor], new_states: &[Tensor]) -> Vec
         }
     };
     for t in &order {
-        if dependent.contains(&t.id()) {
+        // A leaf may be an interior node (a hoisted matmul, a residual): its inputs are
+        // not read in the body.
+        if dependent.contains(&t.id()) && !leaf_ids.contains(&t.id()) {
             for i in t.inputs() {
                 take(i);
             }
@@ -178,9 +235,13 @@ pub fn infer_tuple_get(k: usize, x: &Tensor) -> Result<(Shape, DType)> {
     }
 }
 
-/// Runs the loop on the CPU; `args` are the loop node's input values.
+/// Runs the loop on the CPU; `args` are the loop node's input values. Step inputs are
+/// rows of the sequences (views, no copy); stacked results are allocated at the first
+/// step and each step's value is copied into its row.
 pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>) -> Result<Vec<Value>>) -> Result<Vec<Value>> {
-    let (nq, ns) = (body.seq_phs.len(), body.state_phs.len());
+    let plan = body.plan();
+    let (nq, ns, no) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len());
+    let nh = plan.outputs.len() - no - ns;
     let seqs = &args[..nq];
     let t_len = seqs[0].shape()[0];
     for s in seqs {
@@ -188,100 +249,145 @@ pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>
             return Err(value_err!("loop: sequences have different lengths {t_len} and {}", s.shape()[0]));
         }
     }
+    if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
+        eprintln!("loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals", plan.dispatches());
+    }
     let mut states: Vec<Value> = args[nq..nq + ns].iter().map(|v| (*v).clone()).collect();
-    let captured: Vec<Value> = args[nq + ns..].iter().map(|v| (*v).clone()).collect();
-    let mut outs: Vec<Vec<Value>> = vec![Vec::with_capacity(t_len); body.outputs.len()];
-    let mut hist: Vec<Vec<Value>> = vec![Vec::with_capacity(t_len); ns];
-    let order: Vec<usize> = if body.reverse { (0..t_len).rev().collect() } else { (0..t_len).collect() };
-    for &t in &order {
+    let captured = &args[nq + ns..];
+    let mut outs: Vec<Stacked> = (0..no + nh).map(|_| Stacked::new(t_len)).collect();
+    let mut hist: Vec<Stacked> = (0..ns).map(|_| Stacked::new(t_len)).collect();
+    for i in 0..t_len {
+        let t = if body.reverse { t_len - 1 - i } else { i };
         let mut feeds = Vec::with_capacity(nq + ns + captured.len());
-        for s in seqs {
-            feeds.push(index0(s, t)?);
-        }
+        feeds.extend(seqs.iter().map(|s| row(s, t)));
         for (h, s) in hist.iter_mut().zip(&states) {
-            h.push(s.clone());
+            h.put(t, s)?;
         }
-        feeds.extend(states.iter().cloned());
-        feeds.extend(captured.iter().cloned());
-        let mut res = run_plan(&body.plan, feeds)?;
-        let new_states = res.split_off(body.outputs.len());
-        for (i, (ns_v, old)) in new_states.iter().zip(&states).enumerate() {
-            if ns_v.shape() != old.shape() {
+        feeds.extend(states.drain(..));
+        feeds.extend(captured.iter().map(|v| (*v).clone()));
+        let mut res = run_plan(&plan, feeds)?;
+        let mut rest = res.split_off(no);
+        let saved = rest.split_off(ns);
+        for (j, (new, old)) in rest.iter().zip(hist.iter()).enumerate() {
+            let old = old.shape_of_row();
+            if Some(new.shape()) != old {
                 return Err(value_err!(
-                    "rnn: the step function changed state {i} from shape {:?} to {:?} at step {t}",
-                    old.shape(),
-                    ns_v.shape()
+                    "rnn: the step function changed state {j} from shape {:?} to {:?} at step {t}",
+                    old.unwrap_or(&[]),
+                    new.shape()
                 ));
             }
         }
-        for (o, v) in outs.iter_mut().zip(res) {
-            o.push(v);
+        for (o, v) in outs.iter_mut().zip(res.iter().chain(&saved)) {
+            o.put(t, v)?;
         }
-        states = new_states;
+        states = rest;
     }
-    if body.reverse {
-        outs.iter_mut().for_each(|o| o.reverse());
-        hist.iter_mut().for_each(|h| h.reverse());
-    }
-    let mut results = Vec::with_capacity(body.n_results());
-    for (o, ph) in outs.iter().zip(&body.outputs) {
-        results.push(stack(o, ph, t_len)?);
+    let hidden = body.hidden();
+    let mut results = Vec::with_capacity(no + 2 * ns + nh);
+    let saved = outs.split_off(no);
+    for (o, like) in outs.into_iter().zip(&body.outputs) {
+        results.push(o.finish(like));
     }
     results.extend(states);
-    for (h, ph) in hist.iter().zip(&body.state_phs) {
-        results.push(stack(h, ph, t_len)?);
+    for (h, like) in hist.into_iter().zip(&body.state_phs) {
+        results.push(h.finish(like));
+    }
+    for (o, like) in saved.into_iter().zip(&hidden) {
+        results.push(o.finish(like));
     }
     Ok(results)
 }
 
-fn index0(v: &Value, t: usize) -> Result<Value> {
-    let spec: Vec<super::SliceAxis> = (0..v.shape().len())
-        .map(|a| if a == 0 { super::SliceAxis { start: Some(t as i64), stop: Some(t as i64 + 1), step: 1 } } else { super::SliceAxis { start: None, stop: None, step: 1 } })
-        .collect();
-    let s = super::movement::cpu_slice(&spec, v)?;
-    s.reshape(&v.shape()[1..])
+/// Row `t` of a sequence: a view sharing the sequence's buffer.
+fn row(v: &Value, t: usize) -> Value {
+    crate::map_value!(v.clone(), a => a.index_axis_move(Axis(0), t))
 }
 
-fn stack(items: &[Value], like: &Tensor, t_len: usize) -> Result<Value> {
-    if items.is_empty() {
-        let mut shape = vec![0usize];
-        shape.extend(like.shape().dims().iter().map(|d| d.unwrap_or(0)));
-        return Ok(Value::full(like.dtype(), &shape, 0.0));
+/// One stacked result, `[T, ..]`, filled a row per step.
+struct Stacked {
+    t_len: usize,
+    buf: Option<Value>,
+}
+
+impl Stacked {
+    fn new(t_len: usize) -> Stacked {
+        Stacked { t_len, buf: None }
     }
-    let expanded: Vec<Value> = items
-        .iter()
-        .map(|v| {
-            let mut s = vec![1];
-            s.extend_from_slice(v.shape());
-            v.reshape(&s)
+
+    fn shape_of_row(&self) -> Option<&[usize]> {
+        self.buf.as_ref().map(|b| &b.shape()[1..])
+    }
+
+    fn put(&mut self, t: usize, v: &Value) -> Result<()> {
+        let buf = self.buf.get_or_insert_with(|| {
+            let mut shape = vec![self.t_len];
+            shape.extend_from_slice(v.shape());
+            Value::full(v.dtype(), &shape, 0.0)
+        });
+        if &buf.shape()[1..] != v.shape() || buf.dtype() != v.dtype() {
+            return Err(value_err!(
+                "loop: step {t} produced a result of shape {:?}, earlier steps {:?}; a step must keep its result shapes",
+                v.shape(),
+                &buf.shape()[1..]
+            ));
+        }
+        fn copy<T: crate::runtime::value::Elem>(dst: &mut crate::runtime::value::Arr<T>, t: usize, src: &crate::runtime::value::Arr<T>) {
+            let mut r = dst.index_axis_mut(Axis(0), t);
+            match (r.as_slice_mut(), src.as_slice()) {
+                (Some(d), Some(s)) => d.copy_from_slice(s),
+                _ => r.assign(src),
+            }
+        }
+        macro_rules! copy_same {
+            ($($var:ident),*) => {
+                match (buf, v) {
+                    $((Value::$var(d), Value::$var(s)) => copy(d, t, s),)*
+                    _ => unreachable!("dtypes checked above"),
+                }
+            };
+        }
+        copy_same!(F16, F32, F64, I8, I16, I32, I64, U8, Bool);
+        Ok(())
+    }
+
+    fn finish(self, like: &Tensor) -> Value {
+        self.buf.unwrap_or_else(|| {
+            let mut shape = vec![0usize];
+            shape.extend(like.shape().dims().iter().map(|d| d.unwrap_or(0)));
+            Value::full(like.dtype(), &shape, 0.0)
         })
-        .collect::<Result<_>>()?;
-    let refs: Vec<&Value> = expanded.iter().collect();
-    let out = super::movement::cpu_concat(0, &refs)?;
-    debug_assert_eq!(out.shape()[0], t_len);
-    Ok(out)
+    }
 }
 
-/// VJP of a loop: a reverse loop whose body is the VJP of the forward body.
+/// VJP of a loop: a reverse loop whose body is the VJP of the forward body. The forward
+/// nodes that body reads are saved per step by the forward loop (residuals, see
+/// `loop_opt`) and fed to it as step inputs, so it does not compute the forward cell again.
 /// `gs[k]` is the gradient flowing into result `k` (None where nothing flows).
 pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
     let Op::Loop(body) = node.op() else { unreachable!("vjp_loop on a loop node") };
     let (nq, ns, no, nc) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len(), body.captured.len());
     let ins = node.inputs();
+    // Per-step results with an incoming gradient: outputs, and residuals saved for an
+    // earlier VJP (a second-order gradient flows into those).
+    let per_step: Vec<(usize, Tensor)> = body
+        .outputs
+        .iter()
+        .cloned()
+        .enumerate()
+        .chain(body.hidden().into_iter().enumerate().map(|(j, h)| (no + 2 * ns + j, h)))
+        .filter(|(k, t)| gs.get(*k).is_some_and(|g| g.is_some()) && t.dtype().is_float())
+        .collect();
     // Gradient placeholders for the body's results at one step.
     let mk = |t: &Tensor, what: &str, i: usize| {
         super::source::placeholder(&format!("loop_grad_{what}_{i}"), t.shape().clone(), t.dtype(), None)
     };
-    let gout_phs: Vec<Tensor> = body.outputs.iter().enumerate().map(|(i, t)| mk(t, "out", i)).collect::<Result<_>>()?;
+    let gout_phs: Vec<Tensor> = per_step.iter().map(|(k, t)| mk(t, "out", *k)).collect::<Result<_>>()?;
     let gstate_phs: Vec<Tensor> = body.state_phs.iter().enumerate().map(|(i, t)| mk(t, "state", i)).collect::<Result<_>>()?;
     // y = sum(out * g_out) + sum(new_state * g_state): its gradients are the body's VJP.
     let mut terms = Vec::new();
-    for (o, g) in body.outputs.iter().zip(&gout_phs) {
-        if o.dtype().is_float() {
-            terms.push(reduce(super::ReduceOp::Sum, &mul(o, g)?, &(0..o.rank()).collect::<Vec<_>>(), false)?);
-        }
-    }
-    for (o, g) in body.new_states.iter().zip(&gstate_phs) {
+    let pairs = per_step.iter().map(|(_, t)| t).zip(&gout_phs).chain(body.new_states.iter().zip(&gstate_phs));
+    for (o, g) in pairs {
         if o.dtype().is_float() {
             terms.push(reduce(super::ReduceOp::Sum, &mul(o, g)?, &(0..o.rank()).collect::<Vec<_>>(), false)?);
         }
@@ -295,67 +401,86 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
         }
         grads = crate::autodiff::gradients_at_leaves(&y, &wrt)?;
     }
-    let g_of = |i: usize| -> Result<Tensor> {
-        match &grads[i] {
-            Some(g) => Ok(g.clone()),
-            None => zeros_like(&wrt[i]),
-        }
-    };
-    // Backward body: sequences [x.., state history.., g_out..], states [g_state.., acc..].
-    // Gradient accumulators, one per float captured tensor (others get no gradient).
-    let float_caps: Vec<usize> = (0..nc).filter(|&i| body.captured[i].dtype().is_float()).collect();
-    let acc_phs: Vec<Tensor> = float_caps.iter().map(|&i| mk(&body.captured[i], "acc", i)).collect::<Result<_>>()?;
-    // The VJP graph reads seq_phs/state_phs/gout/gstate; the backward loop feeds those
-    // same placeholders (the forward history as the states), so nothing is copied.
-    let mut b_outputs = Vec::with_capacity(nq);
-    for i in 0..nq {
-        b_outputs.push(g_of(i)?);
-    }
-    let mut b_new_states = Vec::with_capacity(ns + nc);
+    // Float step inputs and captured tensors the body's result depends on get a gradient:
+    // stacked per step for step inputs, summed over the steps (a state) for captured.
+    let float = |i: usize| wrt[i].dtype().is_float() && grads[i].is_some();
+    let seq_g: Vec<usize> = (0..nq).filter(|&i| float(i)).collect();
+    let cap_g: Vec<usize> = (0..nc).filter(|&i| float(nq + ns + i)).collect();
+    let acc_phs: Vec<Tensor> = cap_g.iter().map(|&i| mk(&body.captured[i], "acc", i)).collect::<Result<_>>()?;
+    let b_outputs: Vec<Tensor> = seq_g.iter().map(|&i| grads[i].clone().expect("filtered")).collect();
+    let mut b_new_states = Vec::with_capacity(ns + cap_g.len());
     for i in 0..ns {
-        b_new_states.push(g_of(nq + i)?);
-    }
-    for (acc, &i) in acc_phs.iter().zip(&float_caps) {
-        b_new_states.push(add(acc, &g_of(nq + ns + i)?)?);
-    }
-    // Outer values for the backward loop.
-    let results: Vec<Tensor> = (0..body.n_results()).map(|k| tuple_get(node, k)).collect::<Result<_>>()?;
-    let mut b_seqs: Vec<Tensor> = ins[..nq].to_vec();
-    b_seqs.extend(results[no + ns..].iter().cloned());
-    for k in 0..no {
-        b_seqs.push(match &gs[k] {
+        b_new_states.push(match &grads[nq + i] {
             Some(g) => g.clone(),
-            None => zeros_like(&results[k])?,
+            None => zeros_like(&wrt[nq + i])?,
         });
     }
-    let mut b_init: Vec<Tensor> = Vec::with_capacity(ns + float_caps.len());
+    for (acc, &i) in acc_phs.iter().zip(&cap_g) {
+        b_new_states.push(add(acc, grads[nq + ns + i].as_ref().expect("filtered"))?);
+    }
+    // Step inputs of the backward loop: the forward step inputs and state histories it
+    // reads, the saved residuals, and the gradients of the per-step results.
+    let fwd_leaves: Vec<Tensor> = body.seq_phs.iter().chain(&body.state_phs).cloned().collect();
+    let grad_leaves: Vec<Tensor> = gout_phs.iter().chain(&gstate_phs).chain(&acc_phs).cloned().collect();
+    let targets: Vec<Tensor> = b_outputs.iter().chain(&b_new_states).cloned().collect();
+    let saved = if super::loop_opt::switches().save {
+        let r = super::loop_opt::residuals(&fwd_leaves, &grad_leaves, &body.captured, &targets);
+        // Only what the forward plan can compute from its own feeds.
+        let mut roots: Vec<Tensor> = body.outputs.iter().chain(&body.new_states).cloned().collect();
+        roots.extend(r.iter().cloned());
+        let caps: HashSet<u64> = body.captured.iter().map(|t| t.id()).collect();
+        if captures(&fwd_leaves, &roots, &[]).iter().all(|t| caps.contains(&t.id())) { r } else { Vec::new() }
+    } else {
+        Vec::new()
+    };
+    let mut b_leaves: Vec<Tensor> = saved.clone();
+    b_leaves.extend(grad_leaves.iter().chain(&body.captured).cloned());
+    let used = read_leaves(&fwd_leaves, &b_leaves, &targets);
+    let mut b_seqs = Vec::new();
+    let mut b_seq_phs = Vec::new();
+    for (i, ph) in fwd_leaves.iter().enumerate() {
+        if used.contains(&ph.id()) {
+            b_seqs.push(if i < nq { ins[i].clone() } else { tuple_get(node, no + ns + (i - nq))? });
+            b_seq_phs.push(ph.clone());
+        }
+    }
+    for r in &saved {
+        b_seqs.push(tuple_get(node, body.save(r)?)?);
+        b_seq_phs.push(r.clone());
+    }
+    for ((k, _), ph) in per_step.iter().zip(&gout_phs) {
+        b_seqs.push(gs[*k].clone().expect("filtered"));
+        b_seq_phs.push(ph.clone());
+    }
+    if b_seqs.is_empty() {
+        // Nothing per step is read; the first sequence still sets the number of steps.
+        b_seqs.push(ins[0].clone());
+        b_seq_phs.push(body.seq_phs[0].clone());
+    }
+    let mut b_init: Vec<Tensor> = Vec::with_capacity(ns + cap_g.len());
     for k in 0..ns {
-        b_init.push(match &gs[no + k] {
-            Some(g) => g.clone(),
+        b_init.push(match gs.get(no + k).cloned().flatten() {
+            Some(g) => g,
             None => zeros_like(&ins[nq + k])?,
         });
     }
-    for &i in &float_caps {
+    for &i in &cap_g {
         b_init.push(zeros_like(&ins[nq + ns + i])?);
     }
-    let mut b_seq_phs: Vec<Tensor> = body.seq_phs.clone();
-    b_seq_phs.extend(body.state_phs.iter().cloned());
-    b_seq_phs.extend(gout_phs.iter().cloned());
     let mut b_state_phs: Vec<Tensor> = gstate_phs.clone();
     b_state_phs.extend(acc_phs.iter().cloned());
     let bnode = build_loop(&b_seqs, &b_init, b_seq_phs, b_state_phs, b_outputs, b_new_states, !body.reverse)?;
-    let mut out = Vec::with_capacity(ins.len());
-    for i in 0..nq {
-        out.push(Some(tuple_get(&bnode, i)?));
+    let mut out: Vec<Option<Tensor>> = vec![None; ins.len()];
+    for (j, &i) in seq_g.iter().enumerate() {
+        out[i] = Some(tuple_get(&bnode, j)?);
     }
+    let nb = seq_g.len();
     for k in 0..ns {
-        out.push(Some(tuple_get(&bnode, nq + k)?));
+        out[nq + k] = Some(tuple_get(&bnode, nb + k)?);
     }
-    let mut cap_grads: Vec<Option<Tensor>> = vec![None; nc];
-    for (j, &i) in float_caps.iter().enumerate() {
-        cap_grads[i] = Some(tuple_get(&bnode, nq + ns + j)?);
+    for (j, &i) in cap_g.iter().enumerate() {
+        out[nq + ns + i] = Some(tuple_get(&bnode, nb + ns + j)?);
     }
-    out.extend(cap_grads);
     // Integer inputs get no gradient.
     for (o, i) in out.iter_mut().zip(ins) {
         if !i.dtype().is_float() {
@@ -363,4 +488,11 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
         }
     }
     Ok(out)
+}
+
+/// Which of `leaves` the graph of `targets` reads, not looking past `stop`.
+fn read_leaves(leaves: &[Tensor], stop: &[Tensor], targets: &[Tensor]) -> HashSet<u64> {
+    let ids: HashSet<u64> = leaves.iter().chain(stop).map(|t| t.id()).collect();
+    let leaf_ids: HashSet<u64> = leaves.iter().map(|t| t.id()).collect();
+    topo_order(targets, &|t| ids.contains(&t.id())).iter().map(|t| t.id()).filter(|i| leaf_ids.contains(i)).collect()
 }

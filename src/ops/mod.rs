@@ -8,6 +8,7 @@ pub mod control;
 pub mod ctc;
 pub mod elementwise;
 pub mod host;
+pub mod loop_opt;
 pub mod matmul;
 pub mod movement;
 pub mod pool;

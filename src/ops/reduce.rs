@@ -132,7 +132,37 @@ pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize], keepdims: bool) -> Resul
         }
         return Ok(t);
     }
+    if op == ReduceOp::Sum {
+        if let Some(z) = sum_of_zeros(x, &axes, keepdims)? {
+            return Ok(z);
+        }
+    }
     Tensor::new(Op::Reduce { op, axes, keepdims }, vec![x.clone()])
+}
+
+/// A float sum over a broadcast scalar zero (Keras' zero initial state is
+/// `sum(zeros_like(inputs), axis=(1, 2))`) is zeros of the result's shape: no pass over
+/// the broadcast tensor.
+fn sum_of_zeros(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Option<Tensor>> {
+    let Op::BroadcastTo = x.op() else { return Ok(None) };
+    let (zero, shape) = (x.input(0), x.input(1));
+    let is_zero = matches!(zero.op(), Op::Constant(v) if v.shape().is_empty() && v.to_f64_vec() == [0.0]);
+    if !is_zero || !x.dtype().is_float() || axes.iter().any(|&a| a >= x.rank()) {
+        return Ok(None);
+    }
+    let r = x.rank();
+    let kept = if let Some(dims) = x.shape().to_known() {
+        let d: Vec<i64> = (0..r).filter_map(|a| if axes.contains(&a) { keepdims.then_some(1) } else { Some(dims[a] as i64) }).collect();
+        int_vector(&d)
+    } else {
+        // Only where no static dim would be lost: every kept dim is unknown.
+        let idx: Vec<i64> = (0..r as i64).filter(|a| !axes.contains(&(*a as usize))).collect();
+        if keepdims || idx.iter().any(|&a| x.shape().dims()[a as usize].is_some()) {
+            return Ok(None);
+        }
+        gather(shape, &int_vector(&idx), 0)?
+    };
+    Ok(Some(broadcast_to(zero, &kept)?))
 }
 
 pub fn arg(op: ArgOp, x: &Tensor, axis: usize) -> Result<Tensor> {
