@@ -427,24 +427,30 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-#[inline(always)]
-fn exec_body(k: &Kernel, start: usize, end: usize) {
+/// Runs elements `[start, end)` with this thread's scratch registers.
+fn exec(k: &Kernel, start: usize, end: usize) {
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() < k.nregs * CH {
             s.resize(k.nregs * CH, 0.0);
         }
-        let regs = s.as_mut_ptr();
-        let mut off = start;
-        while off < end {
-            let len = CH.min(end - off);
-            // SAFETY: `regs` has nregs * CH elements; `off + len <= n` for every input and output.
-            unsafe { chunk(k, regs, off, len) };
-            off += len;
-        }
+        exec_chunks(k, s.as_mut_ptr(), start, end)
     })
 }
-crate::multiversion!(fn exec(k: &Kernel, start: usize, end: usize) => exec_body);
+
+// The chunk loop itself is the instruction-set-dispatched function: a closure (such as
+// the one `with` takes) would be compiled without the wider instruction sets.
+#[inline(always)]
+fn exec_chunks_body(k: &Kernel, regs: *mut f32, start: usize, end: usize) {
+    let mut off = start;
+    while off < end {
+        let len = CH.min(end - off);
+        // SAFETY: `regs` has nregs * CH elements; `off + len <= n` for every input and output.
+        unsafe { chunk(k, regs, off, len) };
+        off += len;
+    }
+}
+crate::multiversion!(fn exec_chunks(k: &Kernel, regs: *mut f32, start: usize, end: usize) => exec_chunks_body);
 
 enum Src<'a> {
     S(&'a [f32]),
