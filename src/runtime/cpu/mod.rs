@@ -11,11 +11,15 @@ use std::collections::HashMap;
 
 pub mod fused;
 
-/// Runs `plan` on the CPU. Unless the plan calls back into Python, the whole run happens
-/// on a rayon worker, so the kernels' parallel loops split work with cheap joins instead
-/// of handing each kernel from the calling thread to the pool and back.
+/// Runs `plan` on the CPU, on the calling thread. With `FERROKERAS_CPU_POOL=1` (and no
+/// Python callback in the plan) the whole run happens on a rayon worker instead, so the
+/// kernels' parallel loops split work with joins rather than a cross-thread handoff per
+/// kernel; it is off by default because it made the Keras MLP step 2.4x slower in the
+/// measurements of benches/PROFILE.md (not yet understood).
 pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
-    if plan.cpu_schedule().has_host || rayon::current_thread_index().is_some() {
+    static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
+    if !pool || plan.cpu_schedule().has_host || rayon::current_thread_index().is_some() {
         return run_here(plan, feeds);
     }
     rayon::scope(|_| run_here(plan, feeds))
