@@ -8,7 +8,9 @@ use crate::ops::{Op, VarCell};
 use crate::runtime::value::Value;
 use crate::runtime::{Out, RunStats};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+pub mod fuse;
 
 #[derive(Debug)]
 pub enum Step {
@@ -28,6 +30,8 @@ pub struct Plan {
     /// Slots whose last reader is step i; released after it runs.
     pub frees: Vec<Vec<usize>>,
     pub outputs: Vec<usize>,
+    /// What the CPU executor runs (fusion groups), built on first use.
+    cpu: OnceLock<fuse::Schedule>,
 }
 
 impl Plan {
@@ -116,10 +120,24 @@ impl Plan {
                 }
             }
         }
-        Ok(Plan { nodes: nodes_k, steps: steps_k, inputs: inputs_k, frees, outputs })
+        Ok(Plan { nodes: nodes_k, steps: steps_k, inputs: inputs_k, frees, outputs, cpu: OnceLock::new() })
     }
 
-    /// Number of kernel launches one CPU run performs (sources and folded values excluded).
+    /// The CPU executor's schedule: elementwise chains fused into groups unless
+    /// `FERROKERAS_CPU_FUSION=0` was set when the plan first ran on the CPU.
+    pub fn cpu_schedule(&self) -> &fuse::Schedule {
+        self.cpu.get_or_init(|| {
+            let on = std::env::var_os("FERROKERAS_CPU_FUSION").is_none_or(|v| v != "0");
+            fuse::schedule(self, on)
+        })
+    }
+
+    /// Builds the CPU schedule now, fused or not (tests compare the two); no effect once built.
+    pub fn init_cpu_schedule(&self, fuse: bool) {
+        let _ = self.cpu.get_or_init(|| fuse::schedule(self, fuse));
+    }
+
+    /// Number of kernel launches one unfused CPU run performs (sources and folded values excluded).
     /// On a GPU, `Function::last` has the launches of the last call (fused kernels count once).
     pub fn dispatches(&self) -> usize {
         self.steps

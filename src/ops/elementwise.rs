@@ -14,6 +14,7 @@ use half::f16;
 use ndarray::{IxDyn, Zip};
 use num_traits::Float;
 use rayon::prelude::*;
+use super::vmath;
 use std::mem::MaybeUninit;
 
 /// Elements per rayon task; below twice this, kernels run on the calling thread.
@@ -44,8 +45,11 @@ macro_rules! unary_table {
             pub fn wgsl(self, float: bool) -> Option<&'static str> {
                 match self { $(UnaryOp::$V => if float { Some($wf) } else { None $(.or(Some($wi)))? }),* }
             }
-            fn float_kernel<F: Float + Send + Sync>(self, a: &[F], out: &mut [MaybeUninit<F>]) {
-                match self { $(UnaryOp::$V => par_map(a, out, |$x: F| $f)),* }
+            /// `out[i] = op(a[i])`; `#[inline(always)]` so that it is compiled inside the
+            /// instruction-set variants of its callers (`unary_f32`, the CPU fusion kernel).
+            #[inline(always)]
+            pub fn map<F: KMath>(self, a: &[F], out: &mut [MaybeUninit<F>]) {
+                match self { $(UnaryOp::$V => { for (o, &$x) in out.iter_mut().zip(a) { o.write($f); } })* }
             }
             /// Ops without an integer kernel are rejected by `infer_unary`; they write zeros.
             fn int_kernel(self, a: &[i64], out: &mut [MaybeUninit<i64>]) {
@@ -68,21 +72,21 @@ unary_table! {
     Square  "square"     float |x| x * x,                    int |x| x.wrapping_mul(x); wgsl "x * x", "x * x";
     Sqrt    "sqrt"       float |x| x.sqrt(); wgsl "sqrt(x)";
     Rsqrt   "rsqrt"      float |x| x.sqrt().recip(); wgsl "1.0 / sqrt(x)";
-    Exp     "exp"        float |x| x.exp(); wgsl "exp(x)";
-    Expm1   "expm1"      float |x| x.exp_m1(); wgsl "fk_expm1(x)";
-    Log     "log"        float |x| x.ln(); wgsl "log(x)";
-    Log1p   "log1p"      float |x| x.ln_1p(); wgsl "fk_log1p(x)";
+    Exp     "exp"        float |x| x.k_exp(); wgsl "exp(x)";
+    Expm1   "expm1"      float |x| x.k_expm1(); wgsl "fk_expm1(x)";
+    Log     "log"        float |x| x.k_ln(); wgsl "log(x)";
+    Log1p   "log1p"      float |x| x.k_ln_1p(); wgsl "fk_log1p(x)";
     Sin     "sin"        float |x| x.sin(); wgsl "sin(x)";
     Cos     "cos"        float |x| x.cos(); wgsl "cos(x)";
     Tan     "tan"        float |x| x.tan(); wgsl "tan(x)";
-    Tanh    "tanh"       float |x| x.tanh(); wgsl "fk_tanh(x)";
-    Sigmoid "sigmoid"    float |x| if x >= F::zero() { (F::one() + (-x).exp()).recip() } else { let e = x.exp(); e / (F::one() + e) }; wgsl "fk_sigmoid(x)";
+    Tanh    "tanh"       float |x| x.k_tanh(); wgsl "fk_tanh(x)";
+    Sigmoid "sigmoid"    float |x| x.k_sigmoid(); wgsl "fk_sigmoid(x)";
     Relu    "relu"       float |x| if x < F::zero() { F::zero() } else { x }, int |x| x.max(0); wgsl "select(x, 0.0, x < 0.0)", "max(x, 0)";
     Round   "round"      float |x| { let r = x.round(); if (x - x.trunc()).abs() == half() { (x * half()).round() * (F::one() + F::one()) } else { r } }, int |x| x; wgsl "round(x)", "x";
     Floor   "floor"      float |x| x.floor(),                int |x| x; wgsl "floor(x)", "x";
     Ceil    "ceil"       float |x| x.ceil(),                 int |x| x; wgsl "ceil(x)", "x";
     Recip   "reciprocal" float |x| x.recip(); wgsl "1.0 / x";
-    Softplus "softplus"  float |x| x.max(F::zero()) + (-x.abs()).exp().ln_1p(); wgsl "max(x, 0.0) + fk_log1p(exp(-abs(x)))";
+    Softplus "softplus"  float |x| x.k_softplus(); wgsl "max(x, 0.0) + fk_log1p(exp(-abs(x)))";
     Not     "logical_not" float |x| x,                       int |x| (x == 0) as i64; wgsl "x", "select(0, 1, x == 0)";
 }
 
@@ -102,7 +106,23 @@ macro_rules! binary_table {
             /// The WGSL expression in `a`, `b` (`f32` when `float`, else `i32`); predicates
             /// give an `i32` 0/1. Fused GPU kernels are generated from these.
             pub fn wgsl(self, float: bool) -> &'static str { match self { $(BinaryOp::$V => if float { $wf } else { $wi }),* } }
-            fn float_kernel<F: Float + Send + Sync>(self, a: &Arr<F>, b: &Arr<F>) -> Result<Value> where F: Elem + PredOrSame<F> {
+            /// `out[i] = op(a[i], b[i])` over slices or splatted scalars; predicates give 1 or 0.
+            /// `#[inline(always)]` for the same reason as `UnaryOp::map`.
+            #[inline(always)]
+            pub fn zip<F: KMath, A: Lane<F>, B: Lane<F>>(self, a: A, b: B, out: &mut [MaybeUninit<F>])
+            where
+                bool: Ret<F>,
+            {
+                let n = out.len();
+                let (a, b) = (a.fit(n), b.fit(n));
+                match self { $(BinaryOp::$V => {
+                    let f = |$a: F, $b: F| $f;
+                    for (i, o) in out.iter_mut().enumerate() {
+                        o.write(f(a.at(i), b.at(i)).ret());
+                    }
+                })* }
+            }
+            fn float_kernel<F: KMath + Send + Sync>(self, a: &Arr<F>, b: &Arr<F>) -> Result<Value> where F: Elem + PredOrSame<F> {
                 match self { $(BinaryOp::$V => {
                     let f = |$a: F, $b: F| $f;
                     float_out::<F, _>(self, a, b, f)
@@ -136,6 +156,51 @@ binary_table! {
     GreaterEqual "greater_equal" Compare float |a, b| a >= b,                int |a, b| a >= b; wgsl "i32(a >= b)", "i32(a >= b)";
     And      "logical_and"   Logical float |a, b| a != F::zero() && b != F::zero(), int |a, b| a != 0 && b != 0; wgsl "i32(!(a == 0.0) && !(b == 0.0))", "i32(a != 0 && b != 0)";
     Or       "logical_or"    Logical float |a, b| a != F::zero() || b != F::zero(), int |a, b| a != 0 || b != 0; wgsl "i32(!(a == 0.0) || !(b == 0.0))", "i32(a != 0 || b != 0)";
+}
+
+impl UnaryOp {
+    /// Rough cost of one f32 element, in adds (sets the parallel grain).
+    pub fn cost(self) -> usize {
+        match self {
+            UnaryOp::Exp | UnaryOp::Expm1 | UnaryOp::Log | UnaryOp::Log1p => 8,
+            UnaryOp::Tanh | UnaryOp::Sigmoid => 12,
+            UnaryOp::Softplus => 20,
+            UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tan => 32,
+            UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => 3,
+            UnaryOp::Round => 2,
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sign
+            | UnaryOp::Square
+            | UnaryOp::Relu
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Not => 1,
+        }
+    }
+}
+
+impl BinaryOp {
+    /// Rough cost of one f32 element, in adds (sets the parallel grain).
+    pub fn cost(self) -> usize {
+        match self {
+            BinaryOp::Pow => 40,
+            BinaryOp::Div | BinaryOp::FloorDiv | BinaryOp::Mod => 3,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Maximum
+            | BinaryOp::Minimum
+            | BinaryOp::Equal
+            | BinaryOp::NotEqual
+            | BinaryOp::Less
+            | BinaryOp::LessEqual
+            | BinaryOp::Greater
+            | BinaryOp::GreaterEqual
+            | BinaryOp::And
+            | BinaryOp::Or => 1,
+        }
+    }
 }
 
 fn floor_div(a: i64, b: i64) -> i64 {
@@ -183,6 +248,158 @@ fn build_vec<U>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<U>])) -> Vec<U> {
     // SAFETY: every caller's `fill` writes each of the `n` slots exactly once.
     unsafe { v.set_len(n) };
     v
+}
+
+/// Float math with a vectorisable f32 form (`vmath`); f64 uses libm.
+pub trait KMath: Float + Send + Sync + 'static + Ret<Self> {
+    fn k_exp(self) -> Self;
+    fn k_expm1(self) -> Self;
+    fn k_ln(self) -> Self;
+    fn k_ln_1p(self) -> Self;
+    fn k_tanh(self) -> Self;
+    fn k_sigmoid(self) -> Self;
+    fn k_softplus(self) -> Self;
+    /// Runs `op` over `a` into `out` (the f32 form with the best instruction set).
+    fn unary_slice(op: UnaryOp, a: &[Self], out: &mut [MaybeUninit<Self>]);
+}
+
+impl KMath for f32 {
+    #[inline(always)]
+    fn k_exp(self) -> f32 {
+        vmath::exp(self)
+    }
+    #[inline(always)]
+    fn k_expm1(self) -> f32 {
+        vmath::expm1(self)
+    }
+    #[inline(always)]
+    fn k_ln(self) -> f32 {
+        vmath::log(self)
+    }
+    #[inline(always)]
+    fn k_ln_1p(self) -> f32 {
+        vmath::log1p(self)
+    }
+    #[inline(always)]
+    fn k_tanh(self) -> f32 {
+        vmath::tanh(self)
+    }
+    #[inline(always)]
+    fn k_sigmoid(self) -> f32 {
+        vmath::sigmoid(self)
+    }
+    #[inline(always)]
+    fn k_softplus(self) -> f32 {
+        vmath::softplus(self)
+    }
+    fn unary_slice(op: UnaryOp, a: &[f32], out: &mut [MaybeUninit<f32>]) {
+        unary_f32(op, a, out)
+    }
+}
+
+impl KMath for f64 {
+    fn k_exp(self) -> f64 {
+        self.exp()
+    }
+    fn k_expm1(self) -> f64 {
+        self.exp_m1()
+    }
+    fn k_ln(self) -> f64 {
+        self.ln()
+    }
+    fn k_ln_1p(self) -> f64 {
+        self.ln_1p()
+    }
+    fn k_tanh(self) -> f64 {
+        self.tanh()
+    }
+    fn k_sigmoid(self) -> f64 {
+        if self >= 0.0 {
+            1.0 / (1.0 + (-self).exp())
+        } else {
+            let e = self.exp();
+            e / (1.0 + e)
+        }
+    }
+    fn k_softplus(self) -> f64 {
+        self.max(0.0) + (-self.abs()).exp().ln_1p()
+    }
+    fn unary_slice(op: UnaryOp, a: &[f64], out: &mut [MaybeUninit<f64>]) {
+        op.map(a, out)
+    }
+}
+
+#[inline(always)]
+fn unary_f32_body(op: UnaryOp, a: &[f32], out: &mut [MaybeUninit<f32>]) {
+    op.map(a, out)
+}
+crate::multiversion!(fn unary_f32(op: UnaryOp, a: &[f32], out: &mut [MaybeUninit<f32>]) => unary_f32_body);
+
+/// An operand of `BinaryOp::zip`: a slice, or one value standing for every element.
+pub trait Lane<F>: Copy {
+    /// Restricts a slice to its first `n` elements (so indexing below `n` needs no check).
+    fn fit(self, n: usize) -> Self;
+    fn at(&self, i: usize) -> F;
+}
+impl<F: Copy> Lane<F> for &[F] {
+    #[inline(always)]
+    fn fit(self, n: usize) -> Self {
+        &self[..n]
+    }
+    #[inline(always)]
+    fn at(&self, i: usize) -> F {
+        self[i]
+    }
+}
+/// A scalar operand.
+#[derive(Clone, Copy)]
+pub struct Splat<F>(pub F);
+impl<F: Copy> Lane<F> for Splat<F> {
+    #[inline(always)]
+    fn fit(self, _: usize) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn at(&self, _: usize) -> F {
+        self.0
+    }
+}
+
+/// A kernel result as the compute type: predicates become 1 or 0.
+pub trait Ret<F> {
+    fn ret(self) -> F;
+}
+impl Ret<f32> for f32 {
+    #[inline(always)]
+    fn ret(self) -> f32 {
+        self
+    }
+}
+impl Ret<f64> for f64 {
+    #[inline(always)]
+    fn ret(self) -> f64 {
+        self
+    }
+}
+impl Ret<f32> for bool {
+    #[inline(always)]
+    fn ret(self) -> f32 {
+        self as u8 as f32
+    }
+}
+impl Ret<f64> for bool {
+    #[inline(always)]
+    fn ret(self) -> f64 {
+        self as u8 as f64
+    }
+}
+
+/// Work (in adds) below which handing a task to another thread costs more than it saves.
+pub const PAR_WORK: usize = 1 << 16;
+
+/// Elements per parallel task for a kernel costing `cost` adds per element.
+pub fn grain(cost: usize) -> usize {
+    (PAR_WORK / cost.max(1)).max(1024)
 }
 
 fn par_map<T: Copy + Send + Sync, U: Send>(a: &[T], out: &mut [MaybeUninit<U>], f: impl Fn(T) -> U + Sync + Send) {
@@ -295,8 +512,16 @@ impl<T> PredOrSame<T> for bool {
     }
 }
 
-fn unary_float<F: Float + Elem + Send + Sync + Default>(op: UnaryOp, a: &Arr<F>) -> Arr<F> {
-    let out = build_vec(a.len(), |out| op.float_kernel(a.as_slice().expect("standard layout"), out));
+fn unary_float<F: KMath + Elem + Default>(op: UnaryOp, a: &Arr<F>) -> Arr<F> {
+    let x = a.as_slice().expect("standard layout");
+    let g = grain(op.cost());
+    let out = build_vec(a.len(), |out| {
+        if x.len() < 2 * g {
+            F::unary_slice(op, x, out)
+        } else {
+            out.par_chunks_mut(g).zip(x.par_chunks(g)).for_each(|(o, x)| F::unary_slice(op, x, o))
+        }
+    });
     Arr::from_shape_vec(IxDyn(a.shape()), out).expect("shape matches")
 }
 
@@ -351,14 +576,19 @@ pub fn cpu_select(c: &Value, a: &Value, b: &Value) -> Result<Value> {
         if flat(c.len()) && flat(a.len()) && flat(b.len()) {
             let (cs, xs, ys) = (c.as_slice().expect("standard"), a.as_slice().expect("standard"), b.as_slice().expect("standard"));
             let (sc, sx, sy) = ((c.len() == n) as usize, (a.len() == n) as usize, (b.len() == n) as usize);
+            let run = |k: usize, o: &mut [MaybeUninit<T>]| {
+                let base = k * GRAIN;
+                for (j, o) in o.iter_mut().enumerate() {
+                    let i = base + j;
+                    o.write(if cs[i * sc] { xs[i * sx] } else { ys[i * sy] });
+                }
+            };
             let out = build_vec(n, |out| {
-                out.par_chunks_mut(GRAIN).enumerate().for_each(|(k, o)| {
-                    let base = k * GRAIN;
-                    for (j, o) in o.iter_mut().enumerate() {
-                        let i = base + j;
-                        o.write(if cs[i * sc] { xs[i * sx] } else { ys[i * sy] });
-                    }
-                })
+                if n < 2 * GRAIN {
+                    run(0, out)
+                } else {
+                    out.par_chunks_mut(GRAIN).enumerate().for_each(|(k, o)| run(k, o))
+                }
             });
             return Ok(T::wrap(Arr::from_shape_vec(IxDyn(&shape), out).expect("shape matches")));
         }

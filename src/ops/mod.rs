@@ -15,6 +15,7 @@ pub mod pool;
 pub mod random;
 pub mod reduce;
 pub mod source;
+pub mod vmath;
 
 use crate::dtype::DType;
 use crate::error::Result;

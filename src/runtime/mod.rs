@@ -47,7 +47,7 @@ pub struct RunStats {
 pub fn run(plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &gpu::PlanCache) -> Result<(Vec<Out>, RunStats)> {
     match device::current()? {
         device::Device::Cpu => {
-            let stats = RunStats { dispatches: plan.dispatches(), submits: 0, host_nodes: 0 };
+            let stats = RunStats { dispatches: plan.cpu_schedule().dispatches, submits: 0, host_nodes: 0 };
             Ok((cpu::run(plan, feeds)?.into_iter().map(Out::Host).collect(), stats))
         }
         device::Device::Gpu(ctx) => gpu::run(&ctx, plan, feeds, n_host, cache),

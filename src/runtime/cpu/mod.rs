@@ -1,36 +1,80 @@
-//! The CPU executor: walks a plan in order, calling each primitive's CPU kernel, and
-//! releases every intermediate value right after its last reader.
+//! The CPU executor: walks a plan's CPU schedule in order (single nodes, and fused
+//! elementwise groups run by `fused`), releasing every intermediate value right after its
+//! last reader.
 
+use crate::compile::fuse::Item;
 use crate::compile::{Plan, Step};
 use crate::error::{Error, Result};
 use crate::ops::Op;
 use crate::runtime::value::Value;
 use std::collections::HashMap;
 
-pub fn run(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
+pub mod fused;
+
+/// Runs `plan` on the CPU, on the calling thread. With `FERROKERAS_CPU_POOL=1` (and no
+/// Python callback in the plan) the whole run happens on a rayon worker instead, so the
+/// kernels' parallel loops split work with joins rather than a cross-thread handoff per
+/// kernel; it is off by default because it made the Keras MLP step 2.4x slower in the
+/// measurements of benches/PROFILE.md (not yet understood).
+pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
+    static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
+    if !pool || plan.cpu_schedule().has_host || rayon::current_thread_index().is_some() {
+        return run_here(plan, feeds);
+    }
+    rayon::scope(|_| run_here(plan, feeds))
+}
+
+fn run_here(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
     let mut slots: Vec<Option<Value>> = vec![None; plan.nodes.len()];
     // Results of multi-result nodes (loops), read by their TupleGet users.
     let mut multi: HashMap<usize, Vec<Value>> = HashMap::new();
-    for (i, step) in plan.steps.iter().enumerate() {
-        let node = &plan.nodes[i];
-        let v = match step {
-            Step::Fed(f) => std::mem::replace(&mut feeds[*f], Value::scalar_f64(node.dtype(), 0.0)),
-            Step::Folded(v) => v.clone(),
-            Step::Compute => {
-                let args: Vec<&Value> = plan.inputs[i]
-                    .iter()
-                    .map(|&j| slots[j].as_ref().expect("inputs are computed before their users"))
-                    .collect();
-                run_node(plan, i, &args, &mut multi)?
+    let sched = plan.cpu_schedule();
+    for (item, frees) in sched.items.iter().zip(&sched.frees) {
+        match item {
+            Item::Node(i) => {
+                let i = *i;
+                let v = step(plan, i, &mut feeds, &slots, &mut multi)?;
+                slots[i] = Some(v);
             }
-        };
-        slots[i] = Some(v);
-        for &j in &plan.frees[i] {
+            Item::Group(g) => {
+                match fused::run(plan, g, &mut slots)? {
+                    Some(vals) => {
+                        for (&o, v) in g.outputs.iter().zip(vals) {
+                            slots[o] = Some(v);
+                        }
+                    }
+                    // Outputs of different shapes: run the members one by one.
+                    None => {
+                        for &m in &g.members {
+                            let v = step(plan, m, &mut feeds, &slots, &mut multi)?;
+                            slots[m] = Some(v);
+                        }
+                    }
+                }
+            }
+        }
+        for &j in frees {
             slots[j] = None;
             multi.remove(&j);
         }
     }
     Ok(plan.outputs.iter().map(|&o| slots[o].clone().expect("outputs are kept")).collect())
+}
+
+fn step(plan: &Plan, i: usize, feeds: &mut [Value], slots: &[Option<Value>], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
+    let node = &plan.nodes[i];
+    Ok(match &plan.steps[i] {
+        Step::Fed(f) => std::mem::replace(&mut feeds[*f], Value::scalar_f64(node.dtype(), 0.0)),
+        Step::Folded(v) => v.clone(),
+        Step::Compute => {
+            let args: Vec<&Value> = plan.inputs[i]
+                .iter()
+                .map(|&j| slots[j].as_ref().expect("inputs are computed before their users"))
+                .collect();
+            run_node(plan, i, &args, multi)?
+        }
+    })
 }
 
 /// Runs compute node `i` of `plan` on host values. Multi-result nodes (loops, host
@@ -62,3 +106,6 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
         op => op.cpu(args),
     }
 }
+
+#[cfg(test)]
+mod fusion_tests;

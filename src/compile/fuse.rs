@@ -1,0 +1,197 @@
+//! CPU elementwise fusion: which nodes of a plan the CPU executor runs as one pass.
+//!
+//! A group is a set of f32/bool elementwise nodes (the ops `Op::gpu_kind` calls `Fused`)
+//! of one output shape, joined producer to consumer. It runs at the position of its last
+//! member, so a node may join only if no other node placed before it reads a member
+//! (nothing has to move). Members read outside the group (or returned) are its outputs;
+//! the rest never get a buffer. The GPU executor does not look at this: it walks the plan.
+
+use super::{Plan, Step};
+use crate::dtype::DType;
+use crate::ops::{FusedOp, GpuKind, Op};
+use crate::shape::Shape;
+
+/// What the CPU executor runs, in order.
+#[derive(Debug)]
+pub struct Schedule {
+    pub items: Vec<Item>,
+    /// Slots released after each item (their last reader in schedule order).
+    pub frees: Vec<Vec<usize>>,
+    /// Kernel launches of one run (a group counts once; sources and folded values none).
+    pub dispatches: usize,
+    /// Whether a host callback runs (here or in a loop body): such plans stay on the
+    /// calling thread, so a callback never waits for the GIL on a pool worker.
+    pub has_host: bool,
+}
+
+#[derive(Debug)]
+pub enum Item {
+    /// Plan step `i`, as the plain executor runs it.
+    Node(usize),
+    Group(Group),
+}
+
+#[derive(Debug)]
+pub struct Group {
+    /// Plan slots, in plan order.
+    pub members: Vec<usize>,
+    /// Members whose values are read after the group.
+    pub outputs: Vec<usize>,
+    /// Slots read by members that are not members (data inputs only), in first-use order.
+    pub ext: Vec<usize>,
+    /// Slots released after the group runs (inputs it is the last reader of).
+    pub frees: Vec<usize>,
+    /// Estimated cost per element, in adds (for the parallel grain).
+    pub cost: usize,
+}
+
+const MAX_MEMBERS: usize = 64;
+
+/// Whether the CPU fusion kernel runs node `i`.
+fn fusible(plan: &Plan, i: usize) -> bool {
+    if !matches!(plan.steps[i], Step::Compute) {
+        return false;
+    }
+    let node = &plan.nodes[i];
+    let reg = |d: DType| matches!(d, DType::F32 | DType::Bool);
+    matches!(node.op().gpu_kind(), GpuKind::Fused(_)) && reg(node.dtype()) && data_inputs(plan, i).all(|j| reg(plan.nodes[j].dtype()))
+}
+
+/// Input slots of node `i` that carry data (not target shapes).
+pub fn data_inputs(plan: &Plan, i: usize) -> impl Iterator<Item = usize> + '_ {
+    let h = plan.nodes[i].op().host_args();
+    plan.inputs[i].iter().enumerate().filter(move |(p, _)| !h.contains(p)).map(|(_, &j)| j)
+}
+
+/// Same rank and equal where both dims are known.
+fn compatible(a: &Shape, b: &Shape) -> bool {
+    a.rank() == b.rank() && a.dims().iter().zip(b.dims()).all(|(x, y)| x.is_none() || y.is_none() || x == y)
+}
+
+fn cost(op: &Op) -> usize {
+    match op.gpu_kind() {
+        GpuKind::Fused(FusedOp::Unary(u)) => u.cost(),
+        GpuKind::Fused(FusedOp::Binary(b)) => b.cost(),
+        GpuKind::Fused(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => 1,
+        GpuKind::Source | GpuKind::Meta | GpuKind::View(_) | GpuKind::Kernel | GpuKind::Host => 1,
+    }
+}
+
+pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
+    let n = plan.nodes.len();
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, ins) in plan.inputs.iter().enumerate() {
+        for &j in ins {
+            users[j].push(i);
+        }
+    }
+    let is_output: Vec<bool> = (0..n).map(|i| plan.outputs.contains(&i)).collect();
+    // group[i]: index into `groups` of the group node i belongs to.
+    let mut group: Vec<Option<usize>> = vec![None; n];
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for i in 0..n {
+        if !fuse || !fusible(plan, i) {
+            continue;
+        }
+        let shape = plan.nodes[i].shape();
+        let mut cands: Vec<usize> = Vec::new();
+        for j in data_inputs(plan, i) {
+            if let Some(g) = group[j] {
+                if !cands.contains(&g) && compatible(plan.nodes[j].shape(), shape) {
+                    cands.push(g);
+                }
+            }
+        }
+        // Every reader of a member placed before i must be in the merged group.
+        let ok = |cs: &[usize]| {
+            cs.iter().map(|&g| groups[g].len()).sum::<usize>() < MAX_MEMBERS
+                && cs.iter().all(|&g| {
+                    groups[g].iter().all(|&m| users[m].iter().all(|&u| u >= i || group[u].is_some_and(|h| cs.contains(&h))))
+                })
+        };
+        let chosen: Vec<usize> = if ok(&cands) {
+            cands
+        } else {
+            cands.iter().copied().find(|&g| ok(&[g])).into_iter().collect()
+        };
+        match chosen.split_first() {
+            None => {
+                group[i] = Some(groups.len());
+                groups.push(vec![i]);
+            }
+            Some((&g, rest)) => {
+                for &h in rest {
+                    let moved = std::mem::take(&mut groups[h]);
+                    for &m in &moved {
+                        group[m] = Some(g);
+                    }
+                    groups[g].extend(moved);
+                }
+                groups[g].push(i);
+                group[i] = Some(g);
+            }
+        }
+    }
+    let mut items = Vec::new();
+    let mut dispatches = 0;
+    let mut has_host = false;
+    for i in 0..n {
+        match plan.nodes[i].op() {
+            Op::HostCall(_) => has_host = true,
+            Op::Loop(body) => has_host |= body.plan.cpu_schedule().has_host,
+            _ => {}
+        }
+        let Some(g) = group[i] else {
+            if matches!(plan.steps[i], Step::Compute) && !plan.nodes[i].inputs().is_empty() {
+                dispatches += 1;
+            }
+            items.push(Item::Node(i));
+            continue;
+        };
+        let mut members = groups[g].clone();
+        members.sort_unstable();
+        if members.last() != Some(&i) {
+            continue;
+        }
+        let inside = |j: usize| group[j] == Some(g);
+        let outputs: Vec<usize> = members.iter().copied().filter(|&m| is_output[m] || users[m].iter().any(|&u| !inside(u))).collect();
+        let mut ext: Vec<usize> = Vec::new();
+        for &m in &members {
+            for j in data_inputs(plan, m) {
+                if !inside(j) && !ext.contains(&j) {
+                    ext.push(j);
+                }
+            }
+        }
+        let cost = members.iter().map(|&m| cost(plan.nodes[m].op())).sum::<usize>().max(1);
+        dispatches += 1;
+        items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost }));
+    }
+    // A group runs later than its first members, so last uses are recounted by item.
+    let mut last: Vec<Option<usize>> = vec![None; n];
+    let reads = |item: &Item| -> Vec<usize> {
+        match item {
+            Item::Node(i) => plan.inputs[*i].clone(),
+            Item::Group(g) => g.members.iter().flat_map(|&m| plan.inputs[m].iter().copied()).filter(|&j| group[j].is_none() || !g.members.contains(&j)).collect(),
+        }
+    };
+    for (t, item) in items.iter().enumerate() {
+        for j in reads(item) {
+            last[j] = Some(t);
+        }
+    }
+    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); items.len()];
+    for (j, l) in last.iter().enumerate() {
+        if let Some(t) = l {
+            if !is_output[j] && !frees[*t].contains(&j) {
+                frees[*t].push(j);
+            }
+        }
+    }
+    for (item, f) in items.iter_mut().zip(&frees) {
+        if let Item::Group(g) = item {
+            g.frees = f.clone();
+        }
+    }
+    Schedule { items, frees, dispatches, has_host }
+}

@@ -1,0 +1,147 @@
+//! Fused CPU runs against unfused ones: bitwise equal (both use the op tables' per-element
+//! code), over broadcast patterns, several outputs, bool values, special values, empty and
+//! rank-0 tensors, and the parallel path.
+
+use crate::compile::Function;
+use crate::dtype::DType;
+use crate::graph::Tensor;
+use crate::ops::build::*;
+use crate::ops::source::{constant, placeholder};
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::runtime::value::Value;
+use crate::shape::Shape;
+
+fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
+    placeholder(name, Shape(dims.to_vec()), DType::F32, None).unwrap()
+}
+
+fn data(shape: &[usize], seed: u32) -> Value {
+    let n: usize = shape.iter().product();
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, -1e-40, 90.0, -110.0, 3e38];
+    let v: Vec<f32> = (0..n as u32)
+        .map(|i| {
+            let h = i.wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(97));
+            if h % 37 == 0 {
+                specials[(h / 37) as usize % specials.len()]
+            } else {
+                ((h % 2000) as f32 / 250.0) - 4.0
+            }
+        })
+        .collect();
+    Value::from_vec(shape, v).unwrap()
+}
+
+/// Runs the graph fused and unfused; asserts bitwise equal results; returns the launch
+/// counts (fused, unfused).
+fn same(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> (usize, usize) {
+    let mut res = Vec::new();
+    let mut counts = Vec::new();
+    for fuse in [true, false] {
+        let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
+        f.plan.init_cpu_schedule(fuse);
+        counts.push(f.plan.cpu_schedule().dispatches);
+        res.push(crate::runtime::cpu::run(&f.plan, vs.to_vec()).unwrap());
+    }
+    for (k, (a, b)) in res[0].iter().zip(&res[1]).enumerate() {
+        assert_eq!(a.dtype(), b.dtype(), "output {k}");
+        assert_eq!(a.shape(), b.shape(), "output {k}");
+        let bits = |v: &Value| -> Vec<u64> { v.to_f64_vec().iter().map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() }).collect() };
+        assert_eq!(bits(a), bits(b), "output {k}");
+    }
+    (counts[0], counts[1])
+}
+
+fn c(v: f32) -> Tensor {
+    constant(Value::scalar_f64(DType::F32, v as f64))
+}
+
+#[test]
+fn chains_with_every_broadcast_pattern_fuse_to_one_pass() {
+    let x = ph("x", &[None, Some(5), Some(6)]);
+    let bias = ph("bias", &[Some(6)]);
+    let col = ph("col", &[None, Some(1), Some(6)]);
+    let s = ph("s", &[]);
+    let h = add(&mul(&x, &bias).unwrap(), &col).unwrap();
+    let t = unary(UnaryOp::Tanh, &h).unwrap();
+    let g = unary(UnaryOp::Sigmoid, &sub(&t, &s).unwrap()).unwrap();
+    let m = binary(BinaryOp::Greater, &h, &c(0.0)).unwrap();
+    let sel = select(&m, &g, &c(0.0)).unwrap();
+    let y = binary(BinaryOp::Maximum, &unary(UnaryOp::Exp, &sel).unwrap(), &unary(UnaryOp::Log, &x).unwrap()).unwrap();
+    let feeds = [x, bias, col, s];
+    let vs = [data(&[4, 5, 6], 1), data(&[6], 2), data(&[4, 1, 6], 3), Value::scalar_f64(DType::F32, 0.25)];
+    let (fused, unfused) = same(&feeds, &[y.clone()], &vs);
+    assert_eq!(fused, 1, "one pass");
+    assert!(unfused >= 10);
+    // Intermediates read outside become extra outputs; bool outputs too.
+    let (fused, _) = same(&feeds, &[y, t, m], &vs);
+    assert_eq!(fused, 1);
+}
+
+#[test]
+fn bool_logic_casts_and_scalars() {
+    let a = ph("a", &[Some(7), Some(3)]);
+    let b = ph("b", &[Some(3)]);
+    let p = binary(BinaryOp::Less, &a, &b).unwrap();
+    let q = unary(UnaryOp::Not, &binary(BinaryOp::Equal, &a, &c(1.0)).unwrap()).unwrap();
+    let r = binary(BinaryOp::And, &p, &q).unwrap();
+    let f = cast(&r, DType::F32).unwrap();
+    let back = cast(&mul(&a, &f).unwrap(), DType::Bool).unwrap();
+    let o = binary(BinaryOp::Or, &back, &p).unwrap();
+    let (fused, _) = same(&[a.clone(), b.clone()], &[o, f], &[data(&[7, 3], 5), data(&[3], 6)]);
+    assert_eq!(fused, 1);
+    // Rank 0: everything a single value.
+    let s = ph("s", &[]);
+    let y = unary(UnaryOp::Softplus, &add(&mul(&s, &c(3.0)).unwrap(), &c(-1.0)).unwrap()).unwrap();
+    for v in [0.5f32, f32::NAN, f32::INFINITY, -1e30] {
+        same(std::slice::from_ref(&s), std::slice::from_ref(&y), &[Value::scalar_f64(DType::F32, v as f64)]);
+    }
+}
+
+#[test]
+fn empty_tensors_and_the_parallel_path() {
+    let x = ph("x", &[None, Some(3)]);
+    let b = ph("b", &[Some(3)]);
+    let y = unary(UnaryOp::Tanh, &add(&x, &b).unwrap()).unwrap();
+    let z = binary(BinaryOp::Greater, &y, &c(0.1)).unwrap();
+    same(&[x.clone(), b.clone()], &[y.clone(), z.clone()], &[data(&[0, 3], 1), data(&[3], 2)]);
+    same(&[x, b], &[y, z], &[data(&[100_003, 3], 1), data(&[3], 2)]);
+}
+
+#[test]
+fn outputs_of_different_runtime_shapes_fall_back() {
+    let p = ph("p", &[None]);
+    let q = ph("q", &[None]);
+    let q2 = neg(&q).unwrap();
+    let a = add(&p, &q2).unwrap();
+    let out = mul(&a, &c(2.0)).unwrap();
+    same(&[p.clone(), q.clone()], &[out.clone(), q2.clone()], &[data(&[5], 1), data(&[1], 2)]);
+    same(&[p, q], &[out, q2], &[data(&[5], 1), data(&[5], 2)]);
+}
+
+#[test]
+fn dead_inputs_are_overwritten_only_after_every_read() {
+    // z dies in the group and is read by several members and passed through as an
+    // output: results must not see partially overwritten chunks.
+    let a = ph("a", &[Some(300), Some(40)]);
+    let w = ph("w", &[Some(40), Some(50)]);
+    let z = matmul(&a, &w, false, false).unwrap();
+    let y = add(&mul(&z, &c(2.0)).unwrap(), &unary(UnaryOp::Exp, &neg(&z).unwrap()).unwrap()).unwrap();
+    let y2 = sub(&y, &z).unwrap();
+    let vs = [data(&[300, 40], 1), data(&[40, 50], 2)];
+    same(&[a.clone(), w.clone()], &[y.clone(), y2.clone()], &vs);
+    let zshape = shape_of(&z).unwrap();
+    let pass = broadcast_to(&z, &zshape).unwrap();
+    same(&[a, w], &[y2, pass], &vs);
+}
+
+#[test]
+fn gradients_are_unchanged_by_fusion() {
+    let x = ph("x", &[None, Some(8)]);
+    let w = ph("w", &[Some(8), Some(4)]);
+    let h = unary(UnaryOp::Relu, &matmul(&x, &w, false, false).unwrap()).unwrap();
+    let y = unary(UnaryOp::Tanh, &mul(&h, &unary(UnaryOp::Sigmoid, &h).unwrap()).unwrap()).unwrap();
+    let loss = reduce(crate::ops::ReduceOp::Sum, &y, &[0, 1], false).unwrap();
+    let gs: Vec<Tensor> = crate::autodiff::gradients(&loss, &[x.clone(), w.clone()], None).unwrap().into_iter().map(|g| g.unwrap()).collect();
+    let (fused, unfused) = same(&[x, w], &gs, &[data(&[16, 8], 3), data(&[8, 4], 4)]);
+    assert!(fused < unfused, "{fused} vs {unfused}");
+}

@@ -1,0 +1,178 @@
+"""CPU elementwise fusion: fused functions give the same results as unfused ones.
+
+`FERROKERAS_CPU_FUSION=0` (read when a function first runs on the CPU) turns fusion off,
+so every test builds the same graph twice and compares. The per-element code is shared,
+so float32 results are bitwise equal; NumPy is the reference where a test says so. On a
+GPU device the functions run there and the comparison still holds; launch counts are only
+checked on the CPU.
+"""
+
+import numpy as np
+import pytest
+
+import ferrokeras
+from ferrokeras import backend as K
+
+
+def on_cpu():
+    return ferrokeras.device() == "cpu"
+
+
+def both(monkeypatch, build, feeds, phs=None):
+    """Compiles `build()` -> (inputs, outputs) fused and unfused; returns both results and
+    both functions."""
+    res, fns = [], []
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("FERROKERAS_CPU_FUSION", fuse)
+        ins, outs = build()
+        f = K.function(ins, outs)
+        res.append(f(list(feeds)))
+        fns.append(f)
+    monkeypatch.delenv("FERROKERAS_CPU_FUSION")
+    for a, b in zip(res[0], res[1]):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    return res[0], fns
+
+
+def specials(rng, shape):
+    x = rng.uniform(-4, 4, size=shape).astype("float32")
+    flat = x.reshape(-1)
+    vals = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 100.0, -100.0], "float32")
+    if flat.size:
+        idx = rng.integers(0, flat.size, size=min(flat.size, 16))
+        flat[idx] = vals[np.arange(idx.size) % vals.size]
+    return x
+
+
+def test_rmsprop_chain_is_one_pass(monkeypatch, rng):
+    shape = (784, 512)
+    feeds = [np.abs(rng.standard_normal(shape)).astype("float32") for _ in range(3)]
+
+    def build():
+        p, g, acc = (K.placeholder(shape=shape) for _ in range(3))
+        new_acc = 0.9 * acc + 0.1 * K.square(g)
+        new_p = p - 0.001 * g / (K.sqrt(new_acc) + 1e-7)
+        return [p, g, acc], [new_p, new_acc]
+
+    (new_p, new_acc), (fused, unfused) = both(monkeypatch, build, feeds)
+    p, g, acc = (x.astype("float64") for x in feeds)
+    ref_acc = 0.9 * acc + 0.1 * g * g
+    np.testing.assert_allclose(new_acc, ref_acc, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(new_p, p - 0.001 * g / (np.sqrt(ref_acc) + 1e-7), rtol=1e-5, atol=1e-6)
+    if on_cpu():
+        assert fused.dispatches == 1 and unfused.dispatches > 5, (fused.dispatches, unfused.dispatches)
+
+
+@pytest.mark.parametrize("bshape", [(6,), (1, 6), (4, 1, 6), (4, 5, 1), (1, 5, 1), (), (4, 5, 6)])
+def test_broadcast_patterns(monkeypatch, rng, bshape):
+    x = specials(rng, (4, 5, 6))
+    b = rng.uniform(-2, 2, size=bshape).astype("float32")
+
+    def build():
+        xp, bp = K.placeholder(shape=x.shape), K.placeholder(shape=bshape)
+        h = K.tanh(xp * bp + 0.5)
+        return [xp, bp], [K.relu(h) - K.sigmoid(bp), h > 0]
+
+    (y, m), (fused, _) = both(monkeypatch, build, [x, b])
+    h = np.tanh(x.astype("float64") * b + 0.5)
+    ref = np.maximum(h, 0) - 1 / (1 + np.exp(-b.astype("float64")))
+    np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-6)
+    np.testing.assert_array_equal(m, h > 0)
+    if on_cpu():
+        assert fused.dispatches <= 2
+
+
+def test_nan_inf_and_transcendentals_match_numpy(monkeypatch, rng):
+    x = specials(rng, (3000,))
+    x[:8] = [np.nan, np.inf, -np.inf, 0.0, 89.0, -104.0, 1e-42, -1e-42]
+    fns = {
+        "exp": (K.exp, np.exp), "log": (K.log, np.log), "tanh": (K.tanh, np.tanh),
+        "sigmoid": (K.sigmoid, lambda v: 1 / (1 + np.exp(-v))),
+        "softplus": (K.softplus, lambda v: np.logaddexp(0, v)),
+        # 1 + t rounds to float32 first, as in the graph.
+        "log(1+x)": (lambda t: K.log(1 + t), lambda v: np.log((1 + v.astype("float32")).astype("float64"))),
+    }
+    with np.errstate(all="ignore"):
+        for name, (kf, nf) in fns.items():
+            def build(kf=kf):
+                p = K.placeholder(shape=x.shape)
+                return [p], [kf(p)]
+            (y,), _ = both(monkeypatch, build, [x])
+            ref = nf(x.astype("float64")).astype("float32")
+            np.testing.assert_allclose(y, ref, rtol=3e-7 * 4, atol=1e-37, err_msg=name)
+
+
+def test_zero_size_and_rank_0(monkeypatch):
+    for shape in [(0, 5), (3, 0), ()]:
+        x = np.full(shape, 0.75, "float32")
+
+        def build():
+            p = K.placeholder(shape=shape)
+            return [p], [K.exp(p) * 2 + 1, K.equal(p, 0.75)]
+
+        (y, m), _ = both(monkeypatch, build, [x])
+        assert y.shape == shape and m.shape == shape
+        np.testing.assert_allclose(y, np.exp(x) * 2 + 1, rtol=1e-6)
+
+
+def test_fused_group_feeding_a_loop(monkeypatch, rng):
+    x = rng.standard_normal((3, 7, 4)).astype("float32")
+    w = rng.standard_normal((4, 4)).astype("float32")
+
+    def build():
+        xp, wp = K.placeholder(shape=x.shape), K.placeholder(shape=w.shape)
+        seq = K.tanh(xp * 0.5 + 0.1)  # a fused group whose result the loop reads
+
+        def step(inp, states):
+            h = K.sigmoid(K.dot(inp, wp) + states[0] * 0.5)
+            return h, [h]
+
+        last, outs, _ = K.rnn(step, seq, [K.zeros_like(seq[:, 0, :])])
+        loss = K.sum(outs * outs)
+        return [xp, wp], [last, outs, K.gradients(loss, [wp])[0]]
+
+    (last, outs, gw), _ = both(monkeypatch, build, [x, w])
+    h = np.zeros((3, 4))
+    seq = np.tanh(x.astype("float64") * 0.5 + 0.1)
+    for t in range(7):
+        h = 1 / (1 + np.exp(-(seq[:, t] @ w + h * 0.5)))
+        np.testing.assert_allclose(outs[:, t], h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(last, h, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(gw))
+
+
+def test_gradients_unchanged(monkeypatch, rng):
+    x = rng.standard_normal((32, 16)).astype("float32")
+    w = rng.standard_normal((16, 8)).astype("float32")
+
+    def build():
+        xp, wp = K.placeholder(shape=x.shape), K.placeholder(shape=w.shape)
+        h = K.relu(K.dot(xp, wp) + 0.1)
+        y = K.sum(K.tanh(h) * K.sigmoid(h) + K.square(K.maximum(h, 0.5)))
+        return [xp, wp], K.gradients(y, [xp, wp])
+
+    (gx, gw), (fused, unfused) = both(monkeypatch, build, [x, w])
+    # Against float64 NumPy.
+    z = x.astype("float64") @ w + 0.1
+    h = np.maximum(z, 0)
+    s = 1 / (1 + np.exp(-h))
+    t = np.tanh(h)
+    dh = (1 - t * t) * s + t * s * (1 - s) + 2 * np.maximum(h, 0.5) * (h >= 0.5)
+    dz = dh * (z > 0)
+    np.testing.assert_allclose(gw, x.T.astype("float64") @ dz, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gx, dz @ w.T, rtol=1e-4, atol=1e-4)
+    if on_cpu():
+        assert fused.dispatches < unfused.dispatches
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16", "int32"])
+def test_other_dtypes_unchanged(monkeypatch, rng, dtype):
+    x = (rng.uniform(-3, 3, size=(5, 6)) * (10 if dtype == "int32" else 1)).astype(dtype)
+
+    def build():
+        p = K.placeholder(shape=x.shape, dtype=dtype)
+        return [p], [K.maximum(p * 2 - 1, K.zeros_like(p))]
+
+    (y,), _ = both(monkeypatch, build, [x])
+    np.testing.assert_allclose(y.astype("float64"), np.maximum(x.astype("float64") * 2 - 1, 0), rtol=1e-3)
