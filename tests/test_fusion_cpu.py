@@ -100,7 +100,13 @@ def test_nan_inf_and_transcendentals_match_numpy(monkeypatch, rng):
                 return [p], [kf(p)]
             (y,), _ = both(monkeypatch, build, [x])
             ref = nf(x.astype("float64")).astype("float32")
-            np.testing.assert_allclose(y, ref, rtol=3e-7 * 4, atol=1e-37, err_msg=name)
+            if on_cpu():
+                np.testing.assert_allclose(y, ref, rtol=3e-7 * 4, atol=1e-37, err_msg=name)
+            else:
+                # WGSL allows log an absolute error of 2^-21 near 1 and lets a device
+                # flush subnormal inputs to zero: those are left out on a GPU.
+                normal = ~((x != 0) & (np.abs(x) < np.finfo(np.float32).tiny))
+                np.testing.assert_allclose(y[normal], ref[normal], rtol=1e-5, atol=2e-6, err_msg=name)
 
 
 def test_zero_size_and_rank_0(monkeypatch):
