@@ -336,3 +336,9 @@ def test_keras_zero_initial_state_is_folded():
     c = K.sum(K.zeros_like(K.constant(np.ones((2, 5, 3)))), axis=1, keepdims=True)
     assert K.int_shape(c) == (2, 1, 3)
     np.testing.assert_array_equal(K.eval(c), np.zeros((2, 1, 3)))
+
+
+def test_rnn_over_no_timesteps_says_so():
+    x = K.placeholder((2, 0, 3))
+    with pytest.raises(ValueError, match="no timesteps"):
+        K.rnn(lambda i, s: (i + s[0], [s[0] + i]), x, [K.zeros((2, 3))])

@@ -84,6 +84,9 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     inputs = _t(inputs)
     if inputs.ndim < 3:
         raise ValueError(f"rnn: inputs must be at least 3D (samples, time, ...), got shape {tuple(inputs.shape)}")
+    if inputs.shape[1] == 0:
+        # As in TensorFlow: with no step there is no last output to return.
+        raise ValueError(f"rnn: inputs of shape {tuple(inputs.shape)} have no timesteps (axis 1 is 0); rnn needs at least one")
     states = [_t(s) for s in _as_list(initial_states)]
     constants = [_t(c) for c in _as_list(constants)]
     x = _time_major(inputs)
