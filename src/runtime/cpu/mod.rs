@@ -9,6 +9,7 @@ use crate::ops::Op;
 use crate::runtime::value::Value;
 use std::collections::HashMap;
 
+pub mod alloc;
 pub mod fused;
 
 /// Runs `plan` on the CPU, on the calling thread. With `FERROKERAS_CPU_POOL=1` (and no
