@@ -15,8 +15,9 @@ pub mod fused;
 /// Runs `plan` on the CPU, on the calling thread. With `FERROKERAS_CPU_POOL=1` (and no
 /// Python callback in the plan) the whole run happens on a rayon worker instead, so the
 /// kernels' parallel loops split work with joins rather than a cross-thread handoff per
-/// kernel; it is off by default because it made the Keras MLP step 2.4x slower in the
-/// measurements of benches/PROFILE.md (not yet understood).
+/// kernel. It is off by default: under heavy load it made the Keras MLP step 2.4x slower
+/// (benches/PROFILE.md); on a quiet machine it was mixed (CNN 1,122 vs 921 samples/s, MLP
+/// 20.8k vs 23.1k). Not yet understood.
 pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
     static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
