@@ -86,7 +86,16 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
     let node = &plan.nodes[i];
     match node.op() {
         Op::Loop(body) => {
-            multi.insert(i, crate::ops::control::run(body, args, &run)?);
+            // A loop runs hundreds of small kernels per call; on a rayon worker their
+            // parallel loops are cheap joins instead of a wake-up and a sleep of the
+            // calling thread each (Keras LSTM step: 1.26x, benches/PROFILE.md). Bodies
+            // with a Python callback stay on the calling thread, which holds the GIL.
+            let results = if rayon::current_thread_index().is_none() && !body.plan().cpu_schedule().has_host {
+                rayon::scope(|_| crate::ops::control::run(body, args, &run))?
+            } else {
+                crate::ops::control::run(body, args, &run)?
+            };
+            multi.insert(i, results);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }
         Op::HostCall(h) => {
