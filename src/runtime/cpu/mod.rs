@@ -21,10 +21,21 @@ pub mod fused;
 pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
     static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
-    if !pool || plan.cpu_schedule().has_host || rayon::current_thread_index().is_some() {
+    if !pool {
         return run_here(plan, feeds);
     }
-    rayon::scope(|_| run_here(plan, feeds))
+    on_worker(plan, || run_here(plan, feeds))
+}
+
+/// Runs `f` on a rayon worker, where the parallel loops of the kernels it calls are joins
+/// rather than a wake-up and a sleep of the calling thread each; on the calling thread
+/// when that is already a worker, or when `plan` has a Python callback (the calling
+/// thread is the one that can take the GIL).
+fn on_worker<R: Send>(plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
+    if plan.cpu_schedule().has_host || rayon::current_thread_index().is_some() {
+        return f();
+    }
+    rayon::scope(|_| f())
 }
 
 fn run_here(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
@@ -86,15 +97,9 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
     let node = &plan.nodes[i];
     match node.op() {
         Op::Loop(body) => {
-            // A loop runs hundreds of small kernels per call; on a rayon worker their
-            // parallel loops are cheap joins instead of a wake-up and a sleep of the
-            // calling thread each (Keras LSTM step: 1.26x, benches/PROFILE.md). Bodies
-            // with a Python callback stay on the calling thread, which holds the GIL.
-            let results = if rayon::current_thread_index().is_none() && !body.plan().cpu_schedule().has_host {
-                rayon::scope(|_| crate::ops::control::run(body, args, &run))?
-            } else {
-                crate::ops::control::run(body, args, &run)?
-            };
+            // A loop runs hundreds of small kernels per call: always worth a worker
+            // (Keras LSTM step: 1.26x, benches/PROFILE.md).
+            let results = on_worker(&body.plan(), || crate::ops::control::run(body, args, &run))?;
             multi.insert(i, results);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }
