@@ -206,6 +206,10 @@ MORE_CALL_CASES = [
     ("float_too_big_for_int8", "int8", np.array([1.0, 300.0, 2.0]), ("range", "int8")),
     ("negative_to_uint8", "uint8", np.array([1, -1, 2]), ("range", "uint8")),
     ("inf_to_int", "int32", np.array([1.0, np.inf, 2.0]), ("non-integer", "range")),
+    # np.asarray([None, 1, 2], dtype=float32) would give NaN for None; TF refuses None.
+    ("none_in_list", "float32", [None, 1.0, 2.0], ("NoneType",)),
+    ("none_in_object_array", "int32", np.array([1, None, 2], dtype=object), ("NoneType",)),
+    ("strings", "float32", ["1", "2", "3"], ("str",)),
 ]
 
 
@@ -220,6 +224,31 @@ def test_feeds_that_do_not_fit_the_dtype_raise(name, dtype, feed, words):
     assert_mentions(excinfo, *words)
     assert_mentions(excinfo, "typed_feed")
     np.testing.assert_array_equal(f([np.array([1, 2, 3])])[0], np.array([2, 4, 6], dtype=dtype))
+
+
+NON_NUMERIC_VALUES = [
+    ("variable", lambda v: K.variable(v)),
+    ("constant", lambda v: K.constant(v)),
+    ("set_value", lambda v: K.set_value(K.variable([0.0, 0.0]), v)),
+    ("batch_set_value", lambda v: K.batch_set_value([(K.variable([0.0, 0.0]), v)])),
+]
+
+
+@pytest.mark.parametrize("name,make", NON_NUMERIC_VALUES, ids=[c[0] for c in NON_NUMERIC_VALUES])
+@pytest.mark.parametrize("value,words", [([None, 1.0], ("NoneType",)), (["1", "2"], ("str",))], ids=["none", "str"])
+def test_non_numeric_values_raise(name, make, value, words):
+    """NumPy turns None into NaN (and parses numeric strings) when asked for a float array;
+    TF refuses both."""
+    with pytest.raises(TypeError) as excinfo:
+        make(value)
+    assert_mentions(excinfo, *words)
+    assert_backend_still_works()
+
+
+def test_object_array_of_numbers_is_fed():
+    x = K.placeholder(shape=(3,), dtype="float32")
+    f = K.function([x], [x * 2])
+    np.testing.assert_array_equal(f([np.array([1, 2.5, np.float32(3)], dtype=object)])[0], [2, 5, 6])
 
 
 def _unfed_rnn(p):

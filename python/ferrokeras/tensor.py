@@ -8,6 +8,24 @@ import numpy as np
 from . import _core
 from . import config
 
+def non_numeric(arr):
+    """The non-numeric types an array holds ('NoneType', 'str', ...), or None when every
+    element is a number. NumPy would turn None into NaN and parse strings; TF refuses both."""
+    if arr.dtype.kind == "O":
+        kinds = sorted({type(x).__name__ for x in arr.flat if not isinstance(x, (int, float, np.number))})
+        return "/".join(kinds) or None
+    return {"S": "bytes", "U": "str", "V": "void"}.get(arr.dtype.kind)
+
+
+def check_numeric(where, value, dtype):
+    """A TypeError naming ``where`` when ``value`` (to become an array of ``dtype``) holds
+    None, strings or other non-numbers."""
+    if not (isinstance(value, np.ndarray) and value.dtype.kind not in "OSUV"):
+        bad = non_numeric(np.asarray(value))
+        if bad:
+            raise TypeError(f"{where}: cannot convert values of type {bad} to {np.dtype(dtype).name}")
+
+
 # Names of the enclosing `K.name_scope` blocks; variables created inside get them as prefix.
 _NAME_SCOPE = []
 
@@ -229,6 +247,7 @@ class Variable(Tensor):
         return self._var.get()
 
     def set_value(self, value):
+        check_numeric(f"set_value of '{self.name}'", value, self.dtype)
         self._var.set(np.asarray(value, dtype=self.dtype))
 
     def __array__(self, dtype=None, copy=None):

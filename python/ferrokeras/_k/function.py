@@ -3,7 +3,7 @@
 import numpy as np
 
 from .. import _core
-from ..tensor import Tensor, wrap
+from ..tensor import Tensor, non_numeric, wrap
 from .common import _t
 from .variables import Variable, _Update, _update_target, update
 
@@ -55,6 +55,9 @@ class Function:
                 v = v.toarray()
             arr = np.asarray(v)
             if arr.dtype != dt:
+                bad = non_numeric(arr)
+                if bad:
+                    raise TypeError(f"cannot feed values of type {bad} to '{t.name}', which has dtype {dt.name}")
                 if arr.dtype.kind == "c":
                     raise TypeError(f"cannot feed complex values to '{t.name}', which has dtype {dt.name}")
                 if arr.dtype.kind == "f" and dt.kind in "iub" and arr.size and not _integral(arr):

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _core
 from ..config import get_uid
-from ..tensor import Tensor, Variable, is_tensor, wrap
+from ..tensor import Tensor, Variable, check_numeric, is_tensor, wrap
 from .common import _dtype, _int, _t
 
 
@@ -14,6 +14,7 @@ def _as_array(fn, value, dtype, **kw):
     """``np.array(value, dtype)``, with NumPy's OverflowError for a Python number that does
     not fit the dtype raised as a ValueError."""
     try:
+        check_numeric(fn, value, dtype)
         return np.array(value, dtype=dtype, **kw)
     except OverflowError as e:
         raise ValueError(f"{fn}: {value!r} does not fit in dtype {dtype}: {e}") from None
