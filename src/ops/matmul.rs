@@ -243,7 +243,8 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
     }
     let skinny = p.ta && n <= SKINNY_N && n > 1 && m > SKINNY_N;
     if single && !skinny && !p.tb && m * n <= SPLIT_K_MAX_OUT && k >= SPLIT_K_MIN_K {
-        let kp = k.div_ceil(threads);
+        // At least SPLIT_K_MIN_K / 2 of k per part, so many threads do not slice k thin.
+        let kp = k.div_ceil(threads.min(2 * k / SPLIT_K_MIN_K));
         let (a0, b0) = (aoff[0], boff[0]);
         let parts: Vec<Vec<T>> = (0..k.div_ceil(kp))
             .into_par_iter()
