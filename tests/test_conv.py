@@ -500,3 +500,57 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(conv)
     assert result.failed == 0 and result.attempted >= 12
+
+
+# ---- max-pool gradient where windows do not overlap ---------------------------------------
+# Strides at least the pool size take a kernel that writes each element of dx once (zeroing
+# first only where some pixel lies in no window: gaps between windows, a remainder, padding).
+
+
+def ref_max_pool_grad(x, gy, window, strides, padding):
+    """dx of a channels-last max pool: each window's gradient to its first maximum (in
+    window order, as TensorFlow's MaxPoolGrad), with TensorFlow's `same` padding split."""
+    nsp = len(window)
+    dx = np.zeros_like(x)
+    starts = []
+    for d in range(nsp):
+        n, k, s, o = x.shape[1 + d], window[d], strides[d], gy.shape[1 + d]
+        before = max((o - 1) * s + k - n, 0) // 2 if padding == "same" else 0
+        starts.append([i * s - before for i in range(o)])
+    for b in range(x.shape[0]):
+        for opix in np.ndindex(*gy.shape[1:-1]):
+            lo = [max(starts[d][opix[d]], 0) for d in range(nsp)]
+            hi = [min(starts[d][opix[d]] + window[d], x.shape[1 + d]) for d in range(nsp)]
+            sl = tuple(slice(lo[d], hi[d]) for d in range(nsp))
+            win = x[(b,) + sl].reshape(-1, x.shape[-1])
+            first = np.argmax(win, axis=0)
+            for c in range(x.shape[-1]):
+                at = np.unravel_index(first[c], [hi[d] - lo[d] for d in range(nsp)])
+                dx[(b,) + tuple(lo[d] + at[d] for d in range(nsp)) + (c,)] += gy[(b,) + opix + (c,)]
+    return dx
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("xshape,window,strides,padding", [
+    ((3, 6, 8, 5), (2, 2), (2, 2), "valid"),       # windows cover the image exactly
+    ((2, 7, 5, 3), (2, 2), (2, 2), "valid"),       # a remainder row and column in no window
+    ((2, 7, 5, 17), (2, 2), (2, 2), "same"),       # padding (windows cut at the edge)
+    ((2, 8, 9, 4), (2, 3), (3, 4), "valid"),       # gaps between windows
+    ((2, 9, 3), (3,), (3,), "valid"),              # 1-D (as 2-D with a unit dim)
+    ((1, 4, 5, 6, 2), (2, 2, 2), (2, 3, 2), "same"),  # 3-D
+    ((0, 4, 4, 2), (2, 2), (2, 2), "valid"),       # no images
+], ids=str)
+def test_max_pool_grad_disjoint_windows(xshape, window, strides, padding, dtype, rng):
+    # Values from a small set, so many windows hold ties (the first maximum takes it all).
+    x = rng.integers(0, 4, size=xshape).astype(dtype)
+    px = K.placeholder(shape=xshape, dtype=dtype)
+    if len(window) == 1:  # no K.pool1d: a 2-D pool over a unit first dim
+        y = K.squeeze(K.pool2d(K.expand_dims(px, 1), (1,) + window, (1,) + strides, padding), 1)
+    else:
+        y = {2: K.pool2d, 3: K.pool3d}[len(window)](px, window, strides, padding, pool_mode="max")
+    gy = rng.normal(size=K.int_shape(y)).astype(dtype)
+    pg = K.placeholder(shape=gy.shape, dtype=dtype)
+    dx = run([px, pg], [K.gradients(K.sum(y * pg), [px])[0]], [x, gy])[0]
+    want = ref_max_pool_grad(x.astype(np.float64), gy.astype(np.float64), window, strides, padding)
+    assert dx.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(dx, want, rtol=1e-6, atol=1e-6)

@@ -174,7 +174,8 @@ def test_transpose_gradient(rng):
 
 # ---- matmul kernel paths --------------------------------------------------------------------
 # The CPU GEMM takes a different route by shape: a transposed copy of a transposed operand,
-# a column-major result for skinny n, single-threaded under a work threshold, whole small
+# column panels of A·Bᵀ each with its own transposed block, a split along k for a small
+# result, a column-major result for skinny n, single-threaded under a work threshold, whole small
 # matrices per task in a batch, and the k = 0 / empty edges. Each case runs all four
 # transpose flags of the primitive against np.matmul.
 
@@ -201,6 +202,8 @@ MATMUL_PATHS = [
     ((5,), (5,), 20, 8, 3),     # batched, skinny
     ((64,), (64,), 16, 32, 32),  # many small matrices, several per task
     ((0,), (0,), 4, 4, 4),
+    ((), (), 9, 2100, 130),     # small result, long k: split along k across threads
+    ((), (), 17, 40, 3300),     # A·Bᵀ with long n: column panels (the last one short)
 ]
 
 

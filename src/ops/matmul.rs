@@ -95,7 +95,7 @@ fn batch_offsets(bshape: &[usize], own: &[usize], mat: usize) -> Vec<usize> {
         .collect()
 }
 
-trait GemmElem: Elem + Default {
+trait GemmElem: Elem + Default + std::ops::Add<Output = Self> {
     fn zero() -> Self;
     fn one() -> Self;
 }
@@ -132,6 +132,30 @@ const PAR_MIN_MACS: usize = 1 << 21;
 /// column-major it reads A's columns as they lie. (With A stored `m x k` the column-major
 /// form packs A with a gather, which measured 6x slower than the row-major one.)
 const SKINNY_N: usize = 16;
+/// A single product whose result has at most this many elements and whose `k` is at least
+/// `SPLIT_K_MIN_K` is split along `k`, one part per thread, and the parts summed (the CNN's
+/// dense layer, 64x9216 @ 9216x128). `gemm`'s own threading splits the small result
+/// instead, so each thread packs the whole of the long operand it shares with the other.
+const SPLIT_K_MAX_OUT: usize = 1 << 15;
+const SPLIT_K_MIN_K: usize = 1024;
+/// A single `A·Bᵀ` with at most this many rows and `n` of at least `PANELS_MIN` panels is
+/// run as column panels in parallel: each task transposes its rows of B (a cache-sized
+/// block) and multiplies, instead of one thread transposing all of B first (the CNN's
+/// dense input gradient, 64x128 @ (9216x128)ᵀ, spent half its time in that copy).
+const PANELS_MAX_M: usize = 256;
+const PANELS_MIN: usize = 4;
+
+/// Columns per panel: the transposed block of B stays about 128 KiB of f32.
+fn panel_width(k: usize) -> usize {
+    ((1usize << 15) / k.max(1)).clamp(64, 1024) / 16 * 16
+}
+
+/// A raw destination shared by tasks that write disjoint parts of it.
+#[derive(Clone, Copy)]
+struct SharedDst<T>(*mut T);
+// SAFETY: only used to hand one output buffer to tasks that write disjoint elements.
+unsafe impl<T> Send for SharedDst<T> {}
+unsafe impl<T> Sync for SharedDst<T> {}
 
 /// `dst[c * rows + r] = src[r * cols + c]`: a transpose of a row-major `rows x cols`
 /// matrix in 8 x 8 blocks (8 source rows read in step, 8 contiguous destination runs).
@@ -185,6 +209,73 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
     let (a_rs, a_cs) = strides(p.a_cols, p.ta);
     let (mut b_rs, mut b_cs) = strides(p.b_cols, p.tb);
     let macs = m * n * k;
+    let threads = rayon::current_num_threads();
+    let single = aoff.len() == 1 && m > 0 && n > 0 && k > 0 && macs >= PAR_MIN_MACS && threads > 1;
+    let spare = &mut out.spare_capacity_mut()[..total];
+    if single && p.tb && m <= PANELS_MAX_M && n >= PANELS_MIN * panel_width(k) {
+        let w = panel_width(k);
+        let dst = SharedDst(spare.as_mut_ptr() as *mut T);
+        let (a0, b0) = (aoff[0], boff[0]);
+        (0..n.div_ceil(w)).into_par_iter().for_each_init(Vec::new, |buf: &mut Vec<T>, pi| {
+            let (j0, wj) = (pi * w, w.min(n - pi * w));
+            // B's rows j0..j0+wj (k long each) as a k x wj row-major block.
+            buf.clear();
+            buf.reserve(k * wj);
+            transpose_into(&bd[b0 + j0 * k..b0 + (j0 + wj) * k], wj, k, buf.spare_capacity_mut());
+            // SAFETY: `transpose_into` wrote all k * wj elements. The gemm reads an m x k
+            // block of A at its offset and the k x wj block, and writes columns
+            // j0..j0+wj of every row of the m x n destination, which no other task writes.
+            unsafe {
+                buf.set_len(k * wj);
+                let d = dst;
+                gemm::gemm(
+                    m, wj, k,
+                    d.0.add(j0), 1, n as isize, false,
+                    ad.as_ptr().add(a0), a_cs, a_rs,
+                    buf.as_ptr(), 1, wj as isize,
+                    T::zero(), T::one(), false, false, false, Parallelism::None,
+                )
+            }
+        });
+        // SAFETY: the panels cover all n columns of every row.
+        unsafe { out.set_len(total) };
+        return T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared());
+    }
+    let skinny = p.ta && n <= SKINNY_N && n > 1 && m > SKINNY_N;
+    if single && !skinny && !p.tb && m * n <= SPLIT_K_MAX_OUT && k >= SPLIT_K_MIN_K {
+        // At least SPLIT_K_MIN_K / 2 of k per part, so many threads do not slice k thin.
+        let kp = k.div_ceil(threads.min(2 * k / SPLIT_K_MIN_K));
+        let (a0, b0) = (aoff[0], boff[0]);
+        let parts: Vec<Vec<T>> = (0..k.div_ceil(kp))
+            .into_par_iter()
+            .with_max_len(1)
+            .map(|pi| {
+                let (l0, kl) = (pi * kp, kp.min(k - pi * kp));
+                let mut part: Vec<T> = Vec::with_capacity(m * n);
+                // SAFETY: the m x kl block of A starting at column l0 and the kl x n block
+                // of B starting at row l0 lie inside their buffers; gemm writes all m x n
+                // elements of `part` (read_dst = false).
+                unsafe {
+                    gemm::gemm(
+                        m, n, kl,
+                        part.as_mut_ptr(), 1, n as isize, false,
+                        ad.as_ptr().add(a0).offset(l0 as isize * a_cs), a_cs, a_rs,
+                        bd.as_ptr().add(b0).offset(l0 as isize * b_rs), b_cs, b_rs,
+                        T::zero(), T::one(), false, false, false, Parallelism::None,
+                    );
+                    part.set_len(m * n);
+                }
+                part
+            })
+            .collect();
+        let (first, rest) = parts.split_first().expect("k > 0");
+        for (i, d) in spare.iter_mut().enumerate() {
+            d.write(rest.iter().fold(first[i], |acc, p| acc + p[i]));
+        }
+        // SAFETY: every element was written just above.
+        unsafe { out.set_len(total) };
+        return T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared());
+    }
     // A transposed B is read by `gemm` with a gather in its packing; one transposed copy
     // (n*k moves) is cheaper once there are a few rows of A to reuse it.
     let bt;
@@ -195,7 +286,6 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         (b_rs, b_cs) = (n as isize, 1);
     }
     // A transposed A needs no copy: `gemm` reads it in place (measured no faster copied).
-    let skinny = p.ta && n <= SKINNY_N && n > 1 && m > SKINNY_N;
     let boff = &boff[..];
     let batches = aoff.len();
     let one = |dst: &mut [MaybeUninit<T>], ao: usize, bo: usize, par: Parallelism, tmp: &mut Vec<T>| {
@@ -239,7 +329,6 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
             )
         }
     };
-    let spare = &mut out.spare_capacity_mut()[..total];
     let chunk = (m * n).max(1);
     if batches > 1 && macs < PAR_MIN_MACS {
         // Small matrices: whole ones per task, enough of them per task to pay for it.

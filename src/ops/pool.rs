@@ -19,6 +19,7 @@ use crate::shape::Shape;
 use crate::value_err;
 use num_traits::Float;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -304,7 +305,66 @@ fn pool_sel_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], h: &[T], y: &mut [T])
     }
 }
 
+/// Max-pool gradient where no two windows overlap (strides at least the window, Keras's
+/// default `pool_size` strides): each input pixel is in one window at most, so every
+/// element of `dx` is written once, the window's gradient at its first maximum and zero
+/// elsewhere, with no zero-fill and no read-modify-write of `dx` (a third of the traffic).
+/// Pixels outside every window (gaps, padding, a remainder) are zeroed first when `gaps`.
+#[inline(always)]
+fn max_pool_bwd_disjoint_impl<T: PF>(g: &Geom, gaps: bool, x: &[T], gy: &[T], dx: &mut [MaybeUninit<T>]) {
+    let c = g.cin;
+    if gaps {
+        dx.iter_mut().for_each(|d| {
+            d.write(T::zero());
+        });
+    }
+    let (mut best, mut idx) = (vec![T::zero(); c], vec![0u32; c]);
+    let mut ips = Vec::with_capacity(g.kk());
+    for op in 0..g.opix() {
+        window(g, out_coords(g, op), &mut ips);
+        argmax(x, c, &ips, &mut best, &mut idx);
+        let gr = &gy[op * c..(op + 1) * c];
+        for (t, &ip) in ips.iter().enumerate() {
+            let t = t as u32;
+            for ((d, &v), &i) in dx[ip * c..(ip + 1) * c].iter_mut().zip(gr).zip(&idx) {
+                d.write(if i == t { v } else { T::zero() });
+            }
+        }
+    }
+}
+
 use super::conv::cpu::simd_kernel;
+simd_kernel!(fn max_pool_bwd_disjoint<T: PF>(g: &Geom, gaps: bool, x: &[T], gy: &[T], dx: &mut [MaybeUninit<T>]) = max_pool_bwd_disjoint_impl);
+
+/// `max_pool_bwd_disjoint` over all images, or None where it does not apply.
+fn max_pool_grad_disjoint(g: &Geom, x: &Value, gy: &Value) -> Option<Value> {
+    fn go<T: PF>(g: &Geom, x: &Arr<T>, gy: &Arr<T>) -> Value {
+        let (xd, gd) = (x.as_slice().expect("standard"), gy.as_slice().expect("standard"));
+        let len = xd.len();
+        let mut out: Vec<T> = Vec::with_capacity(len);
+        let gaps = (0..3).any(|t| g.s[t] != g.k[t] || g.p[t] != (0, 0) || g.o[t] * g.s[t] != g.x[t]);
+        if g.n > 0 && len > 0 {
+            let (xl, yl) = (len / g.n, gd.len() / g.n);
+            out.spare_capacity_mut()[..len]
+                .par_chunks_mut(xl)
+                .enumerate()
+                .for_each(|(i, dx)| max_pool_bwd_disjoint(g, gaps, &xd[i * xl..(i + 1) * xl], &gd[i * yl..(i + 1) * yl], dx));
+        }
+        // SAFETY: each image's block was written whole: zeroed first where some pixel is
+        // in no window, and every pixel of every window written.
+        unsafe { out.set_len(len) };
+        Value::from_vec(&g.x_shape, out).expect("shape matches")
+    }
+    if (0..3).any(|t| g.s[t] < g.k[t]) {
+        return None;
+    }
+    match (x, gy) {
+        (Value::F32(a), Value::F32(b)) => Some(go(g, a, b)),
+        (Value::F64(a), Value::F64(b)) => Some(go(g, a, b)),
+        _ => None,
+    }
+}
+
 simd_kernel!(fn pool_fwd<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) = pool_fwd_impl);
 simd_kernel!(fn pool_bwd<T: PF>(kind: PoolKind, g: &Geom, x: &[T], gy: &[T], dx: &mut [T]) = pool_bwd_impl);
 simd_kernel!(fn pool_sel<T: PF>(kind: PoolKind, g: &Geom, x: &[T], h: &[T], y: &mut [T]) = pool_sel_impl);
@@ -321,6 +381,11 @@ pub fn cpu_pool_grad(spec: &PoolSpec, x: &Value, gy: &Value) -> Result<Value> {
         return Err(value_err!("pool_grad: gradient shape {:?} does not match the pooled shape {:?}", gy.shape(), g.y_shape));
     }
     let k = spec.kind;
+    if k == PoolKind::Max {
+        if let Some(dx) = max_pool_grad_disjoint(&g, x, gy) {
+            return Ok(dx);
+        }
+    }
     run(x, Some(gy), x.shape(), |x, gy, dx| pool_bwd(k, &g, x, gy, dx), |x, gy, dx| pool_bwd(k, &g, x, gy, dx))
 }
 

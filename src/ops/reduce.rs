@@ -407,14 +407,19 @@ fn fold_rows_strips<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, 
             let mut r0 = 0;
             while r0 < red {
                 let r1 = red.min(r0 + run);
+                // Two vectors per strip where the columns allow: two independent chains
+                // (one vector's once-per-8-rows Kahan chain left a 64-column bias
+                // gradient latency-bound).
                 let mut j = 0;
                 while j < wide {
-                    if w == 16 {
-                        $one!(16, j, r0, r1 $(, $f)?);
-                    } else {
-                        $one!(8, j, r0, r1 $(, $f)?);
+                    let two = j + 2 * w <= wide;
+                    match (w == 16, two) {
+                        (true, true) => $one!(32, j, r0, r1 $(, $f)?),
+                        (true, false) => $one!(16, j, r0, r1 $(, $f)?),
+                        (false, true) => $one!(16, j, r0, r1 $(, $f)?),
+                        (false, false) => $one!(8, j, r0, r1 $(, $f)?),
                     }
-                    j += w;
+                    j += if two { 2 * w } else { w };
                 }
                 r0 = r1;
             }

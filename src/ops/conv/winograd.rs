@@ -10,6 +10,11 @@ use gemm::Parallelism;
 
 /// Tiles per block: the transformed input and product blocks stay around 1 MiB of f32.
 const BLOCK: usize = 96;
+/// Elements between the 16 slabs of a block beyond the slab itself: a tile's 16 values
+/// are written (input transform) and read (output transform) one per slab, and slabs a
+/// multiple of 4 KiB apart (96 tiles x 32 or 64 channels of f32 are) all fall in the same
+/// L1 sets, which 16 streams overflow; 64 bytes more per slab spreads them.
+const SLAB_PAD: usize = 16;
 
 /// Whether the walk is one this kernel computes (and is worth it for).
 pub fn applies(wk: &Walk) -> bool {
@@ -81,8 +86,9 @@ fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratc
     let xp: &[T] = if unpadded { x } else { &sc.a };
     let tiles = th * tw;
     let mut t = vec![T::zero(); 16 * cin];
-    let v = sized(&mut sc.b, 16 * BLOCK * cin);
-    let m = sized(&mut sc.c, 16 * BLOCK * cout + 8 * cout);
+    let (vs, ms) = (BLOCK * cin + SLAB_PAD, BLOCK * cout + SLAB_PAD);
+    let v = sized(&mut sc.b, 16 * vs);
+    let m = sized(&mut sc.c, 16 * ms + 8 * cout);
     for t0 in (0..tiles).step_by(BLOCK) {
         let nt = BLOCK.min(tiles - t0);
         for tt in 0..nt {
@@ -101,7 +107,7 @@ fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratc
             }
             for i in 0..4 {
                 let r = |j: usize| &t[(i * 4 + j) * cin..(i * 4 + j + 1) * cin];
-                let out = |xi: usize| ((xi * BLOCK) + tt) * cin;
+                let out = |xi: usize| xi * vs + tt * cin;
                 let (o0, o1, o2, o3) = (out(i * 4), out(i * 4 + 1), out(i * 4 + 2), out(i * 4 + 3));
                 add2(&mut v[o0..o0 + cin], r(0), r(2), true);
                 add2(&mut v[o1..o1 + cin], r(1), r(2), false);
@@ -110,13 +116,13 @@ fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratc
             }
         }
         for xi in 0..16 {
-            let (vo, mo, uo) = (xi * BLOCK * cin, xi * BLOCK * cout, xi * cin * cout);
+            let (vo, mo, uo) = (xi * vs, xi * ms, xi * cin * cout);
             super::cpu::mm(nt, cout, cin, &mut m[mo..], cout, false, &v[vo..], (cin, 1), &u[uo..], (cout, 1), par);
         }
-        let (mb, rb) = m.split_at_mut(16 * BLOCK * cout);
+        let (mb, rb) = m.split_at_mut(16 * ms);
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
-            let mm = |i: usize, j: usize| &mb[((i * 4 + j) * BLOCK + tt) * cout..][..cout];
+            let mm = |i: usize, j: usize| &mb[(i * 4 + j) * ms + tt * cout..][..cout];
             // r = A^T m: two rows of four; then y = r A: two columns.
             for j in 0..4 {
                 add3(&mut rb[j * cout..(j + 1) * cout], mm(0, j), mm(1, j), mm(2, j), false);
