@@ -363,8 +363,10 @@ impl Stacked {
 /// VJP of a loop: a reverse loop whose body is the VJP of the forward body. The forward
 /// nodes that body reads are saved per step by the forward loop (residuals, see
 /// `loop_opt`) and fed to it as step inputs, so it does not compute the forward cell again.
-/// `gs[k]` is the gradient flowing into result `k` (None where nothing flows).
-pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+/// `gs[k]` is the gradient flowing into result `k` (None where nothing flows); `wanted[i]`
+/// whether the gradient of input `i` is asked for (the gradient of a Keras RNN's input
+/// sequence, a placeholder, is not: its per-step `dx` matmul is not built).
+pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
     let Op::Loop(body) = node.op() else { unreachable!("vjp_loop on a loop node") };
     let (nq, ns, no, nc) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len(), body.captured.len());
     let ins = node.inputs();
@@ -403,7 +405,7 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
     }
     // Float step inputs and captured tensors the body's result depends on get a gradient:
     // stacked per step for step inputs, summed over the steps (a state) for captured.
-    let float = |i: usize| wrt[i].dtype().is_float() && grads[i].is_some();
+    let float = |i: usize| wrt[i].dtype().is_float() && grads[i].is_some() && wanted.get(i).copied().unwrap_or(true);
     let seq_g: Vec<usize> = (0..nq).filter(|&i| float(i)).collect();
     let cap_g: Vec<usize> = (0..nc).filter(|&i| float(nq + ns + i)).collect();
     let acc_phs: Vec<Tensor> = cap_g.iter().map(|&i| mk(&body.captured[i], "acc", i)).collect::<Result<_>>()?;
