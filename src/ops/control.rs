@@ -235,10 +235,17 @@ pub fn infer_tuple_get(k: usize, x: &Tensor) -> Result<(Shape, DType)> {
     }
 }
 
-/// Runs the loop on the CPU; `args` are the loop node's input values. Step inputs are
-/// rows of the sequences (views, no copy); stacked results are allocated at the first
-/// step and each step's value is copied into its row.
-pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>) -> Result<Vec<Value>>) -> Result<Vec<Value>> {
+/// Runs the loop on the CPU; `args` are the loop node's input values, `read[k]` whether
+/// anything reads result `k` (a stacked result nobody reads is not kept: the histories
+/// of the gradient accumulators of a loop VJP are `[T, ..]` copies of weight gradients).
+/// Step inputs are rows of the sequences (views, no copy); each step's values of the
+/// stacked results are kept and copied once into their `[T, ..]` buffer at the end.
+pub fn run(
+    body: &LoopBody,
+    args: &[&Value],
+    read: &[bool],
+    run_plan: &dyn Fn(&Plan, Vec<Value>) -> Result<Vec<Value>>,
+) -> Result<Vec<Value>> {
     let plan = body.plan();
     let (nq, ns, no) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len());
     let nh = plan.outputs.len() - no - ns;
@@ -254,8 +261,11 @@ pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>
     }
     let mut states: Vec<Value> = args[nq..nq + ns].iter().map(|v| (*v).clone()).collect();
     let captured = &args[nq + ns..];
-    let mut outs: Vec<Stacked> = (0..no + nh).map(|_| Stacked::new(t_len)).collect();
-    let mut hist: Vec<Stacked> = (0..ns).map(|_| Stacked::new(t_len)).collect();
+    let is_read = |k: usize| read.get(k).copied().unwrap_or(true);
+    let mut outs: Vec<Stacked> =
+        (0..no + nh).map(|k| Stacked::new(t_len, is_read(if k < no { k } else { k + 2 * ns }))).collect();
+    let mut hist: Vec<Stacked> = (0..ns).map(|k| Stacked::new(t_len, is_read(no + ns + k))).collect();
+    let state_shapes: Vec<Vec<usize>> = states.iter().map(|s| s.shape().to_vec()).collect();
     for i in 0..t_len {
         let t = if body.reverse { t_len - 1 - i } else { i };
         let mut feeds = Vec::with_capacity(nq + ns + captured.len());
@@ -268,12 +278,10 @@ pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>
         let mut res = run_plan(&plan, feeds)?;
         let mut rest = res.split_off(no);
         let saved = rest.split_off(ns);
-        for (j, (new, old)) in rest.iter().zip(hist.iter()).enumerate() {
-            let old = old.shape_of_row();
-            if Some(new.shape()) != old {
+        for (j, (new, old)) in rest.iter().zip(&state_shapes).enumerate() {
+            if new.shape() != old.as_slice() {
                 return Err(value_err!(
-                    "rnn: the step function changed state {j} from shape {:?} to {:?} at step {t}",
-                    old.unwrap_or(&[]),
+                    "rnn: the step function changed state {j} from shape {old:?} to {:?} at step {t}",
                     new.shape()
                 ));
             }
@@ -287,14 +295,14 @@ pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>
     let mut results = Vec::with_capacity(no + 2 * ns + nh);
     let saved = outs.split_off(no);
     for (o, like) in outs.into_iter().zip(&body.outputs) {
-        results.push(o.finish(like));
+        results.push(o.finish(like)?);
     }
     results.extend(states);
     for (h, like) in hist.into_iter().zip(&body.state_phs) {
-        results.push(h.finish(like));
+        results.push(h.finish(like)?);
     }
     for (o, like) in saved.into_iter().zip(&hidden) {
-        results.push(o.finish(like));
+        results.push(o.finish(like)?);
     }
     Ok(results)
 }
@@ -304,59 +312,61 @@ fn row(v: &Value, t: usize) -> Value {
     crate::map_value!(v.clone(), a => a.index_axis_move(Axis(0), t))
 }
 
-/// One stacked result, `[T, ..]`, filled a row per step.
+/// One stacked result, `[T, ..]`: each step's value is kept (an `Arc`, no copy) and the
+/// rows are copied once into a buffer allocated at the end, so the buffer is never
+/// zero-filled. One nobody reads keeps nothing.
 struct Stacked {
-    t_len: usize,
-    buf: Option<Value>,
+    read: bool,
+    rows: Vec<Option<Value>>,
+    /// Shape and dtype of the first row put.
+    spec: Option<(Vec<usize>, crate::dtype::DType)>,
 }
 
 impl Stacked {
-    fn new(t_len: usize) -> Stacked {
-        Stacked { t_len, buf: None }
-    }
-
-    fn shape_of_row(&self) -> Option<&[usize]> {
-        self.buf.as_ref().map(|b| &b.shape()[1..])
+    fn new(t_len: usize, read: bool) -> Stacked {
+        Stacked { read, rows: if read { vec![None; t_len] } else { Vec::new() }, spec: None }
     }
 
     fn put(&mut self, t: usize, v: &Value) -> Result<()> {
-        let buf = self.buf.get_or_insert_with(|| {
-            let mut shape = vec![self.t_len];
-            shape.extend_from_slice(v.shape());
-            Value::full(v.dtype(), &shape, 0.0)
-        });
-        if &buf.shape()[1..] != v.shape() || buf.dtype() != v.dtype() {
+        if !self.read {
+            return Ok(());
+        }
+        let (shape, dtype) = self.spec.get_or_insert_with(|| (v.shape().to_vec(), v.dtype()));
+        if shape.as_slice() != v.shape() || *dtype != v.dtype() {
             return Err(value_err!(
-                "loop: step {t} produced a result of shape {:?}, earlier steps {:?}; a step must keep its result shapes",
-                v.shape(),
-                &buf.shape()[1..]
+                "loop: step {t} produced a result of shape {:?}, earlier steps {shape:?}; a step must keep its result shapes",
+                v.shape()
             ));
         }
-        fn copy<T: crate::runtime::value::Elem>(dst: &mut crate::runtime::value::Arr<T>, t: usize, src: &crate::runtime::value::Arr<T>) {
-            let mut r = dst.index_axis_mut(Axis(0), t);
-            match (r.as_slice_mut(), src.as_slice()) {
-                (Some(d), Some(s)) => d.copy_from_slice(s),
-                _ => r.assign(src),
-            }
-        }
-        macro_rules! copy_same {
-            ($($var:ident),*) => {
-                match (buf, v) {
-                    $((Value::$var(d), Value::$var(s)) => copy(d, t, s),)*
-                    _ => unreachable!("dtypes checked above"),
-                }
-            };
-        }
-        copy_same!(F16, F32, F64, I8, I16, I32, I64, U8, Bool);
+        self.rows[t] = Some(v.clone());
         Ok(())
     }
 
-    fn finish(self, like: &Tensor) -> Value {
-        self.buf.unwrap_or_else(|| {
+    /// The stacked value; an unread result is a scalar placeholder nothing looks at.
+    fn finish(self, like: &Tensor) -> Result<Value> {
+        if !self.read {
+            return Ok(Value::scalar_f64(like.dtype(), 0.0));
+        }
+        let rows: Vec<Value> = self.rows.into_iter().flatten().collect();
+        let Some((row_shape, dtype)) = self.spec.filter(|_| !rows.is_empty()) else {
             let mut shape = vec![0usize];
             shape.extend(like.shape().dims().iter().map(|d| d.unwrap_or(0)));
-            Value::full(like.dtype(), &shape, 0.0)
-        })
+            return Ok(Value::full(like.dtype(), &shape, 0.0));
+        };
+        let mut shape = vec![rows.len()];
+        shape.extend_from_slice(&row_shape);
+        fn stack<T: crate::runtime::value::Elem>(rows: &[Value], shape: &[usize]) -> Value {
+            let mut out: Vec<T> = Vec::with_capacity(shape.iter().product());
+            for r in rows {
+                let a = T::unwrap(r).expect("dtypes checked in put");
+                match a.as_slice() {
+                    Some(s) => out.extend_from_slice(s),
+                    None => out.extend(a.iter().copied()),
+                }
+            }
+            T::wrap(crate::runtime::value::Arr::from_shape_vec(ndarray::IxDyn(shape), out).expect("rows fill the shape"))
+        }
+        Ok(crate::dispatch_dtype!(dtype, T => stack::<T>(&rows, &shape)))
     }
 }
 

@@ -99,7 +99,8 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
         Op::Loop(body) => {
             // A loop runs hundreds of small kernels per call: always worth a worker
             // (Keras LSTM step: 1.26x, benches/PROFILE.md).
-            let results = on_worker(&body.plan(), || crate::ops::control::run(body, args, &run))?;
+            let read = results_read(plan, i, body.n_results());
+            let results = on_worker(&body.plan(), || crate::ops::control::run(body, args, &read, &run))?;
             multi.insert(i, results);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }
@@ -121,6 +122,19 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
         }
         op => op.cpu(args),
     }
+}
+
+/// Which results of multi-result node `i` some `TupleGet` of `plan` reads.
+fn results_read(plan: &Plan, i: usize, n: usize) -> Vec<bool> {
+    let mut read = vec![false; n];
+    for (node, ins) in plan.nodes.iter().zip(&plan.inputs) {
+        if let (Op::TupleGet(k), [src]) = (node.op(), ins.as_slice()) {
+            if *src == i && *k < n {
+                read[*k] = true;
+            }
+        }
+    }
+    read
 }
 
 #[cfg(test)]
