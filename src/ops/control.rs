@@ -312,34 +312,27 @@ fn row(v: &Value, t: usize) -> Value {
     crate::map_value!(v.clone(), a => a.index_axis_move(Axis(0), t))
 }
 
-/// One stacked result, `[T, ..]`: each step's value is kept (an `Arc`, no copy) and the
-/// rows are copied once into a buffer allocated at the end, so the buffer is never
-/// zero-filled. One nobody reads keeps nothing.
+/// One stacked result, `[T, ..]`, allocated at the first step and filled a row per step
+/// while the row is still in cache. The buffer starts uninitialised (every row is written
+/// once), so it costs no zero-fill. One nobody reads keeps nothing.
 struct Stacked {
     read: bool,
-    rows: Vec<Option<Value>>,
-    /// Shape and dtype of the first row put.
-    spec: Option<(Vec<usize>, crate::dtype::DType)>,
+    t_len: usize,
+    buf: Option<Box<dyn Rows>>,
 }
 
 impl Stacked {
     fn new(t_len: usize, read: bool) -> Stacked {
-        Stacked { read, rows: if read { vec![None; t_len] } else { Vec::new() }, spec: None }
+        Stacked { read, t_len, buf: None }
     }
 
     fn put(&mut self, t: usize, v: &Value) -> Result<()> {
         if !self.read {
             return Ok(());
         }
-        let (shape, dtype) = self.spec.get_or_insert_with(|| (v.shape().to_vec(), v.dtype()));
-        if shape.as_slice() != v.shape() || *dtype != v.dtype() {
-            return Err(value_err!(
-                "loop: step {t} produced a result of shape {:?}, earlier steps {shape:?}; a step must keep its result shapes",
-                v.shape()
-            ));
-        }
-        self.rows[t] = Some(v.clone());
-        Ok(())
+        let t_len = self.t_len;
+        let buf = self.buf.get_or_insert_with(|| crate::dispatch_dtype!(v.dtype(), T => Box::new(RowBuf::<T>::new(t_len, v.shape()))));
+        buf.put(t, v)
     }
 
     /// The stacked value; an unread result is a scalar placeholder nothing looks at.
@@ -347,26 +340,72 @@ impl Stacked {
         if !self.read {
             return Ok(Value::scalar_f64(like.dtype(), 0.0));
         }
-        let rows: Vec<Value> = self.rows.into_iter().flatten().collect();
-        let Some((row_shape, dtype)) = self.spec.filter(|_| !rows.is_empty()) else {
-            let mut shape = vec![0usize];
-            shape.extend(like.shape().dims().iter().map(|d| d.unwrap_or(0)));
-            return Ok(Value::full(like.dtype(), &shape, 0.0));
-        };
-        let mut shape = vec![rows.len()];
-        shape.extend_from_slice(&row_shape);
-        fn stack<T: crate::runtime::value::Elem>(rows: &[Value], shape: &[usize]) -> Value {
-            let mut out: Vec<T> = Vec::with_capacity(shape.iter().product());
-            for r in rows {
-                let a = T::unwrap(r).expect("dtypes checked in put");
-                match a.as_slice() {
-                    Some(s) => out.extend_from_slice(s),
-                    None => out.extend(a.iter().copied()),
-                }
+        match self.buf {
+            Some(b) => b.finish(),
+            None => {
+                let mut shape = vec![0usize];
+                shape.extend(like.shape().dims().iter().map(|d| d.unwrap_or(0)));
+                Ok(Value::full(like.dtype(), &shape, 0.0))
             }
-            T::wrap(crate::runtime::value::Arr::from_shape_vec(ndarray::IxDyn(shape), out).expect("rows fill the shape"))
         }
-        Ok(crate::dispatch_dtype!(dtype, T => stack::<T>(&rows, &shape)))
+    }
+}
+
+trait Rows: Send {
+    fn put(&mut self, t: usize, v: &Value) -> Result<()>;
+    fn finish(self: Box<Self>) -> Result<Value>;
+}
+
+/// `[T, ..row]` elements of one dtype; `written[t]` once row `t` has been put.
+struct RowBuf<T> {
+    data: Vec<T>,
+    row: Vec<usize>,
+    written: Vec<bool>,
+}
+
+impl<T: crate::runtime::value::Elem> RowBuf<T> {
+    fn new(t_len: usize, row: &[usize]) -> RowBuf<T> {
+        let n: usize = row.iter().product();
+        RowBuf { data: Vec::with_capacity(t_len * n), row: row.to_vec(), written: vec![false; t_len] }
+    }
+}
+
+impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
+    fn put(&mut self, t: usize, v: &Value) -> Result<()> {
+        let src = T::unwrap(v).filter(|a| a.shape() == self.row.as_slice()).ok_or_else(|| {
+            value_err!(
+                "loop: step {t} produced a result of shape {:?} and dtype {}, earlier steps {:?} and {}; a step must keep its result shapes",
+                v.shape(),
+                v.dtype(),
+                self.row,
+                T::DTYPE
+            )
+        })?;
+        let n = src.len();
+        let dst = &mut self.data.spare_capacity_mut()[t * n..(t + 1) * n];
+        match src.as_slice() {
+            // SAFETY: `dst` is `n` elements of spare capacity, `s` holds `n` elements,
+            // and the two cannot overlap (one is owned by this buffer).
+            Some(s) => unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), dst.as_mut_ptr().cast::<T>(), n) },
+            None => dst.iter_mut().zip(src.iter()).for_each(|(d, x)| {
+                d.write(*x);
+            }),
+        }
+        self.written[t] = true;
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<Value> {
+        if !self.written.iter().all(|&w| w) {
+            return Err(crate::error::Error::Runtime("loop: a stacked result is missing a step".into()));
+        }
+        let len = self.written.len() * self.row.iter().product::<usize>();
+        // SAFETY: each of the `written.len()` rows of the capacity has been written by `put`.
+        unsafe { self.data.set_len(len) };
+        let mut shape = vec![self.written.len()];
+        shape.extend_from_slice(&self.row);
+        let data = std::mem::take(&mut self.data);
+        Ok(T::wrap(crate::runtime::value::Arr::from_shape_vec(ndarray::IxDyn(&shape), data).expect("rows fill the shape")))
     }
 }
 
