@@ -10,12 +10,13 @@ use crate::compile::Plan;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{topo_order, Tensor};
+use crate::runtime::cpu::SlotShapes;
 use crate::runtime::value::Value;
 use crate::shape::Shape;
 use crate::value_err;
 use ndarray::Axis;
 use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// A loop over axis 0 of its sequence inputs.
 ///
@@ -42,6 +43,9 @@ pub struct LoopBody {
     hidden: RwLock<Vec<Tensor>>,
     /// Computes `[outputs.., new states.., residuals..]` from `[steps.., states.., captured..]`.
     plan: RwLock<Arc<Plan>>,
+    /// `plan` specialised to the shapes of its feeds (see `Plan::specialize`), for the
+    /// last few feed shapes seen: (feed shapes, the plan it was made from, the result).
+    specialised: Mutex<Vec<(Vec<Vec<usize>>, Arc<Plan>, Arc<Plan>)>>,
 }
 
 impl LoopBody {
@@ -55,6 +59,20 @@ impl LoopBody {
 
     pub fn plan(&self) -> Arc<Plan> {
         self.plan.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The specialised plan for feeds of shapes `key`, if one was made from `plan`.
+    fn specialised(&self, plan: &Arc<Plan>, key: &[Vec<usize>]) -> Option<Arc<Plan>> {
+        let cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        cache.iter().find(|(k, p, _)| k.as_slice() == key && Arc::ptr_eq(p, plan)).map(|(_, _, s)| s.clone())
+    }
+
+    fn remember(&self, key: Vec<Vec<usize>>, plan: Arc<Plan>, special: Arc<Plan>) {
+        let mut cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= 4 {
+            cache.remove(0);
+        }
+        cache.push((key, plan, special));
     }
 
     fn feeds(&self) -> Vec<Tensor> {
@@ -157,7 +175,8 @@ pub fn build_loop(
     }
     let plan = RwLock::new(Arc::new(Plan::new(&feeds, &targets)?));
     let hidden = RwLock::new(Vec::new());
-    let body = LoopBody { seq_phs, state_phs, captured: captured.clone(), outputs, new_states, reverse, hidden, plan };
+    let specialised = Mutex::new(Vec::new());
+    let body = LoopBody { seq_phs, state_phs, captured: captured.clone(), outputs, new_states, reverse, hidden, plan, specialised };
     let mut inputs = seqs;
     inputs.extend(init.iter().cloned());
     inputs.extend(captured);
@@ -238,17 +257,19 @@ pub fn infer_tuple_get(k: usize, x: &Tensor) -> Result<(Shape, DType)> {
 /// Runs the loop on the CPU; `args` are the loop node's input values, `read[k]` whether
 /// anything reads result `k` (a stacked result nobody reads is not kept: the histories
 /// of the gradient accumulators of a loop VJP are `[T, ..]` copies of weight gradients).
+/// Every step feeds values of the same shapes, so steps after the first run the body plan
+/// specialised to them (`Plan::specialize`, from the shapes the first step recorded).
 /// Step inputs are rows of the sequences (views, no copy); each step's values of the
 /// stacked results are kept and copied once into their `[T, ..]` buffer at the end.
 pub fn run(
     body: &LoopBody,
     args: &[&Value],
     read: &[bool],
-    run_plan: &dyn Fn(&Plan, Vec<Value>) -> Result<Vec<Value>>,
+    run_plan: &dyn Fn(&Plan, Vec<Value>, Option<&mut SlotShapes>) -> Result<Vec<Value>>,
 ) -> Result<Vec<Value>> {
-    let plan = body.plan();
+    let generic = body.plan();
     let (nq, ns, no) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len());
-    let nh = plan.outputs.len() - no - ns;
+    let nh = generic.outputs.len() - no - ns;
     let seqs = &args[..nq];
     let t_len = seqs[0].shape()[0];
     for s in seqs {
@@ -257,10 +278,20 @@ pub fn run(
         }
     }
     if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
-        eprintln!("loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals", plan.dispatches());
+        eprintln!("loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals", generic.dispatches());
     }
     let mut states: Vec<Value> = args[nq..nq + ns].iter().map(|v| (*v).clone()).collect();
     let captured = &args[nq + ns..];
+    let key: Vec<Vec<usize>> = seqs
+        .iter()
+        .map(|s| &s.shape()[1..])
+        .chain(states.iter().chain(captured.iter().copied()).map(|v| v.shape()))
+        .map(<[usize]>::to_vec)
+        .collect();
+    let special = body.specialised(&generic, &key);
+    // Shapes are a function of the feeds' shapes unless a node makes its own (a callback).
+    let mut record = special.is_none() && generic.nodes.iter().all(|n| !matches!(n.op(), Op::HostCall(_) | Op::CtcDecode(_)));
+    let mut plan = special.unwrap_or_else(|| generic.clone());
     let is_read = |k: usize| read.get(k).copied().unwrap_or(true);
     let mut outs: Vec<Stacked> =
         (0..no + nh).map(|k| Stacked::new(t_len, is_read(if k < no { k } else { k + 2 * ns }))).collect();
@@ -275,7 +306,19 @@ pub fn run(
         }
         feeds.extend(states.drain(..));
         feeds.extend(captured.iter().map(|v| (*v).clone()));
-        let mut res = run_plan(&plan, feeds)?;
+        let mut res = if record {
+            let mut shapes = SlotShapes::new();
+            let res = run_plan(&plan, feeds, Some(&mut shapes))?;
+            plan = Arc::new(generic.specialize(&shapes));
+            body.remember(key.clone(), generic.clone(), plan.clone());
+            if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
+                eprintln!("loop: specialised to its shapes, {} launches per step", plan.cpu_schedule().dispatches);
+            }
+            record = false;
+            res
+        } else {
+            run_plan(&plan, feeds, None)?
+        };
         let mut rest = res.split_off(no);
         let saved = rest.split_off(ns);
         for (j, (new, old)) in rest.iter().zip(&state_shapes).enumerate() {

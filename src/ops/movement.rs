@@ -550,7 +550,12 @@ pub fn cpu_sum_to(x: &Value, s: &Value) -> Result<Value> {
 }
 
 pub fn cpu_shape_of(x: &Value) -> Result<Value> {
-    Value::from_vec(&[x.shape().len()], x.shape().iter().map(|&d| d as i32).collect())
+    Ok(shape_value(x.shape()))
+}
+
+/// What `shape` returns for a value of shape `dims`.
+pub fn shape_value(dims: &[usize]) -> Value {
+    Value::from_vec(&[dims.len()], dims.iter().map(|&d| d as i32).collect()).expect("length matches")
 }
 
 pub fn cpu_expand_dims(axes: &[usize], x: &Value) -> Result<Value> {
