@@ -45,8 +45,14 @@ pub struct LoopBody {
     plan: RwLock<Arc<Plan>>,
     /// `plan` specialised to the shapes of its feeds (see `Plan::specialize`), for the
     /// last few feed shapes seen: (feed shapes, the plan it was made from, the result).
-    specialised: Mutex<Vec<(Vec<Vec<usize>>, Arc<Plan>, Arc<Plan>)>>,
+    specialised: Mutex<Vec<Specialised>>,
 }
+
+/// (feed shapes, the plan specialised, the specialised plan).
+type Specialised = (Vec<Vec<usize>>, Arc<Plan>, Arc<Plan>);
+
+/// Runs a body plan on the CPU, recording slot shapes when asked (`cpu::run_recording`).
+pub type RunPlan<'a> = &'a dyn Fn(&Plan, Vec<Value>, Option<&mut SlotShapes>) -> Result<Vec<Value>>;
 
 impl LoopBody {
     pub fn n_results(&self) -> usize {
@@ -265,7 +271,7 @@ pub fn run(
     body: &LoopBody,
     args: &[&Value],
     read: &[bool],
-    run_plan: &dyn Fn(&Plan, Vec<Value>, Option<&mut SlotShapes>) -> Result<Vec<Value>>,
+    run_plan: RunPlan<'_>,
 ) -> Result<Vec<Value>> {
     let generic = body.plan();
     let (nq, ns, no) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len());
@@ -304,7 +310,7 @@ pub fn run(
         for (h, s) in hist.iter_mut().zip(&states) {
             h.put(t, s)?;
         }
-        feeds.extend(states.drain(..));
+        feeds.append(&mut states);
         feeds.extend(captured.iter().map(|v| (*v).clone()));
         let mut res = if record {
             let mut shapes = SlotShapes::new();
