@@ -10,12 +10,13 @@ use crate::compile::Plan;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{topo_order, Tensor};
+use crate::runtime::cpu::SlotShapes;
 use crate::runtime::value::Value;
 use crate::shape::Shape;
 use crate::value_err;
 use ndarray::Axis;
 use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// A loop over axis 0 of its sequence inputs.
 ///
@@ -42,7 +43,16 @@ pub struct LoopBody {
     hidden: RwLock<Vec<Tensor>>,
     /// Computes `[outputs.., new states.., residuals..]` from `[steps.., states.., captured..]`.
     plan: RwLock<Arc<Plan>>,
+    /// `plan` specialised to the shapes of its feeds (see `Plan::specialize`), for the
+    /// last few feed shapes seen: (feed shapes, the plan it was made from, the result).
+    specialised: Mutex<Vec<Specialised>>,
 }
+
+/// (feed shapes, the plan specialised, the specialised plan).
+type Specialised = (Vec<Vec<usize>>, Arc<Plan>, Arc<Plan>);
+
+/// Runs a body plan on the CPU, recording slot shapes when asked (`cpu::run_recording`).
+pub type RunPlan<'a> = &'a dyn Fn(&Plan, Vec<Value>, Option<&mut SlotShapes>) -> Result<Vec<Value>>;
 
 impl LoopBody {
     pub fn n_results(&self) -> usize {
@@ -55,6 +65,20 @@ impl LoopBody {
 
     pub fn plan(&self) -> Arc<Plan> {
         self.plan.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The specialised plan for feeds of shapes `key`, if one was made from `plan`.
+    fn specialised(&self, plan: &Arc<Plan>, key: &[Vec<usize>]) -> Option<Arc<Plan>> {
+        let cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        cache.iter().find(|(k, p, _)| k.as_slice() == key && Arc::ptr_eq(p, plan)).map(|(_, _, s)| s.clone())
+    }
+
+    fn remember(&self, key: Vec<Vec<usize>>, plan: Arc<Plan>, special: Arc<Plan>) {
+        let mut cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= 4 {
+            cache.remove(0);
+        }
+        cache.push((key, plan, special));
     }
 
     fn feeds(&self) -> Vec<Tensor> {
@@ -157,7 +181,8 @@ pub fn build_loop(
     }
     let plan = RwLock::new(Arc::new(Plan::new(&feeds, &targets)?));
     let hidden = RwLock::new(Vec::new());
-    let body = LoopBody { seq_phs, state_phs, captured: captured.clone(), outputs, new_states, reverse, hidden, plan };
+    let specialised = Mutex::new(Vec::new());
+    let body = LoopBody { seq_phs, state_phs, captured: captured.clone(), outputs, new_states, reverse, hidden, plan, specialised };
     let mut inputs = seqs;
     inputs.extend(init.iter().cloned());
     inputs.extend(captured);
@@ -235,13 +260,22 @@ pub fn infer_tuple_get(k: usize, x: &Tensor) -> Result<(Shape, DType)> {
     }
 }
 
-/// Runs the loop on the CPU; `args` are the loop node's input values. Step inputs are
-/// rows of the sequences (views, no copy); stacked results are allocated at the first
-/// step and each step's value is copied into its row.
-pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>) -> Result<Vec<Value>>) -> Result<Vec<Value>> {
-    let plan = body.plan();
+/// Runs the loop on the CPU; `args` are the loop node's input values, `read[k]` whether
+/// anything reads result `k` (a stacked result nobody reads is not kept: the histories
+/// of the gradient accumulators of a loop VJP are `[T, ..]` copies of weight gradients).
+/// Every step feeds values of the same shapes, so steps after the first run the body plan
+/// specialised to them (`Plan::specialize`, from the shapes the first step recorded).
+/// Step inputs are rows of the sequences (views, no copy); each step's values of the
+/// stacked results are kept and copied once into their `[T, ..]` buffer at the end.
+pub fn run(
+    body: &LoopBody,
+    args: &[&Value],
+    read: &[bool],
+    run_plan: RunPlan<'_>,
+) -> Result<Vec<Value>> {
+    let generic = body.plan();
     let (nq, ns, no) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len());
-    let nh = plan.outputs.len() - no - ns;
+    let nh = generic.outputs.len() - no - ns;
     let seqs = &args[..nq];
     let t_len = seqs[0].shape()[0];
     for s in seqs {
@@ -250,12 +284,25 @@ pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>
         }
     }
     if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
-        eprintln!("loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals", plan.dispatches());
+        eprintln!("loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals", generic.dispatches());
     }
     let mut states: Vec<Value> = args[nq..nq + ns].iter().map(|v| (*v).clone()).collect();
     let captured = &args[nq + ns..];
-    let mut outs: Vec<Stacked> = (0..no + nh).map(|_| Stacked::new(t_len)).collect();
-    let mut hist: Vec<Stacked> = (0..ns).map(|_| Stacked::new(t_len)).collect();
+    let key: Vec<Vec<usize>> = seqs
+        .iter()
+        .map(|s| &s.shape()[1..])
+        .chain(states.iter().chain(captured.iter().copied()).map(|v| v.shape()))
+        .map(<[usize]>::to_vec)
+        .collect();
+    let special = body.specialised(&generic, &key);
+    // Shapes are a function of the feeds' shapes unless a node makes its own (a callback).
+    let mut record = special.is_none() && generic.nodes.iter().all(|n| !matches!(n.op(), Op::HostCall(_) | Op::CtcDecode(_)));
+    let mut plan = special.unwrap_or_else(|| generic.clone());
+    let is_read = |k: usize| read.get(k).copied().unwrap_or(true);
+    let mut outs: Vec<Stacked> =
+        (0..no + nh).map(|k| Stacked::new(t_len, is_read(if k < no { k } else { k + 2 * ns }))).collect();
+    let mut hist: Vec<Stacked> = (0..ns).map(|k| Stacked::new(t_len, is_read(no + ns + k))).collect();
+    let state_shapes: Vec<Vec<usize>> = states.iter().map(|s| s.shape().to_vec()).collect();
     for i in 0..t_len {
         let t = if body.reverse { t_len - 1 - i } else { i };
         let mut feeds = Vec::with_capacity(nq + ns + captured.len());
@@ -263,17 +310,27 @@ pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>
         for (h, s) in hist.iter_mut().zip(&states) {
             h.put(t, s)?;
         }
-        feeds.extend(states.drain(..));
+        feeds.append(&mut states);
         feeds.extend(captured.iter().map(|v| (*v).clone()));
-        let mut res = run_plan(&plan, feeds)?;
+        let mut res = if record {
+            let mut shapes = SlotShapes::new();
+            let res = run_plan(&plan, feeds, Some(&mut shapes))?;
+            plan = Arc::new(generic.specialize(&shapes));
+            body.remember(key.clone(), generic.clone(), plan.clone());
+            if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
+                eprintln!("loop: specialised to its shapes, {} launches per step", plan.cpu_schedule().dispatches);
+            }
+            record = false;
+            res
+        } else {
+            run_plan(&plan, feeds, None)?
+        };
         let mut rest = res.split_off(no);
         let saved = rest.split_off(ns);
-        for (j, (new, old)) in rest.iter().zip(hist.iter()).enumerate() {
-            let old = old.shape_of_row();
-            if Some(new.shape()) != old {
+        for (j, (new, old)) in rest.iter().zip(&state_shapes).enumerate() {
+            if new.shape() != old.as_slice() {
                 return Err(value_err!(
-                    "rnn: the step function changed state {j} from shape {:?} to {:?} at step {t}",
-                    old.unwrap_or(&[]),
+                    "rnn: the step function changed state {j} from shape {old:?} to {:?} at step {t}",
                     new.shape()
                 ));
             }
@@ -287,14 +344,14 @@ pub fn run(body: &LoopBody, args: &[&Value], run_plan: &dyn Fn(&Plan, Vec<Value>
     let mut results = Vec::with_capacity(no + 2 * ns + nh);
     let saved = outs.split_off(no);
     for (o, like) in outs.into_iter().zip(&body.outputs) {
-        results.push(o.finish(like));
+        results.push(o.finish(like)?);
     }
     results.extend(states);
     for (h, like) in hist.into_iter().zip(&body.state_phs) {
-        results.push(h.finish(like));
+        results.push(h.finish(like)?);
     }
     for (o, like) in saved.into_iter().zip(&hidden) {
-        results.push(o.finish(like));
+        results.push(o.finish(like)?);
     }
     Ok(results)
 }
@@ -304,67 +361,110 @@ fn row(v: &Value, t: usize) -> Value {
     crate::map_value!(v.clone(), a => a.index_axis_move(Axis(0), t))
 }
 
-/// One stacked result, `[T, ..]`, filled a row per step.
+/// One stacked result, `[T, ..]`, allocated at the first step and filled a row per step
+/// while the row is still in cache. The buffer starts uninitialised (every row is written
+/// once), so it costs no zero-fill. One nobody reads keeps nothing.
 struct Stacked {
+    read: bool,
     t_len: usize,
-    buf: Option<Value>,
+    buf: Option<Box<dyn Rows>>,
 }
 
 impl Stacked {
-    fn new(t_len: usize) -> Stacked {
-        Stacked { t_len, buf: None }
-    }
-
-    fn shape_of_row(&self) -> Option<&[usize]> {
-        self.buf.as_ref().map(|b| &b.shape()[1..])
+    fn new(t_len: usize, read: bool) -> Stacked {
+        Stacked { read, t_len, buf: None }
     }
 
     fn put(&mut self, t: usize, v: &Value) -> Result<()> {
-        let buf = self.buf.get_or_insert_with(|| {
-            let mut shape = vec![self.t_len];
-            shape.extend_from_slice(v.shape());
-            Value::full(v.dtype(), &shape, 0.0)
-        });
-        if &buf.shape()[1..] != v.shape() || buf.dtype() != v.dtype() {
-            return Err(value_err!(
-                "loop: step {t} produced a result of shape {:?}, earlier steps {:?}; a step must keep its result shapes",
-                v.shape(),
-                &buf.shape()[1..]
-            ));
+        if !self.read {
+            return Ok(());
         }
-        fn copy<T: crate::runtime::value::Elem>(dst: &mut crate::runtime::value::Arr<T>, t: usize, src: &crate::runtime::value::Arr<T>) {
-            let mut r = dst.index_axis_mut(Axis(0), t);
-            match (r.as_slice_mut(), src.as_slice()) {
-                (Some(d), Some(s)) => d.copy_from_slice(s),
-                _ => r.assign(src),
+        let t_len = self.t_len;
+        let buf = self.buf.get_or_insert_with(|| crate::dispatch_dtype!(v.dtype(), T => Box::new(RowBuf::<T>::new(t_len, v.shape()))));
+        buf.put(t, v)
+    }
+
+    /// The stacked value; an unread result is a scalar placeholder nothing looks at.
+    fn finish(self, like: &Tensor) -> Result<Value> {
+        if !self.read {
+            return Ok(Value::scalar_f64(like.dtype(), 0.0));
+        }
+        match self.buf {
+            Some(b) => b.finish(),
+            None => {
+                let mut shape = vec![0usize];
+                shape.extend(like.shape().dims().iter().map(|d| d.unwrap_or(0)));
+                Ok(Value::full(like.dtype(), &shape, 0.0))
             }
         }
-        macro_rules! copy_same {
-            ($($var:ident),*) => {
-                match (buf, v) {
-                    $((Value::$var(d), Value::$var(s)) => copy(d, t, s),)*
-                    _ => unreachable!("dtypes checked above"),
-                }
-            };
+    }
+}
+
+trait Rows: Send {
+    fn put(&mut self, t: usize, v: &Value) -> Result<()>;
+    fn finish(self: Box<Self>) -> Result<Value>;
+}
+
+/// `[T, ..row]` elements of one dtype; `written[t]` once row `t` has been put.
+struct RowBuf<T> {
+    data: Vec<T>,
+    row: Vec<usize>,
+    written: Vec<bool>,
+}
+
+impl<T: crate::runtime::value::Elem> RowBuf<T> {
+    fn new(t_len: usize, row: &[usize]) -> RowBuf<T> {
+        let n: usize = row.iter().product();
+        RowBuf { data: Vec::with_capacity(t_len * n), row: row.to_vec(), written: vec![false; t_len] }
+    }
+}
+
+impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
+    fn put(&mut self, t: usize, v: &Value) -> Result<()> {
+        let src = T::unwrap(v).filter(|a| a.shape() == self.row.as_slice()).ok_or_else(|| {
+            value_err!(
+                "loop: step {t} produced a result of shape {:?} and dtype {}, earlier steps {:?} and {}; a step must keep its result shapes",
+                v.shape(),
+                v.dtype(),
+                self.row,
+                T::DTYPE
+            )
+        })?;
+        let n = src.len();
+        let dst = &mut self.data.spare_capacity_mut()[t * n..(t + 1) * n];
+        match src.as_slice() {
+            // SAFETY: `dst` is `n` elements of spare capacity, `s` holds `n` elements,
+            // and the two cannot overlap (one is owned by this buffer).
+            Some(s) => unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), dst.as_mut_ptr().cast::<T>(), n) },
+            None => dst.iter_mut().zip(src.iter()).for_each(|(d, x)| {
+                d.write(*x);
+            }),
         }
-        copy_same!(F16, F32, F64, I8, I16, I32, I64, U8, Bool);
+        self.written[t] = true;
         Ok(())
     }
 
-    fn finish(self, like: &Tensor) -> Value {
-        self.buf.unwrap_or_else(|| {
-            let mut shape = vec![0usize];
-            shape.extend(like.shape().dims().iter().map(|d| d.unwrap_or(0)));
-            Value::full(like.dtype(), &shape, 0.0)
-        })
+    fn finish(mut self: Box<Self>) -> Result<Value> {
+        if !self.written.iter().all(|&w| w) {
+            return Err(crate::error::Error::Runtime("loop: a stacked result is missing a step".into()));
+        }
+        let len = self.written.len() * self.row.iter().product::<usize>();
+        // SAFETY: each of the `written.len()` rows of the capacity has been written by `put`.
+        unsafe { self.data.set_len(len) };
+        let mut shape = vec![self.written.len()];
+        shape.extend_from_slice(&self.row);
+        let data = std::mem::take(&mut self.data);
+        Ok(T::wrap(crate::runtime::value::Arr::from_shape_vec(ndarray::IxDyn(&shape), data).expect("rows fill the shape")))
     }
 }
 
 /// VJP of a loop: a reverse loop whose body is the VJP of the forward body. The forward
 /// nodes that body reads are saved per step by the forward loop (residuals, see
 /// `loop_opt`) and fed to it as step inputs, so it does not compute the forward cell again.
-/// `gs[k]` is the gradient flowing into result `k` (None where nothing flows).
-pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+/// `gs[k]` is the gradient flowing into result `k` (None where nothing flows); `wanted[i]`
+/// whether the gradient of input `i` is asked for (the gradient of a Keras RNN's input
+/// sequence, a placeholder, is not: its per-step `dx` matmul is not built).
+pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
     let Op::Loop(body) = node.op() else { unreachable!("vjp_loop on a loop node") };
     let (nq, ns, no, nc) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len(), body.captured.len());
     let ins = node.inputs();
@@ -403,7 +503,7 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tenso
     }
     // Float step inputs and captured tensors the body's result depends on get a gradient:
     // stacked per step for step inputs, summed over the steps (a state) for captured.
-    let float = |i: usize| wrt[i].dtype().is_float() && grads[i].is_some();
+    let float = |i: usize| wrt[i].dtype().is_float() && grads[i].is_some() && wanted.get(i).copied().unwrap_or(true);
     let seq_g: Vec<usize> = (0..nq).filter(|&i| float(i)).collect();
     let cap_g: Vec<usize> = (0..nc).filter(|&i| float(nq + ns + i)).collect();
     let acc_phs: Vec<Tensor> = cap_g.iter().map(|&i| mk(&body.captured[i], "acc", i)).collect::<Result<_>>()?;

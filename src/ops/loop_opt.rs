@@ -12,14 +12,16 @@
 //!   again.
 //!
 //! Both rewrites feed an interior node of the body graph as a leaf (a plan treats any fed
-//! tensor as a leaf), so no graph is copied. They are off unless `FERROKERAS_LOOP_OPT` asks
-//! for them (`1`: both, `hoist` / `save`: one), read when a loop is built: on the 2-core
-//! machine of `benches/PROFILE.md` they cut the loop launches of a Keras LSTM training step
-//! from 5,800 to 4,650 but cost CPU time (the `[T*B, F]` GEMMs and the residual buffers cost
-//! more than the per-step work they replace); see the "Loops" section there.
+//! tensor as a leaf), so no graph is copied. `FERROKERAS_LOOP_OPT`, read when a loop is
+//! built, picks them: unset, saved residuals only (the default); `0` / `off`: neither;
+//! `1` / `on`: both; `save`, `hoist`: that one. On the 2-core machine of
+//! `benches/PROFILE.md` saving residuals takes a Keras LSTM(64) training step from ~12.5 to
+//! ~11.5 ms of CPU (once stacked results stopped being zero-filled and loop bodies were
+//! specialised to their shapes); hoisting still costs more than it saves there (the
+//! `[T*B, F]` GEMMs; see the "Loops" sections there).
 
 use super::build::*;
-use super::{Op, SliceAxis};
+use super::{FusedOp, GpuKind, Op, SliceAxis};
 use crate::error::Result;
 use crate::graph::{topo_order, Tensor};
 use std::collections::HashSet;
@@ -31,9 +33,12 @@ pub struct Switches {
 }
 
 pub fn switches() -> Switches {
-    let v = std::env::var("FERROKERAS_LOOP_OPT").unwrap_or_default().to_ascii_lowercase();
-    let all = v.trim() == "1" || v.trim() == "on";
-    Switches { hoist: all || v.contains("hoist"), save: all || v.contains("save") }
+    let v = std::env::var("FERROKERAS_LOOP_OPT").unwrap_or_default().trim().to_ascii_lowercase();
+    match v.as_str() {
+        "" => Switches { hoist: false, save: true },
+        "1" | "on" => Switches { hoist: true, save: true },
+        _ => Switches { hoist: v.contains("hoist"), save: v.contains("save") },
+    }
 }
 
 /// Ids of every node of the body (reachable from `roots`, stopping at `leaves`) that
@@ -135,5 +140,43 @@ pub fn residuals(fwd_leaves: &[Tensor], grad_leaves: &[Tensor], stop: &[Tensor],
         }
     }
     targets.iter().for_each(take);
-    out
+    recompute_cheap(out, &fwd_ids, &stop_ids)
+}
+
+/// Drops from `saved` the nodes the backward body can compute again almost for free from
+/// what it has anyway (leaves, captured, constants and the other saved nodes): `shape`,
+/// and elementwise ops of cost 1 (`1 - y`, `y * (1 - y)`, `c = f * c' + i * g`). They
+/// then run fused with the gradient's own elementwise work, instead of being stacked
+/// `[T, ..]` by the forward loop and copied in and out (for a Keras LSTM: 26 residuals
+/// per step down to 5). Until nothing changes, since one drop can make another possible.
+fn recompute_cheap(mut saved: Vec<Tensor>, leaves: &HashSet<u64>, captured: &HashSet<u64>) -> Vec<Tensor> {
+    loop {
+        let ids: HashSet<u64> = saved.iter().map(|t| t.id()).collect();
+        let have = |x: &Tensor| leaves.contains(&x.id()) || captured.contains(&x.id()) || ids.contains(&x.id());
+        let Some(k) = saved.iter().position(|r| cheap(r) && r.inputs().iter().all(|x| recomputable(x, &have, 4))) else {
+            return saved;
+        };
+        saved.remove(k);
+    }
+}
+
+/// `shape`, and elementwise ops of cost 1.
+fn cheap(t: &Tensor) -> bool {
+    match t.op() {
+        Op::ShapeOf => true,
+        op => match op.gpu_kind() {
+            GpuKind::Fused(FusedOp::Binary(b)) => b.cost() <= 1,
+            GpuKind::Fused(FusedOp::Unary(u)) => u.cost() <= 1,
+            GpuKind::Fused(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => true,
+            _ => false,
+        },
+    }
+}
+
+/// Whether `x` is available (`have`), a constant, or a cheap node of such inputs at most
+/// `depth` deep.
+fn recomputable(x: &Tensor, have: &dyn Fn(&Tensor) -> bool, depth: usize) -> bool {
+    have(x)
+        || matches!(x.op(), Op::Constant(_))
+        || (depth > 0 && cheap(x) && !x.inputs().is_empty() && x.inputs().iter().all(|i| recomputable(i, have, depth - 1)))
 }

@@ -38,7 +38,19 @@ fn on_worker<R: Send>(plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
-fn run_here(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
+fn run_here(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
+    run_recording(plan, feeds, None)
+}
+
+/// Shapes of a run's slots by plan index (None for fused groups' inner values).
+pub type SlotShapes = Vec<Option<Vec<usize>>>;
+
+/// `run_here`, also noting in `shapes` the shape of every value put in a slot (what
+/// `Plan::specialize` needs).
+pub fn run_recording(plan: &Plan, mut feeds: Vec<Value>, mut shapes: Option<&mut SlotShapes>) -> Result<Vec<Value>> {
+    if let Some(s) = shapes.as_deref_mut() {
+        *s = vec![None; plan.nodes.len()];
+    }
     let mut slots: Vec<Option<Value>> = vec![None; plan.nodes.len()];
     // Results of multi-result nodes (loops), read by their TupleGet users.
     let mut multi: HashMap<usize, Vec<Value>> = HashMap::new();
@@ -65,6 +77,15 @@ fn run_here(plan: &Plan, mut feeds: Vec<Value>) -> Result<Vec<Value>> {
                         }
                     }
                 }
+            }
+        }
+        if let Some(s) = shapes.as_deref_mut() {
+            let set: &[usize] = match item {
+                Item::Node(i) => std::slice::from_ref(i),
+                Item::Group(g) => &g.members,
+            };
+            for &j in set {
+                s[j] = slots[j].as_ref().map(|v| v.shape().to_vec());
             }
         }
         for &j in frees {
@@ -99,7 +120,8 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
         Op::Loop(body) => {
             // A loop runs hundreds of small kernels per call: always worth a worker
             // (Keras LSTM step: 1.26x, benches/PROFILE.md).
-            let results = on_worker(&body.plan(), || crate::ops::control::run(body, args, &run))?;
+            let read = results_read(plan, i, body.n_results());
+            let results = on_worker(&body.plan(), || crate::ops::control::run(body, args, &read, &run_recording))?;
             multi.insert(i, results);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }
@@ -121,6 +143,19 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
         }
         op => op.cpu(args),
     }
+}
+
+/// Which results of multi-result node `i` some `TupleGet` of `plan` reads.
+fn results_read(plan: &Plan, i: usize, n: usize) -> Vec<bool> {
+    let mut read = vec![false; n];
+    for (node, ins) in plan.nodes.iter().zip(&plan.inputs) {
+        if let (Op::TupleGet(k), [src]) = (node.op(), ins.as_slice()) {
+            if *src == i && *k < n {
+                read[*k] = true;
+            }
+        }
+    }
+    read
 }
 
 #[cfg(test)]
