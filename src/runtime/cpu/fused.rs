@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex};
 const CH: usize = 1024;
 /// Virtual register ids of gathered inputs start here (instruction results are below).
 const LOAD_BASE: u16 = 1 << 15;
+/// A destination from here up to `LOAD_BASE` is f32 output `d - OUT_BASE`, written directly.
+const OUT_BASE: u16 = 1 << 14;
 
 #[derive(Clone, Copy, Debug)]
 enum Opd {
@@ -34,6 +36,8 @@ enum Opd {
     Ext(u16),
     /// A single value: scalar input or scalar-only member `.0` of the call's scalars.
     Scal(u16),
+    /// An f32 output already written in this chunk (its index among the written outputs).
+    Out(u16),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -229,7 +233,7 @@ fn binary_scalar(op: BinaryOp, a: f32, b: f32) -> f32 {
 fn eval_scalar(ins: Ins, scal: &[f32]) -> f32 {
     let v = |o: Opd| match o {
         Opd::Scal(k) => scal[k as usize],
-        Opd::Reg(_) | Opd::Ext(_) => unreachable!("scalar operands only"),
+        Opd::Reg(_) | Opd::Ext(_) | Opd::Out(_) => unreachable!("scalar operands only"),
     };
     match ins {
         Ins::Unary(op, a, _) => unary_scalar(op, v(a)),
@@ -365,6 +369,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             }
         }
     }
+    direct_writes(&mut prog, &mut outs, &spare, &inputs);
     // Register allocation: a register is free after its last reader; outputs live to the end.
     let out_opds: Vec<Opd> = outs.iter().filter_map(|o| match *o {
         Out::F32(p) | Out::Bool(p) => Some(p),
@@ -379,6 +384,55 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
         }
     }
     Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, outs, spare }))
+}
+
+/// Makes the instruction that computes an f32 output write it into the output's buffer
+/// (later readers read it there), saving a copy from a register. Not for the output that
+/// may take a dead input's buffer when an instruction at or after it reads that input.
+fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[Opd]) {
+    let mut slot = 0u16;
+    let mut first_f32 = true;
+    let mut to: Vec<Option<u16>> = vec![None; prog.len()];
+    for o in outs.iter_mut() {
+        let (is_f32, opd) = match *o {
+            Out::F32(p) => (true, p),
+            Out::Bool(p) => (false, p),
+            Out::Passed(_) => continue,
+        };
+        let s = slot;
+        slot += 1;
+        let takes_spare = is_f32 && first_f32 && !spare.is_empty();
+        first_f32 &= !is_f32;
+        let Opd::Reg(v) = opd else { continue };
+        if !is_f32 || v >= LOAD_BASE || to[v as usize].is_some() {
+            continue;
+        }
+        // The instruction writing virtual register v is prog[v].
+        let reads_spare = |ins: &Ins| operands(*ins).any(|a| spare.iter().any(|&e| matches!((a, inputs[e]), (Opd::Ext(x), Opd::Ext(y)) if x == y)));
+        if !(takes_spare && prog[v as usize..].iter().any(reads_spare)) {
+            to[v as usize] = Some(s);
+        }
+    }
+    let redirect = |a: Opd| match a {
+        Opd::Reg(v) if v < LOAD_BASE => to[v as usize].map_or(a, Opd::Out),
+        Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => a,
+    };
+    for ins in prog.iter_mut() {
+        let d = |d: u16| to[d as usize].map_or(d, |s| OUT_BASE + s);
+        *ins = match *ins {
+            Ins::Load(..) => unreachable!("loads are added by allocate"),
+            Ins::Unary(u, a, v) => Ins::Unary(u, redirect(a), d(v)),
+            Ins::Not(a, v) => Ins::Not(redirect(a), d(v)),
+            Ins::ToBool(a, v) => Ins::ToBool(redirect(a), d(v)),
+            Ins::Binary(b, x, y, v) => Ins::Binary(b, redirect(x), redirect(y), d(v)),
+            Ins::Select(c, x, y, v) => Ins::Select(redirect(c), redirect(x), redirect(y), d(v)),
+        };
+    }
+    for o in outs.iter_mut() {
+        if let Out::F32(opd) | Out::Bool(opd) = o {
+            *opd = redirect(*opd);
+        }
+    }
 }
 
 /// The data of a standard-layout copy of `v` (kept in `held` when a copy was needed).
@@ -417,6 +471,7 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option
                 Data::Bool(_) => unreachable!("same-size inputs are f32"),
             },
             Opd::Reg(_) => data.push(data_of(v, &mut held)),
+            Opd::Out(_) => unreachable!("inputs are not outputs"),
         }
     }
     for &ins in &b.prelude {
@@ -524,18 +579,24 @@ fn allocate(prog: Vec<Ins>, outs: &[Opd], nloads: usize, vregs: u16) -> (Vec<Ins
     let mut nregs = 0u16;
     let remap = |o: Opd, phys: &[u16]| match o {
         Opd::Reg(r) => Opd::Reg(phys[key(r)]),
-        Opd::Ext(_) | Opd::Scal(_) => o,
+        Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => o,
     };
     let mut out_seq = Vec::with_capacity(seq.len());
     for (t, ins) in seq.into_iter().enumerate() {
         let d = match ins {
             Ins::Load(_, d) | Ins::Unary(_, _, d) | Ins::Not(_, d) | Ins::ToBool(_, d) | Ins::Binary(_, _, _, d) | Ins::Select(_, _, _, d) => d,
         };
-        let p = free.pop().unwrap_or_else(|| {
-            nregs += 1;
-            nregs - 1
-        });
-        phys[key(d)] = p;
+        let to_out = (OUT_BASE..LOAD_BASE).contains(&d);
+        let p = if to_out {
+            d
+        } else {
+            let p = free.pop().unwrap_or_else(|| {
+                nregs += 1;
+                nregs - 1
+            });
+            phys[key(d)] = p;
+            p
+        };
         let r = |o: Opd| remap(o, &phys);
         out_seq.push(match ins {
             Ins::Load(k, _) => Ins::Load(k, p),
@@ -550,13 +611,13 @@ fn allocate(prog: Vec<Ins>, outs: &[Opd], nloads: usize, vregs: u16) -> (Vec<Ins
         let mut dead: Vec<u16> = operands(ins)
             .filter_map(|o| match o {
                 Opd::Reg(v) if last[key(v)] == Some(t) => Some(phys[key(v)]),
-                Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) => None,
+                Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => None,
             })
             .collect();
         dead.sort_unstable();
         dead.dedup();
         free.extend(dead);
-        if last[key(d)].is_none() {
+        if !to_out && last[key(d)].is_none() {
             free.push(p);
         }
     }
@@ -606,6 +667,10 @@ unsafe fn source<'a>(k: &Kernel<'_>, regs: *mut f32, o: Opd, off: usize, len: us
         Opd::Reg(r) => Src::S(std::slice::from_raw_parts(regs.add(r as usize * CH), len)),
         Opd::Ext(e) => Src::S(std::slice::from_raw_parts(k.ext[e as usize].add(off), len)),
         Opd::Scal(v) => Src::C(k.scal[v as usize]),
+        Opd::Out(s) => match k.outs[s as usize].1 {
+            OutBuf::F32(p) => Src::S(std::slice::from_raw_parts(p.add(off), len)),
+            OutBuf::Bool(_) => unreachable!("direct writes are f32"),
+        },
     }
 }
 
@@ -621,8 +686,14 @@ unsafe fn reg_mut<'a>(regs: *mut f32, r: u16, len: usize) -> &'a mut [MaybeUnini
 #[inline(always)]
 unsafe fn chunk(k: &Kernel<'_>, regs: *mut f32, off: usize, len: usize) {
     let src = |o: Opd| source(k, regs, o, off, len);
-    // The destination register is never one of the instruction's operands (`allocate`).
-    let dst = |r: u16| reg_mut(regs, r, len);
+    // The destination is never one of the instruction's operands (`allocate`, `direct_writes`).
+    let dst = |r: u16| match r {
+        OUT_BASE..LOAD_BASE => match k.outs[(r - OUT_BASE) as usize].1 {
+            OutBuf::F32(p) => std::slice::from_raw_parts_mut(p.add(off).cast(), len),
+            OutBuf::Bool(_) => unreachable!("direct writes are f32"),
+        },
+        _ => reg_mut(regs, r, len),
+    };
     for &ins in k.prog {
         match ins {
             Ins::Load(l, d) => gather(&k.loads[l as usize], k.data[l as usize], off, dst(d)),
@@ -658,7 +729,10 @@ unsafe fn chunk(k: &Kernel<'_>, regs: *mut f32, off: usize, len: usize) {
             },
         }
     }
-    for (o, buf) in k.outs {
+    for (s, (o, buf)) in k.outs.iter().enumerate() {
+        if matches!(o, Opd::Out(w) if *w as usize == s) {
+            continue;
+        }
         match buf {
             OutBuf::F32(p) => {
                 let out: &mut [MaybeUninit<f32>] = std::slice::from_raw_parts_mut(p.add(off).cast(), len);
