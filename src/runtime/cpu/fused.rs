@@ -437,13 +437,21 @@ fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[
 
 /// The data of a standard-layout copy of `v` (kept in `held` when a copy was needed).
 fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
+    let standard = match v {
+        Value::F32(a) => a.is_standard_layout(),
+        Value::Bool(a) => a.is_standard_layout(),
+        other => unreachable!("fusion groups read f32 and bool values, got {}", other.dtype()),
+    };
+    let v = if standard {
+        v
+    } else {
+        held.push(v.clone().standard());
+        held.last().expect("pushed")
+    };
     match v {
-        Value::F32(a) if a.is_standard_layout() => Data::F32(a.as_ptr()),
-        Value::Bool(a) if a.is_standard_layout() => Data::Bool(a.as_ptr()),
-        _ => {
-            held.push(v.clone().standard());
-            data_of(held.last().expect("pushed"), &mut Vec::new())
-        }
+        Value::F32(a) => Data::F32(a.as_ptr()),
+        Value::Bool(a) => Data::Bool(a.as_ptr()),
+        other => unreachable!("fusion groups read f32 and bool values, got {}", other.dtype()),
     }
 }
 
