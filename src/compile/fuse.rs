@@ -43,6 +43,8 @@ pub struct Group {
     pub frees: Vec<usize>,
     /// Estimated cost per element, in adds (for the parallel grain).
     pub cost: usize,
+    /// The CPU kernel's compiled programs, one per input layout seen.
+    pub programs: crate::runtime::cpu::fused::Programs,
 }
 
 const MAX_MEMBERS: usize = 64;
@@ -165,7 +167,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         }
         let cost = members.iter().map(|&m| cost(plan.nodes[m].op())).sum::<usize>().max(1);
         dispatches += 1;
-        items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost }));
+        items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost, programs: Default::default() }));
     }
     // A group runs later than its first members, so last uses are recounted by item.
     let mut last: Vec<Option<usize>> = vec![None; n];

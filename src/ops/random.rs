@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::runtime::value::Value;
 use crate::shape::Shape;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -98,6 +99,69 @@ fn box_muller(a: u32, b: u32) -> f32 {
     (-2.0 * unit(a).ln()).sqrt() * (std::f32::consts::TAU * unit(b)).cos()
 }
 
+/// Philox blocks computed side by side (one AVX-512 register of counters).
+const LANES: usize = 16;
+/// Elements per rayon task of a uniform draw (a multiple of `4 * LANES`).
+const UNIFORM_TASK: usize = 1 << 15;
+
+/// `philox` on `LANES` counters at once, one array per counter word; written per lane so
+/// that it compiles to SIMD multiplies (`vpmuludq`) inside the instruction-set variants.
+#[inline(always)]
+fn philox_lanes(c: &mut [[u32; LANES]; 4], key: [u32; 2]) {
+    let (mut k0, mut k1) = (key[0], key[1]);
+    for _ in 0..10 {
+        for l in 0..LANES {
+            let p0 = (M0 as u64) * (c[0][l] as u64);
+            let p1 = (M1 as u64) * (c[2][l] as u64);
+            let (c1, c3) = (c[1][l], c[3][l]);
+            c[0][l] = ((p1 >> 32) as u32) ^ c1 ^ k0;
+            c[1][l] = p1 as u32;
+            c[2][l] = ((p0 >> 32) as u32) ^ c3 ^ k1;
+            c[3][l] = p0 as u32;
+        }
+        k0 = k0.wrapping_add(W0);
+        k1 = k1.wrapping_add(W1);
+    }
+}
+
+#[inline(always)]
+fn uniform_word(w: u32) -> f32 {
+    ((w >> 8) as f32) * (1.0 / 16_777_216.0)
+}
+
+/// Uniform elements `4 * first_block ..` of call `call` into `out` (any length): element
+/// `i` is word `i % 4` of Philox block `i / 4`, as `sample` computes it.
+#[inline(always)]
+fn uniform_blocks_body(key: [u32; 2], call: u64, first_block: u64, out: &mut [MaybeUninit<f32>]) {
+    let ctr = |b: u64| [b as u32, (b >> 32) as u32, call as u32, (call >> 32) as u32];
+    let mut groups = out.chunks_exact_mut(4 * LANES);
+    let mut b = first_block;
+    for o in &mut groups {
+        let mut c = [[0u32; LANES]; 4];
+        for l in 0..LANES {
+            let w = ctr(b + l as u64);
+            for k in 0..4 {
+                c[k][l] = w[k];
+            }
+        }
+        philox_lanes(&mut c, key);
+        for l in 0..LANES {
+            for k in 0..4 {
+                o[4 * l + k].write(uniform_word(c[k][l]));
+            }
+        }
+        b += LANES as u64;
+    }
+    for o in groups.into_remainder().chunks_mut(4) {
+        let w = philox(ctr(b), key);
+        for (o, &wi) in o.iter_mut().zip(&w) {
+            o.write(uniform_word(wi));
+        }
+        b += 1;
+    }
+}
+crate::multiversion!(fn uniform_blocks(key: [u32; 2], call: u64, first_block: u64, out: &mut [MaybeUninit<f32>]) => uniform_blocks_body);
+
 static UNSEEDED: AtomicU64 = AtomicU64::new(0x5EED_F00D_0000_0001);
 
 /// A seed for an op built without one: distinct per op, fixed for the op's lifetime.
@@ -138,16 +202,14 @@ pub fn cpu(st: &RandomState, shape: &Value) -> Result<Value> {
     let (key, call) = next_call(st);
     use rayon::prelude::*;
     let data: Vec<f32> = if st.dist == RandomDist::Uniform {
-        // Whole blocks at a time: one Philox call per four elements.
         let mut v: Vec<f32> = Vec::with_capacity(n);
-        v.spare_capacity_mut().par_chunks_mut(4).with_min_len(1024).enumerate().for_each(|(b, out)| {
-            let b = b as u64;
-            let w = philox([b as u32, (b >> 32) as u32, call as u32, (call >> 32) as u32], key);
-            for (o, &wi) in out.iter_mut().zip(&w) {
-                o.write(((wi >> 8) as f32) * (1.0 / 16_777_216.0));
-            }
-        });
-        // SAFETY: the chunks of four cover all n slots.
+        let out = &mut v.spare_capacity_mut()[..n];
+        if n < 2 * UNIFORM_TASK {
+            uniform_blocks(key, call, 0, out);
+        } else {
+            out.par_chunks_mut(UNIFORM_TASK).enumerate().for_each(|(t, o)| uniform_blocks(key, call, (t * UNIFORM_TASK / 4) as u64, o));
+        }
+        // SAFETY: uniform_blocks wrote all n slots.
         unsafe { v.set_len(n) };
         v
     } else {
@@ -194,6 +256,36 @@ mod tests {
         let key = [99, 0];
         for (i, g) in got.iter().enumerate() {
             assert_eq!(*g as f32, sample(RandomDist::Uniform, key, 0, i as u64));
+        }
+    }
+
+    #[test]
+    fn vector_blocks_match_scalar_philox() {
+        // Odd lengths and offsets, partial blocks, and counters whose low word wraps.
+        let key = [0x1234_5678, 0x9abc_def0];
+        for call in [0u64, 3, 1 << 33] {
+            for first in [0u64, 1, 5, (1 << 32) - 7] {
+                for len in [0usize, 1, 3, 4, 63, 64, 65, 130, 1001] {
+                    let mut out = vec![MaybeUninit::new(f32::NAN); len];
+                    uniform_blocks(key, call, first, &mut out);
+                    for (i, o) in out.iter().enumerate() {
+                        // SAFETY: uniform_blocks wrote every element.
+                        let got = unsafe { o.assume_init() };
+                        let want = sample(RandomDist::Uniform, key, call, 4 * first + i as u64);
+                        assert_eq!(got.to_bits(), want.to_bits(), "call {call} first {first} len {len} i {i}");
+                    }
+                }
+            }
+        }
+        // The parallel path: a draw of several tasks, with a partial block at the end.
+        let st = RandomState { dist: RandomDist::Uniform, seed: 0xdead_beef_0042, dtype: DType::F32, calls: AtomicU64::new(0) };
+        let n = 3 * UNIFORM_TASK + 7;
+        let shape = Value::from_vec(&[1], vec![n as i32]).unwrap();
+        for call in 0..2 {
+            let got = cpu(&st, &shape).unwrap().to_f64_vec();
+            for (i, g) in got.iter().enumerate() {
+                assert_eq!(*g as f32, sample(RandomDist::Uniform, [0xbeef_0042, 0xdead], call, i as u64), "call {call} i {i}");
+            }
         }
     }
 

@@ -1,7 +1,8 @@
 //! The CPU fusion kernel: runs a `compile::fuse::Group` as one pass over chunks of
-//! `CH` elements. Per call, the members become a small register program (bool values are
-//! 1.0/0.0 in f32 registers); members whose inputs are all single values are computed once,
-//! as scalars. Each external input is read with its own broadcast pattern: directly (same
+//! `CH` elements. The members become a small register program (bool values are
+//! 1.0/0.0 in f32 registers), compiled once per input layout and kept on the group, so a
+//! call only collects pointers; members whose inputs are all single values are computed
+//! once per call, as scalars. Each external input is read with its own broadcast pattern: directly (same
 //! size), as one value, or gathered through strides into a register. Outputs are written
 //! once per chunk, into a dead input's buffer when the plan holds its only reference.
 //! The per-element code is the op tables' (`UnaryOp::map`, `BinaryOp::zip`), so fused and
@@ -19,23 +20,29 @@ use ndarray::IxDyn;
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
+use std::sync::{Arc, Mutex};
 
 /// Elements per chunk: a register is 4 KiB, so a program's registers stay in L1/L2.
 const CH: usize = 1024;
 /// Virtual register ids of gathered inputs start here (instruction results are below).
 const LOAD_BASE: u16 = 1 << 15;
+/// A destination from here up to `LOAD_BASE` is f32 output `d - OUT_BASE`, written directly.
+const OUT_BASE: u16 = 1 << 14;
 
 #[derive(Clone, Copy, Debug)]
 enum Opd {
     Reg(u16),
     /// A same-size f32 input, read in place.
     Ext(u16),
-    Splat(f32),
+    /// A single value: scalar input or scalar-only member `.0` of the call's scalars.
+    Scal(u16),
+    /// An f32 output already written in this chunk (its index among the written outputs).
+    Out(u16),
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Ins {
-    /// Gathers external input `.0` (the index into `Kernel::loads`) into a register.
+    /// Gathers external input `.0` (the index into `Body::loads`) into a register.
     Load(u16, u16),
     Unary(UnaryOp, Opd, u16),
     Not(Opd, u16),
@@ -50,9 +57,8 @@ enum Data {
     Bool(*const bool),
 }
 
-/// A strided read of an input, with broadcast dims at stride 0 and dims merged where possible.
-struct Gather {
-    data: Data,
+/// How a gathered input is read: broadcast dims at stride 0, dims merged where possible.
+struct Layout {
     dims: Vec<usize>,
     strides: Vec<usize>,
 }
@@ -62,18 +68,68 @@ enum OutBuf {
     Bool(*mut bool),
 }
 
-struct Kernel {
+/// Output `k` of a group: an input passed through, or a value of the program.
+#[derive(Clone, Copy)]
+enum Out {
+    Passed(usize),
+    F32(Opd),
+    Bool(Opd),
+}
+
+/// Programs compiled for a group (`Group::programs`), one per input layout.
+#[derive(Default)]
+pub struct Programs(Mutex<Vec<Arc<Program>>>);
+
+impl std::fmt::Debug for Programs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Programs")
+    }
+}
+
+/// Layouts a group keeps programs for; a group fed more shapes than this recompiles.
+const MAX_PROGRAMS: usize = 8;
+
+/// A group compiled for one input layout: everything except data pointers and scalar
+/// values is fixed by the dtypes and shapes of the inputs (and broadcast_to targets).
+pub struct Program {
+    ext: Vec<(DType, Vec<usize>)>,
+    target_slots: Vec<usize>,
+    targets: Vec<Vec<i64>>,
+    /// `None` when the outputs' runtime shapes differ (run unfused).
+    body: Option<Body>,
+}
+
+struct Body {
+    shape: Vec<usize>,
+    n: usize,
+    /// Per external input: `Scal` (one value), `Ext` (same size, in place) or `Reg` (a load).
+    inputs: Vec<Opd>,
+    /// Members whose operands are all single values; result `k` goes to scalar
+    /// `scalar_inputs + k`.
+    prelude: Vec<Ins>,
+    scalars: usize,
     prog: Vec<Ins>,
     nregs: usize,
-    ext: Vec<*const f32>,
-    loads: Vec<Gather>,
-    outs: Vec<(Opd, OutBuf)>,
+    loads: Vec<Layout>,
+    outs: Vec<Out>,
+    /// Same-size f32 inputs that die here and may donate their buffer to the first f32 output.
+    spare: Vec<usize>,
+}
+
+struct Kernel<'a> {
+    prog: &'a [Ins],
+    nregs: usize,
+    ext: &'a [*const f32],
+    loads: &'a [Layout],
+    data: &'a [Data],
+    scal: &'a [f32],
+    outs: &'a [(Opd, OutBuf)],
 }
 
 // SAFETY: the pointers are into buffers that outlive the parallel loop; tasks write
 // disjoint ranges of the outputs and only read the inputs.
-unsafe impl Sync for Kernel {}
-unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel<'_> {}
+unsafe impl Send for Kernel<'_> {}
 
 /// The runtime shape of member or input `j` of a group.
 fn shape_of<'a>(g: &Group, shapes: &'a [Vec<usize>], slots: &'a [Option<Value>], j: usize) -> &'a [usize] {
@@ -119,7 +175,7 @@ fn member_shapes(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Vec<
 
 /// Strides of `shape` read as the right-aligned `out` shape, with size-1 dims dropped
 /// and neighbours merged where one stride continues the other.
-fn gather_layout(shape: &[usize], out: &[usize]) -> (Vec<usize>, Vec<usize>) {
+fn gather_layout(shape: &[usize], out: &[usize]) -> Layout {
     let lead = out.len() - shape.len();
     let mut st = vec![0usize; out.len()];
     let mut acc = 1;
@@ -146,7 +202,7 @@ fn gather_layout(shape: &[usize], out: &[usize]) -> (Vec<usize>, Vec<usize>) {
         dims.push(1);
         strides.push(0);
     }
-    (dims, strides)
+    Layout { dims, strides }
 }
 
 fn scalar_of(v: &Value) -> f32 {
@@ -157,73 +213,108 @@ fn scalar_of(v: &Value) -> f32 {
     }
 }
 
-/// One instruction on single values (members whose inputs are all scalars).
-fn eval_scalar(ins: Ins) -> f32 {
-    let v = |o: Opd| match o {
-        Opd::Splat(x) => x,
-        Opd::Reg(_) | Opd::Ext(_) => unreachable!("scalar operands only"),
-    };
+#[inline(always)]
+fn unary_scalar(op: UnaryOp, x: f32) -> f32 {
     let mut out = [MaybeUninit::new(0.0f32)];
-    match ins {
-        Ins::Unary(op, a, _) => op.map(&[v(a)], &mut out),
-        Ins::Not(a, _) => out[0] = MaybeUninit::new((v(a) == 0.0) as u8 as f32),
-        Ins::ToBool(a, _) => out[0] = MaybeUninit::new((v(a) != 0.0) as u8 as f32),
-        Ins::Binary(op, a, b, _) => op.zip(Splat(v(a)), Splat(v(b)), &mut out),
-        Ins::Select(c, a, b, _) => out[0] = MaybeUninit::new(if v(c) != 0.0 { v(a) } else { v(b) }),
-        Ins::Load(..) => unreachable!("loads have no scalar form"),
-    }
-    // SAFETY: every arm wrote out[0].
+    op.map(&[x], &mut out);
+    // SAFETY: map wrote out[0].
     unsafe { out[0].assume_init() }
 }
 
-/// Runs group `g` reading its inputs from `slots` (dead inputs may be taken out of them).
-/// Returns the output values in `g.outputs` order, or `None` when the outputs' runtime
-/// shapes differ (the caller then runs the members one by one).
-pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option<Vec<Value>>> {
+#[inline(always)]
+fn binary_scalar(op: BinaryOp, a: f32, b: f32) -> f32 {
+    let mut out = [MaybeUninit::new(0.0f32)];
+    op.zip(Splat(a), Splat(b), &mut out);
+    // SAFETY: zip wrote out[0].
+    unsafe { out[0].assume_init() }
+}
+
+/// One instruction on single values (members whose inputs are all scalars).
+fn eval_scalar(ins: Ins, scal: &[f32]) -> f32 {
+    let v = |o: Opd| match o {
+        Opd::Scal(k) => scal[k as usize],
+        Opd::Reg(_) | Opd::Ext(_) | Opd::Out(_) => unreachable!("scalar operands only"),
+    };
+    match ins {
+        Ins::Unary(op, a, _) => unary_scalar(op, v(a)),
+        Ins::Not(a, _) => (v(a) == 0.0) as u8 as f32,
+        Ins::ToBool(a, _) => (v(a) != 0.0) as u8 as f32,
+        Ins::Binary(op, a, b, _) => binary_scalar(op, v(a), v(b)),
+        Ins::Select(c, a, b, _) => {
+            if v(c) != 0.0 {
+                v(a)
+            } else {
+                v(b)
+            }
+        }
+        Ins::Load(..) => unreachable!("loads have no scalar form"),
+    }
+}
+
+/// The program of `g` for the inputs now in `slots`: cached, or compiled and cached.
+fn program(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Arc<Program>> {
+    let fits = |p: &Program| {
+        g.ext.iter().zip(&p.ext).all(|(&j, (dt, sh))| {
+            let v = slots[j].as_ref().expect("computed");
+            v.dtype() == *dt && v.shape() == sh.as_slice()
+        }) && p.target_slots.iter().zip(&p.targets).all(|(&s, t)| slots[s].as_ref().expect("computed").to_i64_vec() == *t)
+    };
+    let mut cache = g.programs.0.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = cache.iter().find(|p| fits(p)) {
+        return Ok(p.clone());
+    }
+    let ext = g.ext.iter().map(|&j| slots[j].as_ref().expect("computed")).map(|v| (v.dtype(), v.shape().to_vec())).collect();
+    let target_slots: Vec<usize> =
+        g.members.iter().filter(|&&m| matches!(fused_op(plan, m), FusedOp::BroadcastTo)).map(|&m| plan.inputs[m][1]).collect();
+    let targets = target_slots.iter().map(|&s| slots[s].as_ref().expect("computed").to_i64_vec()).collect();
+    let p = Arc::new(Program { ext, target_slots, targets, body: compile(plan, g, slots)? });
+    if cache.len() == MAX_PROGRAMS {
+        cache.remove(0);
+    }
+    cache.push(p.clone());
+    Ok(p)
+}
+
+/// Builds the register program of `g` for the shapes and dtypes of the inputs in `slots`.
+fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Body>> {
     let shapes = member_shapes(plan, g, slots)?;
     let pos = |m: usize| g.members.iter().position(|&x| x == m).expect("member");
-    let out_shape = shapes[pos(g.outputs[0])].clone();
-    if g.outputs.iter().any(|&o| shapes[pos(o)] != out_shape) {
+    let shape = shapes[pos(g.outputs[0])].clone();
+    if g.outputs.iter().any(|&o| shapes[pos(o)] != shape) {
         return Ok(None);
     }
-    let n: usize = out_shape.iter().product();
-    if n == 0 {
-        return Ok(Some(g.outputs.iter().map(|&o| Value::full(plan.nodes[o].dtype(), &out_shape, 0.0)).collect()));
-    }
+    let n: usize = shape.iter().product();
     // Inputs: read in place (same-size f32), as one value, or gathered into a register.
-    let mut held: Vec<Value> = Vec::with_capacity(g.ext.len());
-    let mut ext_opd: Vec<Opd> = Vec::with_capacity(g.ext.len());
-    let mut ext_ptr: Vec<*const f32> = Vec::new();
-    let mut loads: Vec<Gather> = Vec::new();
+    let mut inputs: Vec<Opd> = Vec::with_capacity(g.ext.len());
+    let (mut scalars, mut same) = (0u16, 0u16);
+    let mut loads: Vec<Layout> = Vec::new();
     for &j in &g.ext {
-        let v = slots[j].as_ref().expect("computed").clone().standard();
+        let v = slots[j].as_ref().expect("computed");
         let len = v.len();
-        let opd = match &v {
-            _ if len == 1 => Opd::Splat(scalar_of(&v)),
-            Value::F32(a) if len == n => {
-                ext_ptr.push(a.as_ptr());
-                Opd::Ext(ext_ptr.len() as u16 - 1)
+        let opd = match v.dtype() {
+            DType::F32 | DType::Bool if len == 1 => {
+                scalars += 1;
+                Opd::Scal(scalars - 1)
             }
-            Value::F32(_) | Value::Bool(_) => {
-                let (dims, strides) = gather_layout(v.shape(), &out_shape);
-                if dims.len() > 16 {
+            DType::F32 if len == n => {
+                same += 1;
+                Opd::Ext(same - 1)
+            }
+            DType::F32 | DType::Bool => {
+                let l = gather_layout(v.shape(), &shape);
+                if l.dims.len() > 16 {
                     return Ok(None);
                 }
-                let data = match &v {
-                    Value::F32(a) => Data::F32(a.as_ptr()),
-                    Value::Bool(a) => Data::Bool(a.as_ptr()),
-                    _ => unreachable!("matched above"),
-                };
-                loads.push(Gather { data, dims, strides });
+                loads.push(l);
                 Opd::Reg(LOAD_BASE + loads.len() as u16 - 1)
             }
-            other => return Err(Error::Runtime(format!("internal: fused input of dtype {}", other.dtype()))),
+            other => return Err(Error::Runtime(format!("internal: fused input of dtype {other}"))),
         };
-        ext_opd.push(opd);
-        held.push(v);
+        inputs.push(opd);
     }
-    // The program, in virtual registers (loads are u16::MAX - k until allocated).
+    // The program, in virtual registers (loads from LOAD_BASE until allocated).
     let mut prog: Vec<Ins> = Vec::new();
+    let mut prelude: Vec<Ins> = Vec::new();
     let mut vregs = 0u16;
     let mut mem_opd: Vec<Opd> = Vec::with_capacity(g.members.len());
     for &m in &g.members {
@@ -232,129 +323,242 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option
             let j = ins[p];
             match g.members.iter().position(|&x| x == j) {
                 Some(q) => mem_opd[q],
-                None => ext_opd[g.ext.iter().position(|&x| x == j).expect("external input")],
+                None => inputs[g.ext.iter().position(|&x| x == j).expect("external input")],
             }
         };
-        let dst = vregs;
-        let ins = match fused_op(plan, m) {
-            FusedOp::Unary(UnaryOp::Not) => Ins::Not(arg(0), dst),
-            FusedOp::Unary(u) => Ins::Unary(u, arg(0), dst),
-            FusedOp::Binary(b) => Ins::Binary(b, arg(0), arg(1), dst),
-            FusedOp::Select => Ins::Select(arg(0), arg(1), arg(2), dst),
-            FusedOp::Cast(DType::Bool) if plan.nodes[ins[0]].dtype() == DType::F32 => Ins::ToBool(arg(0), dst),
-            FusedOp::Cast(_) | FusedOp::BroadcastTo => {
-                mem_opd.push(arg(0));
-                continue;
-            }
+        let make = |dst: u16| match fused_op(plan, m) {
+            FusedOp::Unary(UnaryOp::Not) => Some(Ins::Not(arg(0), dst)),
+            FusedOp::Unary(u) => Some(Ins::Unary(u, arg(0), dst)),
+            FusedOp::Binary(b) => Some(Ins::Binary(b, arg(0), arg(1), dst)),
+            FusedOp::Select => Some(Ins::Select(arg(0), arg(1), arg(2), dst)),
+            FusedOp::Cast(DType::Bool) if plan.nodes[ins[0]].dtype() == DType::F32 => Some(Ins::ToBool(arg(0), dst)),
+            FusedOp::Cast(_) | FusedOp::BroadcastTo => None,
         };
-        let opds = operands(ins);
-        if opds.iter().all(|o| matches!(o, Opd::Splat(_))) {
-            mem_opd.push(Opd::Splat(eval_scalar(ins)));
+        let Some(ins) = make(vregs) else {
+            mem_opd.push(arg(0));
+            continue;
+        };
+        if operands(ins).all(|o| matches!(o, Opd::Scal(_))) {
+            let k = scalars + prelude.len() as u16;
+            prelude.push(make(k).expect("an instruction"));
+            mem_opd.push(Opd::Scal(k));
         } else {
             prog.push(ins);
-            mem_opd.push(Opd::Reg(dst));
+            mem_opd.push(Opd::Reg(vregs));
             vregs += 1;
         }
     }
-    // Outputs. A same-size f32 input passed through is returned as is; one same-size f32
-    // input that dies here and has no other reference becomes an output buffer (written
-    // last in each chunk, after everything has read it).
-    let mut results: Vec<Option<Value>> = vec![None; g.outputs.len()];
-    let mut outs: Vec<(Opd, OutBuf)> = Vec::new();
-    let mut bufs_f32: Vec<(usize, ndarray::Array<f32, IxDyn>)> = Vec::new();
-    let mut bufs_bool: Vec<(usize, Vec<bool>)> = Vec::new();
-    let out_opds: Vec<Opd> = g.outputs.iter().map(|&o| mem_opd[pos(o)]).collect();
-    let mut spare: Option<ndarray::Array<f32, IxDyn>> = None;
-    for (e, &j) in g.ext.iter().enumerate() {
-        let Opd::Ext(x) = ext_opd[e] else { continue };
-        let passed = out_opds.iter().any(|o| matches!(o, Opd::Ext(y) if *y == x));
-        let unshared = matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout());
-        if spare.is_some() || passed || !unshared || !g.frees.contains(&j) {
+    let mut outs: Vec<Out> = Vec::with_capacity(g.outputs.len());
+    for &o in &g.outputs {
+        let opd = mem_opd[pos(o)];
+        outs.push(match (opd, plan.nodes[o].dtype()) {
+            (Opd::Ext(x), _) => Out::Passed(inputs.iter().position(|p| matches!(p, Opd::Ext(y) if *y == x)).expect("in-place input")),
+            (_, DType::F32) => Out::F32(opd),
+            (_, DType::Bool) => Out::Bool(opd),
+            (_, other) => return Err(Error::Runtime(format!("internal: fused output of dtype {other}"))),
+        });
+    }
+    // A same-size f32 input that dies here may become the first f32 output's buffer: it is
+    // written after the whole chunk's program has read it.
+    let mut spare = Vec::new();
+    if outs.iter().any(|o| matches!(o, Out::F32(_))) {
+        for (e, &j) in g.ext.iter().enumerate() {
+            let passed = outs.iter().any(|o| matches!(o, Out::Passed(p) if *p == e));
+            if matches!(inputs[e], Opd::Ext(_)) && !passed && g.frees.contains(&j) {
+                spare.push(e);
+            }
+        }
+    }
+    direct_writes(&mut prog, &mut outs, &spare, &inputs);
+    // Register allocation: a register is free after its last reader; outputs live to the end.
+    let out_opds: Vec<Opd> = outs.iter().filter_map(|o| match *o {
+        Out::F32(p) | Out::Bool(p) => Some(p),
+        Out::Passed(_) => None,
+    }).collect();
+    let (prog, mut out_opds, nregs) = allocate(prog, &out_opds, loads.len(), vregs);
+    out_opds.reverse();
+    for o in &mut outs {
+        match o {
+            Out::F32(p) | Out::Bool(p) => *p = out_opds.pop().expect("one per output"),
+            Out::Passed(_) => {}
+        }
+    }
+    Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, outs, spare }))
+}
+
+/// Makes the instruction that computes an f32 output write it into the output's buffer
+/// (later readers read it there), saving a copy from a register. Not for the output that
+/// may take a dead input's buffer when an instruction at or after it reads that input.
+fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[Opd]) {
+    let mut slot = 0u16;
+    let mut first_f32 = true;
+    let mut to: Vec<Option<u16>> = vec![None; prog.len()];
+    for o in outs.iter_mut() {
+        let (is_f32, opd) = match *o {
+            Out::F32(p) => (true, p),
+            Out::Bool(p) => (false, p),
+            Out::Passed(_) => continue,
+        };
+        let s = slot;
+        slot += 1;
+        let takes_spare = is_f32 && first_f32 && !spare.is_empty();
+        first_f32 &= !is_f32;
+        let Opd::Reg(v) = opd else { continue };
+        if !is_f32 || v >= LOAD_BASE || to[v as usize].is_some() {
             continue;
         }
-        held[e] = Value::scalar_f64(DType::F32, 0.0);
+        // The instruction writing virtual register v is prog[v].
+        let reads_spare = |ins: &Ins| operands(*ins).any(|a| spare.iter().any(|&e| matches!((a, inputs[e]), (Opd::Ext(x), Opd::Ext(y)) if x == y)));
+        if !(takes_spare && prog[v as usize..].iter().any(reads_spare)) {
+            to[v as usize] = Some(s);
+        }
+    }
+    let redirect = |a: Opd| match a {
+        Opd::Reg(v) if v < LOAD_BASE => to[v as usize].map_or(a, Opd::Out),
+        Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => a,
+    };
+    for ins in prog.iter_mut() {
+        let d = |d: u16| to[d as usize].map_or(d, |s| OUT_BASE + s);
+        *ins = match *ins {
+            Ins::Load(..) => unreachable!("loads are added by allocate"),
+            Ins::Unary(u, a, v) => Ins::Unary(u, redirect(a), d(v)),
+            Ins::Not(a, v) => Ins::Not(redirect(a), d(v)),
+            Ins::ToBool(a, v) => Ins::ToBool(redirect(a), d(v)),
+            Ins::Binary(b, x, y, v) => Ins::Binary(b, redirect(x), redirect(y), d(v)),
+            Ins::Select(c, x, y, v) => Ins::Select(redirect(c), redirect(x), redirect(y), d(v)),
+        };
+    }
+    for o in outs.iter_mut() {
+        if let Out::F32(opd) | Out::Bool(opd) = o {
+            *opd = redirect(*opd);
+        }
+    }
+}
+
+/// The data of a standard-layout copy of `v` (kept in `held` when a copy was needed).
+fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
+    let standard = match v {
+        Value::F32(a) => a.is_standard_layout(),
+        Value::Bool(a) => a.is_standard_layout(),
+        other => unreachable!("fusion groups read f32 and bool values, got {}", other.dtype()),
+    };
+    let v = if standard {
+        v
+    } else {
+        held.push(v.clone().standard());
+        held.last().expect("pushed")
+    };
+    match v {
+        Value::F32(a) => Data::F32(a.as_ptr()),
+        Value::Bool(a) => Data::Bool(a.as_ptr()),
+        other => unreachable!("fusion groups read f32 and bool values, got {}", other.dtype()),
+    }
+}
+
+/// Runs group `g` reading its inputs from `slots` (dead inputs may be taken out of them).
+/// Returns the output values in `g.outputs` order, or `None` when the outputs' runtime
+/// shapes differ (the caller then runs the members one by one).
+pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option<Vec<Value>>> {
+    let p = program(plan, g, slots)?;
+    let Some(b) = &p.body else { return Ok(None) };
+    if b.n == 0 {
+        return Ok(Some(g.outputs.iter().map(|&o| Value::full(plan.nodes[o].dtype(), &b.shape, 0.0)).collect()));
+    }
+    let n = b.n;
+    // Per call: the inputs' data pointers and single values, then the scalar members.
+    let mut scal: Vec<f32> = Vec::with_capacity(b.scalars + b.prelude.len());
+    let mut ext: Vec<*const f32> = Vec::with_capacity(g.ext.len());
+    let mut data: Vec<Data> = Vec::with_capacity(b.loads.len());
+    let mut held: Vec<Value> = Vec::new();
+    for (&j, &opd) in g.ext.iter().zip(&b.inputs) {
+        let v = slots[j].as_ref().expect("computed");
+        match opd {
+            Opd::Scal(_) => scal.push(scalar_of(v)),
+            Opd::Ext(_) => match data_of(v, &mut held) {
+                Data::F32(p) => ext.push(p),
+                Data::Bool(_) => unreachable!("same-size inputs are f32"),
+            },
+            Opd::Reg(_) => data.push(data_of(v, &mut held)),
+            Opd::Out(_) => unreachable!("inputs are not outputs"),
+        }
+    }
+    for &ins in &b.prelude {
+        scal.push(eval_scalar(ins, &scal));
+    }
+    // A dead input with no other reference becomes the first f32 output's buffer.
+    let mut spare: Option<ndarray::Array<f32, IxDyn>> = None;
+    for &e in &b.spare {
+        let j = g.ext[e];
+        if !matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout()) {
+            continue;
+        }
         let Some(Value::F32(a)) = slots[j].take() else { unreachable!("checked f32") };
         match a.try_into_owned_nocopy() {
             Ok(own) => {
-                ext_ptr[x as usize] = own.as_ptr();
                 spare = Some(own);
+                break;
             }
-            Err(a) => held[e] = Value::F32(a),
+            Err(a) => slots[j] = Some(Value::F32(a)),
         }
     }
-    let mut last_out: Option<(Opd, OutBuf)> = None;
-    for (k, &o) in g.outputs.iter().enumerate() {
-        let opd = out_opds[k];
-        if let Opd::Ext(x) = opd {
-            let e = ext_opd.iter().position(|p| matches!(p, Opd::Ext(y) if *y == x)).expect("in-place input");
-            results[k] = Some(held[e].reshape(&out_shape)?);
-            continue;
-        }
-        match plan.nodes[o].dtype() {
-            DType::F32 => {
-                let reused = spare.is_some();
-                let mut buf = match spare.take() {
-                    Some(b) => b,
-                    None => {
-                        let mut v: Vec<f32> = Vec::with_capacity(n);
-                        // SAFETY: f32 has no invalid bit patterns, and the kernel writes
-                        // every element before the buffer is read.
-                        unsafe { v.set_len(n) };
-                        ndarray::Array::from_shape_vec(IxDyn(&[n]), v).expect("n elements")
-                    }
-                };
-                let ob = (opd, OutBuf::F32(buf.as_mut_ptr()));
-                if reused {
-                    last_out = Some(ob);
-                } else {
-                    outs.push(ob);
-                }
+    let mut results: Vec<Option<Value>> = vec![None; g.outputs.len()];
+    let mut outs: Vec<(Opd, OutBuf)> = Vec::with_capacity(b.outs.len());
+    let mut bufs_f32: Vec<(usize, ndarray::Array<f32, IxDyn>)> = Vec::new();
+    let mut bufs_bool: Vec<(usize, Vec<bool>)> = Vec::new();
+    for (k, &o) in b.outs.iter().enumerate() {
+        match o {
+            Out::Passed(e) => results[k] = Some(slots[g.ext[e]].as_ref().expect("computed").reshape(&b.shape)?),
+            Out::F32(opd) => {
+                let mut buf = spare.take().unwrap_or_else(|| {
+                    let mut v: Vec<f32> = Vec::with_capacity(n);
+                    // SAFETY: f32 has no invalid bit patterns, and the kernel writes
+                    // every element before the buffer is read.
+                    unsafe { v.set_len(n) };
+                    ndarray::Array::from_shape_vec(IxDyn(&[n]), v).expect("n elements")
+                });
+                outs.push((opd, OutBuf::F32(buf.as_mut_ptr())));
                 bufs_f32.push((k, buf));
             }
-            DType::Bool => {
+            Out::Bool(opd) => {
                 let mut v: Vec<bool> = Vec::with_capacity(n);
                 outs.push((opd, OutBuf::Bool(v.as_mut_ptr())));
                 bufs_bool.push((k, v));
             }
-            other => return Err(Error::Runtime(format!("internal: fused output of dtype {other}"))),
         }
     }
-    outs.extend(last_out);
-    // Register allocation: a register is free after its last reader; outputs live to the end.
-    let (prog, outs, nregs) = allocate(prog, outs, loads.len(), vregs);
-    let kern = Kernel { prog, nregs, ext: ext_ptr, loads, outs };
+    let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, scal: &scal, outs: &outs };
     let step = grain(g.cost).div_ceil(CH) * CH;
     if n < 2 * step {
         exec(&kern, 0, n);
     } else {
         (0..n.div_ceil(step)).into_par_iter().for_each(|t| exec(&kern, t * step, ((t + 1) * step).min(n)));
     }
-    drop(kern);
     drop(held);
-    for (k, b) in bufs_f32 {
-        let b = b.into_shape_with_order(IxDyn(&out_shape)).map_err(|e| Error::Runtime(format!("fusion: {e}")))?;
-        results[k] = Some(Value::F32(b.into_shared()));
+    for (k, buf) in bufs_f32 {
+        let buf = buf.into_shape_with_order(IxDyn(&b.shape)).map_err(|e| Error::Runtime(format!("fusion: {e}")))?;
+        results[k] = Some(Value::F32(buf.into_shared()));
     }
     for (k, mut v) in bufs_bool {
         // SAFETY: the kernel wrote all n elements.
         unsafe { v.set_len(n) };
-        results[k] = Some(Value::Bool(Arr::from_shape_vec(IxDyn(&out_shape), v).expect("n elements")));
+        results[k] = Some(Value::Bool(Arr::from_shape_vec(IxDyn(&b.shape), v).expect("n elements")));
     }
     Ok(Some(results.into_iter().map(|r| r.expect("every output written")).collect()))
 }
 
-fn operands(ins: Ins) -> Vec<Opd> {
-    match ins {
-        Ins::Load(..) => vec![],
-        Ins::Unary(_, a, _) | Ins::Not(a, _) | Ins::ToBool(a, _) => vec![a],
-        Ins::Binary(_, a, b, _) => vec![a, b],
-        Ins::Select(c, a, b, _) => vec![c, a, b],
-    }
+fn operands(ins: Ins) -> impl Iterator<Item = Opd> {
+    let (a, b, c) = match ins {
+        Ins::Load(..) => (None, None, None),
+        Ins::Unary(_, a, _) | Ins::Not(a, _) | Ins::ToBool(a, _) => (Some(a), None, None),
+        Ins::Binary(_, a, b, _) => (Some(a), Some(b), None),
+        Ins::Select(c, a, b, _) => (Some(c), Some(a), Some(b)),
+    };
+    a.into_iter().chain(b).chain(c)
 }
 
 /// Maps virtual registers (instruction results `0..vregs`, gathered inputs from
 /// `LOAD_BASE`) to physical ones, so a chunk needs as many registers as values are live.
-fn allocate(prog: Vec<Ins>, outs: Vec<(Opd, OutBuf)>, nloads: usize, vregs: u16) -> (Vec<Ins>, Vec<(Opd, OutBuf)>, usize) {
+fn allocate(prog: Vec<Ins>, outs: &[Opd], nloads: usize, vregs: u16) -> (Vec<Ins>, Vec<Opd>, usize) {
     let mut seq: Vec<Ins> = (0..nloads).map(|k| Ins::Load(k as u16, LOAD_BASE + k as u16)).collect();
     seq.extend(prog);
     let key = |r: u16| -> usize {
@@ -373,7 +577,7 @@ fn allocate(prog: Vec<Ins>, outs: Vec<(Opd, OutBuf)>, nloads: usize, vregs: u16)
             }
         }
     }
-    for (o, _) in &outs {
+    for o in outs {
         if let Opd::Reg(r) = o {
             last[key(*r)] = Some(usize::MAX);
         }
@@ -383,18 +587,24 @@ fn allocate(prog: Vec<Ins>, outs: Vec<(Opd, OutBuf)>, nloads: usize, vregs: u16)
     let mut nregs = 0u16;
     let remap = |o: Opd, phys: &[u16]| match o {
         Opd::Reg(r) => Opd::Reg(phys[key(r)]),
-        Opd::Ext(_) | Opd::Splat(_) => o,
+        Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => o,
     };
     let mut out_seq = Vec::with_capacity(seq.len());
     for (t, ins) in seq.into_iter().enumerate() {
         let d = match ins {
             Ins::Load(_, d) | Ins::Unary(_, _, d) | Ins::Not(_, d) | Ins::ToBool(_, d) | Ins::Binary(_, _, _, d) | Ins::Select(_, _, _, d) => d,
         };
-        let p = free.pop().unwrap_or_else(|| {
-            nregs += 1;
-            nregs - 1
-        });
-        phys[key(d)] = p;
+        let to_out = (OUT_BASE..LOAD_BASE).contains(&d);
+        let p = if to_out {
+            d
+        } else {
+            let p = free.pop().unwrap_or_else(|| {
+                nregs += 1;
+                nregs - 1
+            });
+            phys[key(d)] = p;
+            p
+        };
         let r = |o: Opd| remap(o, &phys);
         out_seq.push(match ins {
             Ins::Load(k, _) => Ins::Load(k, p),
@@ -407,19 +617,19 @@ fn allocate(prog: Vec<Ins>, outs: Vec<(Opd, OutBuf)>, nloads: usize, vregs: u16)
         // Operands read for the last time are freed after the destination was chosen, so
         // an instruction never writes a register it reads.
         let mut dead: Vec<u16> = operands(ins)
-            .into_iter()
             .filter_map(|o| match o {
                 Opd::Reg(v) if last[key(v)] == Some(t) => Some(phys[key(v)]),
-                Opd::Reg(_) | Opd::Ext(_) | Opd::Splat(_) => None,
+                Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => None,
             })
             .collect();
+        dead.sort_unstable();
         dead.dedup();
         free.extend(dead);
-        if last[key(d)].is_none() {
+        if !to_out && last[key(d)].is_none() {
             free.push(p);
         }
     }
-    let outs = outs.into_iter().map(|(o, b)| (remap(o, &phys), b)).collect();
+    let outs = outs.iter().map(|&o| remap(o, &phys)).collect();
     (out_seq, outs, nregs as usize)
 }
 
@@ -428,7 +638,7 @@ thread_local! {
 }
 
 /// Runs elements `[start, end)` with this thread's scratch registers.
-fn exec(k: &Kernel, start: usize, end: usize) {
+fn exec(k: &Kernel<'_>, start: usize, end: usize) {
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() < k.nregs * CH {
@@ -441,7 +651,7 @@ fn exec(k: &Kernel, start: usize, end: usize) {
 // The chunk loop itself is the instruction-set-dispatched function: a closure (such as
 // the one `with` takes) would be compiled without the wider instruction sets.
 #[inline(always)]
-fn exec_chunks_body(k: &Kernel, regs: *mut f32, start: usize, end: usize) {
+fn exec_chunks_body(k: &Kernel<'_>, regs: *mut f32, start: usize, end: usize) {
     let mut off = start;
     while off < end {
         let len = CH.min(end - off);
@@ -450,7 +660,7 @@ fn exec_chunks_body(k: &Kernel, regs: *mut f32, start: usize, end: usize) {
         off += len;
     }
 }
-crate::multiversion!(fn exec_chunks(k: &Kernel, regs: *mut f32, start: usize, end: usize) => exec_chunks_body);
+crate::multiversion!(fn exec_chunks(k: &Kernel<'_>, regs: *mut f32, start: usize, end: usize) => exec_chunks_body);
 
 enum Src<'a> {
     S(&'a [f32]),
@@ -460,11 +670,15 @@ enum Src<'a> {
 /// # Safety
 /// As `chunk`; the slice must not overlap a live `reg_mut` of the same register.
 #[inline(always)]
-unsafe fn source<'a>(k: &Kernel, regs: *mut f32, o: Opd, off: usize, len: usize) -> Src<'a> {
+unsafe fn source<'a>(k: &Kernel<'_>, regs: *mut f32, o: Opd, off: usize, len: usize) -> Src<'a> {
     match o {
         Opd::Reg(r) => Src::S(std::slice::from_raw_parts(regs.add(r as usize * CH), len)),
         Opd::Ext(e) => Src::S(std::slice::from_raw_parts(k.ext[e as usize].add(off), len)),
-        Opd::Splat(v) => Src::C(v),
+        Opd::Scal(v) => Src::C(k.scal[v as usize]),
+        Opd::Out(s) => match k.outs[s as usize].1 {
+            OutBuf::F32(p) => Src::S(std::slice::from_raw_parts(p.add(off), len)),
+            OutBuf::Bool(_) => unreachable!("direct writes are f32"),
+        },
     }
 }
 
@@ -478,16 +692,22 @@ unsafe fn reg_mut<'a>(regs: *mut f32, r: u16, len: usize) -> &'a mut [MaybeUnini
 /// # Safety
 /// `regs` holds `k.nregs * CH` floats; `[off, off + len)` is within every buffer.
 #[inline(always)]
-unsafe fn chunk(k: &Kernel, regs: *mut f32, off: usize, len: usize) {
+unsafe fn chunk(k: &Kernel<'_>, regs: *mut f32, off: usize, len: usize) {
     let src = |o: Opd| source(k, regs, o, off, len);
-    // The destination register is never one of the instruction's operands (`allocate`).
-    let dst = |r: u16| reg_mut(regs, r, len);
-    for &ins in &k.prog {
+    // The destination is never one of the instruction's operands (`allocate`, `direct_writes`).
+    let dst = |r: u16| match r {
+        OUT_BASE..LOAD_BASE => match k.outs[(r - OUT_BASE) as usize].1 {
+            OutBuf::F32(p) => std::slice::from_raw_parts_mut(p.add(off).cast(), len),
+            OutBuf::Bool(_) => unreachable!("direct writes are f32"),
+        },
+        _ => reg_mut(regs, r, len),
+    };
+    for &ins in k.prog {
         match ins {
-            Ins::Load(l, d) => gather(&k.loads[l as usize], off, dst(d)),
+            Ins::Load(l, d) => gather(&k.loads[l as usize], k.data[l as usize], off, dst(d)),
             Ins::Unary(op, a, d) => match src(a) {
                 Src::S(x) => op.map(x, dst(d)),
-                Src::C(x) => fill(dst(d), eval_scalar(Ins::Unary(op, Opd::Splat(x), 0))),
+                Src::C(x) => fill(dst(d), unary_scalar(op, x)),
             },
             Ins::Not(a, d) => match src(a) {
                 Src::S(x) => map(x, dst(d), |v| (v == 0.0) as u8 as f32),
@@ -517,7 +737,10 @@ unsafe fn chunk(k: &Kernel, regs: *mut f32, off: usize, len: usize) {
             },
         }
     }
-    for (o, buf) in &k.outs {
+    for (s, (o, buf)) in k.outs.iter().enumerate() {
+        if matches!(o, Opd::Out(w) if *w as usize == s) {
+            continue;
+        }
         match buf {
             OutBuf::F32(p) => {
                 let out: &mut [MaybeUninit<f32>] = std::slice::from_raw_parts_mut(p.add(off).cast(), len);
@@ -568,7 +791,7 @@ fn select<A: Lane<f32>, B: Lane<f32>>(c: &[f32], a: A, b: B, out: &mut [MaybeUni
 
 /// Reads elements `[off, off + out.len())` of the broadcast input into `out`.
 #[inline(always)]
-unsafe fn gather(g: &Gather, off: usize, out: &mut [MaybeUninit<f32>]) {
+unsafe fn gather(g: &Layout, data: Data, off: usize, out: &mut [MaybeUninit<f32>]) {
     let r = g.dims.len();
     // Multi-index of `off` and the input offset it maps to.
     let mut idx = [0usize; 16];
@@ -584,7 +807,7 @@ unsafe fn gather(g: &Gather, off: usize, out: &mut [MaybeUninit<f32>]) {
     while done < out.len() {
         let run = (inner - idx[r - 1]).min(out.len() - done);
         let o = &mut out[done..done + run];
-        match (g.data, ist) {
+        match (data, ist) {
             (Data::F32(p), 0) => fill(o, *p.add(base)),
             (Data::F32(p), 1) => map(std::slice::from_raw_parts(p.add(base), run), o, |v| v),
             (Data::F32(p), s) => o.iter_mut().enumerate().for_each(|(i, o)| {

@@ -145,3 +145,40 @@ fn gradients_are_unchanged_by_fusion() {
     let (fused, unfused) = same(&[x, w], &gs, &[data(&[16, 8], 3), data(&[8, 4], 4)]);
     assert!(fused < unfused, "{fused} vs {unfused}");
 }
+
+#[test]
+fn programs_are_reused_across_calls_and_rebuilt_for_new_layouts() {
+    // One compiled function called with changing scalars, shapes and broadcast patterns:
+    // each call must match an unfused run of the same inputs (a cached program keeps only
+    // what the input layout fixes).
+    let x = ph("x", &[None, None]);
+    let b = ph("b", &[None]);
+    let s = ph("s", &[]);
+    let k = add(&mul(&s, &c(2.0)).unwrap(), &c(1.0)).unwrap();
+    let y = unary(UnaryOp::Sigmoid, &add(&mul(&x, &k).unwrap(), &b).unwrap()).unwrap();
+    let z = binary(BinaryOp::Maximum, &sub(&y, &s).unwrap(), &b).unwrap();
+    let (feeds, outs) = (vec![x, b, s], vec![y, z]);
+    let fused = Function::new(feeds.clone(), outs.clone(), vec![]).unwrap();
+    fused.plan.init_cpu_schedule(true);
+    let unfused = Function::new(feeds, outs, vec![]).unwrap();
+    unfused.plan.init_cpu_schedule(false);
+    let cases = [
+        (vec![4, 6], vec![6], 0.5f32),
+        (vec![4, 6], vec![6], -3.0),
+        (vec![4, 6], vec![1], 0.5),
+        (vec![3, 5], vec![5], 0.25),
+        (vec![4, 6], vec![6], 7.0),
+        (vec![1, 6], vec![6], 1.5),
+        (vec![0, 6], vec![6], 1.5),
+    ];
+    let bits = |v: &Value| -> Vec<u64> { v.to_f64_vec().iter().map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() }).collect() };
+    for (r, (xs, bs, sv)) in cases.iter().enumerate() {
+        let vs = vec![data(xs, r as u32), data(bs, 10 + r as u32), Value::scalar_f64(DType::F32, *sv as f64)];
+        let got = crate::runtime::cpu::run(&fused.plan, vs.clone()).unwrap();
+        let want = crate::runtime::cpu::run(&unfused.plan, vs).unwrap();
+        for (a, w) in got.iter().zip(&want) {
+            assert_eq!(a.shape(), w.shape(), "case {r}");
+            assert_eq!(bits(a), bits(w), "case {r}");
+        }
+    }
+}
