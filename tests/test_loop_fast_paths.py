@@ -133,3 +133,22 @@ def test_loop_gradient_of_some_inputs(rng):
     every = K.function([x, h0], K.gradients(loss, [x, h0, W, U, b]))(feeds)
     for g, w in zip(some, every[2:]):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
+def test_shapes_made_from_data_inside_a_body_are_not_folded():
+    """A body whose reshape takes its shape from step data has different shapes at every
+    step: it must not run specialised to the first step's shapes."""
+    ks = np.array([1.0, 2.0, 4.0, 2.0, 1.0], dtype="float32")
+    x = K.placeholder(shape=(1, 5, 1))
+
+    def step(inp, states):
+        k = K.cast(inp[0, 0], "int32")
+        v = K.reshape(K.ones((4,)), K.stack([k, -1]))
+        rows = K.cast(K.shape(v)[0], "float32")
+        return K.reshape(rows, (1, 1)), [states[0] + rows]
+
+    last, outs, states = K.rnn(step, x, [K.zeros((1, 1))])
+    f = K.function([x], [outs, states[0]])
+    got_outs, got_state = f([ks.reshape(1, 5, 1)])
+    np.testing.assert_array_equal(got_outs.reshape(-1), ks)
+    np.testing.assert_array_equal(got_state, [[ks.sum()]])

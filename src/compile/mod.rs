@@ -195,6 +195,36 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// Whether every slot's shape is a function of the feeds' shapes, as `specialize`
+    /// assumes: no callback makes values of its own shapes, and every shape operand
+    /// (of reshape, broadcast_to, sum_to, random, the conv gradients) is computed from
+    /// `shape` nodes and constants, not from data (`reshape(x, cast(sum(mask)))`).
+    pub fn shapes_follow_feeds(&self) -> bool {
+        let mut from_shapes = vec![false; self.nodes.len()];
+        for i in 0..self.nodes.len() {
+            let op = self.nodes[i].op();
+            let ins = &self.inputs[i];
+            from_shapes[i] = match (&self.steps[i], op) {
+                (Step::Fed(_), _) => false,
+                (Step::Folded(_), _) | (_, Op::ShapeOf) => true,
+                (_, op) => pure(op) && !ins.is_empty() && ins.iter().all(|&j| from_shapes[j]),
+            };
+            let shape_operand = match op {
+                Op::HostCall(_) | Op::CtcDecode(_) => return false,
+                Op::Reshape | Op::BroadcastTo | Op::SumTo => Some(1),
+                Op::Random(_) => Some(0),
+                Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) => Some(2),
+                _ => None,
+            };
+            if matches!(self.steps[i], Step::Compute) && shape_operand.is_some_and(|k| ins.get(k).is_some_and(|&j| !from_shapes[j])) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 /// Whether a node's value depends on its inputs alone, so it can be computed at compile time.
 fn pure(op: &Op) -> bool {
     !matches!(op, Op::Placeholder(_) | Op::Variable(_) | Op::Random(_) | Op::HostCall(_) | Op::CtcDecode(_) | Op::Loop(_) | Op::TupleGet(_))

@@ -295,8 +295,7 @@ pub fn run(
         .map(<[usize]>::to_vec)
         .collect();
     let special = body.specialised(&generic, &key);
-    // Shapes are a function of the feeds' shapes unless a node makes its own (a callback).
-    let mut record = special.is_none() && generic.nodes.iter().all(|n| !matches!(n.op(), Op::HostCall(_) | Op::CtcDecode(_)));
+    let mut record = special.is_none() && generic.shapes_follow_feeds();
     let mut plan = special.unwrap_or_else(|| generic.clone());
     let is_read = |k: usize| read.get(k).copied().unwrap_or(true);
     let mut outs: Vec<Stacked> =
