@@ -1,9 +1,11 @@
 """Report of a per-op timing table written by an engine built with benches/opprof.patch.
 
 The patch (profiling only, never merged; it touches src/runtime/cpu/mod.rs alone) makes the
-CPU executor time every plan step (wall time, so a kernel's rayon workers are included) and
-write `ns<TAB>count<TAB>bytes<TAB>key` lines to $FK_OPPROF every 50 top-level runs. Build
-and use it in a private copy, so the tree's extension is left alone:
+CPU executor time every plan item, a node or a fused group, with its shapes (wall time, so a
+kernel's rayon workers are included), and write `ns<TAB>count<TAB>key` lines to $FK_OPPROF
+every 200 plan runs (loop-body runs included). Older tables (`ns<TAB>count<TAB>bytes<TAB>key`,
+with run totals and `[body]` marks) are read too. Build and use it in a private copy, so the
+tree's extension is left alone:
 
     git archive HEAD | tar -x -C /tmp/fk && cd /tmp/fk && patch -p1 < <repo>/benches/opprof.patch
     PYO3_PYTHON=<repo>/.venv/bin/python cargo build --release --lib
@@ -30,10 +32,13 @@ def main():
     runs = 1
     with open(a.table) as f:
         for ln in f:
-            if ln.startswith("top_runs"):
+            if ln.startswith(("top_runs", "runs ")):
                 runs = int(ln.split()[1])
                 continue
-            ns, n, by, key = ln.rstrip("\n").split("\t", 3)
+            cols = ln.rstrip("\n").split("\t")
+            if len(cols) == 3:  # the current patch: ns, count, key (no bytes column)
+                cols.insert(2, "0")
+            ns, n, by, key = cols[0], cols[1], cols[2], "\t".join(cols[3:])
             rows.append((int(ns), int(n), int(by), key))
     meta = {k: (ns, n) for ns, n, by, k in rows if k.startswith("==")}
     ops = [(ns, n, by, k) for ns, n, by, k in rows if not k.startswith("==")]
@@ -48,10 +53,14 @@ def main():
     body_total = meta.get("== run (loop body plan, total)", (0, 1))[0]
     body_ops = sum(ns for ns, n, by, k in ops if k.startswith("[body]"))
     loop_ns = sum(ns for ns, n, by, k in ops if k.startswith("loop "))
-    print(f"{a.table}: {calls} training calls ({runs} top-level plan runs), plan run "
-          f"{per(top_total):.2f} ms per call")
-    print(f"  top-level plan: kernels {per(top_ops):.2f} ms, interpreter between kernels "
-          f"{per(top_total - top_ops):.3f} ms ({(top_total - top_ops) / max(top_total, 1):.1%})")
+    if not meta:  # the current patch times plan items only (no run totals, no [body] marks)
+        print(f"{a.table}: {calls} training calls ({runs} plan runs, loop bodies included); "
+              f"kernels {per(sum(ns for ns, n, by, k in ops if not k.startswith('loop '))):.2f} ms per call")
+    else:
+        print(f"{a.table}: {calls} training calls ({runs} top-level plan runs), plan run "
+              f"{per(top_total):.2f} ms per call")
+        print(f"  top-level plan: kernels {per(top_ops):.2f} ms, interpreter between kernels "
+              f"{per(top_total - top_ops):.3f} ms ({(top_total - top_ops) / max(top_total, 1):.1%})")
     if body_total > 1:
         print(f"  loops: {per(loop_ns):.2f} ms, of which body plans {per(body_total):.2f} ms "
               f"(kernels {per(body_ops):.2f} ms, interpreter {per(body_total - body_ops):.2f} ms); "
