@@ -96,15 +96,22 @@ def _lstm(x, h0, W, U, b, unroll):
     return K.rnn(step, x, [h0 * 0.0 + h0, h0 * 0.5], unroll=unroll)
 
 
-def test_loop_specialised_per_batch_size(rng):
-    """Batch 1 (where the bias' `sum_to` is the identity), then 3, then 1 again, then 2:
-    loop and unrolled graph agree on values and gradients each time."""
-    T, D, H = 4, 3, 2
+def _lstm_inputs(rng, T, D, H):
+    """Weights (W, U, b) of an H-unit LSTM cell over D features, float64, and
+    placeholders for a [batch, T, D] sequence and a [batch, H] initial state."""
     W = K.variable(rng.normal(size=(D, 4 * H)) * 0.5, dtype="float64")
     U = K.variable(rng.normal(size=(H, 4 * H)) * 0.5, dtype="float64")
     b = K.variable(rng.normal(size=(1, 4 * H)) * 0.1, dtype="float64")
     x = K.placeholder(shape=(None, T, D), dtype="float64")
     h0 = K.placeholder(shape=(None, H), dtype="float64")
+    return W, U, b, x, h0
+
+
+def test_loop_specialised_per_batch_size(rng):
+    """Batch 1 (where the bias' `sum_to` is the identity), then 3, then 1 again, then 2:
+    loop and unrolled graph agree on values and gradients each time."""
+    T, D, H = 4, 3, 2
+    W, U, b, x, h0 = _lstm_inputs(rng, T, D, H)
     fns = {}
     for unroll in (False, True):
         last, outs, (h, c) = _lstm(x, h0, W, U, b, unroll)
@@ -121,11 +128,7 @@ def test_loop_gradient_of_some_inputs(rng):
     """Asking for the weights' gradients alone (no gradient of the sequence, as in Keras
     training) gives the same values as asking for all of them."""
     T, D, H = 5, 3, 2
-    W = K.variable(rng.normal(size=(D, 4 * H)) * 0.5, dtype="float64")
-    U = K.variable(rng.normal(size=(H, 4 * H)) * 0.5, dtype="float64")
-    b = K.variable(rng.normal(size=(1, 4 * H)) * 0.1, dtype="float64")
-    x = K.placeholder(shape=(None, T, D), dtype="float64")
-    h0 = K.placeholder(shape=(None, H), dtype="float64")
+    W, U, b, x, h0 = _lstm_inputs(rng, T, D, H)
     last, outs, _ = _lstm(x, h0, W, U, b, unroll=False)
     loss = K.sum(last * last)
     feeds = [rng.normal(size=(2, T, D)), rng.normal(size=(2, H))]
