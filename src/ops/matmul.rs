@@ -126,6 +126,9 @@ struct Plan {
 /// Multiply-adds below which a GEMM runs on the calling thread: waking the pool costs more
 /// than the work it would share (the LSTM's per-step 64x64x256 is 1M).
 const PAR_MIN_MACS: usize = 1 << 21;
+/// Multiply-adds from which a single product in a loop body is split in two for the
+/// loop's helper thread (`runtime::cpu::team`), which polls instead of sleeping.
+const TEAM_MIN_MACS: usize = 1 << 17;
 /// Columns at or below which `C = Aᵀ·B` (A stored `k x m`) is computed column-major: the
 /// `gemm` microkernel runs `MR` rows of its destination at a time, so a row-major `m x 10`
 /// destination, which it transposes to `10 x m`, would compute mostly padding, while
@@ -329,6 +332,33 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
             )
         }
     };
+    if batches == 1 && !skinny && macs < PAR_MIN_MACS && macs >= TEAM_MIN_MACS && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available() {
+        // In a loop body: halves of the columns (or rows) on the loop's two threads.
+        let (by_cols, len) = if n >= 32 { (true, n) } else { (false, m) };
+        let h = if by_cols { (len / 2).div_ceil(16) * 16 } else { (len / 2).div_ceil(8) * 8 };
+        let dst = SharedDst(spare.as_mut_ptr() as *mut T);
+        let (ao, bo) = (aoff[0], boff[0]);
+        crate::runtime::cpu::team::split2(&|part| {
+            let (s, e) = if part == 0 { (0, h) } else { (h, len) };
+            let (i0, rows, j0, cols) = if by_cols { (0, m, s, e - s) } else { (s, e - s, 0, n) };
+            let d = dst;
+            // SAFETY: rows i0..i0+rows of A, columns j0..j0+cols of B and that block of
+            // the m x n destination lie inside their buffers (strides as below); the two
+            // parts write disjoint blocks.
+            unsafe {
+                gemm::gemm(
+                    rows, cols, k,
+                    d.0.add(i0 * n + j0), 1, n as isize, false,
+                    ad.as_ptr().add(ao).offset(i0 as isize * a_rs), a_cs, a_rs,
+                    bd.as_ptr().add(bo).offset(j0 as isize * b_cs), b_cs, b_rs,
+                    T::zero(), T::one(), false, false, false, Parallelism::None,
+                )
+            }
+        });
+        // SAFETY: the two parts cover the whole m x n result.
+        unsafe { out.set_len(total) };
+        return T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared());
+    }
     let chunk = (m * n).max(1);
     if batches > 1 && macs < PAR_MIN_MACS {
         // Small matrices: whole ones per task, enough of them per task to pay for it.

@@ -14,6 +14,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::elementwise::{grain, Lane, Splat};
 use crate::ops::{BinaryOp, FusedOp, GpuKind, UnaryOp};
+use crate::runtime::cpu::team;
 use crate::runtime::value::{Arr, Value};
 use crate::shape::broadcast_runtime;
 use ndarray::IxDyn;
@@ -24,6 +25,8 @@ use std::sync::{Arc, Mutex};
 
 /// Elements per chunk: a register is 4 KiB, so a program's registers stay in L1/L2.
 const CH: usize = 1024;
+/// Work (adds) from which a group in a loop body is split with the loop's helper thread.
+const TEAM_WORK: usize = 1 << 15;
 /// Virtual register ids of gathered inputs start here (instruction results are below).
 const LOAD_BASE: u16 = 1 << 15;
 /// A destination from here up to `LOAD_BASE` is f32 output `d - OUT_BASE`, written directly.
@@ -534,7 +537,13 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option
     let scale = if rayon::current_thread_index().is_some() { 8 } else { 1 };
     let step = (grain(g.cost) * scale).div_ceil(CH) * CH;
     if n < 2 * step {
-        exec(&kern, 0, n);
+        // In a loop the other thread of the team (if any) takes the second half.
+        let half = (n / 2).div_ceil(CH) * CH;
+        if n.saturating_mul(g.cost) >= TEAM_WORK && half < n && team::available() {
+            team::split2(&|part| if part == 0 { exec(&kern, 0, half) } else { exec(&kern, half, n) });
+        } else {
+            exec(&kern, 0, n);
+        }
     } else {
         (0..n.div_ceil(step)).into_par_iter().for_each(|t| exec(&kern, t * step, ((t + 1) * step).min(n)));
     }

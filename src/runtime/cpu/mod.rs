@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 pub mod alloc;
 pub mod fused;
+pub mod team;
 
 /// Runs `plan` on the CPU, on the calling thread. With `FERROKERAS_CPU_POOL=1` (and no
 /// Python callback in the plan) the whole run happens on a rayon worker instead, so the
@@ -119,9 +120,10 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
     match node.op() {
         Op::Loop(body) => {
             // A loop runs hundreds of small kernels per call: always worth a worker
-            // (Keras LSTM step: 1.26x, benches/PROFILE.md).
+            // (Keras LSTM step: 1.26x, benches/PROFILE.md), with a second one polling
+            // for halves of them (`team`).
             let read = results_read(plan, i, body.n_results());
-            let results = on_worker(&body.plan(), || crate::ops::control::run(body, args, &read, &run_recording))?;
+            let results = on_worker(&body.plan(), || team::with_team(|| crate::ops::control::run(body, args, &read, &run_recording)))?;
             multi.insert(i, results);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }

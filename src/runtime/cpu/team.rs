@@ -1,0 +1,154 @@
+//! A second thread kept spinning next to a loop, for the loop body's small kernels.
+//!
+//! A Keras LSTM step runs a few dozen kernels of 2-30 us each (64x64x256 products, the
+//! cell's elementwise groups), one after the other. Splitting one over the rayon pool
+//! costs a wake-up of a sleeping worker, longer than the work (measured slower, see
+//! benches/PROFILE.md); so they ran on one core while the other slept. While a loop runs,
+//! `with_team` keeps one other worker polling a slot instead, so a kernel can hand it half
+//! of its work for the price of a cache-line exchange (`split2`).
+//!
+//! The helper is asked for, never relied on: the thread that posts a job takes the second
+//! half back when the helper has not started it, so a pool with one thread, a helper that
+//! never got scheduled, or one busy with other rayon work only cost the split. While it
+//! polls, the helper also runs pending rayon work (`rayon::yield_now`), so kernels that use
+//! the pool inside the loop keep both threads.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
+/// The slot between the thread running the loop and its helper.
+pub struct Team {
+    /// A posted job, or null; the helper takes it by swapping in null.
+    slot: AtomicPtr<Job<'static>>,
+    /// Set when the loop is over: the helper returns to the pool.
+    stop: AtomicBool,
+    owner: std::thread::ThreadId,
+}
+
+struct Job<'a> {
+    f: &'a (dyn Fn(usize) + Sync),
+    done: AtomicBool,
+    /// The helper's half panicked (the poster re-raises once it has waited).
+    panicked: AtomicBool,
+}
+
+thread_local! {
+    /// The team of the loop this thread is running, if any.
+    static TEAM: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f` with a helper thread polling for work (see the module comment); on this thread
+/// alone where the pool has one thread or this thread already leads a team (nested loops).
+/// Must be called on a rayon worker (`cpu::on_worker`).
+pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_num_threads() < 2 || rayon::current_thread_index().is_none() || available() {
+        return f();
+    }
+    let team = Team { slot: AtomicPtr::new(std::ptr::null_mut()), stop: AtomicBool::new(false), owner: std::thread::current().id() };
+    rayon::scope(|s| {
+        s.spawn(|_| team.serve());
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                TEAM.set(std::ptr::null());
+            }
+        }
+        TEAM.set(&team);
+        let reset = Reset;
+        let r = f();
+        drop(reset);
+        team.stop.store(true, Ordering::Release);
+        r
+    })
+}
+
+impl Team {
+    fn serve(&self) {
+        // The leader itself may pop this job while it waits inside a rayon call of the
+        // loop: it must not spin then, since the loop (which would stop it) cannot go on.
+        if std::thread::current().id() == self.owner {
+            return;
+        }
+        let mut idle = 0u32;
+        while !self.stop.load(Ordering::Acquire) {
+            let p = self.slot.load(Ordering::Acquire);
+            if !p.is_null() && self.slot.compare_exchange(p, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                // SAFETY: the poster waits for `done` once the job was taken from the slot
+                // (`split2`), so the job and what it borrows outlive this call.
+                let job = unsafe { &*p };
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.f)(1)));
+                job.panicked.store(r.is_err(), Ordering::Relaxed);
+                job.done.store(true, Ordering::Release);
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle % 64 == 0 && matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+                idle = 0;
+                continue;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Whether this thread leads a team, so `split2` may run the halves on two threads.
+pub fn available() -> bool {
+    !TEAM.get().is_null()
+}
+
+/// Runs `f(0)` and `f(1)`, on this thread and the team's helper when there is one, and
+/// returns when both have run.
+pub fn split2(f: &(dyn Fn(usize) + Sync)) {
+    let t = TEAM.get();
+    if t.is_null() {
+        f(0);
+        f(1);
+        return;
+    }
+    // SAFETY: `with_team` clears TEAM before its team goes out of scope.
+    let team = unsafe { &*t };
+    let job = Job { f, done: AtomicBool::new(false), panicked: AtomicBool::new(false) };
+    // The slot's type erases the job's lifetime: `Posted` takes the job back or waits for
+    // the helper to finish it before `job` goes out of scope, also when `f(0)` unwinds.
+    let p = &job as *const Job<'_> as *mut Job<'static>;
+    team.slot.store(p, Ordering::Release);
+    let mut posted = Posted { team, p, job: &job, settled: false };
+    f(0);
+    if posted.settle() {
+        // Not taken: the helper is busy or absent.
+        f(1);
+    }
+    if job.panicked.load(Ordering::Relaxed) {
+        panic!("a kernel's second half panicked on the loop's helper thread");
+    }
+}
+
+struct Posted<'a> {
+    team: &'a Team,
+    p: *mut Job<'static>,
+    job: &'a Job<'a>,
+    settled: bool,
+}
+
+impl Posted<'_> {
+    /// Takes the job back (true) or waits until the helper has run it (false).
+    fn settle(&mut self) -> bool {
+        self.settled = true;
+        if self.team.slot.compare_exchange(self.p, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return true;
+        }
+        while !self.job.done.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        false
+    }
+}
+
+impl Drop for Posted<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.settle();
+        }
+    }
+}
