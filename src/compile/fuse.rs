@@ -22,6 +22,9 @@ pub struct Schedule {
     /// Whether a host callback runs (here or in a loop body): such plans stay on the
     /// calling thread, so a callback never waits for the GIL on a pool worker.
     pub has_host: bool,
+    /// Wall time of the last CPU run, in nanoseconds (0 before the first): picks whether
+    /// the next run keeps a helper thread polling (`runtime::cpu::run`).
+    pub last_run_ns: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -195,5 +198,5 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             g.frees = f.clone();
         }
     }
-    Schedule { items, frees, dispatches, has_host }
+    Schedule { items, frees, dispatches, has_host, last_run_ns: Default::default() }
 }

@@ -13,19 +13,37 @@ pub mod alloc;
 pub mod fused;
 pub mod team;
 
-/// Runs `plan` on the CPU, on the calling thread. With `FERROKERAS_CPU_POOL=1` (and no
-/// Python callback in the plan) the whole run happens on a rayon worker instead, so the
-/// kernels' parallel loops split work with joins rather than a cross-thread handoff per
-/// kernel. It is off by default: under heavy load it made the Keras MLP step 2.4x slower
-/// (benches/PROFILE.md); on a quiet machine it was mixed (CNN 1,122 vs 921 samples/s, MLP
-/// 20.8k vs 23.1k). Not yet understood.
+/// Calls shorter than this run with a helper thread polling (`team`).
+const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Runs `plan` on the CPU.
+///
+/// A short run (the last run of this plan took under `TEAM_MAX_RUN`, as in a Keras MLP
+/// step of a few ms) happens on a rayon worker with a second worker polling for work
+/// (`team`) for its whole length: its kernels' parallel loops and halves then start
+/// without waking a sleeping thread (Keras MLP step 4.2-4.9 -> 3.5-4.4 ms in
+/// six interleaved pairs). Longer runs of big kernels, which the pool already splits well,
+/// measured slower that way (Keras CNN step 34-36 -> 35-40 ms) and run on the calling
+/// thread; so do plans with a Python callback (the calling thread holds the GIL's
+/// hand-off) and, with `FERROKERAS_CPU_TEAM=0`, every plan. With `FERROKERAS_CPU_POOL=1`
+/// (and no callback) long runs still move to a rayon worker, without the poller: it was
+/// measured mixed (benches/PROFILE.md) and is off by default.
 pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
+    use std::sync::atomic::Ordering;
     static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
-    if !pool {
-        return run_here(plan, feeds);
-    }
-    on_worker(plan, || run_here(plan, feeds))
+    let sched = plan.cpu_schedule();
+    let short = sched.last_run_ns.load(Ordering::Relaxed) < TEAM_MAX_RUN.as_nanos() as u64;
+    let t0 = std::time::Instant::now();
+    let r = if team::enabled() && short && !sched.has_host {
+        on_worker(plan, || team::with_team(|| run_here(plan, feeds)))
+    } else if pool {
+        on_worker(plan, || run_here(plan, feeds))
+    } else {
+        run_here(plan, feeds)
+    };
+    sched.last_run_ns.store(t0.elapsed().as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    r
 }
 
 /// Runs `f` on a rayon worker, where the parallel loops of the kernels it calls are joins

@@ -1,17 +1,19 @@
-//! A second thread kept spinning next to a loop, for the loop body's small kernels.
+//! A second thread kept polling next to a loop or a short run, for halves of small kernels.
 //!
 //! A Keras LSTM step runs a few dozen kernels of 2-30 us each (64x64x256 products, the
 //! cell's elementwise groups), one after the other. Splitting one over the rayon pool
 //! costs a wake-up of a sleeping worker, longer than the work (measured slower, see
-//! benches/PROFILE.md); so they ran on one core while the other slept. While a loop runs,
-//! `with_team` keeps one other worker polling a slot instead, so a kernel can hand it half
-//! of its work for the price of a cache-line exchange (`split2`).
+//! benches/PROFILE.md); so they ran on one core while the other slept. While a loop runs
+//! (and during a short top-level run, `cpu::run`), `with_team` keeps one other worker
+//! polling a slot instead, so a kernel can hand it half of its work for the price of a
+//! cache-line exchange (`split2`).
 //!
 //! The helper is asked for, never relied on: the thread that posts a job takes the second
 //! half back when the helper has not started it, so a pool with one thread, a helper that
-//! never got scheduled, or one busy with other rayon work only cost the split. While it
-//! polls, the helper also runs pending rayon work (`rayon::yield_now`), so kernels that use
-//! the pool inside the loop keep both threads.
+//! never got scheduled, or one busy with other rayon work only cost the split. Every 64
+//! polls the helper also runs pending rayon work (`rayon::yield_now`), so kernels that use
+//! the pool keep both threads (polling the pool on every round measured slower: its
+//! steals contend with the leader's own deque).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -41,7 +43,7 @@ thread_local! {
 /// alone where the pool has one thread or this thread already leads a team (nested loops).
 /// Must be called on a rayon worker (`cpu::on_worker`).
 pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_num_threads() < 2 || rayon::current_thread_index().is_none() || available() {
+    if !enabled() || rayon::current_num_threads() < 2 || rayon::current_thread_index().is_none() || available() {
         return f();
     }
     let team = Team { slot: AtomicPtr::new(std::ptr::null_mut()), stop: AtomicBool::new(false), owner: std::thread::current().id() };
@@ -79,17 +81,21 @@ impl Team {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.f)(1)));
                 job.panicked.store(r.is_err(), Ordering::Relaxed);
                 job.done.store(true, Ordering::Release);
-                idle = 0;
                 continue;
             }
-            idle += 1;
+            idle = idle.wrapping_add(1);
             if idle % 64 == 0 && matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
-                idle = 0;
                 continue;
             }
             std::hint::spin_loop();
         }
     }
+}
+
+/// Whether helpers are used at all: `FERROKERAS_CPU_TEAM=0` turns them off.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_TEAM").is_none_or(|v| v != "0"))
 }
 
 /// Whether this thread leads a team, so `split2` may run the halves on two threads.
