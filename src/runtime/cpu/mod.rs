@@ -13,14 +13,17 @@ pub mod alloc;
 pub mod fused;
 pub mod team;
 
-/// Calls shorter than this run with a helper thread polling (`team`).
+/// Runs whose previous run took this long or longer (and less than `TEAM_MAX_RUN`) have a
+/// helper thread polling (`team`); shorter ones would pay its start (a hand-off to the
+/// pool, ~15 us) on every call.
+const TEAM_MIN_RUN: std::time::Duration = std::time::Duration::from_millis(1);
 const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Runs `plan` on the CPU.
 ///
-/// A short run (the last run of this plan took under `TEAM_MAX_RUN`, as in a Keras MLP
-/// step of a few ms) happens on a rayon worker with a second worker polling for work
-/// (`team`) for its whole length: its kernels' parallel loops and halves then start
+/// A short run (the last run of this plan took 1-10 ms, as a Keras MLP step does)
+/// happens on a rayon worker with a second worker polling for work (`team`) for its whole
+/// length: its kernels' parallel loops and halves then start
 /// without waking a sleeping thread (Keras MLP step 4.2-4.9 -> 3.5-4.4 ms in
 /// six interleaved pairs). Longer runs of big kernels, which the pool already splits well,
 /// measured slower that way (Keras CNN step 34-36 -> 35-40 ms) and run on the calling
@@ -33,7 +36,8 @@ pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
     static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
     let sched = plan.cpu_schedule();
-    let short = sched.last_run_ns.load(Ordering::Relaxed) < TEAM_MAX_RUN.as_nanos() as u64;
+    let last = sched.last_run_ns.load(Ordering::Relaxed);
+    let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
     let t0 = std::time::Instant::now();
     let r = if team::enabled() && short && !sched.has_host {
         on_worker(plan, || team::with_team(|| run_here(plan, feeds)))
