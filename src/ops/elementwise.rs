@@ -394,8 +394,12 @@ impl Ret<f64> for bool {
     }
 }
 
-/// Work (in adds) below which handing a task to another thread costs more than it saves.
-pub const PAR_WORK: usize = 1 << 16;
+/// Work (in adds) below which handing a task to another thread costs more than it saves:
+/// waking a sleeping rayon worker takes 10-20 us on a 2-vCPU VM, so tasks are ~20 us of
+/// work (at 1 << 16 a lone 64x512 `sqrt` was split in two and ran in 42 us instead of
+/// 16). Kernels in a loop or a short run split smaller work with the polling helper
+/// instead (`runtime::cpu::team`).
+pub const PAR_WORK: usize = 1 << 18;
 
 /// Elements per parallel task for a kernel costing `cost` adds per element.
 pub fn grain(cost: usize) -> usize {
