@@ -14,6 +14,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::elementwise::{grain, Lane, Splat};
 use crate::ops::{BinaryOp, FusedOp, GpuKind, UnaryOp};
+use crate::runtime::cpu::fused_rules::{self, Leaf, Special};
 use crate::runtime::cpu::team;
 use crate::runtime::value::{Arr, Value};
 use crate::shape::broadcast_runtime;
@@ -117,6 +118,8 @@ struct Body {
     outs: Vec<Out>,
     /// Same-size f32 inputs that die here and may donate their buffer to the first f32 output.
     spare: Vec<usize>,
+    /// The group is an optimizer update run with its values in registers (`fused_rules`).
+    special: Option<Special>,
 }
 
 struct Kernel<'a> {
@@ -127,6 +130,8 @@ struct Kernel<'a> {
     data: &'a [Data],
     scal: &'a [f32],
     outs: &'a [(Opd, OutBuf)],
+    /// A recognised update rule and the outputs' buffers in group output order.
+    special: Option<(&'a Special, &'a [*mut f32])>,
 }
 
 // SAFETY: the pointers are into buffers that outlive the parallel loop; tasks write
@@ -372,6 +377,23 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             }
         }
     }
+    let special = if outs.iter().all(|o| matches!(o, Out::F32(_))) {
+        let leaf = |j: usize| -> Option<Leaf> {
+            let opd = match g.members.iter().position(|&x| x == j) {
+                Some(q) => mem_opd[q],
+                None => inputs[g.ext.iter().position(|&x| x == j)?],
+            };
+            match opd {
+                Opd::Ext(x) => Some(Leaf::Vec(x)),
+                Opd::Scal(k) => Some(Leaf::Scal(k)),
+                Opd::Reg(v) if v < LOAD_BASE => Some(Leaf::Member),
+                Opd::Reg(_) | Opd::Out(_) => None,
+            }
+        };
+        fused_rules::detect(plan, g, &leaf)
+    } else {
+        None
+    };
     direct_writes(&mut prog, &mut outs, &spare, &inputs);
     // Register allocation: a register is free after its last reader; outputs live to the end.
     let out_opds: Vec<Opd> = outs.iter().filter_map(|o| match *o {
@@ -386,7 +408,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             Out::Passed(_) => {}
         }
     }
-    Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, outs, spare }))
+    Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, outs, spare, special }))
 }
 
 /// Makes the instruction that computes an f32 output write it into the output's buffer
@@ -529,7 +551,15 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option
             }
         }
     }
-    let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, scal: &scal, outs: &outs };
+    let out_ptrs: Vec<*mut f32> = match &b.special {
+        Some(_) => outs.iter().map(|(_, o)| match o {
+            OutBuf::F32(p) => *p,
+            OutBuf::Bool(_) => unreachable!("update rules write f32"),
+        }).collect(),
+        None => Vec::new(),
+    };
+    let special = b.special.as_ref().map(|sp| (sp, out_ptrs.as_slice()));
+    let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, scal: &scal, outs: &outs, special };
     // On a rayon worker (a loop body, see `cpu::on_worker`) the groups are small and the
     // other workers mostly asleep, each split waking one: split only 8x more work there
     // (Keras LSTM step faster in 5 of 6 interleaved runs, ~7%; at the top level the MLP's
@@ -558,6 +588,13 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option
         results[k] = Some(Value::Bool(Arr::from_shape_vec(IxDyn(&b.shape), v).expect("n elements")));
     }
     Ok(Some(results.into_iter().map(|r| r.expect("every output written")).collect()))
+}
+
+/// The update rules recognised in the programs compiled so far for group `g`.
+#[cfg(test)]
+pub fn rules_of(g: &Group) -> Vec<fused_rules::Rule> {
+    let cache = g.programs.0.lock().unwrap_or_else(|e| e.into_inner());
+    cache.iter().filter_map(|p| p.body.as_ref()?.special.as_ref().map(|s| s.rule)).collect()
 }
 
 fn operands(ins: Ins) -> impl Iterator<Item = Opd> {
@@ -666,6 +703,11 @@ fn exec(k: &Kernel<'_>, start: usize, end: usize) {
 // the one `with` takes) would be compiled without the wider instruction sets.
 #[inline(always)]
 fn exec_chunks_body(k: &Kernel<'_>, regs: *mut f32, start: usize, end: usize) {
+    if let Some((sp, outs)) = k.special {
+        // SAFETY: the inputs and outputs hold n >= end elements each.
+        unsafe { fused_rules::run(sp, k.ext, k.scal, outs, start, end - start) };
+        return;
+    }
     let mut off = start;
     while off < end {
         let len = CH.min(end - off);

@@ -182,3 +182,64 @@ fn programs_are_reused_across_calls_and_rebuilt_for_new_layouts() {
         }
     }
 }
+
+/// `same`, then the update rules recognised in the fused run's groups.
+fn rules(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> Vec<crate::runtime::cpu::fused_rules::Rule> {
+    same(feeds, outs, vs);
+    let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
+    f.plan.init_cpu_schedule(true);
+    crate::runtime::cpu::run(&f.plan, vs.to_vec()).unwrap();
+    f.plan
+        .cpu_schedule()
+        .items
+        .iter()
+        .flat_map(|it| match it {
+            crate::compile::fuse::Item::Group(g) => crate::runtime::cpu::fused::rules_of(g),
+            crate::compile::fuse::Item::Node(_) => vec![],
+        })
+        .collect()
+}
+
+/// `sqrt` as `K.sqrt` builds it: clipped at 0 first.
+fn k_sqrt(x: &Tensor) -> Tensor {
+    unary(UnaryOp::Sqrt, &binary(BinaryOp::Maximum, x, &c(0.0)).unwrap()).unwrap()
+}
+
+#[test]
+fn optimizer_updates_run_as_rules_bitwise_equal() {
+    use crate::runtime::cpu::fused_rules::Rule;
+    // Odd sizes (a tail after the 16-lane blocks), one large enough to run in parallel;
+    // special values (NaN, infinities, negatives under the clipped sqrt) in every input.
+    for shape in [[3usize, 5], [37, 29], [300, 301]] {
+        let dims: Vec<Option<usize>> = shape.iter().map(|&d| Some(d)).collect();
+        let (p, g, a, m) = (ph("p", &dims), ph("g", &dims), ph("a", &dims), ph("m", &dims));
+        let vs = |k: usize| -> Vec<Value> { (0..k as u32).map(|s| data(&shape, s + 1)).collect() };
+        // RMSprop as Keras 2.3.1 writes it, then with every product and sum the other way round.
+        let a2 = add(&mul(&c(0.9), &a).unwrap(), &mul(&c(0.1), &unary(UnaryOp::Square, &g).unwrap()).unwrap()).unwrap();
+        let p2 = sub(&p, &div(&mul(&c(1e-3), &g).unwrap(), &add(&k_sqrt(&a2), &c(1e-7)).unwrap()).unwrap()).unwrap();
+        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[a2.clone(), p2.clone()], &vs(3)), [Rule::RmsProp]);
+        let a3 = add(&mul(&unary(UnaryOp::Square, &g).unwrap(), &c(0.1)).unwrap(), &mul(&a, &c(0.9)).unwrap()).unwrap();
+        let p3 = sub(&p, &div(&mul(&g, &c(1e-3)).unwrap(), &add(&c(1e-7), &k_sqrt(&a3)).unwrap()).unwrap()).unwrap();
+        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[p3.clone(), a3.clone()], &vs(3)), [Rule::RmsProp]);
+        // Adam (m, v = a).
+        let m2 = add(&mul(&c(0.9), &m).unwrap(), &mul(&c(0.1), &g).unwrap()).unwrap();
+        let v2 = add(&mul(&c(0.999), &a).unwrap(), &mul(&c(1e-3), &unary(UnaryOp::Square, &g).unwrap()).unwrap()).unwrap();
+        let p4 = sub(&p, &div(&mul(&c(3e-4), &m2).unwrap(), &add(&k_sqrt(&v2), &c(1e-7)).unwrap()).unwrap()).unwrap();
+        let feeds = [p.clone(), g.clone(), m.clone(), a.clone()];
+        assert_eq!(rules(&feeds, &[m2.clone(), v2.clone(), p4.clone()], &vs(4)), [Rule::Adam]);
+        assert_eq!(rules(&feeds, &[p4.clone(), v2.clone(), m2.clone()], &vs(4)), [Rule::Adam]);
+        // Near misses run instruction by instruction: `+` for `-`, another gradient in the
+        // step, the clip the other way round (NaN handling differs), an extra output.
+        let p5 = add(&p, &div(&mul(&c(1e-3), &g).unwrap(), &add(&k_sqrt(&a2), &c(1e-7)).unwrap()).unwrap()).unwrap();
+        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[a2.clone(), p5], &vs(3)), []);
+        let p6 = sub(&p, &div(&mul(&c(1e-3), &m).unwrap(), &add(&k_sqrt(&a2), &c(1e-7)).unwrap()).unwrap()).unwrap();
+        assert_eq!(rules(&[p.clone(), g.clone(), a.clone(), m.clone()], &[a2.clone(), p6], &vs(4)), []);
+        let root = unary(UnaryOp::Sqrt, &binary(BinaryOp::Maximum, &c(0.0), &a2).unwrap()).unwrap();
+        let p7 = sub(&p, &div(&mul(&c(1e-3), &g).unwrap(), &add(&root, &c(1e-7)).unwrap()).unwrap()).unwrap();
+        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[a2.clone(), p7], &vs(3)), []);
+        let sq = unary(UnaryOp::Square, &g).unwrap();
+        let a8 = add(&mul(&c(0.9), &a).unwrap(), &mul(&c(0.1), &sq).unwrap()).unwrap();
+        let p8 = sub(&p, &div(&mul(&c(1e-3), &g).unwrap(), &add(&k_sqrt(&a8), &c(1e-7)).unwrap()).unwrap()).unwrap();
+        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[a8, p8, sq], &vs(3)), []);
+    }
+}

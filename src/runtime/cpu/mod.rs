@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 pub mod alloc;
 pub mod fused;
+pub mod fused_rules;
 pub mod team;
 
 /// Runs whose previous run took this long or longer (and less than `TEAM_MAX_RUN`) have a
