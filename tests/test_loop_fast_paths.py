@@ -160,12 +160,13 @@ def test_shapes_made_from_data_inside_a_body_are_not_folded():
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_loop_kernels_split_with_the_helper_thread(rng, dtype):
     """Inside a loop, products of 128k multiply-adds and more and costly fused groups run in
-    two halves, one on a helper thread (by columns, or by rows when the result is narrow):
+    two halves, one on a helper thread (by rows, or by columns when there are few rows):
     the loop agrees with the unrolled graph, whose steps run whole."""
     T, D, H, batch = 3, 32, 64, 96
     W = K.variable(rng.normal(size=(D, 4 * H)) * 0.2, dtype=dtype)
     U = K.variable(rng.normal(size=(H, 4 * H)) * 0.2, dtype=dtype)
     V = K.variable(rng.normal(size=(H, 24)) * 0.2, dtype=dtype)
+    Q = K.variable(rng.normal(size=(16, H)) * 0.2, dtype=dtype)
     x = K.placeholder(shape=(None, T, D), dtype=dtype)
     h0 = K.placeholder(shape=(None, H), dtype=dtype)
 
@@ -176,13 +177,15 @@ def test_loop_kernels_split_with_the_helper_thread(rng, dtype):
                       K.sigmoid(z[:, 3 * H:]))
         c2 = f * c + i * g
         h2 = o * K.tanh(c2)
-        return K.dot(h2, V), [h2, c2]  # [batch, 24]: narrow, split by rows
+        # [16, 4H]: few rows, split by columns; [batch, 24] and the rest: by rows.
+        few = K.sum(K.dot(Q * K.mean(h2), U)) * 0.01
+        return K.dot(h2, V) + few, [h2, c2]
 
     fns = {}
     for unroll in (False, True):
         last, outs, (h, c) = K.rnn(step, x, [h0, h0 * 0.5], unroll=unroll)
         loss = K.sum(outs * outs) + K.sum(K.tanh(c))
-        fns[unroll] = K.function([x, h0], [outs, c] + K.gradients(loss, [W, U, V, h0]))
+        fns[unroll] = K.function([x, h0], [outs, c] + K.gradients(loss, [W, U, V, Q, h0]))
     feeds = [rng.normal(size=(batch, T, D)).astype(dtype), rng.normal(size=(batch, H)).astype(dtype)]
     tol = dict(rtol=2e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1e-11, atol=1e-12)
     for _ in range(3):

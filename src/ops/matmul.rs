@@ -333,8 +333,11 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         }
     };
     if batches == 1 && !skinny && macs < PAR_MIN_MACS && macs >= TEAM_MIN_MACS && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available() {
-        // In a loop body: halves of the columns (or rows) on the loop's two threads.
-        let (by_cols, len) = if n >= 32 { (true, n) } else { (false, m) };
+        // In a loop body or a short run: halves of the rows (or columns) on two threads.
+        // By rows where there are enough: the elementwise kernels after a product split
+        // their elements in two halves as well, so each thread then mostly reads the rows
+        // it wrote (Keras LSTM step 0-9% faster than by columns in 4 of 6 pairs).
+        let (by_cols, len) = if m < 32 && n >= 32 { (true, n) } else { (false, m) };
         let h = if by_cols { (len / 2).div_ceil(16) * 16 } else { (len / 2).div_ceil(8) * 8 };
         let dst = SharedDst(spare.as_mut_ptr() as *mut T);
         let (ao, bo) = (aoff[0], boff[0]);
