@@ -606,12 +606,43 @@ fn to_contiguous<T: Elem>(v: ArrayView<'_, T, IxDyn>) -> Arr<T> {
     if v.is_standard_layout() || !unit_rows {
         return v.as_standard_layout().into_owned().into_shared();
     }
-    let mut out = Vec::with_capacity(v.len());
-    for lane in v.lanes(Axis(last)) {
-        out.extend_from_slice(lane.to_slice().expect("unit stride checked"));
+    let len = v.len();
+    let mut out: Vec<T> = Vec::with_capacity(len);
+    let dst = RowsDst(out.as_mut_ptr());
+    let row = shape[last];
+    // Rows [r0, r0 + rows of `part`) of the result (`part` a run of whole leading indices).
+    let copy = |part: ArrayView<'_, T, IxDyn>, r0: usize| {
+        for (r, lane) in part.lanes(Axis(last)).into_iter().enumerate() {
+            let s = lane.to_slice().expect("unit stride checked");
+            let d = dst;
+            // SAFETY: row r0 + r of the `len`-element result; the parts write disjoint rows.
+            unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), d.0.add((r0 + r) * row), row) };
+        }
+    };
+    if shape.len() >= 2 && shape[0] >= 2 && len >= TEAM_COPY && crate::runtime::cpu::team::available() {
+        // In a loop or a short run, halves of the leading axis on two threads: the rows
+        // each one wrote in the kernel before (split the same way) stay in its cache.
+        let h = shape[0] / 2;
+        let rows_per_index = len / shape[0] / row;
+        let (a, b) = v.split_at(Axis(0), h);
+        crate::runtime::cpu::team::split2(&|p| if p == 0 { copy(a.view(), 0) } else { copy(b.view(), h * rows_per_index) });
+    } else {
+        copy(v, 0);
     }
+    // SAFETY: every row of the result was written above.
+    unsafe { out.set_len(len) };
     Arr::from_shape_vec(IxDyn(&shape), out).expect("length is the product of the shape")
 }
+
+/// Elements from which a copy in a loop or short run is split with the helper thread.
+const TEAM_COPY: usize = 1 << 13;
+
+/// A result buffer that the two halves of a split copy write disjoint rows of.
+#[derive(Clone, Copy)]
+struct RowsDst<T>(*mut T);
+// SAFETY: only used to hand one output buffer to two tasks writing disjoint elements.
+unsafe impl<T> Send for RowsDst<T> {}
+unsafe impl<T> Sync for RowsDst<T> {}
 
 pub fn cpu_slice_grad(spec: &[SliceAxis], g: &Value, like: &Value) -> Result<Value> {
     fn go<T: Elem>(g: &Arr<T>, shape: &[usize], spec: &[SliceAxis]) -> Result<Value> {
@@ -668,12 +699,31 @@ pub fn cpu_concat(axis: usize, xs: &[&Value]) -> Result<Value> {
         let chunks: Vec<usize> = arrs.iter().map(|a| a.shape()[axis] * inner).collect();
         let mut shape = first.to_vec();
         shape[axis] = arrs.iter().map(|a| a.shape()[axis]).sum();
-        let mut out = Vec::with_capacity(outer * chunks.iter().sum::<usize>());
-        for o in 0..outer {
-            for (s, &c) in slices.iter().zip(&chunks) {
-                out.extend_from_slice(&s[o * c..(o + 1) * c]);
+        let stride: usize = chunks.iter().sum();
+        let total = outer * stride;
+        let mut out: Vec<T> = Vec::with_capacity(total);
+        let dst = RowsDst(out.as_mut_ptr());
+        let rows = |o0: usize, o1: usize| {
+            for o in o0..o1 {
+                let mut at = o * stride;
+                for (s, &c) in slices.iter().zip(&chunks) {
+                    let d = dst;
+                    // SAFETY: outer index o's run [o * stride, (o + 1) * stride) of the
+                    // `total`-element result; the halves write disjoint runs.
+                    unsafe { std::ptr::copy_nonoverlapping(s[o * c..(o + 1) * c].as_ptr(), d.0.add(at), c) };
+                    at += c;
+                }
             }
+        };
+        if outer >= 2 && total >= TEAM_COPY && crate::runtime::cpu::team::available() {
+            // As in `to_contiguous`: each thread copies the rows it is likely to have written.
+            let h = outer / 2;
+            crate::runtime::cpu::team::split2(&|p| if p == 0 { rows(0, h) } else { rows(h, outer) });
+        } else {
+            rows(0, outer);
         }
+        // SAFETY: all `outer` runs were written above.
+        unsafe { out.set_len(total) };
         Ok(T::wrap(Arr::from_shape_vec(IxDyn(&shape), out).expect("length is the product of the shape")))
     }
     crate::dispatch_dtype!(xs[0].dtype(), T => go::<T>(xs, axis))
