@@ -193,3 +193,25 @@ def test_loop_kernels_split_with_the_helper_thread(rng, dtype):
         got, want = fns[False](feeds), fns[True](feeds)
         for gv, wv in zip(got, want):
             np.testing.assert_allclose(gv, wv, **tol)
+
+
+def test_loops_specialise_on_the_values_of_captured_shape_vectors():
+    """A body reshaping by a shape vector made outside the loop from data: runs are
+    specialised per value of that vector (it is fixed within a run), so a new value gives
+    new shapes, not the folded ones of the last run."""
+    x = K.placeholder(shape=(1, 3, 4))
+    k = K.placeholder(shape=(), dtype="int32")
+    target = K.stack([k, -1])
+
+    def step(inp, states):
+        v = K.reshape(inp, target)
+        rows = K.cast(K.shape(v)[0], "float32")
+        return K.reshape(rows, (1, 1)), [states[0] + K.sum(v)]
+
+    last, outs, states = K.rnn(step, x, [K.zeros((1, 1))])
+    f = K.function([x, k], [outs, states[0]])
+    xv = np.arange(12, dtype="float32").reshape(1, 3, 4)
+    for kv in (1, 2, 4, 2, 1):
+        got_outs, got_state = f([xv, np.array(kv, dtype="int32")])
+        np.testing.assert_array_equal(got_outs.reshape(-1), [kv] * 3)
+        np.testing.assert_array_equal(got_state, [[xv.sum()]])

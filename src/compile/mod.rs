@@ -199,14 +199,16 @@ impl Plan {
     /// Whether every slot's shape is a function of the feeds' shapes, as `specialize`
     /// assumes: no callback makes values of its own shapes, and every shape operand
     /// (of reshape, broadcast_to, sum_to, random, the conv gradients) is computed from
-    /// `shape` nodes and constants, not from data (`reshape(x, cast(sum(mask)))`).
-    pub fn shapes_follow_feeds(&self) -> bool {
+    /// `shape` nodes, constants and the feeds `keyed` says the caller specialises on by
+    /// value as well (a loop's captured shape vectors), not from data
+    /// (`reshape(x, cast(sum(mask)))`).
+    pub fn shapes_follow_feeds(&self, keyed: &dyn Fn(usize) -> bool) -> bool {
         let mut from_shapes = vec![false; self.nodes.len()];
         for i in 0..self.nodes.len() {
             let op = self.nodes[i].op();
             let ins = &self.inputs[i];
             from_shapes[i] = match (&self.steps[i], op) {
-                (Step::Fed(_), _) => false,
+                (Step::Fed(f), _) => keyed(*f),
                 (Step::Folded(_), _) | (_, Op::ShapeOf) => true,
                 (_, op) => pure(op) && !ins.is_empty() && ins.iter().all(|&j| from_shapes[j]),
             };

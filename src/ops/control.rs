@@ -288,14 +288,43 @@ pub fn run(
     }
     let mut states: Vec<Value> = args[nq..nq + ns].iter().map(|v| (*v).clone()).collect();
     let captured = &args[nq + ns..];
-    let key: Vec<Vec<usize>> = seqs
+    // Specialised per feed shapes and per value of the shape vectors fed to the body that
+    // are the same at every step of the run: small integer vectors captured from outside,
+    // or stacked per step with every row equal (a `shape` a VJP body reads as a residual,
+    // which its `sum_to`s reduce to).
+    let shape_like = |v: &Value| v.dtype().is_int() && v.shape().len() <= 1 && v.len() <= 8;
+    let fixed_rows = |v: &Value| -> Option<Vec<usize>> {
+        let sh = v.shape();
+        if !v.dtype().is_int() || sh.len() != 2 || sh[1] > 8 || sh[0] == 0 {
+            return None;
+        }
+        let all = v.to_i64_vec();
+        let first = &all[..sh[1]];
+        all.chunks(sh[1]).all(|r| r == first).then(|| first.iter().map(|&x| x as usize).collect())
+    };
+    let mut key: Vec<Vec<usize>> = seqs
         .iter()
         .map(|s| &s.shape()[1..])
         .chain(states.iter().chain(captured.iter().copied()).map(|v| v.shape()))
         .map(<[usize]>::to_vec)
         .collect();
+    // (Each such row keyed with its sequence's index, so different sets never collide.)
+    let seq_fixed: Vec<bool> = seqs
+        .iter()
+        .enumerate()
+        .map(|(f, s)| fixed_rows(s).map(|r| key.push([vec![usize::MAX - f], r].concat())).is_some())
+        .collect();
+    key.extend(captured.iter().filter(|v| shape_like(v)).map(|v| v.to_i64_vec().iter().map(|&x| x as usize).collect()));
+    // Which feeds (of `[step rows.., states.., captured..]`) the key holds by value.
+    let keyed = |f: usize| {
+        if f < nq {
+            seq_fixed[f]
+        } else {
+            f >= nq + ns && captured.get(f - nq - ns).is_some_and(|v| shape_like(v))
+        }
+    };
     let special = body.specialised(&generic, &key);
-    let mut record = special.is_none() && generic.shapes_follow_feeds();
+    let mut record = special.is_none() && generic.shapes_follow_feeds(&keyed);
     let mut plan = special.unwrap_or_else(|| generic.clone());
     let is_read = |k: usize| read.get(k).copied().unwrap_or(true);
     let mut outs: Vec<Stacked> =
