@@ -215,3 +215,29 @@ def test_loops_specialise_on_the_values_of_captured_shape_vectors():
         got_outs, got_state = f([xv, np.array(kv, dtype="int32")])
         np.testing.assert_array_equal(got_outs.reshape(-1), [kv] * 3)
         np.testing.assert_array_equal(got_state, [[xv.sum()]])
+
+
+def test_gradient_through_shapes_that_change_every_step(monkeypatch):
+    """A body whose intermediate shape changes every step (a reshape by step data): with
+    the forward cell recomputed in the VJP (`FERROKERAS_LOOP_OPT=0`; saved residuals must
+    keep one shape and are refused with an error), neither loop may run specialised to one
+    step's shapes; the gradient is 2x."""
+    monkeypatch.setenv("FERROKERAS_LOOP_OPT", "0")
+    ks = np.array([1.0, 2.0, 4.0, 2.0], dtype="float32")
+    x = K.placeholder(shape=(1, 4, 5))
+
+    def step(inp, states):
+        k = K.cast(inp[0, 0], "int32")
+        v = K.reshape(inp[:, 1:], K.stack([k, -1]))
+        return K.reshape(K.sum(v * v), (1, 1)), [states[0] + K.sum(v * v)]
+
+    last, outs, states = K.rnn(step, x, [K.zeros((1, 1))])
+    f = K.function([x], [states[0]] + K.gradients(K.sum(states[0]), [x]))
+    xv = np.random.default_rng(0).normal(size=(1, 4, 5)).astype("float32")
+    xv[0, :, 0] = ks
+    for _ in range(2):
+        total, grad = f([xv])
+        np.testing.assert_allclose(total, [[(xv[0, :, 1:] ** 2).sum()]], rtol=1e-5)
+        want = 2 * xv
+        want[0, :, 0] = 0.0
+        np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-6)
