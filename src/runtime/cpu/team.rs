@@ -24,6 +24,14 @@ pub struct Team {
     slot: AtomicPtr<Job<'static>>,
     /// Set when the loop is over: the helper returns to the pool.
     stop: AtomicBool,
+    /// Set when the leader waited too long for a half (`STALL`): the helper was not
+    /// running, so the machine is short of cores. Later kernels run whole, and the helper
+    /// stops polling, so neither thread burns the time the other needs.
+    stalled: AtomicBool,
+    /// Jobs posted, and those the leader took back because the helper had not started
+    /// them: most taken back means the helper is not getting a core either.
+    posted: std::sync::atomic::AtomicU32,
+    taken_back: std::sync::atomic::AtomicU32,
     owner: std::thread::ThreadId,
 }
 
@@ -41,12 +49,25 @@ thread_local! {
 
 /// Runs `f` with a helper thread polling for work (see the module comment); on this thread
 /// alone where the pool has one thread or this thread already leads a team (nested loops).
-/// Must be called on a rayon worker (`cpu::on_worker`).
-pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+/// Must be called on a rayon worker (`cpu::on_worker`). Also returns whether the team
+/// stalled (see `Team::stalled`).
+pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> (R, bool) {
     if !enabled() || rayon::current_num_threads() < 2 || rayon::current_thread_index().is_none() || available() {
-        return f();
+        return (f(), false);
     }
-    let team = Team { slot: AtomicPtr::new(std::ptr::null_mut()), stop: AtomicBool::new(false), owner: std::thread::current().id() };
+    // After a stall the next `BACKOFF` teams are not formed: the machine is short of cores.
+    if BACKOFF.load(Ordering::Relaxed) > 0 {
+        BACKOFF.fetch_sub(1, Ordering::Relaxed);
+        return (f(), false);
+    }
+    let team = Team {
+        slot: AtomicPtr::new(std::ptr::null_mut()),
+        stop: AtomicBool::new(false),
+        stalled: AtomicBool::new(false),
+        posted: Default::default(),
+        taken_back: Default::default(),
+        owner: std::thread::current().id(),
+    };
     rayon::scope(|s| {
         s.spawn(|_| team.serve());
         struct Reset;
@@ -60,9 +81,23 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         let r = f();
         drop(reset);
         team.stop.store(true, Ordering::Release);
-        r
+        let stalled = team.stalled.load(Ordering::Relaxed);
+        if stalled {
+            BACKOFF.store(STALL_BACKOFF, Ordering::Relaxed);
+        }
+        (r, stalled)
     })
 }
+
+/// Teams not formed after one stalled (`with_team`), process-wide.
+static BACKOFF: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+const STALL_BACKOFF: u32 = 32;
+
+/// How long the leader waits for the helper's half before it concludes the helper is not
+/// getting a core (a shared or oversubscribed machine: then a spinning wait can last a
+/// scheduler time slice, milliseconds; measured a Keras LSTM epoch 0.29 -> 0.45 s next to
+/// one busy process before this).
+const STALL: std::time::Duration = std::time::Duration::from_micros(200);
 
 impl Team {
     fn serve(&self) {
@@ -72,7 +107,7 @@ impl Team {
             return;
         }
         let mut idle = 0u32;
-        while !self.stop.load(Ordering::Acquire) {
+        while !self.stop.load(Ordering::Acquire) && !self.stalled.load(Ordering::Relaxed) {
             let p = self.slot.load(Ordering::Acquire);
             if !p.is_null() && self.slot.compare_exchange(p, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 // SAFETY: the poster waits for `done` once the job was taken from the slot
@@ -86,6 +121,11 @@ impl Team {
             idle = idle.wrapping_add(1);
             if idle % 64 == 0 && matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
                 continue;
+            }
+            if idle % 16 == 0 {
+                // Cheap when this core has nothing else to run; where it has (a machine
+                // short of cores), the leader or another process gets it.
+                std::thread::yield_now();
             }
             std::hint::spin_loop();
         }
@@ -114,6 +154,11 @@ pub fn split2(f: &(dyn Fn(usize) + Sync)) {
     }
     // SAFETY: `with_team` clears TEAM before its team goes out of scope.
     let team = unsafe { &*t };
+    if team.stalled.load(Ordering::Relaxed) {
+        f(0);
+        f(1);
+        return;
+    }
     let job = Job { f, done: AtomicBool::new(false), panicked: AtomicBool::new(false) };
     // The slot's type erases the job's lifetime: `Posted` takes the job back or waits for
     // the helper to finish it before `job` goes out of scope, also when `f(0)` unwinds.
@@ -121,8 +166,13 @@ pub fn split2(f: &(dyn Fn(usize) + Sync)) {
     team.slot.store(p, Ordering::Release);
     let mut posted = Posted { team, p, job: &job, settled: false };
     f(0);
+    let n = team.posted.fetch_add(1, Ordering::Relaxed) + 1;
     if posted.settle() {
         // Not taken: the helper is busy or absent.
+        let back = team.taken_back.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= 32 && 2 * back > n {
+            team.stalled.store(true, Ordering::Relaxed);
+        }
         f(1);
     }
     if job.panicked.load(Ordering::Relaxed) {
@@ -144,7 +194,17 @@ impl Posted<'_> {
         if self.team.slot.compare_exchange(self.p, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
             return true;
         }
+        let mut spins = 0u32;
+        let mut since: Option<std::time::Instant> = None;
         while !self.job.done.load(Ordering::Acquire) {
+            spins = spins.wrapping_add(1);
+            if spins % 256 == 0 {
+                let t0 = *since.get_or_insert_with(std::time::Instant::now);
+                if t0.elapsed() > STALL {
+                    self.team.stalled.store(true, Ordering::Relaxed);
+                    std::thread::yield_now();
+                }
+            }
             std::hint::spin_loop();
         }
         false
