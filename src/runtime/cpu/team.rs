@@ -14,6 +14,14 @@
 //! polls the helper also runs pending rayon work (`rayon::yield_now`), so kernels that use
 //! the pool keep both threads (polling the pool on every round measured slower: its
 //! steals contend with the leader's own deque).
+//!
+//! A polling helper only pays where it has a core of its own. On a machine short of cores
+//! (another busy process on a 2-core VM) it competed with the leader for one, and a half
+//! it had taken could wait a scheduler time slice: the Keras LSTM epoch went 0.30 -> 0.45 s
+//! next to one busy process. So the idle helper yields to the OS every 16 polls, and a team
+//! stands down (`stalled`) when the leader takes back most of the halves it posts or waits
+//! over `STALL` for one: later kernels run whole, the helper returns to the pool, and the
+//! next `STALL_BACKOFF` teams are not formed.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
