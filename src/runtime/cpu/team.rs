@@ -18,10 +18,11 @@
 //! A polling helper only pays where it has a core of its own. On a machine short of cores
 //! (another busy process on a 2-core VM) it competed with the leader for one, and a half
 //! it had taken could wait a scheduler time slice: the Keras LSTM epoch went 0.30 -> 0.45 s
-//! next to one busy process. So the idle helper yields to the OS every 16 polls, and a team
-//! stands down (`stalled`) when the leader takes back most of the halves it posts or waits
-//! over `STALL` for one: later kernels run whole, the helper returns to the pool, and the
-//! next `STALL_BACKOFF` teams are not formed.
+//! next to one busy process. So the idle helper yields to the OS every 16 polls, a leader
+//! waiting over `STALL` for a half yields between checks, and a team stands down
+//! (`stalled`) when most of the last `WINDOW` halves posted were taken back by their
+//! posters: later kernels run whole, the helper returns to the pool, and the next
+//! `STALL_BACKOFF` teams are not formed (uncontended, 1-3% are taken back).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -32,14 +33,10 @@ pub struct Team {
     slot: AtomicPtr<Job<'static>>,
     /// Set when the loop is over: the helper returns to the pool.
     stop: AtomicBool,
-    /// Set when the leader waited too long for a half (`STALL`): the helper was not
-    /// running, so the machine is short of cores. Later kernels run whole, and the helper
-    /// stops polling, so neither thread burns the time the other needs.
+    /// Set when most recent halves were taken back by their posters (`split2`): the
+    /// helpers are not getting a core. Later kernels run whole, and the helper stops
+    /// polling, so neither thread burns the time the other needs.
     stalled: AtomicBool,
-    /// Jobs posted, and those the leader took back because the helper had not started
-    /// them: most taken back means the helper is not getting a core either.
-    posted: std::sync::atomic::AtomicU32,
-    taken_back: std::sync::atomic::AtomicU32,
     owner: std::thread::ThreadId,
 }
 
@@ -72,8 +69,6 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> (R, bool) {
         slot: AtomicPtr::new(std::ptr::null_mut()),
         stop: AtomicBool::new(false),
         stalled: AtomicBool::new(false),
-        posted: Default::default(),
-        taken_back: Default::default(),
         owner: std::thread::current().id(),
     };
     rayon::scope(|s| {
@@ -97,14 +92,17 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> (R, bool) {
     })
 }
 
+/// Halves posted and taken back since the last check (`split2`), process-wide.
+static WIN_POSTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static WIN_BACK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+const WINDOW: u32 = 64;
+
 /// Teams not formed after one stalled (`with_team`), process-wide.
 static BACKOFF: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 const STALL_BACKOFF: u32 = 32;
 
-/// How long the leader waits for the helper's half before it concludes the helper is not
-/// getting a core (a shared or oversubscribed machine: then a spinning wait can last a
-/// scheduler time slice, milliseconds; measured a Keras LSTM epoch 0.29 -> 0.45 s next to
-/// one busy process before this).
+/// How long the leader spins waiting for the helper's half before it yields its core
+/// between checks (the helper may have been preempted on a machine short of cores).
 const STALL: std::time::Duration = std::time::Duration::from_micros(200);
 
 impl Team {
@@ -174,14 +172,20 @@ pub fn split2(f: &(dyn Fn(usize) + Sync)) {
     team.slot.store(p, Ordering::Release);
     let mut posted = Posted { team, p, job: &job, settled: false };
     f(0);
-    let n = team.posted.fetch_add(1, Ordering::Relaxed) + 1;
-    if posted.settle() {
+    let taken_back = posted.settle();
+    if taken_back {
         // Not taken: the helper is busy or absent.
-        let back = team.taken_back.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= 32 && 2 * back > n {
+        f(1);
+    }
+    // Over the last `WINDOW` halves posted (by any team), most taken back means the
+    // helpers are not getting a core.
+    let back = if taken_back { WIN_BACK.fetch_add(1, Ordering::Relaxed) + 1 } else { WIN_BACK.load(Ordering::Relaxed) };
+    if WIN_POSTED.fetch_add(1, Ordering::Relaxed) + 1 >= WINDOW {
+        WIN_POSTED.store(0, Ordering::Relaxed);
+        WIN_BACK.store(0, Ordering::Relaxed);
+        if 2 * back > WINDOW {
             team.stalled.store(true, Ordering::Relaxed);
         }
-        f(1);
     }
     if job.panicked.load(Ordering::Relaxed) {
         panic!("a kernel's second half panicked on the loop's helper thread");
@@ -209,7 +213,6 @@ impl Posted<'_> {
             if spins % 256 == 0 {
                 let t0 = *since.get_or_insert_with(std::time::Instant::now);
                 if t0.elapsed() > STALL {
-                    self.team.stalled.store(true, Ordering::Relaxed);
                     std::thread::yield_now();
                 }
             }
