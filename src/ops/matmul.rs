@@ -332,7 +332,7 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
             )
         }
     };
-    if batches == 1 && !skinny && macs < PAR_MIN_MACS && macs >= TEAM_MIN_MACS && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available() {
+    if batches == 1 && !skinny && (TEAM_MIN_MACS..PAR_MIN_MACS).contains(&macs) && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available() {
         // In a loop body or a short run: halves of the rows (or columns) on two threads.
         // By rows where there are enough: the elementwise kernels after a product split
         // their elements in two halves as well, so each thread then mostly reads the rows

@@ -41,7 +41,7 @@ pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
     let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
     let t0 = std::time::Instant::now();
     let r = if team::enabled() && short && !sched.has_host {
-        on_worker(plan, || team::with_team(|| run_here(plan, feeds)).0)
+        on_worker(plan, || team::with_team(|| run_here(plan, feeds)))
     } else if pool {
         on_worker(plan, || run_here(plan, feeds))
     } else {
@@ -146,7 +146,7 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
             // (Keras LSTM step: 1.26x, benches/PROFILE.md), with a second one polling
             // for halves of them (`team`).
             let read = results_read(plan, i, body.n_results());
-            let results = on_worker(&body.plan(), || team::with_team(|| crate::ops::control::run(body, args, &read, &run_recording)).0)?;
+            let results = on_worker(&body.plan(), || team::with_team(|| crate::ops::control::run(body, args, &read, &run_recording)))?;
             multi.insert(i, results);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }

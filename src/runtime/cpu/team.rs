@@ -19,7 +19,7 @@
 //! (another busy process on a 2-core VM) it competed with the leader for one, and a half
 //! it had taken could wait a scheduler time slice: the Keras LSTM epoch went 0.30 -> 0.45 s
 //! next to one busy process. So the idle helper yields to the OS every 16 polls, a leader
-//! waiting over `STALL` for a half yields between checks, and a team stands down
+//! waiting over `SPIN_BEFORE_YIELD` for a half yields between checks, and a team stands down
 //! (`stalled`) when most of the last `WINDOW` halves posted were taken back by their
 //! posters: later kernels run whole, the helper returns to the pool, and the next
 //! `STALL_BACKOFF` teams are not formed (uncontended, 1-3% are taken back).
@@ -54,16 +54,16 @@ thread_local! {
 
 /// Runs `f` with a helper thread polling for work (see the module comment); on this thread
 /// alone where the pool has one thread or this thread already leads a team (nested loops).
-/// Must be called on a rayon worker (`cpu::on_worker`). Also returns whether the team
-/// stalled (see `Team::stalled`).
-pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> (R, bool) {
+/// Must be called on a rayon worker (`cpu::on_worker`).
+pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if !enabled() || rayon::current_num_threads() < 2 || rayon::current_thread_index().is_none() || available() {
-        return (f(), false);
+        return f();
     }
-    // After a stall the next `BACKOFF` teams are not formed: the machine is short of cores.
+    // After a stall the next `STALL_BACKOFF` teams are not formed: the machine is short of
+    // cores.
     if BACKOFF.load(Ordering::Relaxed) > 0 {
         BACKOFF.fetch_sub(1, Ordering::Relaxed);
-        return (f(), false);
+        return f();
     }
     let team = Team {
         slot: AtomicPtr::new(std::ptr::null_mut()),
@@ -84,11 +84,10 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> (R, bool) {
         let r = f();
         drop(reset);
         team.stop.store(true, Ordering::Release);
-        let stalled = team.stalled.load(Ordering::Relaxed);
-        if stalled {
+        if team.stalled.load(Ordering::Relaxed) {
             BACKOFF.store(STALL_BACKOFF, Ordering::Relaxed);
         }
-        (r, stalled)
+        r
     })
 }
 
@@ -103,7 +102,7 @@ const STALL_BACKOFF: u32 = 32;
 
 /// How long the leader spins waiting for the helper's half before it yields its core
 /// between checks (the helper may have been preempted on a machine short of cores).
-const STALL: std::time::Duration = std::time::Duration::from_micros(200);
+const SPIN_BEFORE_YIELD: std::time::Duration = std::time::Duration::from_micros(200);
 
 impl Team {
     fn serve(&self) {
@@ -152,19 +151,12 @@ pub fn available() -> bool {
 /// Runs `f(0)` and `f(1)`, on this thread and the team's helper when there is one, and
 /// returns when both have run.
 pub fn split2(f: &(dyn Fn(usize) + Sync)) {
-    let t = TEAM.get();
-    if t.is_null() {
-        f(0);
-        f(1);
-        return;
-    }
     // SAFETY: `with_team` clears TEAM before its team goes out of scope.
-    let team = unsafe { &*t };
-    if team.stalled.load(Ordering::Relaxed) {
+    let Some(team) = (unsafe { TEAM.get().as_ref() }).filter(|t| !t.stalled.load(Ordering::Relaxed)) else {
         f(0);
         f(1);
         return;
-    }
+    };
     let job = Job { f, done: AtomicBool::new(false), panicked: AtomicBool::new(false) };
     // The slot's type erases the job's lifetime: `Posted` takes the job back or waits for
     // the helper to finish it before `job` goes out of scope, also when `f(0)` unwinds.
@@ -212,7 +204,7 @@ impl Posted<'_> {
             spins = spins.wrapping_add(1);
             if spins % 256 == 0 {
                 let t0 = *since.get_or_insert_with(std::time::Instant::now);
-                if t0.elapsed() > STALL {
+                if t0.elapsed() > SPIN_BEFORE_YIELD {
                     std::thread::yield_now();
                 }
             }
