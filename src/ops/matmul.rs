@@ -155,7 +155,7 @@ fn panel_width(k: usize) -> usize {
 
 /// A raw destination shared by tasks that write disjoint parts of it.
 #[derive(Clone, Copy)]
-struct SharedDst<T>(*mut T);
+pub(crate) struct SharedDst<T>(pub(crate) *mut T);
 // SAFETY: only used to hand one output buffer to tasks that write disjoint elements.
 unsafe impl<T> Send for SharedDst<T> {}
 unsafe impl<T> Sync for SharedDst<T> {}

@@ -8,6 +8,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::ops::source;
+use super::matmul::SharedDst;
 use crate::runtime::value::{Arr, Elem, Value};
 use crate::shape::{Dim, Shape};
 use crate::{map_value, value_err, with_value};
@@ -608,7 +609,7 @@ fn to_contiguous<T: Elem>(v: ArrayView<'_, T, IxDyn>) -> Arr<T> {
     }
     let len = v.len();
     let mut out: Vec<T> = Vec::with_capacity(len);
-    let dst = RowsDst(out.as_mut_ptr());
+    let dst = SharedDst(out.as_mut_ptr());
     let row = shape[last];
     // Rows [r0, r0 + rows of `part`) of the result (`part` a run of whole leading indices).
     let copy = |part: ArrayView<'_, T, IxDyn>, r0: usize| {
@@ -636,13 +637,6 @@ fn to_contiguous<T: Elem>(v: ArrayView<'_, T, IxDyn>) -> Arr<T> {
 
 /// Elements from which a copy in a loop or short run is split with the helper thread.
 const TEAM_COPY: usize = 1 << 13;
-
-/// A result buffer that the two halves of a split copy write disjoint rows of.
-#[derive(Clone, Copy)]
-struct RowsDst<T>(*mut T);
-// SAFETY: only used to hand one output buffer to two tasks writing disjoint elements.
-unsafe impl<T> Send for RowsDst<T> {}
-unsafe impl<T> Sync for RowsDst<T> {}
 
 pub fn cpu_slice_grad(spec: &[SliceAxis], g: &Value, like: &Value) -> Result<Value> {
     fn go<T: Elem>(g: &Arr<T>, shape: &[usize], spec: &[SliceAxis]) -> Result<Value> {
@@ -702,7 +696,7 @@ pub fn cpu_concat(axis: usize, xs: &[&Value]) -> Result<Value> {
         let stride: usize = chunks.iter().sum();
         let total = outer * stride;
         let mut out: Vec<T> = Vec::with_capacity(total);
-        let dst = RowsDst(out.as_mut_ptr());
+        let dst = SharedDst(out.as_mut_ptr());
         let rows = |o0: usize, o1: usize| {
             for o in o0..o1 {
                 let mut at = o * stride;

@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 
 /// Elements per chunk: a register is 4 KiB, so a program's registers stay in L1/L2.
 const CH: usize = 1024;
-/// Work (adds) from which a group in a loop body is split with the loop's helper thread.
+/// Work (adds) from which a group below the parallel grain is split with the helper
+/// thread of a loop or a short run (`team`).
 const TEAM_WORK: usize = 1 << 15;
 /// Virtual register ids of gathered inputs start here (instruction results are below).
 const LOAD_BASE: u16 = 1 << 15;
