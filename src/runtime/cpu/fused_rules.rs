@@ -130,13 +130,14 @@ impl<'a> Matcher<'a> {
         }
     }
 
-    /// `s1*x + s2*y` in any order of sum and products: `(s1, x, s2, y)` with `x_is_vec(x)`.
-    fn lincomb(&mut self, j: usize, x_is_vec: impl Fn(&Self, usize) -> bool) -> Option<(u16, usize, u16, usize)> {
+    /// `s1*x + s2*y` in any order of sum and products, `x` a vector input: `(s1, x, s2, y)`
+    /// with `x` as its index among the vector inputs.
+    fn lincomb(&mut self, j: usize) -> Option<(u16, u16, u16, usize)> {
         let (l, r) = self.bin(j, BinaryOp::Add)?;
         for (a, b) in [(l, r), (r, l)] {
             let mark = self.used.len();
             if let (Some((s1, x)), Some((s2, y))) = (self.scaled(a), self.scaled(b)) {
-                if x_is_vec(self, x) {
+                if let Some(x) = self.vec(x) {
                     return Some((s1, x, s2, y));
                 }
             }
@@ -180,11 +181,13 @@ pub fn detect(plan: &Plan, g: &Group, leaf: &dyn Fn(usize) -> Option<Leaf>) -> O
             // RMSprop: the step's denominator reads a'.
             for &po in &g.outputs {
                 m.used.clear();
-                let Some((p, lr, n, d, eps, z)) = m.step(po) else { continue };
-                let Some(ao) = pos(d).map(|_| d) else { continue };
-                let Some((s1, a, s2, sq)) = m.lincomb(ao, |m, x| m.vec(x).is_some()) else { continue };
+                let Some((p, lr, n, ao, eps, z)) = m.step(po) else { continue };
+                if pos(ao).is_none() {
+                    continue;
+                }
+                let Some((s1, a, s2, sq)) = m.lincomb(ao) else { continue };
                 let Some(gs) = m.un(sq, UnaryOp::Square) else { continue };
-                let (Some(a), Some(gv)) = (m.vec(a), m.vec(gs)) else { continue };
+                let Some(gv) = m.vec(gs) else { continue };
                 if m.vec(n) != Some(gv) || !done(&m) {
                     continue;
                 }
@@ -206,10 +209,10 @@ pub fn detect(plan: &Plan, g: &Group, leaf: &dyn Fn(usize) -> Option<Leaf>) -> O
                 if pos(mo).is_none() || pos(vo).is_none() || mo == vo {
                     continue;
                 }
-                let Some((b1, mv, c1, g1)) = m.lincomb(mo, |m, x| m.vec(x).is_some()) else { continue };
-                let Some((b2, vv, c2, sq)) = m.lincomb(vo, |m, x| m.vec(x).is_some()) else { continue };
+                let Some((b1, mv, c1, g1)) = m.lincomb(mo) else { continue };
+                let Some((b2, vv, c2, sq)) = m.lincomb(vo) else { continue };
                 let Some(g2) = m.un(sq, UnaryOp::Square) else { continue };
-                let (Some(mv), Some(vv), Some(gv)) = (m.vec(mv), m.vec(vv), m.vec(g1)) else { continue };
+                let Some(gv) = m.vec(g1) else { continue };
                 if m.vec(g2) != Some(gv) || !done(&m) {
                     continue;
                 }

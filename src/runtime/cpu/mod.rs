@@ -24,9 +24,8 @@ const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 ///
 /// A short run (the last run of this plan took 1-10 ms, as a Keras MLP step does)
 /// happens on a rayon worker with a second worker polling for work (`team`) for its whole
-/// length: its kernels' parallel loops and halves then start
-/// without waking a sleeping thread (Keras MLP step 4.2-4.9 -> 3.5-4.4 ms in
-/// six interleaved pairs). Longer runs of big kernels, which the pool already splits well,
+/// length: its kernels' parallel loops and halves then start without waking a sleeping
+/// thread (Keras MLP step 4.2-4.9 -> 3.5-4.4 ms in six interleaved pairs). Longer runs of big kernels, which the pool already splits well,
 /// measured slower that way (Keras CNN step 34-36 -> 35-40 ms) and run on the calling
 /// thread; so do plans with a Python callback (the calling thread holds the GIL's
 /// hand-off) and, with `FERROKERAS_CPU_TEAM=0`, every plan. With `FERROKERAS_CPU_POOL=1`
