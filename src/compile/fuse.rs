@@ -25,6 +25,9 @@ pub struct Schedule {
     /// Wall time of the last CPU run, in nanoseconds (0 before the first): picks whether
     /// the next run keeps a helper thread polling (`runtime::cpu::run`).
     pub last_run_ns: std::sync::atomic::AtomicU64,
+    /// Items from this index on cannot fail at run time (`infallible`): a run there may
+    /// overwrite variables in place (`runtime::cpu::Lend`), since the call will assign them.
+    pub tail: usize,
 }
 
 #[derive(Debug)]
@@ -172,6 +175,15 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         dispatches += 1;
         items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost, programs: Default::default() }));
     }
+    // Groups that nothing reads (they compute update values and outputs only) and that
+    // cannot fail run last, in order: the run may then overwrite variables in place there
+    // (`tail`). Keras places each parameter's update right after its gradient.
+    let unread = |item: &Item| match item {
+        Item::Group(g) => g.outputs.iter().all(|&o| users[o].iter().all(|u| g.members.contains(u))),
+        Item::Node(_) => false,
+    };
+    let (last_items, mut items): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|item| unread(item) && infallible(plan, item));
+    items.extend(last_items);
     // A group runs later than its first members, so last uses are recounted by item.
     let mut last: Vec<Option<usize>> = vec![None; n];
     let reads = |item: &Item| -> Vec<usize> {
@@ -198,5 +210,32 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             g.frees = f.clone();
         }
     }
-    Schedule { items, frees, dispatches, has_host, last_run_ns: Default::default() }
+    let tail = items.iter().rposition(|item| !infallible(plan, item)).map_or(0, |t| t + 1);
+    Schedule { items, frees, dispatches, has_host, last_run_ns: Default::default(), tail }
 }
+
+/// Whether `item` cannot fail at run time once its inputs are computed, and runs no
+/// parallel loop but a fused group's (see `runtime::cpu::Lend`): folded values, feeds,
+/// variable reads, small elementwise nodes and fused groups whose every value has a static
+/// shape (broadcasting was checked when the graph was built; the kernels report nothing
+/// else) and whose outputs have one shape (so the fusion kernel runs them).
+fn infallible(plan: &Plan, item: &Item) -> bool {
+    let fixed = |j: usize| plan.nodes[j].shape().to_known().is_some_and(|s| s.len() <= 16);
+    let elementwise = |i: usize| matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_)) && fixed(i) && data_inputs(plan, i).all(fixed);
+    match item {
+        Item::Group(g) => {
+            let shape = |o: &usize| plan.nodes[*o].shape().to_known();
+            g.members.iter().all(|&m| elementwise(m)) && g.outputs.iter().all(|o| shape(o) == shape(&g.outputs[0]))
+        }
+        Item::Node(i) => match plan.steps[*i] {
+            Step::Folded(_) | Step::Fed(_) => true,
+            Step::Compute => {
+                let small = plan.nodes[*i].shape().numel().is_some_and(|n| n <= SMALL);
+                matches!(plan.nodes[*i].op(), Op::Variable(_)) || (elementwise(*i) && small)
+            }
+        },
+    }
+}
+
+/// Elements of an elementwise node small enough never to run in parallel.
+const SMALL: usize = 1024;

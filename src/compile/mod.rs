@@ -244,6 +244,10 @@ pub struct Function {
     pub gpu: crate::runtime::gpu::PlanCache,
     /// Kernel launches and submits of the last call.
     pub last: std::sync::Mutex<Option<RunStats>>,
+    /// The variables a CPU run may overwrite with their new values (`cpu::Lend`); `None`
+    /// when an update's shape is known only at run time (its check could then fail after
+    /// the overwrite).
+    lend: Option<crate::runtime::cpu::Lend>,
 }
 
 impl Function {
@@ -272,6 +276,7 @@ impl Function {
             targets.push(val.clone());
         }
         let plan = Plan::new(&feeds, &targets)?;
+        let lend = lending(&plan, outputs.len(), &updates, &cells);
         Ok(Function {
             feeds,
             plan,
@@ -279,12 +284,13 @@ impl Function {
             updates: cells,
             gpu: Default::default(),
             last: std::sync::Mutex::new(None),
+            lend,
         })
     }
 
     /// Runs the plan on `feeds` (already validated), assigns the updates and returns the outputs.
     pub fn call(&self, feeds: Vec<Value>) -> Result<Vec<Value>> {
-        let (mut values, stats) = crate::runtime::run(&self.plan, feeds, self.n_outputs, &self.gpu)?;
+        let (mut values, stats) = crate::runtime::run(&self.plan, feeds, self.n_outputs, &self.gpu, self.lend.as_ref())?;
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
         let upd = values.split_off(self.n_outputs);
         for (cell, v) in self.updates.iter().zip(&upd) {
@@ -311,6 +317,33 @@ impl Function {
             })
             .collect()
     }
+}
+
+/// What a run of `plan` may overwrite in place (`cpu::Lend`): the variables of `updates`
+/// (assigned `cells`), when every update value has the variable's static shape (the
+/// call's checks after the run cannot fail), each variable is assigned once and read at
+/// one slot (a second read would wait for its own run).
+fn lending(plan: &Plan, n_outputs: usize, updates: &[(Tensor, Tensor)], cells: &[Arc<VarCell>]) -> Option<crate::runtime::cpu::Lend> {
+    let fixed = updates.iter().zip(cells).all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
+    let once = cells.iter().enumerate().all(|(k, c)| cells[..k].iter().all(|d| d.id != c.id));
+    if cells.is_empty() || !fixed || !once {
+        return None;
+    }
+    let n = plan.nodes.len();
+    let mut lend = crate::runtime::cpu::Lend { cells: vec![None; n], donor: vec![None; n], assign: Vec::new() };
+    for (k, cell) in cells.iter().enumerate() {
+        let reads: Vec<usize> = (0..n).filter(|&i| matches!(plan.nodes[i].op(), Op::Variable(c) if c.id == cell.id)).collect();
+        match reads.as_slice() {
+            [] => {}
+            [j] => {
+                lend.cells[*j] = Some(cell.clone());
+                lend.donor[plan.outputs[n_outputs + k]] = Some(*j);
+                lend.assign.push((cell.clone(), plan.outputs[n_outputs + k]));
+            }
+            _ => return None,
+        }
+    }
+    Some(lend)
 }
 
 /// Checks a fed value against the placeholder (or tensor) it feeds, converting its dtype.

@@ -24,10 +24,15 @@ pub struct PlaceholderInfo {
 /// and drops the device copy; a GPU update (`set_resident`) replaces the device copy and
 /// drops the host copy, which `get` downloads again lazily. `version` counts writes, so a
 /// copy made from an older value is never attached.
+///
+/// One exception: while a run that assigns the variable updates its buffer in place
+/// (`lend`), `lent` is set and neither copy is present; readers wait until the run
+/// assigns the new value.
 pub struct VarState {
     pub host: Option<Value>,
     pub device: Option<Resident>,
     pub version: u64,
+    pub lent: bool,
 }
 
 pub struct VarCell {
@@ -52,12 +57,81 @@ impl VarCell {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The state once no run holds the value for an in-place update (`lend`): such a run
+    /// ends with the assignment, a few kernels later, so readers poll. A reader on a rayon
+    /// worker runs pending pool jobs meanwhile: they may be the lending run's parallel
+    /// loops (`cpu::Lend`).
+    fn read_settled(&self) -> std::sync::RwLockReadGuard<'_, VarState> {
+        let mut polls = 0u32;
+        loop {
+            let st = self.read();
+            if !st.lent {
+                return st;
+            }
+            drop(st);
+            if matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+                continue;
+            }
+            polls += 1;
+            if polls < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// Lends the host value to a run that holds the same array in `slot` and will assign
+    /// the variable a new value: if no one else holds the array, the cell lets go of it
+    /// and returns it, owned, for the run to overwrite; readers then wait until the
+    /// assignment (`set`). Otherwise nothing changes and `None` is returned.
+    pub fn lend(&self, slot: &mut Option<Value>) -> Option<ndarray::Array<f32, ndarray::IxDyn>> {
+        let mut st = self.write();
+        let same = matches!((&st.host, &*slot), (Some(Value::F32(h)), Some(Value::F32(a))) if h.as_ptr() == a.as_ptr() && a.is_standard_layout());
+        if !same || st.lent {
+            return None;
+        }
+        st.host = None;
+        let Some(Value::F32(a)) = slot.take() else { unreachable!("checked above") };
+        match a.try_into_owned_nocopy() {
+            Ok(own) => {
+                st.lent = true;
+                Some(own)
+            }
+            Err(a) => {
+                st.host = Some(Value::F32(a.clone()));
+                *slot = Some(Value::F32(a));
+                None
+            }
+        }
+    }
+
+    /// Whether a run holds the value for an in-place update.
+    pub fn is_lent(&self) -> bool {
+        self.read().lent
+    }
+
+    /// Ends a lending that no assignment ended (a run that failed or panicked after
+    /// lending, which the executor rules out): the value is gone, so the variable becomes
+    /// NaN; returns whether that happened.
+    pub fn reclaim(&self) -> bool {
+        let mut st = self.write();
+        if !st.lent {
+            return false;
+        }
+        st.lent = false;
+        st.host = Some(Value::full(self.dtype, &self.shape, f64::NAN));
+        st.device = None;
+        st.version += 1;
+        true
+    }
+
     /// The value on the host, downloading it from the device if only the device has it.
     // Without the `gpu` feature `Resident` is uninhabited, so the download is unreachable.
     #[allow(unreachable_code)]
     pub fn get(&self) -> Result<Value> {
         let (dev, version) = {
-            let st = self.read();
+            let st = self.read_settled();
             if let Some(h) = &st.host {
                 return Ok(h.clone());
             }
@@ -73,7 +147,7 @@ impl VarCell {
 
     /// The host value if there is one, else the device copy (for executors).
     pub fn snapshot(&self) -> (Option<Value>, Option<Resident>, u64) {
-        let st = self.read();
+        let st = self.read_settled();
         (st.host.clone(), st.device.clone(), st.version)
     }
 
@@ -92,6 +166,7 @@ impl VarCell {
         st.host = Some(v);
         st.device = None;
         st.version += 1;
+        st.lent = false;
         Ok(())
     }
 
@@ -101,6 +176,7 @@ impl VarCell {
         st.host = None;
         st.device = Some(r);
         st.version += 1;
+        st.lent = false;
     }
 
     /// Records a device copy of the current value, unless the value changed since
@@ -134,7 +210,7 @@ pub fn variable(name: &str, v: Value) -> (Arc<VarCell>, Tensor) {
         name: name.to_string(),
         dtype: v.dtype(),
         shape: v.shape().to_vec(),
-        state: RwLock::new(VarState { host: Some(v), device: None, version: 0 }),
+        state: RwLock::new(VarState { host: Some(v), device: None, version: 0, lent: false }),
     });
     let t = Tensor::new(Op::Variable(cell.clone()), vec![]).expect("a variable always has a shape");
     (cell, t)

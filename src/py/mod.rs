@@ -162,6 +162,10 @@ impl PyVariable {
     fn set(&self, value: &Bound<'_, PyAny>) -> R<()> {
         self.cell.set(to_value(value)?).map_err(err)
     }
+    /// The address of the host value's buffer, if there is one (tests of in-place updates).
+    fn host_address(&self) -> Option<usize> {
+        self.cell.snapshot().0.map(|v| crate::with_value!(&v, a => a.as_ptr() as usize))
+    }
 }
 
 // ---------------------------------------------------------------- sources

@@ -43,12 +43,13 @@ pub struct RunStats {
 }
 
 /// Runs `plan` on the current device. The first `n_host` results are returned as host
-/// values; the rest (update values) may stay on the device.
-pub fn run(plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &gpu::PlanCache) -> Result<(Vec<Out>, RunStats)> {
+/// values; the rest (update values) may stay on the device. On the CPU the run may write
+/// update values into the variables' buffers as `lend` allows.
+pub fn run(plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &gpu::PlanCache, lend: Option<&cpu::Lend>) -> Result<(Vec<Out>, RunStats)> {
     match device::current()? {
         device::Device::Cpu => {
             let stats = RunStats { dispatches: plan.cpu_schedule().dispatches, submits: 0, host_nodes: 0 };
-            Ok((cpu::run(plan, feeds)?.into_iter().map(Out::Host).collect(), stats))
+            Ok((cpu::run(plan, feeds, lend)?.into_iter().map(Out::Host).collect(), stats))
         }
         device::Device::Gpu(ctx) => gpu::run(&ctx, plan, feeds, n_host, cache),
     }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::ops::elementwise::{grain, Lane, Splat};
 use crate::ops::{BinaryOp, FusedOp, GpuKind, UnaryOp};
 use crate::runtime::cpu::fused_rules::{self, Leaf, Special};
-use crate::runtime::cpu::team;
+use crate::runtime::cpu::{team, Lend};
 use crate::runtime::value::{Arr, Value};
 use crate::shape::broadcast_runtime;
 use ndarray::IxDyn;
@@ -117,7 +117,8 @@ struct Body {
     nregs: usize,
     loads: Vec<Layout>,
     outs: Vec<Out>,
-    /// Same-size f32 inputs that die here and may donate their buffer to the first f32 output.
+    /// Same-size f32 inputs that die here and may donate their buffers to the first
+    /// `spare.len()` f32 outputs, one each.
     spare: Vec<usize>,
     /// The group is an optimizer update run with its values in registers (`fused_rules`).
     special: Option<Special>,
@@ -367,8 +368,8 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             (_, other) => return Err(Error::Runtime(format!("internal: fused output of dtype {other}"))),
         });
     }
-    // A same-size f32 input that dies here may become the first f32 output's buffer: it is
-    // written after the whole chunk's program has read it.
+    // Same-size f32 inputs that die here may become the first f32 outputs' buffers: such
+    // an output is written after the whole chunk's program has read them.
     let mut spare = Vec::new();
     if outs.iter().any(|o| matches!(o, Out::F32(_))) {
         for (e, &j) in g.ext.iter().enumerate() {
@@ -413,11 +414,11 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
 }
 
 /// Makes the instruction that computes an f32 output write it into the output's buffer
-/// (later readers read it there), saving a copy from a register. Not for the output that
-/// may take a dead input's buffer when an instruction at or after it reads that input.
+/// (later readers read it there), saving a copy from a register. Not for an output that
+/// may take a dead input's buffer when an instruction at or after it reads such an input.
 fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[Opd]) {
     let mut slot = 0u16;
-    let mut first_f32 = true;
+    let mut f32_outs = 0;
     let mut to: Vec<Option<u16>> = vec![None; prog.len()];
     for o in outs.iter_mut() {
         let (is_f32, opd) = match *o {
@@ -427,8 +428,8 @@ fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[
         };
         let s = slot;
         slot += 1;
-        let takes_spare = is_f32 && first_f32 && !spare.is_empty();
-        first_f32 &= !is_f32;
+        let takes_spare = is_f32 && f32_outs < spare.len();
+        f32_outs += is_f32 as usize;
         let Opd::Reg(v) = opd else { continue };
         if !is_f32 || v >= LOAD_BASE || to[v as usize].is_some() {
             continue;
@@ -481,10 +482,38 @@ fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
     }
 }
 
-/// Runs group `g` reading its inputs from `slots` (dead inputs may be taken out of them).
-/// Returns the output values in `g.outputs` order, or `None` when the outputs' runtime
-/// shapes differ (the caller then runs the members one by one).
-pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option<Vec<Value>>> {
+/// A buffer for output slot `o` of `g` taken from a dead input that nothing else holds
+/// (`spare`, not yet `donated`): the variable `o` is the new value of first, when `lend`
+/// lets the run overwrite it, then the others in order.
+fn donor(g: &Group, spare: &[usize], donated: &mut [bool], o: usize, slots: &mut [Option<Value>], lend: Option<&Lend>) -> Option<ndarray::Array<f32, IxDyn>> {
+    let own = lend.and_then(|l| l.donor[o]);
+    let mut order: Vec<usize> = (0..spare.len()).collect();
+    order.sort_by_key(|&s| Some(g.ext[spare[s]]) != own);
+    for s in order {
+        let j = g.ext[spare[s]];
+        if donated[s] || !matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout()) {
+            continue;
+        }
+        let buf = match lend.and_then(|l| l.cells[j].as_ref()) {
+            Some(cell) => cell.lend(&mut slots[j]),
+            None => {
+                let Some(Value::F32(a)) = slots[j].take() else { unreachable!("checked f32") };
+                a.try_into_owned_nocopy().map_err(|a| slots[j] = Some(Value::F32(a))).ok()
+            }
+        };
+        if buf.is_some() {
+            donated[s] = true;
+            return buf;
+        }
+    }
+    None
+}
+
+/// Runs group `g` reading its inputs from `slots` (dead inputs may be taken out of them,
+/// and variables `lend` names overwritten). Returns the output values in `g.outputs`
+/// order, or `None` when the outputs' runtime shapes differ (the caller then runs the
+/// members one by one).
+pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>], lend: Option<&Lend>) -> Result<Option<Vec<Value>>> {
     let p = program(plan, g, slots)?;
     let Some(b) = &p.body else { return Ok(None) };
     if b.n == 0 {
@@ -511,22 +540,8 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option
     for &ins in &b.prelude {
         scal.push(eval_scalar(ins, &scal));
     }
-    // A dead input with no other reference becomes the first f32 output's buffer.
-    let mut spare: Option<ndarray::Array<f32, IxDyn>> = None;
-    for &e in &b.spare {
-        let j = g.ext[e];
-        if !matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout()) {
-            continue;
-        }
-        let Some(Value::F32(a)) = slots[j].take() else { unreachable!("checked f32") };
-        match a.try_into_owned_nocopy() {
-            Ok(own) => {
-                spare = Some(own);
-                break;
-            }
-            Err(a) => slots[j] = Some(Value::F32(a)),
-        }
-    }
+    let mut donated = vec![false; b.spare.len()];
+    let mut f32_outs = 0;
     let mut results: Vec<Option<Value>> = vec![None; g.outputs.len()];
     let mut outs: Vec<(Opd, OutBuf)> = Vec::with_capacity(b.outs.len());
     let mut bufs_f32: Vec<(usize, ndarray::Array<f32, IxDyn>)> = Vec::new();
@@ -535,7 +550,9 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option
         match o {
             Out::Passed(e) => results[k] = Some(slots[g.ext[e]].as_ref().expect("computed").reshape(&b.shape)?),
             Out::F32(opd) => {
-                let mut buf = spare.take().unwrap_or_else(|| {
+                let donor = if f32_outs < b.spare.len() { donor(g, &b.spare, &mut donated, g.outputs[k], slots, lend) } else { None };
+                f32_outs += 1;
+                let mut buf = donor.unwrap_or_else(|| {
                     let mut v: Vec<f32> = Vec::with_capacity(n);
                     // SAFETY: f32 has no invalid bit patterns, and the kernel writes
                     // every element before the buffer is read.
@@ -567,7 +584,9 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>]) -> Result<Option
     // groups lose when split less).
     let scale = if rayon::current_thread_index().is_some() { 8 } else { 1 };
     let step = (grain(g.cost) * scale).div_ceil(CH) * CH;
-    if n < 2 * step {
+    // A group that may lend variables runs no parallel loop on a worker (`cpu::Lend`).
+    let no_pool = lend.is_some() && scale > 1;
+    if n < 2 * step || no_pool {
         // In a loop the other thread of the team (if any) takes the second half.
         let half = (n / 2).div_ceil(CH) * CH;
         if n.saturating_mul(g.cost) >= TEAM_WORK && half < n && team::available() {

@@ -40,7 +40,7 @@ fn same(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> (usize, usize) {
         let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
         f.plan.init_cpu_schedule(fuse);
         counts.push(f.plan.cpu_schedule().dispatches);
-        res.push(crate::runtime::cpu::run(&f.plan, vs.to_vec()).unwrap());
+        res.push(crate::runtime::cpu::run(&f.plan, vs.to_vec(), None).unwrap());
     }
     for (k, (a, b)) in res[0].iter().zip(&res[1]).enumerate() {
         assert_eq!(a.dtype(), b.dtype(), "output {k}");
@@ -174,8 +174,8 @@ fn programs_are_reused_across_calls_and_rebuilt_for_new_layouts() {
     let bits = |v: &Value| -> Vec<u64> { v.to_f64_vec().iter().map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() }).collect() };
     for (r, (xs, bs, sv)) in cases.iter().enumerate() {
         let vs = vec![data(xs, r as u32), data(bs, 10 + r as u32), Value::scalar_f64(DType::F32, *sv as f64)];
-        let got = crate::runtime::cpu::run(&fused.plan, vs.clone()).unwrap();
-        let want = crate::runtime::cpu::run(&unfused.plan, vs).unwrap();
+        let got = crate::runtime::cpu::run(&fused.plan, vs.clone(), None).unwrap();
+        let want = crate::runtime::cpu::run(&unfused.plan, vs, None).unwrap();
         for (a, w) in got.iter().zip(&want) {
             assert_eq!(a.shape(), w.shape(), "case {r}");
             assert_eq!(bits(a), bits(w), "case {r}");
@@ -188,7 +188,7 @@ fn rules(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> Vec<crate::runtime:
     same(feeds, outs, vs);
     let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
     f.plan.init_cpu_schedule(true);
-    crate::runtime::cpu::run(&f.plan, vs.to_vec()).unwrap();
+    crate::runtime::cpu::run(&f.plan, vs.to_vec(), None).unwrap();
     f.plan
         .cpu_schedule()
         .items

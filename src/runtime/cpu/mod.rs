@@ -5,9 +5,11 @@
 use crate::compile::fuse::Item;
 use crate::compile::{Plan, Step};
 use crate::error::{Error, Result};
+use crate::ops::source::VarCell;
 use crate::ops::Op;
 use crate::runtime::value::Value;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 pub mod alloc;
 pub mod fused;
@@ -31,7 +33,10 @@ const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 /// hand-off) and, with `FERROKERAS_CPU_TEAM=0`, every plan. With `FERROKERAS_CPU_POOL=1`
 /// (and no callback) long runs still move to a rayon worker, without the poller: it was
 /// measured mixed (benches/PROFILE.md) and is off by default.
-pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
+///
+/// With `lend`, the schedule's infallible tail may write the new values of the variables
+/// the call assigns into the variables' own buffers (`Lend`).
+pub fn run(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>) -> Result<Vec<Value>> {
     use std::sync::atomic::Ordering;
     static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
@@ -39,15 +44,25 @@ pub fn run(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
     let last = sched.last_run_ns.load(Ordering::Relaxed);
     let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
     let t0 = std::time::Instant::now();
-    let r = if team::enabled() && short && !sched.has_host {
-        on_worker(plan, || team::with_team(|| run_here(plan, feeds)))
+    let all = |r: &mut Run| -> Result<()> {
+        match lend {
+            Some(lend) => {
+                r.items(0..sched.tail, None)?;
+                r.lending(sched.tail..sched.items.len(), lend)
+            }
+            None => r.items(0..sched.items.len(), None),
+        }
+    };
+    let mut r = Run::new(plan, feeds);
+    let done = if team::enabled() && short && !sched.has_host {
+        on_worker(plan, || team::with_team(|| all(&mut r)))
     } else if pool {
-        on_worker(plan, || run_here(plan, feeds))
+        on_worker(plan, || all(&mut r))
     } else {
-        run_here(plan, feeds)
+        all(&mut r)
     };
     sched.last_run_ns.store(t0.elapsed().as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
-    r
+    done.map(|()| r.outputs())
 }
 
 /// Runs `f` on a rayon worker, where the parallel loops of the kernels it calls are joins
@@ -61,62 +76,139 @@ fn on_worker<R: Send>(plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
-fn run_here(plan: &Plan, feeds: Vec<Value>) -> Result<Vec<Value>> {
-    run_recording(plan, feeds, None)
+/// What a call that assigns variables lets its run overwrite in place (built by
+/// `compile::Function`). A variable read at slot `j` whose last reader is a fused group in
+/// the schedule's infallible tail gives that group its buffer for an output, when nothing
+/// but the variable and the run holds it (`VarCell::lend`). Nothing after the group can
+/// fail, so the run ends by assigning the lent variables their new values (`Run::lending`);
+/// readers on other threads wait for that instead of seeing a half-written buffer.
+///
+/// Between a lend and that assignment, the lending thread must not wait inside the rayon
+/// pool: waiting there, a worker runs other pending jobs, and one of them could be another
+/// thread's read of a lent variable, which would then wait for this run, below it on the
+/// same stack. So the tail holds no parallel kernels but fused groups and small
+/// elementwise nodes (`fuse::infallible`), and its groups split only with the team's
+/// helper (or run whole) when on a worker (`fused::run`).
+pub struct Lend {
+    /// Per plan slot: the variable read there, if the call assigns it.
+    pub cells: Vec<Option<Arc<VarCell>>>,
+    /// Per plan slot: for the new value of a variable, the slot where the variable is read
+    /// (the buffer it prefers).
+    pub donor: Vec<Option<usize>>,
+    /// The variables that may be lent, with the slots of their new values.
+    pub assign: Vec<(Arc<VarCell>, usize)>,
 }
 
 /// Shapes of a run's slots by plan index (None for fused groups' inner values).
 pub type SlotShapes = Vec<Option<Vec<usize>>>;
 
-/// `run_here`, also noting in `shapes` the shape of every value put in a slot (what
+/// Runs `plan` here, also noting in `shapes` the shape of every value put in a slot (what
 /// `Plan::specialize` needs).
-pub fn run_recording(plan: &Plan, mut feeds: Vec<Value>, mut shapes: Option<&mut SlotShapes>) -> Result<Vec<Value>> {
+pub fn run_recording(plan: &Plan, feeds: Vec<Value>, mut shapes: Option<&mut SlotShapes>) -> Result<Vec<Value>> {
     if let Some(s) = shapes.as_deref_mut() {
         *s = vec![None; plan.nodes.len()];
     }
-    let mut slots: Vec<Option<Value>> = vec![None; plan.nodes.len()];
-    // Results of multi-result nodes (loops), read by their TupleGet users.
-    let mut multi: HashMap<usize, Vec<Value>> = HashMap::new();
-    let sched = plan.cpu_schedule();
-    for (item, frees) in sched.items.iter().zip(&sched.frees) {
-        match item {
-            Item::Node(i) => {
-                let i = *i;
-                let v = step(plan, i, &mut feeds, &slots, &mut multi)?;
-                slots[i] = Some(v);
-            }
-            Item::Group(g) => {
-                match fused::run(plan, g, &mut slots)? {
-                    Some(vals) => {
-                        for (&o, v) in g.outputs.iter().zip(vals) {
-                            slots[o] = Some(v);
+    let mut r = Run::new(plan, feeds);
+    r.record(0..plan.cpu_schedule().items.len(), None, shapes)?;
+    Ok(r.outputs())
+}
+
+/// The values of one run of a plan in progress.
+struct Run<'a> {
+    plan: &'a Plan,
+    feeds: Vec<Value>,
+    slots: Vec<Option<Value>>,
+    /// Results of multi-result nodes (loops), read by their TupleGet users.
+    multi: HashMap<usize, Vec<Value>>,
+}
+
+impl<'a> Run<'a> {
+    fn new(plan: &'a Plan, feeds: Vec<Value>) -> Self {
+        Run { plan, feeds, slots: vec![None; plan.nodes.len()], multi: HashMap::new() }
+    }
+
+    /// Runs schedule items `range`; groups may overwrite the variables `lend` names.
+    fn items(&mut self, range: std::ops::Range<usize>, lend: Option<&Lend>) -> Result<()> {
+        self.record(range, lend, None)
+    }
+
+    fn record(&mut self, range: std::ops::Range<usize>, lend: Option<&Lend>, mut shapes: Option<&mut SlotShapes>) -> Result<()> {
+        let Run { plan, feeds, slots, multi } = self;
+        let sched = plan.cpu_schedule();
+        for t in range {
+            let item = &sched.items[t];
+            match item {
+                Item::Node(i) => {
+                    let i = *i;
+                    let v = step(plan, i, feeds, slots, multi)?;
+                    slots[i] = Some(v);
+                }
+                Item::Group(g) => {
+                    match fused::run(plan, g, slots, lend)? {
+                        Some(vals) => {
+                            for (&o, v) in g.outputs.iter().zip(vals) {
+                                slots[o] = Some(v);
+                            }
                         }
-                    }
-                    // Outputs of different shapes: run the members one by one.
-                    None => {
-                        for &m in &g.members {
-                            let v = step(plan, m, &mut feeds, &slots, &mut multi)?;
-                            slots[m] = Some(v);
+                        // Outputs of different shapes: run the members one by one.
+                        None => {
+                            for &m in &g.members {
+                                let v = step(plan, m, feeds, slots, multi)?;
+                                slots[m] = Some(v);
+                            }
                         }
                     }
                 }
             }
-        }
-        if let Some(s) = shapes.as_deref_mut() {
-            let set: &[usize] = match item {
-                Item::Node(i) => std::slice::from_ref(i),
-                Item::Group(g) => &g.members,
-            };
-            for &j in set {
-                s[j] = slots[j].as_ref().map(|v| v.shape().to_vec());
+            if let Some(s) = shapes.as_deref_mut() {
+                let set: &[usize] = match item {
+                    Item::Node(i) => std::slice::from_ref(i),
+                    Item::Group(g) => &g.members,
+                };
+                for &j in set {
+                    s[j] = slots[j].as_ref().map(|v| v.shape().to_vec());
+                }
+            }
+            for &j in &sched.frees[t] {
+                slots[j] = None;
+                multi.remove(&j);
             }
         }
-        for &j in frees {
-            slots[j] = None;
-            multi.remove(&j);
-        }
+        Ok(())
     }
-    Ok(plan.outputs.iter().map(|&o| slots[o].clone().expect("outputs are kept")).collect())
+
+    /// Runs the infallible tail `range` with `lend`, then assigns the variables it lent
+    /// their new values. If the tail fails all the same (or panics), the lent variables
+    /// are reclaimed (`VarCell::reclaim`) before this returns: none stays lent.
+    fn lending(&mut self, range: std::ops::Range<usize>, lend: &Lend) -> Result<()> {
+        struct Reclaim<'a>(&'a Lend);
+        impl Drop for Reclaim<'_> {
+            fn drop(&mut self) {
+                self.0.assign.iter().for_each(|(cell, _)| {
+                    cell.reclaim();
+                });
+            }
+        }
+        let guard = Reclaim(lend);
+        if let Err(e) = self.items(range, Some(lend)) {
+            let lost: Vec<&str> = lend.assign.iter().filter(|(c, _)| c.reclaim()).map(|(c, _)| c.name.as_str()).collect();
+            if lost.is_empty() {
+                return Err(e);
+            }
+            return Err(Error::Runtime(format!("{e}; internal: variables {lost:?} were being updated in place and are now NaN")));
+        }
+        for (cell, slot) in &lend.assign {
+            if cell.is_lent() {
+                cell.set(self.slots[*slot].clone().expect("update values are kept"))?;
+            }
+        }
+        drop(guard);
+        Ok(())
+    }
+
+    fn outputs(self) -> Vec<Value> {
+        self.plan.outputs.iter().map(|&o| self.slots[o].clone().expect("outputs are kept")).collect()
+    }
 }
 
 fn step(plan: &Plan, i: usize, feeds: &mut [Value], slots: &[Option<Value>], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
