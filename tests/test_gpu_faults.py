@@ -9,6 +9,7 @@ the device (loss) or need fresh pool settings from the environment run in a subp
 References are NumPy.
 """
 
+import gc
 import os
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def test_pool_stats_shape(gpu):
 
 
 def test_steady_state_calls_allocate_no_buffers(gpu, rng):
+    gc.collect()                                    # buffers of earlier tests' garbage go back
     _core.gpu_pool_clear()                          # no idle buffers of earlier tests ageing out
     f = _scale_fn(1000)
     xv = rng.standard_normal(1000).astype("float32")
@@ -91,7 +93,9 @@ def test_steady_state_calls_allocate_no_buffers(gpu, rng):
     assert st1["allocations"] == st0["allocations"], (st0, st1)
     # every call takes its buffers (feed, results, parameters, staging) from the pool
     assert st1["reuses"] - st0["reuses"] >= 3000, (st0, st1)
-    assert st1["pooled_bytes"] == st0["pooled_bytes"]
+    # nothing more is kept idle (buffers returned by earlier tests' objects after the clear
+    # may age out meanwhile)
+    assert st1["pooled_bytes"] <= st0["pooled_bytes"], (st0, st1)
 
 
 def test_idle_buffers_of_a_big_call_are_released_after_small_calls(gpu, rng):
