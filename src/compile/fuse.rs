@@ -214,11 +214,10 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     Schedule { items, frees, dispatches, has_host, last_run_ns: Default::default(), tail }
 }
 
-/// Whether `item` cannot fail at run time once its inputs are computed, and runs no
-/// parallel loop but a fused group's (see `runtime::cpu::Lend`): folded values, feeds,
-/// variable reads, small elementwise nodes and fused groups whose every value has a static
-/// shape (broadcasting was checked when the graph was built; the kernels report nothing
-/// else) and whose outputs have one shape (so the fusion kernel runs them).
+/// Whether `item` cannot fail at run time once its inputs are computed: folded values,
+/// feeds, variable reads, and elementwise nodes and fused groups whose every value has a
+/// static shape (broadcasting was checked when the graph was built; the kernels report
+/// nothing else), the groups' outputs of one shape (so the fusion kernel runs them).
 fn infallible(plan: &Plan, item: &Item) -> bool {
     let fixed = |j: usize| plan.nodes[j].shape().to_known().is_some_and(|s| s.len() <= 16);
     let elementwise = |i: usize| matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_)) && fixed(i) && data_inputs(plan, i).all(fixed);
@@ -229,13 +228,7 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
         }
         Item::Node(i) => match plan.steps[*i] {
             Step::Folded(_) | Step::Fed(_) => true,
-            Step::Compute => {
-                let small = plan.nodes[*i].shape().numel().is_some_and(|n| n <= SMALL);
-                matches!(plan.nodes[*i].op(), Op::Variable(_)) || (elementwise(*i) && small)
-            }
+            Step::Compute => matches!(plan.nodes[*i].op(), Op::Variable(_)) || elementwise(*i),
         },
     }
 }
-
-/// Elements of an elementwise node small enough never to run in parallel.
-const SMALL: usize = 1024;

@@ -288,9 +288,21 @@ impl Function {
         })
     }
 
+    /// Runs the plan. A run that stopped on a variable lent to another call's in-place
+    /// update (`Error::Lent`: the run was on a rayon worker, where it must not wait) runs
+    /// again once no variable is lent; it changed nothing.
+    fn run(&self, feeds: Vec<Value>) -> Result<(Vec<Out>, RunStats)> {
+        loop {
+            match crate::runtime::run(&self.plan, feeds.clone(), self.n_outputs, &self.gpu, self.lend.as_ref()) {
+                Err(Error::Lent(_)) => crate::ops::source::wait_for_lent_variables(),
+                r => return r,
+            }
+        }
+    }
+
     /// Runs the plan on `feeds` (already validated), assigns the updates and returns the outputs.
     pub fn call(&self, feeds: Vec<Value>) -> Result<Vec<Value>> {
-        let (mut values, stats) = crate::runtime::run(&self.plan, feeds, self.n_outputs, &self.gpu, self.lend.as_ref())?;
+        let (mut values, stats) = self.run(feeds)?;
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
         let upd = values.split_off(self.n_outputs);
         for (cell, v) in self.updates.iter().zip(&upd) {
@@ -323,7 +335,12 @@ impl Function {
 /// (assigned `cells`), when every update value has the variable's static shape (the
 /// call's checks after the run cannot fail), each variable is assigned once and read at
 /// one slot (a second read would wait for its own run).
+/// `FERROKERAS_CPU_INPLACE=0` (read once per process) turns this off.
 fn lending(plan: &Plan, n_outputs: usize, updates: &[(Tensor, Tensor)], cells: &[Arc<VarCell>]) -> Option<crate::runtime::cpu::Lend> {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_INPLACE").is_none_or(|v| v != "0")) {
+        return None;
+    }
     let fixed = updates.iter().zip(cells).all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
     let once = cells.iter().enumerate().all(|(k, c)| cells[..k].iter().all(|d| d.id != c.id));
     if cells.is_empty() || !fixed || !once {

@@ -8,6 +8,7 @@ use crate::graph::{fresh_id, Tensor};
 use crate::runtime::gpu::Resident;
 use crate::runtime::value::Value;
 use crate::shape::Shape;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 #[derive(Debug)]
@@ -35,6 +36,30 @@ pub struct VarState {
     pub lent: bool,
 }
 
+/// Variables lent to in-place updates now, process-wide (`VarCell::lend`).
+static LENT: AtomicUsize = AtomicUsize::new(0);
+
+/// Ends a lending, if the state was lent.
+fn settle(st: &mut VarState) {
+    if std::mem::replace(&mut st.lent, false) {
+        LENT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Waits until no variable is lent to an in-place update (a run that stopped on one,
+/// `Error::Lent`, goes again then).
+pub fn wait_for_lent_variables() {
+    let mut polls = 0u32;
+    while LENT.load(Ordering::Acquire) > 0 {
+        polls += 1;
+        if polls < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
 pub struct VarCell {
     pub id: u64,
     pub name: String,
@@ -58,9 +83,7 @@ impl VarCell {
     }
 
     /// The state once no run holds the value for an in-place update (`lend`): such a run
-    /// ends with the assignment, a few kernels later, so readers poll. A reader on a rayon
-    /// worker runs pending pool jobs meanwhile: they may be the lending run's parallel
-    /// loops (`cpu::Lend`).
+    /// ends with the assignment, a few kernels later, so readers poll.
     fn read_settled(&self) -> std::sync::RwLockReadGuard<'_, VarState> {
         let mut polls = 0u32;
         loop {
@@ -69,9 +92,6 @@ impl VarCell {
                 return st;
             }
             drop(st);
-            if matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
-                continue;
-            }
             polls += 1;
             if polls < 64 {
                 std::thread::yield_now();
@@ -96,6 +116,7 @@ impl VarCell {
         match a.try_into_owned_nocopy() {
             Ok(own) => {
                 st.lent = true;
+                LENT.fetch_add(1, Ordering::AcqRel);
                 Some(own)
             }
             Err(a) => {
@@ -119,7 +140,7 @@ impl VarCell {
         if !st.lent {
             return false;
         }
-        st.lent = false;
+        settle(&mut st);
         st.host = Some(Value::full(self.dtype, &self.shape, f64::NAN));
         st.device = None;
         st.version += 1;
@@ -129,8 +150,18 @@ impl VarCell {
     /// The value on the host, downloading it from the device if only the device has it.
     // Without the `gpu` feature `Resident` is uninhabited, so the download is unreachable.
     #[allow(unreachable_code)]
+    ///
+    /// While the value is lent to an in-place update (`lend`) this waits for the
+    /// assignment, except on a rayon worker: there it returns `Error::Lent`, since the
+    /// lending run may be waiting for this very thread (a worker waiting in the pool runs
+    /// other jobs, so this read may sit on top of the lending run's stack).
     pub fn get(&self) -> Result<Value> {
         let (dev, version) = {
+            let st = self.read();
+            if st.lent && rayon::current_thread_index().is_some() {
+                return Err(Error::Lent(self.name.clone()));
+            }
+            drop(st);
             let st = self.read_settled();
             if let Some(h) = &st.host {
                 return Ok(h.clone());
@@ -166,7 +197,7 @@ impl VarCell {
         st.host = Some(v);
         st.device = None;
         st.version += 1;
-        st.lent = false;
+        settle(&mut st);
         Ok(())
     }
 
@@ -176,7 +207,7 @@ impl VarCell {
         st.host = None;
         st.device = Some(r);
         st.version += 1;
-        st.lent = false;
+        settle(&mut st);
     }
 
     /// Records a device copy of the current value, unless the value changed since

@@ -584,9 +584,7 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>], lend: Option<&Le
     // groups lose when split less).
     let scale = if rayon::current_thread_index().is_some() { 8 } else { 1 };
     let step = (grain(g.cost) * scale).div_ceil(CH) * CH;
-    // A group that may lend variables runs no parallel loop on a worker (`cpu::Lend`).
-    let no_pool = lend.is_some() && scale > 1;
-    if n < 2 * step || no_pool {
+    if n < 2 * step {
         // In a loop the other thread of the team (if any) takes the second half.
         let half = (n / 2).div_ceil(CH) * CH;
         if n.saturating_mul(g.cost) >= TEAM_WORK && half < n && team::available() {

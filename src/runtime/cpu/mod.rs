@@ -80,15 +80,12 @@ fn on_worker<R: Send>(plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
 /// `compile::Function`). A variable read at slot `j` whose last reader is a fused group in
 /// the schedule's infallible tail gives that group its buffer for an output, when nothing
 /// but the variable and the run holds it (`VarCell::lend`). Nothing after the group can
-/// fail, so the run ends by assigning the lent variables their new values (`Run::lending`);
-/// readers on other threads wait for that instead of seeing a half-written buffer.
-///
-/// Between a lend and that assignment, the lending thread must not wait inside the rayon
-/// pool: waiting there, a worker runs other pending jobs, and one of them could be another
-/// thread's read of a lent variable, which would then wait for this run, below it on the
-/// same stack. So the tail holds no parallel kernels but fused groups and small
-/// elementwise nodes (`fuse::infallible`), and its groups split only with the team's
-/// helper (or run whole) when on a worker (`fused::run`).
+/// fail, so the run ends by assigning the lent variables their new values (`Run::lending`).
+/// Reads of a lent variable on other threads wait for that assignment instead of seeing a
+/// half-written buffer; on a rayon worker they stop their run instead (`Error::Lent`, run
+/// again by `Function::call`), since a worker waiting in the pool (for a piece of the
+/// lending run, say) runs other jobs, so the read may sit on top of the lending run's own
+/// stack.
 pub struct Lend {
     /// Per plan slot: the variable read there, if the call assigns it.
     pub cells: Vec<Option<Arc<VarCell>>>,
