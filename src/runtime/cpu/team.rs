@@ -20,9 +20,12 @@
 //! it had taken could wait a scheduler time slice: the Keras LSTM epoch went 0.30 -> 0.45 s
 //! next to one busy process. So the idle helper yields to the OS every 16 polls, a leader
 //! waiting over `SPIN_BEFORE_YIELD` for a half yields between checks, and a team stands down
-//! (`stalled`) when most of the last `WINDOW` halves posted were taken back by their
-//! posters: later kernels run whole, the helper returns to the pool, and the next
-//! `STALL_BACKOFF` teams are not formed (uncontended, 1-3% are taken back).
+//! (`stalled`) when most of the halves posted in two windows of `WINDOW` in a row were
+//! taken back by their posters: later kernels run whole, the helper returns to the pool,
+//! and the next `STALL_BACKOFF` teams are not formed. Uncontended, 0-2 of a window's 64
+//! are taken back, but on a shared VM a lone window now and then loses most (the helper
+//! descheduled for a few ms): on one window that stood teams down 4-7 times per five
+//! LSTM epochs, costing ~15%; next to a busy process the windows run 60-64 of 64.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -95,6 +98,8 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 static WIN_POSTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 static WIN_BACK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 const WINDOW: u32 = 64;
+/// Whether most halves of the window before the last were taken back.
+static WIN_BEFORE_MOST: AtomicBool = AtomicBool::new(false);
 
 /// Teams not formed after one stalled (`with_team`), process-wide.
 static BACKOFF: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -169,15 +174,17 @@ pub fn split2(f: &(dyn Fn(usize) + Sync)) {
         // Not taken: the helper is busy or absent.
         f(1);
     }
-    // Over the last `WINDOW` halves posted (by any team), most taken back means the
-    // helpers are not getting a core.
+    // Most of the halves of two windows in a row (`WINDOW` halves each, posted by any team)
+    // taken back means the helpers are not getting a core.
     let back = if taken_back { WIN_BACK.fetch_add(1, Ordering::Relaxed) + 1 } else { WIN_BACK.load(Ordering::Relaxed) };
     if WIN_POSTED.fetch_add(1, Ordering::Relaxed) + 1 >= WINDOW {
         WIN_POSTED.store(0, Ordering::Relaxed);
         WIN_BACK.store(0, Ordering::Relaxed);
-        if 2 * back > WINDOW {
+        let most = 2 * back > WINDOW;
+        if most && WIN_BEFORE_MOST.load(Ordering::Relaxed) {
             team.stalled.store(true, Ordering::Relaxed);
         }
+        WIN_BEFORE_MOST.store(most, Ordering::Relaxed);
     }
     if job.panicked.load(Ordering::Relaxed) {
         panic!("a kernel's second half panicked on the loop's helper thread");
