@@ -168,3 +168,53 @@ def test_readers_on_other_threads_never_see_a_half_written_variable(on_cpu):
     torn = [s for s in seen if s[0] != s[1] or s[2] != s[3]]
     assert not torn, f"{len(torn)} of {len(seen)} reads saw a half-written variable: {torn[:3]}"
     np.testing.assert_array_equal(K.get_value(v), calls + 1.0)
+
+
+_KERAS_RUN = r"""
+import os, sys
+os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
+import numpy as np, keras
+import ferrokeras
+ferrokeras.set_device("cpu")
+from keras.models import Sequential
+from keras.layers import Dense, BatchNormalization, LSTM
+rng = np.random.default_rng(0)
+x = rng.standard_normal((256, 20)).astype("float32")
+y = keras.utils.to_categorical(rng.integers(0, 10, 256), 10)
+out = []
+def init(m, seed):
+    m.set_weights([np.random.default_rng(seed).standard_normal(w.shape).astype("float32") * 0.1
+                   + (0.5 if w.ndim == 1 else 0.0) for w in m.get_weights()])
+for k, opt in enumerate(["sgd", keras.optimizers.SGD(0.01, momentum=0.9, nesterov=True), "adagrad",
+                         "adadelta", "adamax", "nadam", keras.optimizers.Adam(amsgrad=True), "rmsprop"]):
+    m = Sequential([Dense(32, activation="relu", input_shape=(20,)), BatchNormalization(),
+                    Dense(10, activation="softmax")])
+    init(m, k)
+    m.compile(opt, "categorical_crossentropy")
+    out += m.fit(x, y, batch_size=64, epochs=2, verbose=0, shuffle=False).history["loss"]
+    out += [float(np.sum(w)) for w in m.get_weights()]
+m = Sequential([LSTM(8, input_shape=(5, 4)), Dense(10, activation="softmax")])
+init(m, 9)
+m.compile("adam", "categorical_crossentropy")
+out += m.fit(x[:, :20].reshape(256, 5, 4), y, batch_size=32, epochs=2, verbose=0, shuffle=False).history["loss"]
+out += [float(np.sum(w)) for w in m.get_weights()]
+print(" ".join(repr(float(v)) for v in out))
+"""
+
+
+def test_keras_training_is_bitwise_the_same_with_and_without_in_place_updates():
+    """Eight Keras optimizers (BatchNorm's moving averages included) and an LSTM: the same
+    losses and weights, bit for bit, whether the steps update variables in place or not
+    (the switch is read once per process, hence the subprocesses)."""
+    import os
+    import subprocess
+    import sys
+
+    runs = {}
+    for flag in ("0", "1"):
+        env = dict(os.environ, FERROKERAS_CPU_INPLACE=flag)
+        r = subprocess.run([sys.executable, "-c", _KERAS_RUN], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[flag] = [float(v) for v in r.stdout.split()[-(8 * (2 + 8) + 2 + 5):]]
+    assert all(np.isfinite(runs["1"])), runs["1"]
+    assert runs["0"] == runs["1"]
