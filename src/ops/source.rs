@@ -49,14 +49,20 @@ fn settle(st: &mut VarState) {
 /// Waits until no variable is lent to an in-place update (a run that stopped on one,
 /// `Error::Lent`, goes again then).
 pub fn wait_for_lent_variables() {
-    let mut polls = 0u32;
+    let mut polls = 0;
     while LENT.load(Ordering::Acquire) > 0 {
-        polls += 1;
-        if polls < 64 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
+        pause(&mut polls);
+    }
+}
+
+/// One wait of a poll for the end of a lending, which comes a few kernels later: yields
+/// at first, then sleeps 50 us at a time.
+fn pause(polls: &mut u32) {
+    *polls += 1;
+    if *polls < 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros(50));
     }
 }
 
@@ -82,22 +88,21 @@ impl VarCell {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The state once no run holds the value for an in-place update (`lend`): such a run
-    /// ends with the assignment, a few kernels later, so readers poll.
-    fn read_settled(&self) -> std::sync::RwLockReadGuard<'_, VarState> {
-        let mut polls = 0u32;
+    /// The state once no run holds the value for an in-place update (`lend`). With
+    /// `stop_on_worker`, a lent value on a rayon worker is `Error::Lent` instead of a wait
+    /// (see `get`).
+    fn read_settled(&self, stop_on_worker: bool) -> Result<std::sync::RwLockReadGuard<'_, VarState>> {
+        let mut polls = 0;
         loop {
             let st = self.read();
             if !st.lent {
-                return st;
+                return Ok(st);
+            }
+            if stop_on_worker && rayon::current_thread_index().is_some() {
+                return Err(Error::Lent(self.name.clone()));
             }
             drop(st);
-            polls += 1;
-            if polls < 64 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            }
+            pause(&mut polls);
         }
     }
 
@@ -148,21 +153,16 @@ impl VarCell {
     }
 
     /// The value on the host, downloading it from the device if only the device has it.
-    // Without the `gpu` feature `Resident` is uninhabited, so the download is unreachable.
-    #[allow(unreachable_code)]
     ///
     /// While the value is lent to an in-place update (`lend`) this waits for the
     /// assignment, except on a rayon worker: there it returns `Error::Lent`, since the
     /// lending run may be waiting for this very thread (a worker waiting in the pool runs
     /// other jobs, so this read may sit on top of the lending run's stack).
+    // Without the `gpu` feature `Resident` is uninhabited, so the download is unreachable.
+    #[allow(unreachable_code)]
     pub fn get(&self) -> Result<Value> {
         let (dev, version) = {
-            let st = self.read();
-            if st.lent && rayon::current_thread_index().is_some() {
-                return Err(Error::Lent(self.name.clone()));
-            }
-            drop(st);
-            let st = self.read_settled();
+            let st = self.read_settled(true)?;
             if let Some(h) = &st.host {
                 return Ok(h.clone());
             }
@@ -178,7 +178,7 @@ impl VarCell {
 
     /// The host value if there is one, else the device copy (for executors).
     pub fn snapshot(&self) -> (Option<Value>, Option<Resident>, u64) {
-        let st = self.read_settled();
+        let st = self.read_settled(false).expect("waits, never stops");
         (st.host.clone(), st.device.clone(), st.version)
     }
 
