@@ -487,9 +487,8 @@ fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
 /// lets the run overwrite it, then the others in order.
 fn donor(g: &Group, spare: &[usize], donated: &mut [bool], o: usize, slots: &mut [Option<Value>], lend: Option<&Lend>) -> Option<ndarray::Array<f32, IxDyn>> {
     let own = lend.and_then(|l| l.donor[o]);
-    let mut order: Vec<usize> = (0..spare.len()).collect();
-    order.sort_by_key(|&s| Some(g.ext[spare[s]]) != own);
-    for s in order {
+    let first = spare.iter().position(|&e| Some(g.ext[e]) == own);
+    for s in first.into_iter().chain((0..spare.len()).filter(|&s| Some(s) != first)) {
         let j = g.ext[spare[s]];
         if donated[s] || !matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout()) {
             continue;
