@@ -527,7 +527,7 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result
         for t in &terms[1..] {
             y = add(&y, &cast(t, y.dtype())?)?;
         }
-        grads = crate::autodiff::gradients_at_leaves(&y, &wrt)?;
+        grads = super::loop_opt::with_invariant(&body.captured, || crate::autodiff::gradients_at_leaves(&y, &wrt))?;
     }
     // Float step inputs and captured tensors the body's result depends on get a gradient:
     // stacked per step for step inputs, summed over the steps (a state) for captured.

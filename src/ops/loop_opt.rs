@@ -11,7 +11,12 @@
 //!   step inputs of the backward loop, so the backward loop does not run the forward cell
 //!   again.
 //!
-//! Both rewrites feed an interior node of the body graph as a leaf (a plan treats any fed
+//! - **Loop-invariant operands are transposed once.** A product `x·W` in the body, `W`
+//!   read from outside, has the gradient `g·Wᵀ`; in a loop VJP that reads `Wᵀ` built
+//!   once outside the loop (`invariant`, read by `matmul::vjp`), so `gemm` does not copy
+//!   `W` transposed at every step.
+//!
+//! The first two rewrites feed an interior node of the body graph as a leaf (a plan treats any fed
 //! tensor as a leaf), so no graph is copied. `FERROKERAS_LOOP_OPT`, read when a loop is
 //! built, picks them: unset, saved residuals only (the default); `0` / `off`: neither;
 //! `1` / `on`: both; `save`, `hoist`: that one. On the 2-core machine of
@@ -24,6 +29,7 @@ use super::build::*;
 use super::{FusedOp, GpuKind, Op, SliceAxis};
 use crate::error::Result;
 use crate::graph::{topo_order, Tensor};
+use std::cell::RefCell;
 use std::collections::HashSet;
 
 /// Which rewrites are on, read from `FERROKERAS_LOOP_OPT` when a loop is built.
@@ -39,6 +45,26 @@ pub fn switches() -> Switches {
         "1" | "on" => Switches { hoist: true, save: true },
         _ => Switches { hoist: v.contains("hoist"), save: v.contains("save") },
     }
+}
+
+thread_local! {
+    /// Ids of the outer tensors the loop body whose VJP is being built reads.
+    static INVARIANT: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
+}
+
+/// Runs `f` (building a loop body's VJP) with the body's `captured` tensors marked
+/// loop-invariant; the marks of an enclosing loop come back after.
+pub fn with_invariant<R>(captured: &[Tensor], f: impl FnOnce() -> R) -> R {
+    let ids: HashSet<u64> = captured.iter().map(|t| t.id()).collect();
+    let outer = INVARIANT.with(|s| s.replace(ids));
+    let r = f();
+    INVARIANT.with(|s| s.replace(outer));
+    r
+}
+
+/// Whether `t` is read from outside the loop body whose VJP is being built.
+pub fn invariant(t: &Tensor) -> bool {
+    INVARIANT.with(|s| s.borrow().contains(&t.id()))
 }
 
 /// Ids of every node of the body (reachable from `roots`, stopping at `leaves`) that

@@ -57,6 +57,11 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
 pub fn vjp(ta: bool, tb: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     let (a, b) = (node.input(0), node.input(1));
     let (ga, gb) = match (ta, tb) {
+        // `b` read from outside a loop body: `bᵀ` is built once outside the loop (`gemm`
+        // would otherwise transpose `b` at every step).
+        (false, false) if b.rank() == 2 && super::loop_opt::invariant(b) => {
+            (matmul(g, &transpose(b, &[1, 0])?, false, false)?, matmul(a, g, true, false)?)
+        }
         (false, false) => (matmul(g, b, false, true)?, matmul(a, g, true, false)?),
         (true, false) => (matmul(b, g, false, true)?, matmul(a, g, false, false)?),
         (false, true) => (matmul(g, b, false, false)?, matmul(g, a, true, false)?),
