@@ -4,7 +4,8 @@
 //! of one output shape, joined producer to consumer. It runs at the position of its last
 //! member, so a node may join only if no other node placed before it reads a member
 //! (nothing has to move). Members read outside the group (or returned) are its outputs;
-//! the rest never get a buffer. The GPU executor does not look at this: it walks the plan.
+//! the rest never get a buffer. A slice (`view`) may be a member too: the group reads it
+//! as a strided view of its input. The GPU executor does not look at this: it walks the plan.
 
 use super::{Plan, Step};
 use crate::dtype::DType;
@@ -65,6 +66,17 @@ fn fusible(plan: &Plan, i: usize) -> bool {
     matches!(node.op().gpu_kind(), GpuKind::Fused(_)) && reg(node.dtype()) && data_inputs(plan, i).all(|j| reg(plan.nodes[j].dtype()))
 }
 
+/// Whether node `i` is a slice the CPU fusion kernel can read as a strided view of its
+/// input (f32, steps of at least 1): it joins a group of its readers instead of copying
+/// (the Keras LSTM's four gate slices of `z` per step).
+pub fn view(plan: &Plan, i: usize) -> bool {
+    let node = &plan.nodes[i];
+    matches!(plan.steps[i], Step::Compute)
+        && matches!(node.op(), Op::Slice(spec) if spec.iter().all(|a| a.step >= 1))
+        && node.dtype() == DType::F32
+        && node.rank() <= 16
+}
+
 /// Input slots of node `i` that carry data (not target shapes).
 pub fn data_inputs(plan: &Plan, i: usize) -> impl Iterator<Item = usize> + '_ {
     let h = plan.nodes[i].op().host_args();
@@ -98,7 +110,14 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     let mut group: Vec<Option<usize>> = vec![None; n];
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for i in 0..n {
-        if !fuse || !fusible(plan, i) {
+        if !fuse || !(fusible(plan, i) || view(plan, i)) {
+            continue;
+        }
+        if view(plan, i) {
+            // Starts a group of its own (its input is read in place, not fused), which
+            // readers of the slice may join.
+            group[i] = Some(groups.len());
+            groups.push(vec![i]);
             continue;
         }
         let shape = plan.nodes[i].shape();
@@ -158,6 +177,12 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         };
         let mut members = groups[g].clone();
         members.sort_unstable();
+        if members.iter().all(|&m| view(plan, m)) {
+            // A slice no reader joined runs as a plain node.
+            dispatches += 1;
+            items.push(Item::Node(i));
+            continue;
+        }
         if members.last() != Some(&i) {
             continue;
         }

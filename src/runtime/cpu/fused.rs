@@ -13,7 +13,8 @@ use crate::compile::Plan;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::elementwise::{grain, Lane, Splat};
-use crate::ops::{BinaryOp, FusedOp, GpuKind, UnaryOp};
+use crate::ops::movement::resolve_slice;
+use crate::ops::{BinaryOp, FusedOp, GpuKind, Op, SliceAxis, UnaryOp};
 use crate::runtime::cpu::fused_rules::{self, Leaf, Special};
 use crate::runtime::cpu::{team, Lend};
 use crate::runtime::value::{Arr, Value};
@@ -66,6 +67,8 @@ enum Data {
 struct Layout {
     dims: Vec<usize>,
     strides: Vec<usize>,
+    /// Element offset of the first read (a slice's start).
+    offset: usize,
 }
 
 enum OutBuf {
@@ -116,6 +119,8 @@ struct Body {
     prog: Vec<Ins>,
     nregs: usize,
     loads: Vec<Layout>,
+    /// Per load, the external input it reads (an index into `Group::ext`).
+    load_src: Vec<usize>,
     outs: Vec<Out>,
     /// Same-size f32 inputs that die here and may donate their buffers to the first
     /// `spare.len()` f32 outputs, one each.
@@ -164,6 +169,11 @@ fn member_shapes(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Vec<
     for &m in &g.members {
         let ins = &plan.inputs[m];
         let sh = |p: usize| shape_of(g, &shapes, slots, ins[p]);
+        if let Op::Slice(spec) = plan.nodes[m].op() {
+            let s = slice_shape(sh(0), spec);
+            shapes.push(s);
+            continue;
+        }
         let s = match fused_op(plan, m) {
             FusedOp::Unary(_) | FusedOp::Cast(_) => sh(0).to_vec(),
             FusedOp::Binary(b) => broadcast_runtime(b.name(), sh(0), sh(1))?,
@@ -186,12 +196,45 @@ fn member_shapes(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Vec<
 /// Strides of `shape` read as the right-aligned `out` shape, with size-1 dims dropped
 /// and neighbours merged where one stride continues the other.
 fn gather_layout(shape: &[usize], out: &[usize]) -> Layout {
-    let lead = out.len() - shape.len();
-    let mut st = vec![0usize; out.len()];
+    let mut strides = vec![0usize; shape.len()];
     let mut acc = 1;
     for d in (0..shape.len()).rev() {
-        st[lead + d] = if shape[d] == 1 { 0 } else { acc };
+        strides[d] = acc;
         acc *= shape[d];
+    }
+    strided_layout(shape, &strides, 0, out)
+}
+
+/// A slice `spec` of a row-major input of shape `input`, read as the right-aligned `out`.
+fn slice_layout(input: &[usize], spec: &[SliceAxis], out: &[usize]) -> Layout {
+    let (mut dims, mut strides, mut offset) = (Vec::with_capacity(input.len()), Vec::with_capacity(input.len()), 0);
+    let mut acc = 1;
+    for d in (0..input.len()).rev() {
+        let (start, _, step, len) = match spec.get(d) {
+            Some(a) => resolve_slice(a, input[d]),
+            None => (0, 0, 1, input[d]),
+        };
+        dims.push(len);
+        strides.push(acc * step as usize);
+        offset += start as usize * acc;
+        acc *= input[d];
+    }
+    dims.reverse();
+    strides.reverse();
+    strided_layout(&dims, &strides, offset, out)
+}
+
+/// The shape of a slice `spec` of an input of shape `input`.
+fn slice_shape(input: &[usize], spec: &[SliceAxis]) -> Vec<usize> {
+    input.iter().enumerate().map(|(d, &n)| spec.get(d).map_or(n, |a| resolve_slice(a, n).3)).collect()
+}
+
+/// Strided `shape` read as the right-aligned `out` shape (see `gather_layout`).
+fn strided_layout(shape: &[usize], strides: &[usize], offset: usize, out: &[usize]) -> Layout {
+    let lead = out.len() - shape.len();
+    let mut st = vec![0usize; out.len()];
+    for d in 0..shape.len() {
+        st[lead + d] = if shape[d] == 1 { 0 } else { strides[d] };
     }
     let (mut dims, mut strides): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     for (&d, &s) in out.iter().zip(&st) {
@@ -212,7 +255,7 @@ fn gather_layout(shape: &[usize], out: &[usize]) -> Layout {
         dims.push(1);
         strides.push(0);
     }
-    Layout { dims, strides }
+    Layout { dims, strides, offset }
 }
 
 fn scalar_of(v: &Value) -> f32 {
@@ -275,7 +318,7 @@ fn program(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Arc<Progra
     }
     let ext = g.ext.iter().map(|&j| slots[j].as_ref().expect("computed")).map(|v| (v.dtype(), v.shape().to_vec())).collect();
     let target_slots: Vec<usize> =
-        g.members.iter().filter(|&&m| matches!(fused_op(plan, m), FusedOp::BroadcastTo)).map(|&m| plan.inputs[m][1]).collect();
+        g.members.iter().filter(|&&m| matches!(plan.nodes[m].op().gpu_kind(), GpuKind::Fused(FusedOp::BroadcastTo))).map(|&m| plan.inputs[m][1]).collect();
     let targets = target_slots.iter().map(|&s| slots[s].as_ref().expect("computed").to_i64_vec()).collect();
     let p = Arc::new(Program { ext, target_slots, targets, body: compile(plan, g, slots)? });
     if cache.len() == MAX_PROGRAMS {
@@ -298,9 +341,22 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
     let mut inputs: Vec<Opd> = Vec::with_capacity(g.ext.len());
     let (mut scalars, mut same) = (0u16, 0u16);
     let mut loads: Vec<Layout> = Vec::new();
-    for &j in &g.ext {
+    // Per load, the external input it reads (an index into `g.ext`).
+    let mut load_src: Vec<usize> = Vec::new();
+    let slice_of = |m: usize| match plan.nodes[m].op() {
+        Op::Slice(spec) => Some(spec),
+        _ => None,
+    };
+    // Inputs read only through slices are not read directly.
+    let direct = |j: usize| g.members.iter().any(|&m| slice_of(m).is_none() && plan.inputs[m].contains(&j));
+    for (e, &j) in g.ext.iter().enumerate() {
         let v = slots[j].as_ref().expect("computed");
         let len = v.len();
+        if !direct(j) {
+            // A register id no instruction reads: the slices load their own views.
+            inputs.push(Opd::Reg(LOAD_BASE));
+            continue;
+        }
         let opd = match v.dtype() {
             DType::F32 | DType::Bool if len == 1 => {
                 scalars += 1;
@@ -316,6 +372,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
                     return Ok(None);
                 }
                 loads.push(l);
+                load_src.push(e);
                 Opd::Reg(LOAD_BASE + loads.len() as u16 - 1)
             }
             other => return Err(Error::Runtime(format!("internal: fused input of dtype {other}"))),
@@ -329,6 +386,17 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
     let mut mem_opd: Vec<Opd> = Vec::with_capacity(g.members.len());
     for &m in &g.members {
         let ins = &plan.inputs[m];
+        if let Some(spec) = slice_of(m) {
+            let e = g.ext.iter().position(|&x| x == ins[0]).expect("a slice's input is external");
+            let l = slice_layout(slots[ins[0]].as_ref().expect("computed").shape(), spec, &shape);
+            if l.dims.len() > 16 {
+                return Ok(None);
+            }
+            loads.push(l);
+            load_src.push(e);
+            mem_opd.push(Opd::Reg(LOAD_BASE + loads.len() as u16 - 1));
+            continue;
+        }
         let arg = |p: usize| -> Opd {
             let j = ins[p];
             match g.members.iter().position(|&x| x == j) {
@@ -410,7 +478,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             Out::Passed(_) => {}
         }
     }
-    Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, outs, spare, special }))
+    Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, load_src, outs, spare, special }))
 }
 
 /// Makes the instruction that computes an f32 output write it into the output's buffer
@@ -532,9 +600,12 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>], lend: Option<&Le
                 Data::F32(p) => ext.push(p),
                 Data::Bool(_) => unreachable!("same-size inputs are f32"),
             },
-            Opd::Reg(_) => data.push(data_of(v, &mut held)),
+            Opd::Reg(_) => {}
             Opd::Out(_) => unreachable!("inputs are not outputs"),
         }
+    }
+    for &e in &b.load_src {
+        data.push(data_of(slots[g.ext[e]].as_ref().expect("computed"), &mut held));
     }
     for &ins in &b.prelude {
         scal.push(eval_scalar(ins, &scal));
@@ -869,7 +940,7 @@ unsafe fn gather(g: &Layout, data: Data, off: usize, out: &mut [MaybeUninit<f32>
     // Multi-index of `off` and the input offset it maps to.
     let mut idx = [0usize; 16];
     let mut rem = off;
-    let mut base = 0usize;
+    let mut base = g.offset;
     for d in (0..r).rev() {
         idx[d] = rem % g.dims[d];
         rem /= g.dims[d];

@@ -134,6 +134,53 @@ fn dead_inputs_are_overwritten_only_after_every_read() {
     same(&[a, w], &[y2, pass], &vs);
 }
 
+fn ax(start: Option<i64>, stop: Option<i64>, step: i64) -> crate::ops::SliceAxis {
+    crate::ops::SliceAxis { start, stop, step }
+}
+
+#[test]
+fn slices_are_read_in_place_by_the_groups_that_read_them() {
+    // The Keras LSTM's gates: four column blocks of z, each read by one elementwise chain.
+    let z = ph("z", &[None, Some(16)]);
+    let gate = |k: i64| slice(&z, &[ax(None, None, 1), ax(Some(4 * k), Some(4 * k + 4), 1)]).unwrap();
+    let (i, f, g, o) = (gate(0), gate(1), gate(2), gate(3));
+    let sig = |t: &Tensor| unary(UnaryOp::Sigmoid, t).unwrap();
+    let cell = add(&mul(&sig(&f), &c(0.5)).unwrap(), &mul(&sig(&i), &unary(UnaryOp::Tanh, &g).unwrap()).unwrap()).unwrap();
+    let h = mul(&sig(&o), &unary(UnaryOp::Tanh, &cell).unwrap()).unwrap();
+    let (fused, unfused) = same(&[z.clone()], &[h.clone(), cell.clone()], &[data(&[5, 16], 1)]);
+    // One pass: the slices are not copied on their own.
+    assert_eq!(fused, 1, "{fused} vs {unfused}");
+    same(&[z.clone()], &[h.clone()], &[data(&[0, 16], 2)]);
+    same(&[z.clone()], &[h], &[data(&[70_001, 16], 3)]);
+    // A slice also returned, a slice read twice, and z itself read by the group too.
+    let zi = sub(&i, &mul(&i, &i).unwrap()).unwrap();
+    same(&[z.clone()], &[zi.clone(), i.clone()], &[data(&[7, 16], 4)]);
+    let zz = add(&slice(&z, &[ax(None, None, 1), ax(Some(0), Some(16), 1)]).unwrap(), &z).unwrap();
+    same(&[z.clone()], &[zz], &[data(&[7, 16], 5)]);
+    // A slice nothing fuses with stays a plain node.
+    let (fused, _) = same(&[z.clone()], &[g.clone()], &[data(&[3, 16], 6)]);
+    assert_eq!(fused, 1);
+}
+
+#[test]
+fn strided_and_clamped_slices_of_higher_rank() {
+    let x = ph("x", &[None, Some(6), Some(9)]);
+    let specs: Vec<Vec<crate::ops::SliceAxis>> = vec![
+        vec![ax(Some(1), Some(3), 1), ax(None, None, 1), ax(None, None, 1)],
+        vec![ax(None, None, 2), ax(Some(-4), None, 1), ax(Some(1), Some(8), 3)],
+        vec![ax(None, None, 1), ax(Some(5), Some(100), 1), ax(Some(8), None, 1)],
+        vec![ax(None, None, 1), ax(Some(4), Some(2), 1), ax(None, None, 1)],
+    ];
+    for (k, spec) in specs.iter().enumerate() {
+        let s = slice(&x, spec).unwrap();
+        let y = unary(UnaryOp::Exp, &mul(&s, &c(0.25)).unwrap()).unwrap();
+        // Broadcast against a row of the slice's width, read as a second input.
+        let row = reduce(crate::ops::ReduceOp::Sum, &s, &[0, 1], true).unwrap();
+        let y2 = add(&y, &row).unwrap();
+        same(&[x.clone()], &[y, y2], &[data(&[4, 6, 9], k as u32)]);
+    }
+}
+
 #[test]
 fn gradients_are_unchanged_by_fusion() {
     let x = ph("x", &[None, Some(8)]);
