@@ -613,12 +613,9 @@ fn to_contiguous<T: Elem>(v: ArrayView<'_, T, IxDyn>) -> Arr<T> {
     let row = shape[last];
     // Rows [r0, r0 + rows of `part`) of the result (`part` a run of whole leading indices).
     let copy = |part: ArrayView<'_, T, IxDyn>, r0: usize| {
-        for (r, lane) in part.lanes(Axis(last)).into_iter().enumerate() {
-            let s = lane.to_slice().expect("unit stride checked");
-            let d = dst;
-            // SAFETY: row r0 + r of the `len`-element result; the parts write disjoint rows.
-            unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), d.0.add((r0 + r) * row), row) };
-        }
+        let d = dst;
+        // SAFETY: rows r0.. of the `len`-element result; the parts write disjoint rows.
+        unsafe { copy_rows(&part, d.0.add(r0 * row)) };
     };
     if shape.len() >= 2 && shape[0] >= 2 && len >= TEAM_COPY && crate::runtime::cpu::team::available() {
         // In a loop or a short run, halves of the leading axis on two threads: the rows
@@ -633,6 +630,38 @@ fn to_contiguous<T: Elem>(v: ArrayView<'_, T, IxDyn>) -> Arr<T> {
     // SAFETY: every row of the result was written above.
     unsafe { out.set_len(len) };
     Arr::from_shape_vec(IxDyn(&shape), out).expect("length is the product of the shape")
+}
+
+/// Copies the rows of `v` (runs of its last axis, unit strided or of length 1) one after
+/// another to `dst`, stepping the leading index by hand: ndarray's lane iterator costs
+/// ~30 ns per row, which made the `[B, T, F] -> [T, B, F]` input transpose of a Keras
+/// LSTM (3200 rows of 32) take ~100 us.
+///
+/// # Safety
+/// `dst` must have room for `v.len()` elements and not overlap `v`.
+unsafe fn copy_rows<T: Copy>(v: &ArrayView<'_, T, IxDyn>, dst: *mut T) {
+    let (shape, strides) = (v.shape(), v.strides());
+    let r = shape.len();
+    let row = shape[r - 1];
+    let outer = &shape[..r - 1];
+    let rows: usize = outer.iter().product();
+    if rows == 0 || row == 0 {
+        return;
+    }
+    let mut idx = vec![0usize; outer.len()];
+    let (base, mut off) = (v.as_ptr(), 0isize);
+    for k in 0..rows {
+        std::ptr::copy_nonoverlapping(base.offset(off), dst.add(k * row), row);
+        for d in (0..outer.len()).rev() {
+            idx[d] += 1;
+            off += strides[d];
+            if idx[d] < outer[d] {
+                break;
+            }
+            off -= strides[d] * outer[d] as isize;
+            idx[d] = 0;
+        }
+    }
 }
 
 /// Elements from which a copy in a loop or short run is split with the helper thread.
