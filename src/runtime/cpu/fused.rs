@@ -44,6 +44,9 @@ enum Opd {
     Scal(u16),
     /// An f32 output already written in this chunk (its index among the written outputs).
     Out(u16),
+    /// An f32 input that repeats with a period along the flat index (a bias broadcast over
+    /// the leading dims), read in place from a copy of one period tiled past a chunk.
+    Tile(u16),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -121,6 +124,8 @@ struct Body {
     loads: Vec<Layout>,
     /// Per load, the external input it reads (an index into `Group::ext`).
     load_src: Vec<usize>,
+    /// Per `Opd::Tile` input: (index into `Group::ext`, period).
+    tiles: Vec<(usize, usize)>,
     outs: Vec<Out>,
     /// Same-size f32 inputs that die here and may donate their buffers to the first
     /// `spare.len()` f32 outputs, one each.
@@ -135,6 +140,8 @@ struct Kernel<'a> {
     ext: &'a [*const f32],
     loads: &'a [Layout],
     data: &'a [Data],
+    /// Per `Opd::Tile`: (one period tiled to `period + CH` elements, period).
+    tiles: &'a [(*const f32, usize)],
     scal: &'a [f32],
     outs: &'a [(Opd, OutBuf)],
     /// A recognised update rule and the outputs' buffers in group output order.
@@ -203,6 +210,15 @@ fn gather_layout(shape: &[usize], out: &[usize]) -> Layout {
         acc *= shape[d];
     }
     strided_layout(shape, &strides, 0, out)
+}
+
+/// Periods up to which a repeating input is tiled (`Opd::Tile`) instead of gathered.
+const MAX_PERIOD: usize = 1 << 14;
+
+/// The period of a layout that repeats one contiguous run along the flat index (a bias
+/// of the last dims broadcast over the leading ones), if it is one.
+fn periodic(l: &Layout) -> Option<usize> {
+    (l.offset == 0 && l.dims.len() == 2 && l.strides == [0, 1] && l.dims[1] <= MAX_PERIOD).then_some(l.dims[1])
 }
 
 /// A slice `spec` of a row-major input of shape `input`, read as the right-aligned `out`.
@@ -286,7 +302,7 @@ fn binary_scalar(op: BinaryOp, a: f32, b: f32) -> f32 {
 fn eval_scalar(ins: Ins, scal: &[f32]) -> f32 {
     let v = |o: Opd| match o {
         Opd::Scal(k) => scal[k as usize],
-        Opd::Reg(_) | Opd::Ext(_) | Opd::Out(_) => unreachable!("scalar operands only"),
+        Opd::Reg(_) | Opd::Ext(_) | Opd::Out(_) | Opd::Tile(_) => unreachable!("scalar operands only"),
     };
     match ins {
         Ins::Unary(op, a, _) => unary_scalar(op, v(a)),
@@ -343,6 +359,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
     let mut loads: Vec<Layout> = Vec::new();
     // Per load, the external input it reads (an index into `g.ext`).
     let mut load_src: Vec<usize> = Vec::new();
+    let mut tiles: Vec<(usize, usize)> = Vec::new();
     let slice_of = |m: usize| match plan.nodes[m].op() {
         Op::Slice(spec) => Some(spec),
         _ => None,
@@ -365,6 +382,10 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             DType::F32 if len == n => {
                 same += 1;
                 Opd::Ext(same - 1)
+            }
+            DType::F32 if periodic(&gather_layout(v.shape(), &shape)).is_some() => {
+                tiles.push((e, periodic(&gather_layout(v.shape(), &shape)).expect("checked")));
+                Opd::Tile(tiles.len() as u16 - 1)
             }
             DType::F32 | DType::Bool => {
                 let l = gather_layout(v.shape(), &shape);
@@ -457,7 +478,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
                 Opd::Ext(x) => Some(Leaf::Vec(x)),
                 Opd::Scal(k) => Some(Leaf::Scal(k)),
                 Opd::Reg(v) if v < LOAD_BASE => Some(Leaf::Member),
-                Opd::Reg(_) | Opd::Out(_) => None,
+                Opd::Reg(_) | Opd::Out(_) | Opd::Tile(_) => None,
             }
         };
         fused_rules::detect(plan, g, &leaf)
@@ -478,7 +499,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             Out::Passed(_) => {}
         }
     }
-    Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, load_src, outs, spare, special }))
+    Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, load_src, tiles, outs, spare, special }))
 }
 
 /// Makes the instruction that computes an f32 output write it into the output's buffer
@@ -510,7 +531,7 @@ fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[
     }
     let redirect = |a: Opd| match a {
         Opd::Reg(v) if v < LOAD_BASE => to[v as usize].map_or(a, Opd::Out),
-        Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => a,
+        Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) | Opd::Tile(_) => a,
     };
     for ins in prog.iter_mut() {
         let d = |d: u16| to[d as usize].map_or(d, |s| OUT_BASE + s);
@@ -601,12 +622,26 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>], lend: Option<&Le
                 Data::Bool(_) => unreachable!("same-size inputs are f32"),
             },
             Opd::Reg(_) => {}
+            Opd::Tile(_) => {}
             Opd::Out(_) => unreachable!("inputs are not outputs"),
         }
     }
     for &e in &b.load_src {
         data.push(data_of(slots[g.ext[e]].as_ref().expect("computed"), &mut held));
     }
+    let tiled: Vec<Vec<f32>> = b
+        .tiles
+        .iter()
+        .map(|&(e, period)| {
+            let Data::F32(p) = data_of(slots[g.ext[e]].as_ref().expect("computed"), &mut held) else {
+                unreachable!("tiled inputs are f32")
+            };
+            // SAFETY: the input holds at least one period (its layout repeats it).
+            let one = unsafe { std::slice::from_raw_parts(p, period) };
+            one.iter().copied().cycle().take(period + CH).collect()
+        })
+        .collect();
+    let tiles: Vec<(*const f32, usize)> = tiled.iter().zip(&b.tiles).map(|(t, &(_, period))| (t.as_ptr(), period)).collect();
     for &ins in &b.prelude {
         scal.push(eval_scalar(ins, &scal));
     }
@@ -647,7 +682,7 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>], lend: Option<&Le
         None => Vec::new(),
     };
     let special = b.special.as_ref().map(|sp| (sp, out_ptrs.as_slice()));
-    let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, scal: &scal, outs: &outs, special };
+    let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, tiles: &tiles, scal: &scal, outs: &outs, special };
     // On a rayon worker (a loop body, see `cpu::on_worker`) the groups are small and the
     // other workers mostly asleep, each split waking one: split only 8x more work there
     // (Keras LSTM step faster in 5 of 6 interleaved runs, ~7%; at the top level the MLP's
@@ -726,7 +761,7 @@ fn allocate(prog: Vec<Ins>, outs: &[Opd], nloads: usize, vregs: u16) -> (Vec<Ins
     let mut nregs = 0u16;
     let remap = |o: Opd, phys: &[u16]| match o {
         Opd::Reg(r) => Opd::Reg(phys[key(r)]),
-        Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => o,
+        Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) | Opd::Tile(_) => o,
     };
     let mut out_seq = Vec::with_capacity(seq.len());
     for (t, ins) in seq.into_iter().enumerate() {
@@ -758,7 +793,7 @@ fn allocate(prog: Vec<Ins>, outs: &[Opd], nloads: usize, vregs: u16) -> (Vec<Ins
         let mut dead: Vec<u16> = operands(ins)
             .filter_map(|o| match o {
                 Opd::Reg(v) if last[key(v)] == Some(t) => Some(phys[key(v)]),
-                Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) => None,
+                Opd::Reg(_) | Opd::Ext(_) | Opd::Scal(_) | Opd::Out(_) | Opd::Tile(_) => None,
             })
             .collect();
         dead.sort_unstable();
@@ -819,6 +854,10 @@ unsafe fn source<'a>(k: &Kernel<'_>, regs: *mut f32, o: Opd, off: usize, len: us
         Opd::Reg(r) => Src::S(std::slice::from_raw_parts(regs.add(r as usize * CH), len)),
         Opd::Ext(e) => Src::S(std::slice::from_raw_parts(k.ext[e as usize].add(off), len)),
         Opd::Scal(v) => Src::C(k.scal[v as usize]),
+        Opd::Tile(t) => {
+            let (p, period) = k.tiles[t as usize];
+            Src::S(std::slice::from_raw_parts(p.add(off % period), len))
+        }
         Opd::Out(s) => match k.outs[s as usize].1 {
             OutBuf::F32(p) => Src::S(std::slice::from_raw_parts(p.add(off), len)),
             OutBuf::Bool(_) => unreachable!("direct writes are f32"),

@@ -182,6 +182,26 @@ fn strided_and_clamped_slices_of_higher_rank() {
 }
 
 #[test]
+fn repeating_inputs_across_chunks_and_threads() {
+    // Periods that do not divide the 1024-element chunk, over many chunks (and the
+    // parallel path), and a repeating input returned through broadcast_to.
+    for (rows, row) in [(1000usize, vec![7usize]), (700, vec![3, 37]), (50_000, vec![5]), (3, vec![1024]), (9, vec![1500])] {
+        let mut dims = vec![None];
+        dims.extend(row.iter().map(|&d| Some(d)));
+        let x = ph("x", &dims);
+        let b = ph("b", &row.iter().map(|&d| Some(d)).collect::<Vec<_>>());
+        let y = unary(UnaryOp::Relu, &add(&x, &b).unwrap()).unwrap();
+        let z = mul(&sub(&b, &x).unwrap(), &b).unwrap();
+        let shape_x = shape_of(&x).unwrap();
+        let wide = broadcast_to(&b, &shape_x).unwrap();
+        let mut xs = vec![rows];
+        xs.extend(&row);
+        let vs = [data(&xs, 1), data(&row, 2)];
+        same(&[x.clone(), b.clone()], &[y, z, wide], &vs);
+    }
+}
+
+#[test]
 fn gradients_are_unchanged_by_fusion() {
     let x = ph("x", &[None, Some(8)]);
     let w = ph("w", &[Some(8), Some(4)]);
