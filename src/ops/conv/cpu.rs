@@ -164,36 +164,55 @@ pub(crate) use simd_kernel;
 
 // ---------------------------------------------------------------- dtype dispatch
 
-fn run2(a: &Value, b: &Value, shape: &[usize], f32k: impl Fn(&[f32], &[f32], &mut [f32]), f64k: impl Fn(&[f64], &[f64], &mut [f64])) -> Result<Value> {
+/// `zero`: whether the kernel needs its output zeroed (it accumulates), else it writes
+/// every element.
+fn run2(a: &Value, b: &Value, shape: &[usize], zero: bool, f32k: impl Fn(&[f32], &[f32], &mut [f32]), f64k: impl Fn(&[f64], &[f64], &mut [f64])) -> Result<Value> {
     let len = shape.iter().product();
     match (a, b) {
-        (Value::F32(x), Value::F32(y)) => Ok(go(x, y, shape, len, f32k)),
-        (Value::F64(x), Value::F64(y)) => Ok(go(x, y, shape, len, f64k)),
+        (Value::F32(x), Value::F32(y)) => Ok(go(x, y, shape, len, zero, f32k)),
+        (Value::F64(x), Value::F64(y)) => Ok(go(x, y, shape, len, zero, f64k)),
         (Value::F16(_), Value::F16(_)) => {
             let (Value::F32(x), Value::F32(y)) = (a.cast(crate::dtype::DType::F32), b.cast(crate::dtype::DType::F32)) else {
                 unreachable!("cast to f32")
             };
-            Ok(go(&x, &y, shape, len, f32k).cast(crate::dtype::DType::F16))
+            Ok(go(&x, &y, shape, len, zero, f32k).cast(crate::dtype::DType::F16))
         }
         _ => Err(Error::Type(format!("conv: operands must be float tensors of one dtype, got {} and {}", a.dtype(), b.dtype()))),
     }
 }
 
-fn go<T: F>(a: &Arr<T>, b: &Arr<T>, shape: &[usize], len: usize, k: impl Fn(&[T], &[T], &mut [T])) -> Value {
+fn go<T: F>(a: &Arr<T>, b: &Arr<T>, shape: &[usize], len: usize, zero: bool, k: impl Fn(&[T], &[T], &mut [T])) -> Value {
     let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
-    let mut out = vec![T::zero(); len];
+    let mut out = if zero { vec![T::zero(); len] } else { uninit(len) };
     k(a.as_slice().expect("standard"), b.as_slice().expect("standard"), &mut out);
     Value::from_vec(shape, out).expect("shape matches")
 }
 
-pub fn forward(g: &Geom, x: &Value, w: &Value) -> Result<Value> {
-    run2(x, w, &g.y_shape, |x, w, y| fwd(g, x, w, y), |x, w, y| fwd(g, x, w, y))
+/// A buffer of `len` elements the caller writes in full before reading.
+pub fn uninit<T: F>(len: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    // SAFETY: the float types have no invalid bit patterns, and every caller writes each
+    // element before any is read (the forward kernels write every output element).
+    unsafe { v.set_len(len) };
+    v
 }
+
+pub fn forward(g: &Geom, x: &Value, w: &Value) -> Result<Value> {
+    run2(x, w, &g.y_shape, false, |x, w, y| fwd(g, x, w, y, None), |x, w, y| fwd(g, x, w, y, None))
+}
+
+/// The f32 forward convolution into `y` (every element written), calling `after(i)` once
+/// image `i` of `y` is complete, on the thread that computed it (while it is in cache: a
+/// fused elementwise group reading the result runs there, see `fused::run`).
+pub fn forward_f32_then(g: &Geom, x: &[f32], w: &[f32], y: &mut [f32], after: &(dyn Fn(usize) + Sync)) {
+    fwd(g, x, w, y, Some(after))
+}
+
 pub fn input_grad(g: &Geom, gy: &Value, w: &Value) -> Result<Value> {
-    run2(gy, w, &g.x_shape, |gy, w, dx| bwd_input(g, gy, w, dx), |gy, w, dx| bwd_input(g, gy, w, dx))
+    run2(gy, w, &g.x_shape, true, |gy, w, dx| bwd_input(g, gy, w, dx), |gy, w, dx| bwd_input(g, gy, w, dx))
 }
 pub fn kernel_grad(g: &Geom, x: &Value, gy: &Value) -> Result<Value> {
-    run2(x, gy, &g.w_shape, |x, gy, dw| bwd_kernel(g, x, gy, dw), |x, gy, dw| bwd_kernel(g, x, gy, dw))
+    run2(x, gy, &g.w_shape, true, |x, gy, dw| bwd_kernel(g, x, gy, dw), |x, gy, dw| bwd_kernel(g, x, gy, dw))
 }
 
 // ---------------------------------------------------------------- scheduling
@@ -223,16 +242,28 @@ pub fn sized<T: F>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
 
 /// Runs `f(image, out_chunk, scratch, parallelism)` for every image: images in parallel
 /// when there are enough of them, else one after another with a parallel `gemm` inside.
-fn per_image<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync) {
+/// `after(image)` runs once the image's chunk is written.
+fn per_image<T: F>(n: usize, out: &mut [T], after: Option<&(dyn Fn(usize) + Sync)>, f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync) {
     if n == 0 || out.is_empty() {
         return;
     }
     let chunk = out.len() / n;
+    let then = |i: usize| {
+        if let Some(a) = after {
+            a(i)
+        }
+    };
     if n >= threads() && n > 1 {
-        out.par_chunks_mut(chunk).enumerate().for_each_init(Scratch::default, |sc, (i, o)| f(i, o, sc, Parallelism::None));
+        out.par_chunks_mut(chunk).enumerate().for_each_init(Scratch::default, |sc, (i, o)| {
+            f(i, o, sc, Parallelism::None);
+            then(i);
+        });
     } else {
         let mut sc = Scratch::default();
-        out.chunks_mut(chunk).enumerate().for_each(|(i, o)| f(i, o, &mut sc, Parallelism::Rayon(threads())));
+        out.chunks_mut(chunk).enumerate().for_each(|(i, o)| {
+            f(i, o, &mut sc, Parallelism::Rayon(threads()));
+            then(i);
+        });
     }
 }
 
@@ -284,15 +315,18 @@ pub(crate) fn mm<T: F>(m: usize, n: usize, k: usize, dst: &mut [T], drs: usize, 
 
 // ---------------------------------------------------------------- forward
 
-fn fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
+fn fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], after: Option<&(dyn Fn(usize) + Sync)>) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
     if g.groups == 1 {
         let wk = Walk { x: &g.x, k: &g.k, s: &g.s, d: &g.d, p: &g.p, cin: g.cin, cout: g.cout };
-        dense_fwd(g.n, &wk, x, w, y);
+        dense_fwd(g.n, &wk, x, w, y, after);
     } else if g.cg() == 1 {
-        per_image(g.n, y, |i, y, _, _| depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y));
+        per_image(g.n, y, after, |i, y, _, _| {
+            y.fill(T::zero());
+            depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y)
+        });
     } else {
-        per_image(g.n, y, |i, y, _, par| im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par));
+        per_image(g.n, y, after, |i, y, _, par| im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par));
     }
     debug_assert_eq!(y.len(), g.n * yl);
 }
@@ -324,13 +358,13 @@ pub struct Walk<'a> {
 }
 
 /// A groups=1 convolution of `n` images: Winograd where it applies, else `segment_fwd`.
-fn dense_fwd<T: F>(n: usize, wk: &Walk, x: &[T], w: &[T], y: &mut [T]) {
+fn dense_fwd<T: F>(n: usize, wk: &Walk, x: &[T], w: &[T], y: &mut [T], after: Option<&(dyn Fn(usize) + Sync)>) {
     let xl = x.len() / n.max(1);
     if winograd::applies(wk) {
         let u = winograd::transform_kernel(w, wk.cin, wk.cout);
-        per_image(n, y, |i, y, sc, par| winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par));
+        per_image(n, y, after, |i, y, sc, par| winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par));
     } else {
-        per_image(n, y, |i, y, sc, par| segment_fwd(wk, &x[i * xl..(i + 1) * xl], w, y, sc, par));
+        per_image(n, y, after, |i, y, sc, par| segment_fwd(wk, &x[i * xl..(i + 1) * xl], w, y, sc, par));
     }
 }
 
@@ -447,11 +481,11 @@ fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
         let p2 = [0, 1, 2].map(|t| (eff[t] - g.p[t].0, eff[t] - g.p[t].1));
         let wf = flip_transpose(g, w);
         let wk = Walk { x: &g.o, k: &g.k, s: &[1; 3], d: &g.d, p: &p2, cin: g.cout, cout: g.cin };
-        dense_fwd(g.n, &wk, gy, &wf, dx);
+        dense_fwd(g.n, &wk, gy, &wf, dx, None);
     } else if g.cg() == 1 {
-        per_image(g.n, dx, |i, dx, _, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx));
+        per_image(g.n, dx, None, |i, dx, _, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx));
     } else {
-        per_image(g.n, dx, |i, dx, _, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par));
+        per_image(g.n, dx, None, |i, dx, _, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par));
     }
     debug_assert_eq!(dx.len(), g.n * xl);
 }

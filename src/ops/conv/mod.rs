@@ -298,13 +298,16 @@ fn target(what: &str, s: &Value, like: &[usize]) -> Result<Vec<usize>> {
 }
 
 pub fn cpu_conv(spec: &ConvSpec, x: &Value, w: &Value) -> Result<Value> {
+    cpu::forward(&forward_geom(spec, x.shape(), w.shape())?, x, w)
+}
+
+/// The geometry of a forward convolution of inputs of shapes `xs`, `ws`.
+pub fn forward_geom(spec: &ConvSpec, xs: &[usize], ws: &[usize]) -> Result<cpu::Geom> {
     let n = spec.nsp();
-    let (xs, ws) = (x.shape(), w.shape());
     if xs[n + 1] != ws[n] * spec.groups {
         return Err(value_err!("conv: the input has {} channels but the kernel expects {}", xs[n + 1], ws[n] * spec.groups));
     }
-    let geo = cpu::Geom::new(spec, xs, ws, None)?;
-    cpu::forward(&geo, x, w)
+    cpu::Geom::new(spec, xs, ws, None)
 }
 
 pub fn cpu_input_grad(spec: &ConvSpec, g: &Value, w: &Value, s: &Value) -> Result<Value> {

@@ -602,6 +602,86 @@ fn donor(g: &Group, spare: &[usize], donated: &mut [bool], o: usize, slots: &mut
 /// order, or `None` when the outputs' runtime shapes differ (the caller then runs the
 /// members one by one).
 pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>], lend: Option<&Lend>) -> Result<Option<Vec<Value>>> {
+    match g.conv {
+        Some(c) => run_after_conv(plan, g, c, slots, lend),
+        None => run_driven(plan, g, slots, lend, &|kern, shape| split_exec(kern, shape.iter().product(), g.cost)),
+    }
+}
+
+/// Runs the convolution `c` and then `g` on each image of its result as soon as the
+/// image is written (see `fuse::Group::conv`). The result's buffer is put in slot `c`
+/// before it is computed, so the group's program, inputs and buffer donation see it as
+/// any input (the group may write its output in place there).
+fn run_after_conv(plan: &Plan, g: &Group, c: usize, slots: &mut [Option<Value>], lend: Option<&Lend>) -> Result<Option<Vec<Value>>> {
+    let Op::Conv(spec) = plan.nodes[c].op() else { unreachable!("a group's convolution is a conv node") };
+    let (x, w) = (slots[plan.inputs[c][0]].clone().expect("computed"), slots[plan.inputs[c][1]].clone().expect("computed"));
+    let (Value::F32(xa), Value::F32(wa)) = (&x, &w) else {
+        slots[c] = Some(crate::ops::conv::cpu_conv(spec, &x, &w)?);
+        return run_driven(plan, g, slots, lend, &|kern, shape| split_exec(kern, shape.iter().product(), g.cost));
+    };
+    let geo = crate::ops::conv::forward_geom(spec, x.shape(), w.shape())?;
+    let (xs, ws) = (xa.as_standard_layout(), wa.as_standard_layout());
+    let (xs, ws) = (xs.as_slice().expect("standard"), ws.as_slice().expect("standard"));
+    let len: usize = geo.y_shape.iter().product();
+    let mut y: Vec<f32> = crate::ops::conv::cpu::uninit(len);
+    let dst = crate::ops::matmul::SharedDst(y.as_mut_ptr());
+    slots[c] = Some(Value::F32(Arr::from_shape_vec(IxDyn(&geo.y_shape), y).expect("length of the shape")));
+    let ran = std::cell::Cell::new(false);
+    let drive = |kern: &Kernel<'_>, shape: &[usize]| {
+        let n = shape.iter().product();
+        let d = dst;
+        // SAFETY: the buffer of slot c (or of the output it was donated to) holds `len`
+        // elements, and nothing reads it before the convolution writes it: the group
+        // reads image i only in `after(i)`.
+        let y = unsafe { std::slice::from_raw_parts_mut(d.0, len) };
+        if shape == geo.y_shape.as_slice() && geo.n > 0 {
+            let img = len / geo.n;
+            crate::ops::conv::cpu::forward_f32_then(&geo, xs, ws, y, &|i| exec(kern, i * img, (i + 1) * img));
+        } else {
+            crate::ops::conv::cpu::forward_f32_then(&geo, xs, ws, y, &|_| {});
+            split_exec(kern, n, g.cost);
+        }
+        ran.set(true);
+    };
+    let out = run_driven(plan, g, slots, lend, &drive)?;
+    if !ran.get() {
+        // The group did not run (outputs of different shapes, or nothing to compute): the
+        // members read a computed convolution.
+        slots[c] = Some(crate::ops::conv::cpu_conv(spec, &x, &w)?);
+    }
+    Ok(out)
+}
+
+/// Runs the kernel over its `n` elements: in parallel chunks, in halves with the loop's
+/// helper thread, or here.
+fn split_exec(kern: &Kernel<'_>, n: usize, cost: usize) {
+    // On a rayon worker (a loop body, see `cpu::on_worker`) the groups are small and the
+    // other workers mostly asleep, each split waking one: split only 8x more work there
+    // (Keras LSTM step faster in 5 of 6 interleaved runs, ~7%; at the top level the MLP's
+    // groups lose when split less).
+    let scale = if rayon::current_thread_index().is_some() { 8 } else { 1 };
+    let step = (grain(cost) * scale).div_ceil(CH) * CH;
+    if n < 2 * step {
+        // In a loop the other thread of the team (if any) takes the second half.
+        let half = (n / 2).div_ceil(CH) * CH;
+        if n.saturating_mul(cost) >= TEAM_WORK && half < n && team::available() {
+            team::split2(&|part| if part == 0 { exec(kern, 0, half) } else { exec(kern, half, n) });
+        } else {
+            exec(kern, 0, n);
+        }
+    } else {
+        (0..n.div_ceil(step)).into_par_iter().for_each(|t| exec(kern, t * step, ((t + 1) * step).min(n)));
+    }
+}
+
+/// Runs group `g` with `drive(kernel, shape)` running the kernel over its elements.
+fn run_driven(
+    plan: &Plan,
+    g: &Group,
+    slots: &mut [Option<Value>],
+    lend: Option<&Lend>,
+    drive: &dyn Fn(&Kernel<'_>, &[usize]),
+) -> Result<Option<Vec<Value>>> {
     let p = program(plan, g, slots)?;
     let Some(b) = &p.body else { return Ok(None) };
     if b.n == 0 {
@@ -683,23 +763,7 @@ pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>], lend: Option<&Le
     };
     let special = b.special.as_ref().map(|sp| (sp, out_ptrs.as_slice()));
     let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, tiles: &tiles, scal: &scal, outs: &outs, special };
-    // On a rayon worker (a loop body, see `cpu::on_worker`) the groups are small and the
-    // other workers mostly asleep, each split waking one: split only 8x more work there
-    // (Keras LSTM step faster in 5 of 6 interleaved runs, ~7%; at the top level the MLP's
-    // groups lose when split less).
-    let scale = if rayon::current_thread_index().is_some() { 8 } else { 1 };
-    let step = (grain(g.cost) * scale).div_ceil(CH) * CH;
-    if n < 2 * step {
-        // In a loop the other thread of the team (if any) takes the second half.
-        let half = (n / 2).div_ceil(CH) * CH;
-        if n.saturating_mul(g.cost) >= TEAM_WORK && half < n && team::available() {
-            team::split2(&|part| if part == 0 { exec(&kern, 0, half) } else { exec(&kern, half, n) });
-        } else {
-            exec(&kern, 0, n);
-        }
-    } else {
-        (0..n.div_ceil(step)).into_par_iter().for_each(|t| exec(&kern, t * step, ((t + 1) * step).min(n)));
-    }
+    drive(&kern, &b.shape);
     drop(held);
     for (k, buf) in bufs_f32 {
         let buf = buf.into_shape_with_order(IxDyn(&b.shape)).map_err(|e| Error::Runtime(format!("fusion: {e}")))?;

@@ -201,6 +201,51 @@ fn repeating_inputs_across_chunks_and_threads() {
     }
 }
 
+fn conv_spec(padding: crate::ops::conv::Padding, groups: usize, stride: usize) -> std::sync::Arc<crate::ops::conv::ConvSpec> {
+    std::sync::Arc::new(crate::ops::conv::ConvSpec { strides: vec![stride; 2], dilation: vec![1; 2], padding, groups })
+}
+
+#[test]
+fn a_convolution_runs_with_its_bias_and_activation_image_by_image() {
+    use crate::ops::conv::Padding;
+    // Winograd (3x3, 16+ channels), im2col (5 channels), depthwise (groups = cin), strided;
+    // batch 1 (a parallel gemm inside one image) and 7 images.
+    let cases: Vec<(usize, usize, usize, usize, Padding, usize)> = vec![
+        // (batch, cin, cout, k, padding, groups)
+        (7, 16, 32, 3, Padding::Explicit(vec![(0, 0); 2]), 1),
+        (1, 16, 32, 3, Padding::Same, 1),
+        (7, 5, 6, 3, Padding::Same, 1),
+        (3, 6, 12, 3, Padding::Explicit(vec![(0, 0); 2]), 6),
+        (5, 4, 8, 2, Padding::Explicit(vec![(0, 0); 2]), 1),
+    ];
+    for (k, (n, cin, cout, ks, pad, groups)) in cases.into_iter().enumerate() {
+        let stride = if k == 4 { 2 } else { 1 };
+        let x = ph("x", &[None, Some(9), Some(11), Some(cin)]);
+        let w = ph("w", &[Some(ks), Some(ks), Some(cin / groups), Some(cout)]);
+        let b = ph("b", &[Some(cout)]);
+        let y = conv(&x, &w, &conv_spec(pad, groups, stride)).unwrap();
+        let act = unary(UnaryOp::Relu, &add(&y, &b).unwrap()).unwrap();
+        let vs = [data(&[n, 9, 11, cin], 1), data(&[ks, ks, cin / groups, cout], 2), data(&[cout], 3)];
+        let (fused, unfused) = same(&[x.clone(), w.clone(), b.clone()], &[act.clone()], &vs);
+        assert!(fused < unfused, "case {k}: {fused} vs {unfused}");
+        // Two outputs (one in the convolution's buffer), and a tanh of the sum too.
+        let t = unary(UnaryOp::Tanh, &act).unwrap();
+        let pre = add(&y, &b).unwrap();
+        same(&[x.clone(), w.clone(), b.clone()], &[t, pre], &vs);
+        // The convolution also returned: it keeps its own value.
+        same(&[x.clone(), w.clone(), b.clone()], &[act.clone(), y.clone()], &vs);
+        // Its shape read after the group (a gradient's `sum_to` target, the batch unknown).
+        let back = sum_to(&mul(&act, &c(2.0)).unwrap(), &shape_of(&y).unwrap()).unwrap();
+        same(&[x.clone(), w.clone(), b.clone()], &[back], &vs);
+    }
+    // An empty batch.
+    let x = ph("x", &[None, Some(6), Some(6), Some(16)]);
+    let w = ph("w", &[Some(3), Some(3), Some(16), Some(16)]);
+    let y = conv(&x, &w, &conv_spec(Padding::Same, 1, 1)).unwrap();
+    let act = unary(UnaryOp::Sigmoid, &y).unwrap();
+    same(&[x, w], &[act], &[data(&[0, 6, 6, 16], 1), data(&[3, 3, 16, 16], 2)]);
+}
+
 #[test]
 fn gradients_are_unchanged_by_fusion() {
     let x = ph("x", &[None, Some(8)]);
