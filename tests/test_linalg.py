@@ -226,3 +226,23 @@ def test_matmul_paths(ba, bb, m, k, n, ta, tb, dtype, rng):
 def test_dot_gradient_through_transposed_paths(xs, ys, rng):
     # dx = g·yᵀ and dy = xᵀ·g take the transposed-copy and skinny routes.
     check_grad(K.dot, [rng.normal(size=xs), rng.normal(size=ys)])
+
+
+@pytest.mark.parametrize("perm_a,perm_b", [(False, True), (True, False), (True, True)])
+def test_dot_of_transposes_reads_them_through_the_flags(perm_a, perm_b, rng):
+    # `K.dot(x, K.transpose(w))` becomes one product with the transpose flag (no copy of
+    # w first): the values, the gradients, and a batched swap of the last two axes.
+    a = rng.normal(size=(7, 5) if perm_a else (5, 7))
+    b = rng.normal(size=(3, 7) if perm_b else (7, 3))
+    ta = (lambda x: K.transpose(x)) if perm_a else (lambda x: x)
+    tb = (lambda x: K.transpose(x)) if perm_b else (lambda x: x)
+    pa, pb = K.placeholder(shape=a.shape), K.placeholder(shape=b.shape)
+    out = run([pa, pb], [K.dot(ta(pa), tb(pb))], [a.astype("float32"), b.astype("float32")])[0]
+    ref = (a.T if perm_a else a) @ (b.T if perm_b else b)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    check_grad(lambda x, y: K.dot(ta(x), tb(y)), [a, b])
+    x, y = rng.normal(size=(4, 5, 6)), rng.normal(size=(4, 3, 6))
+    px, py = K.placeholder(shape=x.shape), K.placeholder(shape=y.shape)
+    swapped = wrap(_core.matmul(px._core, K.permute_dimensions(py, (0, 2, 1))._core, False, False))
+    got = run([px, py], [swapped], [x.astype("float32"), y.astype("float32")])[0]
+    np.testing.assert_allclose(got, x @ np.swapaxes(y, 1, 2), rtol=1e-5, atol=1e-5)

@@ -51,16 +51,34 @@ pub fn infer(ta: bool, tb: bool, a: &Tensor, b: &Tensor) -> Result<(Shape, DType
 }
 
 pub fn matmul(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
-    Tensor::new(Op::MatMul { ta, tb }, vec![a.clone(), b.clone()])
+    // An operand that is a transpose of the last two axes (`K.dot(x, K.transpose(w))`) is
+    // read through the flag instead: the kernels read it in place, or copy it once in
+    // cache-sized panels, where the transpose would copy all of it first.
+    let (a, ta) = unswapped(a, ta);
+    let (b, tb) = unswapped(b, tb);
+    Tensor::new(Op::MatMul { ta, tb }, vec![a, b])
+}
+
+/// `(x, t)`, or the input of `x` with `!t` when `x` only swaps its last two axes.
+fn unswapped(x: &Tensor, t: bool) -> (Tensor, bool) {
+    if let Op::Transpose(p) = x.op() {
+        let n = p.len();
+        if n >= 2 && p[n - 2] == n - 1 && p[n - 1] == n - 2 && p[..n - 2].iter().enumerate().all(|(i, &q)| i == q) {
+            return (x.input(0).clone(), !t);
+        }
+    }
+    (x.clone(), t)
 }
 
 pub fn vjp(ta: bool, tb: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     let (a, b) = (node.input(0), node.input(1));
     let (ga, gb) = match (ta, tb) {
         // `b` read from outside a loop body: `bᵀ` is built once outside the loop (`gemm`
-        // would otherwise transpose `b` at every step).
+        // would otherwise transpose `b` at every step; so not through `matmul`, which
+        // reads a transpose through the flag).
         (false, false) if b.rank() == 2 && super::loop_opt::invariant(b) => {
-            (matmul(g, &transpose(b, &[1, 0])?, false, false)?, matmul(a, g, true, false)?)
+            let bt = transpose(b, &[1, 0])?;
+            (Tensor::new(Op::MatMul { ta: false, tb: false }, vec![g.clone(), bt])?, matmul(a, g, true, false)?)
         }
         (false, false) => (matmul(g, b, false, true)?, matmul(a, g, true, false)?),
         (true, false) => (matmul(b, g, false, true)?, matmul(a, g, false, false)?),
