@@ -50,10 +50,10 @@ pub struct Group {
     pub frees: Vec<usize>,
     /// Estimated cost per element, in adds (for the parallel grain).
     pub cost: usize,
-    /// A forward convolution the group runs first, its only reader: the group then runs on
-    /// each image of the result as soon as that image is computed, while it is in cache
-    /// (`conv_epilogues`).
-    pub conv: Option<usize>,
+    /// A convolution or pooling (or pooling gradient) the group runs first, its only data
+    /// reader: the group then runs on each image of the result as soon as that image is
+    /// computed, while it is in cache (`epilogues`).
+    pub first: Option<usize>,
     /// The CPU kernel's compiled programs, one per input layout seen.
     pub programs: crate::runtime::cpu::fused::Programs,
 }
@@ -202,10 +202,10 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         }
         let cost = members.iter().map(|&m| cost(plan.nodes[m].op())).sum::<usize>().max(1);
         dispatches += 1;
-        items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost, conv: None, programs: Default::default() }));
+        items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost, first: None, programs: Default::default() }));
     }
     if fuse {
-        conv_epilogues(plan, &users, &is_output, &mut items);
+        epilogues(plan, &users, &is_output, &mut items);
     }
     // Groups that nothing reads (they compute update values and outputs only) and that
     // cannot fail run last, in order: the run may then overwrite variables in place there
@@ -224,7 +224,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             Item::Group(g) => g
                 .members
                 .iter()
-                .chain(&g.conv)
+                .chain(&g.first)
                 .flat_map(|&m| plan.inputs[m].iter().copied())
                 .filter(|&j| group[j].is_none() || !g.members.contains(&j))
                 .collect(),
@@ -252,12 +252,13 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     Schedule { items, frees, dispatches, has_host, last_run_ns: Default::default(), tail }
 }
 
-/// Hands each f32 forward convolution that one fused group of its shape reads (a bias add
-/// and activation; otherwise only `shape` reads it) to that group (`Group::conv`), out of the
-/// schedule: the group then runs image by image right after the convolution writes each
-/// image, instead of reading the whole result back from memory (the CNN's
-/// `[64, 24, 24, 64]` add-relu pass took 1.2-1.5 ms of a 35 ms step).
-fn conv_epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) {
+/// Hands each f32 forward convolution, pooling or pooling gradient that one fused group of
+/// its shape reads (a bias add and activation, a dropout mask, an activation's gradient;
+/// otherwise only `shape` reads it) to that group (`Group::first`), out of the schedule:
+/// the group then runs image by image right after the node writes each image, instead of
+/// reading the whole result back from memory (the CNN's `[64, 24, 24, 64]` add-relu pass
+/// took 1.2-1.5 ms of a 35 ms step).
+fn epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) {
     let mut taken = Vec::new();
     for item in items.iter_mut() {
         let Item::Group(g) = item else { continue };
@@ -266,15 +267,15 @@ fn conv_epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: 
         let shape = plan.nodes[g.outputs[0]].shape();
         let last = *g.members.last().expect("a group has members");
         let fits = |j: usize| {
-            matches!(plan.nodes[j].op(), Op::Conv(_))
+            matches!(plan.nodes[j].op(), Op::Conv(_) | Op::Pool(_) | Op::PoolGrad(_))
                 && matches!(plan.steps[j], Step::Compute)
                 && plan.nodes[j].dtype() == DType::F32
                 && compatible(plan.nodes[j].shape(), shape)
                 && !is_output[j]
                 && users[j].iter().all(|&u| g.members.contains(&u) || (matches!(plan.nodes[u].op(), Op::ShapeOf) && u > last))
         };
-        g.conv = g.ext.iter().copied().find(|&j| fits(j));
-        taken.extend(g.conv);
+        g.first = g.ext.iter().copied().find(|&j| fits(j));
+        taken.extend(g.first);
     }
     items.retain(|item| !matches!(item, Item::Node(i) if taken.contains(i)));
 }
@@ -287,7 +288,7 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
     let fixed = |j: usize| plan.nodes[j].shape().to_known().is_some_and(|s| s.len() <= 16);
     let elementwise = |i: usize| matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_)) && fixed(i) && data_inputs(plan, i).all(fixed);
     match item {
-        Item::Group(g) if g.conv.is_some() => false,
+        Item::Group(g) if g.first.is_some() => false,
         Item::Group(g) => {
             let shape = |o: &usize| plan.nodes[*o].shape().to_known();
             g.members.iter().all(|&m| elementwise(m)) && g.outputs.iter().all(|o| shape(o) == shape(&g.outputs[0]))

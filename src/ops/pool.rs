@@ -389,6 +389,60 @@ pub fn cpu_pool_grad(spec: &PoolSpec, x: &Value, gy: &Value) -> Result<Value> {
     run(x, Some(gy), x.shape(), |x, gy, dx| pool_bwd(k, &g, x, gy, dx), |x, gy, dx| pool_bwd(k, &g, x, gy, dx))
 }
 
+/// For a fused group that runs on each image as soon as it is written
+/// (`runtime::cpu::fused`): the f32 pooling of `x`, or with `gy` its gradient, as (result
+/// shape, images, kernel); None for other dtypes.
+pub fn f32_then<'a>(spec: &'a PoolSpec, x: &'a Value, gy: Option<&'a Value>) -> Result<Option<(Vec<usize>, usize, crate::runtime::cpu::fused::Then<'a>)>> {
+    let g = spec.geom(x.shape())?;
+    let (Value::F32(xa), None | Some(Value::F32(_))) = (x, gy) else { return Ok(None) };
+    if let Some(gy) = gy {
+        if gy.shape() != g.y_shape.as_slice() {
+            return Err(value_err!("pool_grad: gradient shape {:?} does not match the pooled shape {:?}", gy.shape(), g.y_shape));
+        }
+    }
+    let ga = match gy {
+        Some(Value::F32(a)) => Some(a.as_standard_layout()),
+        _ => None,
+    };
+    let xs = xa.as_standard_layout();
+    let (shape, n) = (if gy.is_some() { g.x_shape.clone() } else { g.y_shape.clone() }, g.n);
+    let k = spec.kind;
+    let disjoint = k == PoolKind::Max && (0..3).all(|t| g.s[t] >= g.k[t]);
+    let gaps = (0..3).any(|t| g.s[t] != g.k[t] || g.p[t] != (0, 0) || g.o[t] * g.s[t] != g.x[t]);
+    let kernel: crate::runtime::cpu::fused::Then<'a> = Box::new(move |out, after| {
+        let xd = xs.as_slice().expect("standard");
+        if n == 0 || out.is_empty() {
+            return;
+        }
+        let (xl, yl) = (xd.len() / n, out.len() / n);
+        out.par_chunks_mut(yl).enumerate().for_each(|(i, o)| {
+            let xi = &xd[i * xl..(i + 1) * xl];
+            match &ga {
+                None => {
+                    o.fill(0.0);
+                    pool_fwd(k, &g, xi, o);
+                }
+                Some(ga) => {
+                    let gd = ga.as_slice().expect("standard");
+                    let gl = gd.len() / n;
+                    let gi = &gd[i * gl..(i + 1) * gl];
+                    if disjoint {
+                        // SAFETY: f32 has no invalid bit patterns; the kernel writes the
+                        // whole image (zeroing first where a pixel is in no window).
+                        let o: &mut [MaybeUninit<f32>] = unsafe { std::slice::from_raw_parts_mut(o.as_mut_ptr().cast(), o.len()) };
+                        max_pool_bwd_disjoint(&g, gaps, xi, gi, o);
+                    } else {
+                        o.fill(0.0);
+                        pool_bwd(k, &g, xi, gi, o);
+                    }
+                }
+            }
+            after(i);
+        });
+    });
+    Ok(Some((shape, n, kernel)))
+}
+
 pub fn cpu_pool_select(spec: &PoolSpec, x: &Value, h: &Value) -> Result<Value> {
     let g = spec.geom(x.shape())?;
     if h.shape() != x.shape() {

@@ -247,6 +247,40 @@ fn a_convolution_runs_with_its_bias_and_activation_image_by_image() {
 }
 
 #[test]
+fn a_pooling_and_its_gradient_run_with_the_group_that_reads_them() {
+    use crate::ops::conv::Padding;
+    use crate::ops::pool::{PoolKind, PoolSpec};
+    // Max (disjoint windows, overlapping windows, padded), average; a dropout-like mask after
+    // the pooling and an activation's gradient after the pooling gradient.
+    let specs = [
+        (PoolKind::Max, 2, 2, Padding::Explicit(vec![(0, 0); 2])),
+        (PoolKind::Max, 3, 2, Padding::Explicit(vec![(0, 0); 2])),
+        (PoolKind::Max, 3, 1, Padding::Same),
+        (PoolKind::Avg, 2, 2, Padding::Same),
+    ];
+    for (k, (kind, win, stride, padding)) in specs.into_iter().enumerate() {
+        let spec = std::sync::Arc::new(PoolSpec { kind, window: vec![win; 2], strides: vec![stride; 2], padding });
+        let x = ph("x", &[None, Some(9), Some(8), Some(5)]);
+        let m = ph("m", &[None, None, None, Some(5)]);
+        let p = pool(&x, &spec).unwrap();
+        let dropped = mul(&mul(&p, &m).unwrap(), &c(1.25)).unwrap();
+        let gy = ph("gy", &[None, None, None, Some(5)]);
+        let dx = pool_grad(&x, &gy, &spec).unwrap();
+        let relu_grad = select(&binary(BinaryOp::Greater, &x, &c(0.0)).unwrap(), &dx, &c(0.0)).unwrap();
+        let geo = spec.geom(&[6, 9, 8, 5]).unwrap();
+        let ys = geo.y_shape.clone();
+        let vs = [data(&[6, 9, 8, 5], k as u32), data(&ys, 7), data(&ys, 9)];
+        same(&[x.clone(), m.clone(), gy.clone()], &[dropped.clone(), relu_grad.clone()], &vs);
+        // The pooled value also read elsewhere later (its shape only), and an empty batch.
+        let back = sum_to(&dropped, &shape_of(&p).unwrap()).unwrap();
+        same(&[x.clone(), m.clone(), gy.clone()], &[back, relu_grad.clone()], &vs);
+        let geo0 = spec.geom(&[0, 9, 8, 5]).unwrap();
+        let y0 = geo0.y_shape.clone();
+        same(&[x, m, gy], &[dropped, relu_grad], &[data(&[0, 9, 8, 5], 1), data(&y0, 2), data(&y0, 3)]);
+    }
+}
+
+#[test]
 fn gradients_are_unchanged_by_fusion() {
     let x = ph("x", &[None, Some(8)]);
     let w = ph("w", &[Some(8), Some(4)]);
