@@ -140,7 +140,7 @@ struct Kernel<'a> {
     ext: &'a [*const f32],
     loads: &'a [Layout],
     data: &'a [Data],
-    /// Per `Opd::Tile`: (one period tiled to `period + CH` elements, period).
+    /// Per `Opd::Tile`: (one period tiled to `period + min(CH, n)` elements, period).
     tiles: &'a [(*const f32, usize)],
     scal: &'a [f32],
     outs: &'a [(Opd, OutBuf)],
@@ -743,7 +743,8 @@ fn run_driven(
             };
             // SAFETY: the input holds at least one period (its layout repeats it).
             let one = unsafe { std::slice::from_raw_parts(p, period) };
-            one.iter().copied().cycle().take(period + CH).collect()
+            // A chunk reads at most min(CH, n) elements from a phase below the period.
+            one.iter().copied().cycle().take(period + CH.min(n)).collect()
         })
         .collect();
     let tiles: Vec<(*const f32, usize)> = tiled.iter().zip(&b.tiles).map(|(t, &(_, period))| (t.as_ptr(), period)).collect();
