@@ -218,7 +218,7 @@ const MAX_PERIOD: usize = 1 << 14;
 /// The period of a layout that repeats one contiguous run along the flat index (a bias
 /// of the last dims broadcast over the leading ones), if it is one.
 fn periodic(l: &Layout) -> Option<usize> {
-    (l.offset == 0 && l.dims.len() == 2 && l.strides == [0, 1] && l.dims[1] <= MAX_PERIOD).then_some(l.dims[1])
+    (l.offset == 0 && l.dims.len() == 2 && l.strides == [0, 1] && l.dims[1] <= MAX_PERIOD).then(|| l.dims[1])
 }
 
 /// A slice `spec` of a row-major input of shape `input`, read as the right-aligned `out`.
@@ -383,18 +383,20 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
                 same += 1;
                 Opd::Ext(same - 1)
             }
-            DType::F32 if periodic(&gather_layout(v.shape(), &shape)).is_some() => {
-                tiles.push((e, periodic(&gather_layout(v.shape(), &shape)).expect("checked")));
-                Opd::Tile(tiles.len() as u16 - 1)
-            }
             DType::F32 | DType::Bool => {
                 let l = gather_layout(v.shape(), &shape);
-                if l.dims.len() > 16 {
-                    return Ok(None);
+                match periodic(&l) {
+                    Some(period) if v.dtype() == DType::F32 => {
+                        tiles.push((e, period));
+                        Opd::Tile(tiles.len() as u16 - 1)
+                    }
+                    _ if l.dims.len() > 16 => return Ok(None),
+                    _ => {
+                        loads.push(l);
+                        load_src.push(e);
+                        Opd::Reg(LOAD_BASE + loads.len() as u16 - 1)
+                    }
                 }
-                loads.push(l);
-                load_src.push(e);
-                Opd::Reg(LOAD_BASE + loads.len() as u16 - 1)
             }
             other => return Err(Error::Runtime(format!("internal: fused input of dtype {other}"))),
         };
