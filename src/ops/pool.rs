@@ -336,13 +336,26 @@ fn max_pool_bwd_disjoint_impl<T: PF>(g: &Geom, gaps: bool, x: &[T], gy: &[T], dx
 use super::conv::cpu::simd_kernel;
 simd_kernel!(fn max_pool_bwd_disjoint<T: PF>(g: &Geom, gaps: bool, x: &[T], gy: &[T], dx: &mut [MaybeUninit<T>]) = max_pool_bwd_disjoint_impl);
 
+/// Where max pooling's windows do not overlap (`max_pool_bwd_disjoint` applies): whether
+/// some input pixel lies in no window (`gaps`). None where windows overlap.
+fn disjoint_gaps(g: &Geom) -> Option<bool> {
+    (0..3).all(|t| g.s[t] >= g.k[t]).then(|| (0..3).any(|t| g.s[t] != g.k[t] || g.p[t] != (0, 0) || g.o[t] * g.s[t] != g.x[t]))
+}
+
+/// Errors unless the gradient `gy` has the pooled shape.
+fn check_grad_shape(g: &Geom, gy: &Value) -> Result<()> {
+    if gy.shape() != g.y_shape.as_slice() {
+        return Err(value_err!("pool_grad: gradient shape {:?} does not match the pooled shape {:?}", gy.shape(), g.y_shape));
+    }
+    Ok(())
+}
+
 /// `max_pool_bwd_disjoint` over all images, or None where it does not apply.
 fn max_pool_grad_disjoint(g: &Geom, x: &Value, gy: &Value) -> Option<Value> {
-    fn go<T: PF>(g: &Geom, x: &Arr<T>, gy: &Arr<T>) -> Value {
+    fn go<T: PF>(g: &Geom, gaps: bool, x: &Arr<T>, gy: &Arr<T>) -> Value {
         let (xd, gd) = (x.as_slice().expect("standard"), gy.as_slice().expect("standard"));
         let len = xd.len();
         let mut out: Vec<T> = Vec::with_capacity(len);
-        let gaps = (0..3).any(|t| g.s[t] != g.k[t] || g.p[t] != (0, 0) || g.o[t] * g.s[t] != g.x[t]);
         if g.n > 0 && len > 0 {
             let (xl, yl) = (len / g.n, gd.len() / g.n);
             out.spare_capacity_mut()[..len]
@@ -355,12 +368,10 @@ fn max_pool_grad_disjoint(g: &Geom, x: &Value, gy: &Value) -> Option<Value> {
         unsafe { out.set_len(len) };
         Value::from_vec(&g.x_shape, out).expect("shape matches")
     }
-    if (0..3).any(|t| g.s[t] < g.k[t]) {
-        return None;
-    }
+    let gaps = disjoint_gaps(g)?;
     match (x, gy) {
-        (Value::F32(a), Value::F32(b)) => Some(go(g, a, b)),
-        (Value::F64(a), Value::F64(b)) => Some(go(g, a, b)),
+        (Value::F32(a), Value::F32(b)) => Some(go(g, gaps, a, b)),
+        (Value::F64(a), Value::F64(b)) => Some(go(g, gaps, a, b)),
         _ => None,
     }
 }
@@ -377,9 +388,7 @@ pub fn cpu_pool(spec: &PoolSpec, x: &Value) -> Result<Value> {
 
 pub fn cpu_pool_grad(spec: &PoolSpec, x: &Value, gy: &Value) -> Result<Value> {
     let g = spec.geom(x.shape())?;
-    if gy.shape() != g.y_shape.as_slice() {
-        return Err(value_err!("pool_grad: gradient shape {:?} does not match the pooled shape {:?}", gy.shape(), g.y_shape));
-    }
+    check_grad_shape(&g, gy)?;
     let k = spec.kind;
     if k == PoolKind::Max {
         if let Some(dx) = max_pool_grad_disjoint(&g, x, gy) {
@@ -396,9 +405,7 @@ pub fn f32_then<'a>(spec: &'a PoolSpec, x: &'a Value, gy: Option<&'a Value>) -> 
     let g = spec.geom(x.shape())?;
     let (Value::F32(xa), None | Some(Value::F32(_))) = (x, gy) else { return Ok(None) };
     if let Some(gy) = gy {
-        if gy.shape() != g.y_shape.as_slice() {
-            return Err(value_err!("pool_grad: gradient shape {:?} does not match the pooled shape {:?}", gy.shape(), g.y_shape));
-        }
+        check_grad_shape(&g, gy)?;
     }
     let ga = match gy {
         Some(Value::F32(a)) => Some(a.as_standard_layout()),
@@ -407,8 +414,7 @@ pub fn f32_then<'a>(spec: &'a PoolSpec, x: &'a Value, gy: Option<&'a Value>) -> 
     let xs = xa.as_standard_layout();
     let (shape, n) = (if gy.is_some() { g.x_shape.clone() } else { g.y_shape.clone() }, g.n);
     let k = spec.kind;
-    let disjoint = k == PoolKind::Max && (0..3).all(|t| g.s[t] >= g.k[t]);
-    let gaps = (0..3).any(|t| g.s[t] != g.k[t] || g.p[t] != (0, 0) || g.o[t] * g.s[t] != g.x[t]);
+    let disjoint = if k == PoolKind::Max { disjoint_gaps(&g) } else { None };
     let kernel: crate::runtime::cpu::fused::Then<'a> = Box::new(move |out, after| {
         let xd = xs.as_slice().expect("standard");
         if n == 0 || out.is_empty() {
@@ -426,7 +432,7 @@ pub fn f32_then<'a>(spec: &'a PoolSpec, x: &'a Value, gy: Option<&'a Value>) -> 
                     let gd = ga.as_slice().expect("standard");
                     let gl = gd.len() / n;
                     let gi = &gd[i * gl..(i + 1) * gl];
-                    if disjoint {
+                    if let Some(gaps) = disjoint {
                         // SAFETY: f32 has no invalid bit patterns; the kernel writes the
                         // whole image (zeroing first where a pixel is in no window).
                         let o: &mut [MaybeUninit<f32>] = unsafe { std::slice::from_raw_parts_mut(o.as_mut_ptr().cast(), o.len()) };
