@@ -21,6 +21,16 @@ pub enum Value {
     Bool(Arr<bool>),
 }
 
+/// A float buffer of `len` elements left unwritten, for kernels that write every element
+/// before any is read (a forward convolution's result, a fused group's output).
+pub fn uninit<T: num_traits::Float>(len: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    // SAFETY: floats have no invalid bit patterns, and every caller writes each element
+    // before any is read.
+    unsafe { v.set_len(len) };
+    v
+}
+
 /// Applies a generic expression to whichever array a `Value` holds.
 #[macro_export]
 macro_rules! with_value {

@@ -183,18 +183,9 @@ fn run2(a: &Value, b: &Value, shape: &[usize], zero: bool, f32k: impl Fn(&[f32],
 
 fn go<T: F>(a: &Arr<T>, b: &Arr<T>, shape: &[usize], len: usize, zero: bool, k: impl Fn(&[T], &[T], &mut [T])) -> Value {
     let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
-    let mut out = if zero { vec![T::zero(); len] } else { uninit(len) };
+    let mut out = if zero { vec![T::zero(); len] } else { crate::runtime::value::uninit(len) };
     k(a.as_slice().expect("standard"), b.as_slice().expect("standard"), &mut out);
     Value::from_vec(shape, out).expect("shape matches")
-}
-
-/// A buffer of `len` elements the caller writes in full before reading.
-pub fn uninit<T: F>(len: usize) -> Vec<T> {
-    let mut v = Vec::with_capacity(len);
-    // SAFETY: the float types have no invalid bit patterns, and every caller writes each
-    // element before any is read (the forward kernels write every output element).
-    unsafe { v.set_len(len) };
-    v
 }
 
 pub fn forward(g: &Geom, x: &Value, w: &Value) -> Result<Value> {

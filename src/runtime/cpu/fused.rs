@@ -17,7 +17,7 @@ use crate::ops::movement::resolve_slice;
 use crate::ops::{BinaryOp, FusedOp, GpuKind, Op, SliceAxis, UnaryOp};
 use crate::runtime::cpu::fused_rules::{self, Leaf, Special};
 use crate::runtime::cpu::{team, Lend};
-use crate::runtime::value::{Arr, Value};
+use crate::runtime::value::{uninit, Arr, Value};
 use crate::shape::broadcast_runtime;
 use ndarray::IxDyn;
 use rayon::prelude::*;
@@ -651,7 +651,7 @@ fn run_after(plan: &Plan, g: &Group, f: usize, slots: &mut [Option<Value>], lend
         return run_driven(plan, g, slots, lend, &|kern, shape| split_exec(kern, shape.iter().product(), g.cost));
     };
     let len: usize = shape.iter().product();
-    let mut y: Vec<f32> = crate::ops::conv::cpu::uninit(len);
+    let mut y: Vec<f32> = uninit(len);
     let dst = crate::ops::matmul::SharedDst(y.as_mut_ptr());
     slots[f] = Some(Value::F32(Arr::from_shape_vec(IxDyn(&shape), y).expect("length of the shape")));
     let ran = std::cell::Cell::new(false);
@@ -765,13 +765,8 @@ fn run_driven(
             Out::F32(opd) => {
                 let donor = if f32_outs < b.spare.len() { donor(g, &b.spare, &mut donated, g.outputs[k], slots, lend) } else { None };
                 f32_outs += 1;
-                let mut buf = donor.unwrap_or_else(|| {
-                    let mut v: Vec<f32> = Vec::with_capacity(n);
-                    // SAFETY: f32 has no invalid bit patterns, and the kernel writes
-                    // every element before the buffer is read.
-                    unsafe { v.set_len(n) };
-                    ndarray::Array::from_shape_vec(IxDyn(&[n]), v).expect("n elements")
-                });
+                // The kernel writes every element before the buffer is read.
+                let mut buf = donor.unwrap_or_else(|| ndarray::Array::from_shape_vec(IxDyn(&[n]), uninit(n)).expect("n elements"));
                 outs.push((opd, OutBuf::F32(buf.as_mut_ptr())));
                 bufs_f32.push((k, buf));
             }
