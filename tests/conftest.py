@@ -54,6 +54,17 @@ def rng():
     return np.random.default_rng(20240521)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_leaked_feeds():
+    """No test of the suite leaves a feed read in place held past its call
+    (`_core.leased_feeds`, test_feeds_in_place.py)."""
+    yield
+    from ferrokeras import _core
+
+    leased, leaked = _core.leased_feeds()
+    assert leaked == 0, f"{leaked} of {leased} feeds read in place were still held when their call ended"
+
+
 @pytest.fixture(autouse=True)
 def _restore_config():
     """Put the global backend configuration back after every test."""

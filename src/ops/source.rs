@@ -192,6 +192,11 @@ impl VarCell {
                 v.shape()
             )));
         }
+        // A value read in place from the caller's NumPy array must not outlive the call.
+        let v = match crate::runtime::value::foreign::aliases(&v) {
+            true => crate::map_value!(v, a => a.to_owned().into_shared()),
+            false => v,
+        };
         let v = v.cast(self.dtype).standard();
         let mut st = self.write();
         st.host = Some(v);

@@ -9,6 +9,7 @@ use crate::graph::Tensor;
 use crate::ops::{self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell};
 use crate::ops::conv::{ConvSpec, Padding};
 use crate::ops::pool::{PoolKind, PoolSpec};
+use crate::runtime::value::foreign::Lease;
 use crate::runtime::value::Value;
 use crate::shape::{norm_axes, norm_axis, Shape};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -74,6 +75,42 @@ fn to_value(obj: &Bound<'_, PyAny>) -> R<Value> {
         return Err(PyTypeError::new_err(format!("unsupported array dtype {}", a.dtype())));
     }
     Err(PyTypeError::new_err(format!("expected a numpy array, got {}", obj.get_type().name()?)))
+}
+
+/// Feeds of at least this many bytes are read in place when their layout allows
+/// (`foreign::Lease`); smaller ones cost less to copy than to lease.
+const LEASE_MIN_BYTES: usize = 4096;
+
+/// A `K.function` feed: read in place from a C-contiguous, aligned NumPy array for the
+/// length of the call (`lease`), else copied as `to_value` does.
+fn feed_value(obj: &Bound<'_, PyAny>, lease: &mut Lease) -> R<Value> {
+    macro_rules! try_lease {
+        ($t:ty) => {
+            if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
+                let ro = a.try_readonly().map_err(|e| PyValueError::new_err(format!("array is not readable: {e}")))?;
+                let view = ro.as_array();
+                let aligned = view.as_ptr() as usize % std::mem::align_of::<$t>() == 0;
+                if view.is_standard_layout() && aligned && view.len() * std::mem::size_of::<$t>() >= LEASE_MIN_BYTES {
+                    let shape = view.shape().to_vec();
+                    // SAFETY: a C-contiguous, aligned array of `shape`; the caller's list
+                    // and the owner (a reference to the array) keep it alive until the
+                    // lease ends in `__call__`, after the outputs are converted. The
+                    // engine never writes a leased buffer (see `foreign`).
+                    return Ok(unsafe { lease.borrow(view.as_ptr(), &shape, Box::new(obj.clone().unbind())) });
+                }
+                return to_value(obj);
+            }
+        };
+    }
+    try_lease!(f32);
+    try_lease!(f64);
+    try_lease!(i32);
+    try_lease!(i64);
+    try_lease!(half::f16);
+    try_lease!(i8);
+    try_lease!(i16);
+    try_lease!(u8);
+    to_value(obj)
 }
 
 fn to_py(py: Python<'_>, v: Value) -> Py<PyAny> {
@@ -176,6 +213,13 @@ impl PyVariable {
 fn placeholder(name: &str, shape: Vec<Option<usize>>, dtype_name: &str, default: Option<&Bound<'_, PyAny>>) -> R<PyTensor> {
     let d = default.map(to_value).transpose()?;
     wrap(source::placeholder(name, Shape(shape), dtype(dtype_name)?, d))
+}
+
+/// (feeds read in place so far, those of them whose buffers were still held when their
+/// call ended and were leaked to stay valid: 0 unless a bug let one escape).
+#[pyfunction]
+fn leased_feeds() -> (usize, usize) {
+    crate::runtime::value::foreign::counts()
 }
 
 #[pyfunction]
@@ -503,9 +547,12 @@ impl PyFunction {
                 values.len()
             )));
         }
+        // Large contiguous feeds are read in place; the lease ends after the outputs are
+        // converted (an output that is a feed, or a view of one, is copied then).
+        let mut lease = Lease::default();
         let mut feeds = Vec::with_capacity(values.len());
         for (ph, v) in f.feeds.iter().zip(&values) {
-            feeds.push(check_feed(ph, to_value(v)?).map_err(err)?);
+            feeds.push(check_feed(ph, feed_value(v, &mut lease)?).map_err(err)?);
         }
         let out = py.detach(|| {
             if f.updates.is_empty() {
@@ -514,7 +561,9 @@ impl PyFunction {
                 with_update_lock(|| guarded("function call", || f.call(feeds)))
             }
         })?;
-        Ok(out.into_iter().map(|v| to_py(py, v)).collect())
+        let out = out.into_iter().map(|v| to_py(py, v)).collect();
+        drop(lease);
+        Ok(out)
     }
 
     /// Kernel launches per call, for tests of fusion and folding: those of the last call
@@ -639,6 +688,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFunction>()?;
     m.add_function(wrap_pyfunction!(placeholder, m)?)?;
     m.add_function(wrap_pyfunction!(constant, m)?)?;
+    m.add_function(wrap_pyfunction!(leased_feeds, m)?)?;
     m.add_function(wrap_pyfunction!(unary, m)?)?;
     m.add_function(wrap_pyfunction!(binary, m)?)?;
     m.add_function(wrap_pyfunction!(select, m)?)?;

@@ -227,3 +227,120 @@ macro_rules! dispatch_dtype {
     };
 }
 pub(crate) use dispatch_dtype;
+
+/// Memory the engine reads but does not own: the NumPy arrays a `K.function` call reads
+/// in place instead of copying them in.
+///
+/// A borrowed value is an ordinary `Value` whose buffer is the caller's. That is sound as
+/// long as nothing ever frees, grows or writes that buffer, which the `Lease` that made
+/// it ensures: it holds a clone of every value it lent for the whole call, so no kernel
+/// ever finds the buffer unshared (in-place updates, donation to a fused group's output
+/// and `into_owned` all copy a shared array instead), and when it ends it forgets the last
+/// clone rather than dropping it. The one way a borrowed buffer could outlive the call is
+/// to be assigned to a variable; `VarCell::set` copies any value `aliases` names. Should
+/// a clone still be held elsewhere all the same when the lease ends, the lease leaks both
+/// the clone and the array's owner (`leaked` counts these; tests check it stays 0): the
+/// buffer then stays valid and is never freed twice.
+pub mod foreign {
+    use super::{Elem, Value};
+    use std::any::Any;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    /// Address ranges of the buffers leased now, process-wide (one entry per lease of a
+    /// buffer; calls on several threads may lease the same array).
+    static RANGES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    /// Entries in `RANGES`, for a lock-free answer when there are none.
+    static LIVE: AtomicUsize = AtomicUsize::new(0);
+    /// Leased values still shared when their lease ended (see the module comment).
+    static LEAKED: AtomicUsize = AtomicUsize::new(0);
+    /// Values leased so far (tests check that a feed was read in place).
+    static LEASED: AtomicUsize = AtomicUsize::new(0);
+
+    fn ranges() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
+        RANGES.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The values one call reads in place, with the owners that keep their buffers alive.
+    #[derive(Default)]
+    pub struct Lease {
+        held: Vec<(Value, (usize, usize), Box<dyn Any + Send>)>,
+    }
+
+    impl Lease {
+        /// A value of `shape` (C order) reading `data` in place.
+        ///
+        /// # Safety
+        /// `data` must point to `shape.iter().product()` initialised, aligned elements
+        /// that stay valid and that nothing writes until this lease is dropped (`owner`
+        /// keeps them alive; it is dropped with the lease, or leaked with the buffer).
+        pub unsafe fn borrow<T: Elem>(&mut self, data: *const T, shape: &[usize], owner: Box<dyn Any + Send>) -> Value {
+            let len: usize = shape.iter().product();
+            // SAFETY: the caller vouches for `len` valid elements at `data`. The `Vec`
+            // claims an allocation it does not own, so it must never be dropped, grown or
+            // written: the lease holds a clone of the array until it ends (so every
+            // kernel sees it shared and copies before writing or taking the buffer) and
+            // then forgets the array instead of dropping it.
+            let v = unsafe { Vec::from_raw_parts(data as *mut T, len, len) };
+            let a = ndarray::Array::from_shape_vec(ndarray::IxDyn(shape), v).expect("len is the shape's product");
+            let value = T::wrap(a.into_shared());
+            let range = (data as usize, data as usize + len * std::mem::size_of::<T>());
+            ranges().push(range);
+            LIVE.fetch_add(1, Ordering::AcqRel);
+            LEASED.fetch_add(1, Ordering::Relaxed);
+            self.held.push((value.clone(), range, owner));
+            value
+        }
+    }
+
+    impl Drop for Lease {
+        fn drop(&mut self) {
+            let held = std::mem::take(&mut self.held);
+            if held.is_empty() {
+                return;
+            }
+            {
+                let mut live = ranges();
+                for (_, r, _) in &held {
+                    if let Some(k) = live.iter().position(|x| x == r) {
+                        live.swap_remove(k);
+                        LIVE.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+            }
+            for (v, _, owner) in held {
+                let alone = crate::with_value!(v, a => match a.try_into_owned_nocopy() {
+                    Ok(own) => {
+                        std::mem::forget(own);
+                        true
+                    }
+                    Err(shared) => {
+                        std::mem::forget(shared);
+                        false
+                    }
+                });
+                if alone {
+                    drop(owner);
+                } else {
+                    LEAKED.fetch_add(1, Ordering::Relaxed);
+                    std::mem::forget(owner);
+                }
+            }
+        }
+    }
+
+    /// Whether `v`'s elements lie in a buffer some lease holds now.
+    pub fn aliases(v: &Value) -> bool {
+        if LIVE.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let p = crate::with_value!(v, a => a.as_ptr() as usize);
+        ranges().iter().any(|&(lo, hi)| (lo..=hi).contains(&p))
+    }
+
+    /// (values leased so far, those of them still shared when their lease ended: 0 unless
+    /// a path that keeps values past a call was missed).
+    pub fn counts() -> (usize, usize) {
+        (LEASED.load(Ordering::Relaxed), LEAKED.load(Ordering::Relaxed))
+    }
+}
