@@ -271,6 +271,26 @@ def test_winograd_gradient_matches_direct(rng):
     np.testing.assert_allclose(dx, ref_conv_transpose(g, k, x.shape, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("xshape,kshape,padding", [
+    ((2, 7, 9, 16), (3, 3, 16, 17), "same"),  # odd sizes: partial 2x2 tiles at the edges
+    ((1, 8, 5, 17), (3, 3, 17, 16), "valid"),
+    ((3, 6, 6, 20), (3, 3, 20, 16), "same"),
+])
+def test_winograd_kernel_gradient_matches_direct(xshape, kshape, padding, rng):
+    # The kernel gradient of a 3x3 stride-1 convolution with 16+ channels is summed in the
+    # Winograd domain; its float64 result must match the direct sum over output pixels.
+    x, k = rng.normal(size=xshape), rng.normal(size=kshape)
+    p = 1 if padding == "same" else 0
+    oh, ow = xshape[1] + 2 * p - 2, xshape[2] + 2 * p - 2
+    g = rng.normal(size=(xshape[0], oh, ow, kshape[3]))
+    kv = K.variable(k, dtype="float64")
+    y = K.conv2d(K.constant(x, dtype="float64"), kv, padding=padding)
+    dk = K.eval(K.gradients(K.sum(y * K.constant(g, dtype="float64")), [kv])[0])
+    xp = np.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
+    ref = np.stack([np.stack([np.einsum("nhwc,nhwo->co", xp[:, i:i + oh, j:j + ow], g) for j in range(3)]) for i in range(3)])
+    np.testing.assert_allclose(dk, ref, rtol=1e-10, atol=1e-10)
+
+
 def test_conv_transpose_output_shape_tensor(rng):
     x, k = rng.normal(size=(2, 3, 3, 4)).astype("float32"), rng.normal(size=(3, 3, 2, 4)).astype("float32")
     ph = K.placeholder(shape=(None, 3, 3, 4))

@@ -542,7 +542,12 @@ fn depthwise_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
 
 fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
-    if g.unit_stride() && g.groups == 1 {
+    let wk = Walk { x: &g.x, k: &g.k, s: &g.s, d: &g.d, p: &g.p, cin: g.cin, cout: g.cout };
+    if g.groups == 1 && winograd::applies(&wk) {
+        let mut du = vec![T::zero(); 16 * g.cin * g.cout];
+        sum_images(g.n, &mut du, |i, du, sc, par| winograd::kernel_grad(&wk, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], du, sc, par));
+        winograd::untransform_kernel_grad(&du, g.cin, g.cout, dw);
+    } else if g.unit_stride() && g.groups == 1 {
         sum_images(g.n, dw, |i, dw, sc, par| shifted_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc, par));
     } else if g.cg() == 1 {
         sum_images(g.n, dw, |i, dw, _, _| depthwise_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw));

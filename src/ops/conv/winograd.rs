@@ -143,3 +143,120 @@ fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratc
         }
     }
 }
+
+// ---------------------------------------------------------------- kernel gradient
+//
+// The forward tile is `Y = A^T [U . V] A` with `U = G g G^T`, so the kernel's gradient is
+// `dg = G^T dU G` with `dU[xi] = sum over tiles of V[xi]^T dM[xi]` and `dM = A dY A^T`:
+// the same input transform, a transform of the output gradient's 2x2 tiles, and 16
+// `gemm`s of `(cin x tiles) @ (tiles x cout)` per block, summed in the transformed
+// domain; `untransform_kernel_grad` brings the sum back once per call.
+
+// `kernel_grad(wk, x, gy, du, sc, par)`, one image: adds the image's `dU[xi][ci][co]`
+// (16 x cin x cout) to `du`.
+super::cpu::simd_kernel!(pub fn kernel_grad<T: F>(wk: &Walk, x: &[T], gy: &[T], du: &mut [T], sc: &mut Scratch<T>, par: Parallelism) = kernel_grad_tiles);
+
+#[inline(always)]
+fn kernel_grad_tiles<T: F>(wk: &Walk, x: &[T], gy: &[T], du: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+    let (cin, cout) = (wk.cin, wk.cout);
+    let (oh, ow) = (wk.x[1] + wk.p[1].0 + wk.p[1].1 - 2, wk.x[2] + wk.p[2].0 + wk.p[2].1 - 2);
+    let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
+    let p = [(0, 0), (wk.p[1].0, 2 * th + 2 - wk.x[1] - wk.p[1].0), (wk.p[2].0, 2 * tw + 2 - wk.x[2] - wk.p[2].0)];
+    let unpadded = p.iter().all(|&(a, b)| a == 0 && b == 0);
+    let pd = if unpadded { *wk.x } else { pad_into(wk.x, &p, cin, x, &mut sc.a) };
+    let xp: &[T] = if unpadded { x } else { &sc.a };
+    let tiles = th * tw;
+    let mut t = vec![T::zero(); 16 * cin];
+    let mut r = vec![T::zero(); 8 * cout];
+    let zero = vec![T::zero(); cout];
+    let (vs, ms) = (BLOCK * cin + SLAB_PAD, BLOCK * cout + SLAB_PAD);
+    let v = sized(&mut sc.b, 16 * vs);
+    let m = sized(&mut sc.c, 16 * ms);
+    for t0 in (0..tiles).step_by(BLOCK) {
+        let nt = BLOCK.min(tiles - t0);
+        for tt in 0..nt {
+            let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
+            let d = |i: usize, j: usize| {
+                let o = ((2 * ty + i) * pd[2] + 2 * tx + j) * cin;
+                &xp[o..o + cin]
+            };
+            // V = B^T d B, as in the forward.
+            for j in 0..4 {
+                let (d0, d1, d2, d3) = (d(0, j), d(1, j), d(2, j), d(3, j));
+                add2(&mut t[j * cin..(j + 1) * cin], d0, d2, true);
+                add2(&mut t[(4 + j) * cin..(5 + j) * cin], d1, d2, false);
+                add2(&mut t[(8 + j) * cin..(9 + j) * cin], d2, d1, true);
+                add2(&mut t[(12 + j) * cin..(13 + j) * cin], d1, d3, true);
+            }
+            for i in 0..4 {
+                let rr = |j: usize| &t[(i * 4 + j) * cin..(i * 4 + j + 1) * cin];
+                let out = |xi: usize| xi * vs + tt * cin;
+                let (o0, o1, o2, o3) = (out(i * 4), out(i * 4 + 1), out(i * 4 + 2), out(i * 4 + 3));
+                add2(&mut v[o0..o0 + cin], rr(0), rr(2), true);
+                add2(&mut v[o1..o1 + cin], rr(1), rr(2), false);
+                add2(&mut v[o2..o2 + cin], rr(2), rr(1), true);
+                add2(&mut v[o3..o3 + cin], rr(1), rr(3), true);
+            }
+            // dM = A dY A^T over the 2x2 tile of the output gradient (zero past its edge):
+            // rows R = (y0, y0 + y1, y0 - y1, -y1), then the same over the columns.
+            let g = |i: usize, j: usize| {
+                let (oy, ox) = (2 * ty + i, 2 * tx + j);
+                if oy < oh && ox < ow {
+                    let o = (oy * ow + ox) * cout;
+                    &gy[o..o + cout]
+                } else {
+                    &zero[..]
+                }
+            };
+            for j in 0..2 {
+                let (y0, y1) = (g(0, j), g(1, j));
+                r[j * cout..(j + 1) * cout].copy_from_slice(y0);
+                add2(&mut r[(2 + j) * cout..(3 + j) * cout], y0, y1, false);
+                add2(&mut r[(4 + j) * cout..(5 + j) * cout], y0, y1, true);
+                neg(&mut r[(6 + j) * cout..(7 + j) * cout], y1);
+            }
+            for i in 0..4 {
+                let (a, b) = (&r[2 * i * cout..(2 * i + 1) * cout], &r[(2 * i + 1) * cout..(2 * i + 2) * cout]);
+                let out = |xi: usize| xi * ms + tt * cout;
+                let (o0, o1, o2, o3) = (out(i * 4), out(i * 4 + 1), out(i * 4 + 2), out(i * 4 + 3));
+                m[o0..o0 + cout].copy_from_slice(a);
+                add2(&mut m[o1..o1 + cout], a, b, false);
+                add2(&mut m[o2..o2 + cout], a, b, true);
+                neg(&mut m[o3..o3 + cout], b);
+            }
+        }
+        for xi in 0..16 {
+            let (vo, mo, uo) = (xi * vs, xi * ms, xi * cin * cout);
+            super::cpu::mm(cin, cout, nt, &mut du[uo..], cout, true, &v[vo..], (1, cin), &m[mo..], (cout, 1), par);
+        }
+    }
+}
+
+/// `out = -a`.
+#[inline(always)]
+fn neg<T: F>(out: &mut [T], a: &[T]) {
+    out.iter_mut().zip(a).for_each(|(o, &a)| *o = -a);
+}
+
+/// The kernel gradient `dw` (Keras layout `(3, 3, cin, cout)`) from the summed
+/// transformed gradient `du` (`16 x cin x cout`): `dw = G^T dU G`.
+pub fn untransform_kernel_grad<T: F>(du: &[T], cin: usize, cout: usize, dw: &mut [T]) {
+    let h = T::from(0.5).expect("0.5");
+    let n = cin * cout;
+    for q in 0..n {
+        let u = |a: usize, b: usize| du[(a * 4 + b) * n + q];
+        // T = dU G (4x3), G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
+        let mut tg = [[T::zero(); 3]; 4];
+        for (a, row) in tg.iter_mut().enumerate() {
+            let (u0, u1, u2, u3) = (u(a, 0), u(a, 1), u(a, 2), u(a, 3));
+            *row = [u0 + (u1 + u2) * h, (u1 - u2) * h, (u1 + u2) * h + u3];
+        }
+        // dw = G^T T.
+        for j in 0..3 {
+            let (t0, t1, t2, t3) = (tg[0][j], tg[1][j], tg[2][j], tg[3][j]);
+            dw[j * n + q] = t0 + (t1 + t2) * h;
+            dw[(3 + j) * n + q] = (t1 - t2) * h;
+            dw[(6 + j) * n + q] = (t1 + t2) * h + t3;
+        }
+    }
+}
