@@ -48,23 +48,100 @@ pub fn transform_kernel<T: F>(w: &[T], cin: usize, cout: usize) -> Vec<T> {
     u
 }
 
-/// `out = a + b` or `a - b`, elementwise (the compiler vectorises these loops).
+/// Writes `V = B^T d B` of one 4x4 input tile into row `at` of the 16 slabs of `v`
+/// (slab `xi` at `xi * vs`), one channel at a time: the 16 inputs and 16 results of a
+/// channel stay in registers, and the loop over channels is vectorised. `rows[i]` holds
+/// the tile's row `i`: 4 pixels of `cin` channels.
 #[inline(always)]
-fn add2<T: F>(out: &mut [T], a: &[T], b: &[T], minus: bool) {
-    if minus {
-        out.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| *o = a - b);
-    } else {
-        out.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| *o = a + b);
+fn input_transform<T: F>(rows: [&[T]; 4], cin: usize, v: &mut [T], vs: usize, at: usize) {
+    assert!(rows.iter().all(|r| r.len() >= 4 * cin) && 15 * vs + at + cin <= v.len());
+    let out = v.as_mut_ptr();
+    for c in 0..cin {
+        // SAFETY: `j * cin + c < 4 * cin <= rows[i].len()` and `xi * vs + at + c < v.len()`
+        // by the assertion above.
+        unsafe {
+            let d = |i: usize, j: usize| *rows[i].get_unchecked(j * cin + c);
+            // t = B^T d: rows (d0 - d2, d1 + d2, d2 - d1, d1 - d3), per column.
+            let mut t = [[T::zero(); 4]; 4];
+            for j in 0..4 {
+                let (d0, d1, d2, d3) = (d(0, j), d(1, j), d(2, j), d(3, j));
+                t[0][j] = d0 - d2;
+                t[1][j] = d1 + d2;
+                t[2][j] = d2 - d1;
+                t[3][j] = d1 - d3;
+            }
+            // V = t B: the same over the columns.
+            for (i, r) in t.iter().enumerate() {
+                let w = |xi: usize, x: T| *out.add(xi * vs + at + c) = x;
+                w(i * 4, r[0] - r[2]);
+                w(i * 4 + 1, r[1] + r[2]);
+                w(i * 4 + 2, r[2] - r[1]);
+                w(i * 4 + 3, r[1] - r[3]);
+            }
+        }
     }
 }
 
-/// `out = a + b + c` or `a - b - c`.
+/// The rows of the 4x4 input tile `(ty, tx)` of a padded image `xp` of width `pw`.
 #[inline(always)]
-fn add3<T: F>(out: &mut [T], a: &[T], b: &[T], c: &[T], minus: bool) {
-    if minus {
-        out.iter_mut().zip(a).zip(b).zip(c).for_each(|(((o, &a), &b), &c)| *o = a - b - c);
-    } else {
-        out.iter_mut().zip(a).zip(b).zip(c).for_each(|(((o, &a), &b), &c)| *o = a + b + c);
+fn tile_rows<T: F>(xp: &[T], pw: usize, cin: usize, ty: usize, tx: usize) -> [&[T]; 4] {
+    std::array::from_fn(|i| {
+        let o = ((2 * ty + i) * pw + 2 * tx) * cin;
+        &xp[o..o + 4 * cin]
+    })
+}
+
+/// `Y = A^T M A` of one tile from row `at` of the 16 product slabs of `m` (slab `xi` at
+/// `xi * ms`) into its 2x2 output pixels `ys` (row-major; pixels past the output's edge
+/// are given scratch to write), one channel at a time.
+#[inline(always)]
+fn output_transform<T: F>(m: &[T], ms: usize, at: usize, cout: usize, ys: [&mut [T]; 4]) {
+    assert!(15 * ms + at + cout <= m.len() && ys.iter().all(|y| y.len() >= cout));
+    let [y00, y01, y10, y11] = ys;
+    for c in 0..cout {
+        // SAFETY: `xi * ms + at + c < m.len()` by the assertion above.
+        let mm = |xi: usize| unsafe { *m.get_unchecked(xi * ms + at + c) };
+        // r = A^T m: rows (m0 + m1 + m2, m1 - m2 - m3), per column; then y = r A.
+        let mut r = [[T::zero(); 4]; 2];
+        for j in 0..4 {
+            let (m0, m1, m2, m3) = (mm(j), mm(4 + j), mm(8 + j), mm(12 + j));
+            r[0][j] = m0 + m1 + m2;
+            r[1][j] = m1 - m2 - m3;
+        }
+        y00[c] = r[0][0] + r[0][1] + r[0][2];
+        y01[c] = r[0][1] - r[0][2] - r[0][3];
+        y10[c] = r[1][0] + r[1][1] + r[1][2];
+        y11[c] = r[1][1] - r[1][2] - r[1][3];
+    }
+}
+
+/// Writes `dM = A dY A^T` of one 2x2 tile of the output gradient (pixels past its edge
+/// are given zeros) into row `at` of the 16 slabs of `m`, one channel at a time.
+#[inline(always)]
+fn grad_transform<T: F>(gys: [[&[T]; 2]; 2], cout: usize, m: &mut [T], ms: usize, at: usize) {
+    assert!(15 * ms + at + cout <= m.len() && gys.iter().flatten().all(|g| g.len() >= cout));
+    let out = m.as_mut_ptr();
+    for c in 0..cout {
+        // SAFETY: `c < cout <= g.len()` and `xi * ms + at + c < m.len()` by the assertion.
+        unsafe {
+            let g = |i: usize, j: usize| *gys[i][j].get_unchecked(c);
+            // R = A dY: rows (y0, y0 + y1, y0 - y1, -y1), per column; then dM = R A^T.
+            let mut r = [[T::zero(); 2]; 4];
+            for j in 0..2 {
+                let (y0, y1) = (g(0, j), g(1, j));
+                r[0][j] = y0;
+                r[1][j] = y0 + y1;
+                r[2][j] = y0 - y1;
+                r[3][j] = -y1;
+            }
+            for (i, r) in r.iter().enumerate() {
+                let w = |xi: usize, x: T| *out.add(xi * ms + at + c) = x;
+                w(i * 4, r[0]);
+                w(i * 4 + 1, r[0] + r[1]);
+                w(i * 4 + 2, r[0] - r[1]);
+                w(i * 4 + 3, -r[1]);
+            }
+        }
     }
 }
 
@@ -85,61 +162,38 @@ fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratc
     let pd = if unpadded { *wk.x } else { pad_into(wk.x, &p, cin, x, &mut sc.a) };
     let xp: &[T] = if unpadded { x } else { &sc.a };
     let tiles = th * tw;
-    let mut t = vec![T::zero(); 16 * cin];
     let (vs, ms) = (BLOCK * cin + SLAB_PAD, BLOCK * cout + SLAB_PAD);
     let v = sized(&mut sc.b, 16 * vs);
-    let m = sized(&mut sc.c, 16 * ms + 8 * cout);
+    let m = sized(&mut sc.c, 16 * ms);
+    let mut junk = vec![T::zero(); 3 * cout];
     for t0 in (0..tiles).step_by(BLOCK) {
         let nt = BLOCK.min(tiles - t0);
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
-            let d = |i: usize, j: usize| {
-                let o = ((2 * ty + i) * pd[2] + 2 * tx + j) * cin;
-                &xp[o..o + cin]
-            };
-            // t = B^T d (rows), then V = t B (columns).
-            for j in 0..4 {
-                let (d0, d1, d2, d3) = (d(0, j), d(1, j), d(2, j), d(3, j));
-                add2(&mut t[j * cin..(j + 1) * cin], d0, d2, true);
-                add2(&mut t[(4 + j) * cin..(5 + j) * cin], d1, d2, false);
-                add2(&mut t[(8 + j) * cin..(9 + j) * cin], d2, d1, true);
-                add2(&mut t[(12 + j) * cin..(13 + j) * cin], d1, d3, true);
-            }
-            for i in 0..4 {
-                let r = |j: usize| &t[(i * 4 + j) * cin..(i * 4 + j + 1) * cin];
-                let out = |xi: usize| xi * vs + tt * cin;
-                let (o0, o1, o2, o3) = (out(i * 4), out(i * 4 + 1), out(i * 4 + 2), out(i * 4 + 3));
-                add2(&mut v[o0..o0 + cin], r(0), r(2), true);
-                add2(&mut v[o1..o1 + cin], r(1), r(2), false);
-                add2(&mut v[o2..o2 + cin], r(2), r(1), true);
-                add2(&mut v[o3..o3 + cin], r(1), r(3), true);
-            }
+            input_transform(tile_rows(xp, pd[2], cin, ty, tx), cin, v, vs, tt * cin);
         }
         for xi in 0..16 {
             let (vo, mo, uo) = (xi * vs, xi * ms, xi * cin * cout);
             super::cpu::mm(nt, cout, cin, &mut m[mo..], cout, false, &v[vo..], (cin, 1), &u[uo..], (cout, 1), par);
         }
-        let (mb, rb) = m.split_at_mut(16 * ms);
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
-            let mm = |i: usize, j: usize| &mb[(i * 4 + j) * ms + tt * cout..][..cout];
-            // r = A^T m: two rows of four; then y = r A: two columns.
-            for j in 0..4 {
-                add3(&mut rb[j * cout..(j + 1) * cout], mm(0, j), mm(1, j), mm(2, j), false);
-                add3(&mut rb[(4 + j) * cout..(5 + j) * cout], mm(1, j), mm(2, j), mm(3, j), true);
-            }
-            for i in 0..2 {
-                let oy = 2 * ty + i;
-                if oy >= oh {
-                    continue;
-                }
-                let r = |j: usize| &rb[(i * 4 + j) * cout..(i * 4 + j + 1) * cout];
-                let o0 = (oy * ow + 2 * tx) * cout;
-                add3(&mut y[o0..o0 + cout], r(0), r(1), r(2), false);
-                if 2 * tx + 1 < ow {
-                    add3(&mut y[o0 + cout..o0 + 2 * cout], r(1), r(2), r(3), true);
-                }
-            }
+            // The tile's four output pixels; those past the right or bottom edge write to
+            // scratch.
+            let (j1, rest) = junk.split_at_mut(cout);
+            let (j2, j3) = rest.split_at_mut(cout);
+            let tail = &mut y[(2 * ty * ow + 2 * tx) * cout..];
+            let (top, below) = tail.split_at_mut((ow * cout).min(tail.len()));
+            let (y00, top) = top.split_at_mut(cout);
+            let y01 = if 2 * tx + 1 < ow { &mut top[..cout] } else { j1 };
+            let (y10, y11) = if 2 * ty + 1 < oh {
+                let (a, b) = below.split_at_mut(cout);
+                (a, if 2 * tx + 1 < ow { &mut b[..cout] } else { j3 })
+            } else {
+                (j2, j3)
+            };
+            let ys = [y00, y01, y10, y11];
+            output_transform(m, ms, tt * cout, cout, ys);
         }
     }
 }
@@ -166,76 +220,30 @@ fn kernel_grad_tiles<T: F>(wk: &Walk, x: &[T], gy: &[T], du: &mut [T], sc: &mut 
     let pd = if unpadded { *wk.x } else { pad_into(wk.x, &p, cin, x, &mut sc.a) };
     let xp: &[T] = if unpadded { x } else { &sc.a };
     let tiles = th * tw;
-    let mut t = vec![T::zero(); 16 * cin];
-    let mut r = vec![T::zero(); 8 * cout];
-    let zero = vec![T::zero(); cout];
     let (vs, ms) = (BLOCK * cin + SLAB_PAD, BLOCK * cout + SLAB_PAD);
     let v = sized(&mut sc.b, 16 * vs);
     let m = sized(&mut sc.c, 16 * ms);
+    let zero = vec![T::zero(); cout];
     for t0 in (0..tiles).step_by(BLOCK) {
         let nt = BLOCK.min(tiles - t0);
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
-            let d = |i: usize, j: usize| {
-                let o = ((2 * ty + i) * pd[2] + 2 * tx + j) * cin;
-                &xp[o..o + cin]
-            };
-            // V = B^T d B, as in the forward.
-            for j in 0..4 {
-                let (d0, d1, d2, d3) = (d(0, j), d(1, j), d(2, j), d(3, j));
-                add2(&mut t[j * cin..(j + 1) * cin], d0, d2, true);
-                add2(&mut t[(4 + j) * cin..(5 + j) * cin], d1, d2, false);
-                add2(&mut t[(8 + j) * cin..(9 + j) * cin], d2, d1, true);
-                add2(&mut t[(12 + j) * cin..(13 + j) * cin], d1, d3, true);
-            }
-            for i in 0..4 {
-                let rr = |j: usize| &t[(i * 4 + j) * cin..(i * 4 + j + 1) * cin];
-                let out = |xi: usize| xi * vs + tt * cin;
-                let (o0, o1, o2, o3) = (out(i * 4), out(i * 4 + 1), out(i * 4 + 2), out(i * 4 + 3));
-                add2(&mut v[o0..o0 + cin], rr(0), rr(2), true);
-                add2(&mut v[o1..o1 + cin], rr(1), rr(2), false);
-                add2(&mut v[o2..o2 + cin], rr(2), rr(1), true);
-                add2(&mut v[o3..o3 + cin], rr(1), rr(3), true);
-            }
-            // dM = A dY A^T over the 2x2 tile of the output gradient (zero past its edge):
-            // rows R = (y0, y0 + y1, y0 - y1, -y1), then the same over the columns.
+            input_transform(tile_rows(xp, pd[2], cin, ty, tx), cin, v, vs, tt * cin);
             let g = |i: usize, j: usize| {
                 let (oy, ox) = (2 * ty + i, 2 * tx + j);
                 if oy < oh && ox < ow {
-                    let o = (oy * ow + ox) * cout;
-                    &gy[o..o + cout]
+                    &gy[(oy * ow + ox) * cout..(oy * ow + ox + 1) * cout]
                 } else {
                     &zero[..]
                 }
             };
-            for j in 0..2 {
-                let (y0, y1) = (g(0, j), g(1, j));
-                r[j * cout..(j + 1) * cout].copy_from_slice(y0);
-                add2(&mut r[(2 + j) * cout..(3 + j) * cout], y0, y1, false);
-                add2(&mut r[(4 + j) * cout..(5 + j) * cout], y0, y1, true);
-                neg(&mut r[(6 + j) * cout..(7 + j) * cout], y1);
-            }
-            for i in 0..4 {
-                let (a, b) = (&r[2 * i * cout..(2 * i + 1) * cout], &r[(2 * i + 1) * cout..(2 * i + 2) * cout]);
-                let out = |xi: usize| xi * ms + tt * cout;
-                let (o0, o1, o2, o3) = (out(i * 4), out(i * 4 + 1), out(i * 4 + 2), out(i * 4 + 3));
-                m[o0..o0 + cout].copy_from_slice(a);
-                add2(&mut m[o1..o1 + cout], a, b, false);
-                add2(&mut m[o2..o2 + cout], a, b, true);
-                neg(&mut m[o3..o3 + cout], b);
-            }
+            grad_transform([[g(0, 0), g(0, 1)], [g(1, 0), g(1, 1)]], cout, m, ms, tt * cout);
         }
         for xi in 0..16 {
             let (vo, mo, uo) = (xi * vs, xi * ms, xi * cin * cout);
             super::cpu::mm(cin, cout, nt, &mut du[uo..], cout, true, &v[vo..], (1, cin), &m[mo..], (cout, 1), par);
         }
     }
-}
-
-/// `out = -a`.
-#[inline(always)]
-fn neg<T: F>(out: &mut [T], a: &[T]) {
-    out.iter_mut().zip(a).for_each(|(o, &a)| *o = -a);
 }
 
 /// The kernel gradient `dw` (Keras layout `(3, 3, cin, cout)`) from the summed
