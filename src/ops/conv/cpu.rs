@@ -200,7 +200,9 @@ pub fn forward_f32_then(g: &Geom, x: &[f32], w: &[f32], y: &mut [f32], after: &(
 }
 
 pub fn input_grad(g: &Geom, gy: &Value, w: &Value) -> Result<Value> {
-    run2(gy, w, &g.x_shape, true, |gy, w, dx| bwd_input(g, gy, w, dx), |gy, w, dx| bwd_input(g, gy, w, dx))
+    // A gradient computed as a forward convolution writes every element (no zeroing).
+    let zero = as_convolution(g).is_none();
+    run2(gy, w, &g.x_shape, zero, |gy, w, dx| bwd_input(g, gy, w, dx), |gy, w, dx| bwd_input(g, gy, w, dx))
 }
 pub fn kernel_grad(g: &Geom, x: &Value, gy: &Value) -> Result<Value> {
     run2(x, gy, &g.w_shape, true, |x, gy, dw| bwd_kernel(g, x, gy, dw), |x, gy, dw| bwd_kernel(g, x, gy, dw))
@@ -463,13 +465,18 @@ fn depthwise_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
 
 // ---------------------------------------------------------------- input gradient
 
+/// Stride 1, one group: the input gradient is a stride-1 convolution of `gy`, padded by
+/// `(k-1)*d - p` (returned), with the spatially flipped kernel whose in/out channels are
+/// swapped; `None` where the padding exceeds the dilated kernel.
+fn as_convolution(g: &Geom) -> Option<[(usize, usize); 3]> {
+    let eff = [0, 1, 2].map(|t| g.d[t] * (g.k[t] - 1));
+    let ok = g.unit_stride() && g.groups == 1 && (0..3).all(|t| g.p[t].0 <= eff[t] && g.p[t].1 <= eff[t]);
+    ok.then(|| [0, 1, 2].map(|t| (eff[t] - g.p[t].0, eff[t] - g.p[t].1)))
+}
+
 fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
-    // Stride 1: dx is a stride-1 convolution of gy, padded by (k-1)*d - p, with the
-    // spatially flipped kernel whose in/out channels are swapped.
-    let eff = [0, 1, 2].map(|t| g.d[t] * (g.k[t] - 1));
-    if g.unit_stride() && g.groups == 1 && (0..3).all(|t| g.p[t].0 <= eff[t] && g.p[t].1 <= eff[t]) {
-        let p2 = [0, 1, 2].map(|t| (eff[t] - g.p[t].0, eff[t] - g.p[t].1));
+    if let Some(p2) = as_convolution(g) {
         let wf = flip_transpose(g, w);
         let wk = Walk { x: &g.o, k: &g.k, s: &[1; 3], d: &g.d, p: &p2, cin: g.cout, cout: g.cin };
         dense_fwd(g.n, &wk, gy, &wf, dx, None);
