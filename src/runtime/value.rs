@@ -264,8 +264,11 @@ pub mod foreign {
     /// The values one call reads in place, with the owners that keep their buffers alive.
     #[derive(Default)]
     pub struct Lease {
-        held: Vec<(Value, (usize, usize), Box<dyn Any + Send>)>,
+        held: Vec<Held>,
     }
+
+    /// One leased value: a clone of it, its buffer's address range, its buffer's owner.
+    struct Held(Value, (usize, usize), Box<dyn Any + Send>);
 
     impl Lease {
         /// A value of `shape` (C order) reading `data` in place.
@@ -288,7 +291,7 @@ pub mod foreign {
             ranges().push(range);
             LIVE.fetch_add(1, Ordering::AcqRel);
             LEASED.fetch_add(1, Ordering::Relaxed);
-            self.held.push((value.clone(), range, owner));
+            self.held.push(Held(value.clone(), range, owner));
             value
         }
     }
@@ -301,14 +304,14 @@ pub mod foreign {
             }
             {
                 let mut live = ranges();
-                for (_, r, _) in &held {
+                for Held(_, r, _) in &held {
                     if let Some(k) = live.iter().position(|x| x == r) {
                         live.swap_remove(k);
                         LIVE.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             }
-            for (v, _, owner) in held {
+            for Held(v, _, owner) in held {
                 let alone = crate::with_value!(v, a => match a.try_into_owned_nocopy() {
                     Ok(own) => {
                         std::mem::forget(own);
