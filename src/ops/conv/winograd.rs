@@ -145,6 +145,39 @@ fn grad_transform<T: F>(gys: [[&[T]; 2]; 2], cout: usize, m: &mut [T], ms: usize
     }
 }
 
+/// One image's tiling, shared by the forward and the kernel gradient: the output's size,
+/// the tiles (`tw` a row, `tiles` in all), the image padded so that every 4x4 input tile
+/// is inside it (`xp`, `pw` pixels wide; the image itself where no padding is needed, as
+/// for a valid convolution of even size), and the 16 slabs of a block of transformed
+/// inputs (`v`, `vs` apart) and of products or transformed gradients (`m`, `ms` apart).
+struct Tiles<'a, T> {
+    oh: usize,
+    ow: usize,
+    tw: usize,
+    tiles: usize,
+    pw: usize,
+    xp: &'a [T],
+    v: &'a mut [T],
+    vs: usize,
+    m: &'a mut [T],
+    ms: usize,
+}
+
+#[inline(always)]
+fn tiles<'a, T: F>(wk: &Walk, x: &'a [T], sc: &'a mut Scratch<T>) -> Tiles<'a, T> {
+    let (oh, ow) = (wk.x[1] + wk.p[1].0 + wk.p[1].1 - 2, wk.x[2] + wk.p[2].0 + wk.p[2].1 - 2);
+    let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
+    let p = [(0, 0), (wk.p[1].0, 2 * th + 2 - wk.x[1] - wk.p[1].0), (wk.p[2].0, 2 * tw + 2 - wk.x[2] - wk.p[2].0)];
+    let Scratch { a, b, c } = sc;
+    let (pw, xp): (usize, &[T]) = if p.iter().all(|&(a, b)| a == 0 && b == 0) {
+        (wk.x[2], x)
+    } else {
+        (pad_into(wk.x, &p, wk.cin, x, a)[2], a)
+    };
+    let (vs, ms) = (BLOCK * wk.cin + SLAB_PAD, BLOCK * wk.cout + SLAB_PAD);
+    Tiles { oh, ow, tw, tiles: th * tw, pw, xp, v: sized(b, 16 * vs), vs, m: sized(c, 16 * ms), ms }
+}
+
 // `forward(wk, x, u, y, sc, par)`, one image: `y` gets the convolution of `x` with the
 // transformed kernel `u`. The transforms were a quarter of the kernel's time at the CNN's
 // shapes compiled for SSE2, so they run vectorised for the CPU's widest vector unit.
@@ -153,24 +186,13 @@ super::cpu::simd_kernel!(pub fn forward<T: F>(wk: &Walk, x: &[T], u: &[T], y: &m
 #[inline(always)]
 fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
     let (cin, cout) = (wk.cin, wk.cout);
-    let (oh, ow) = (wk.x[1] + wk.p[1].0 + wk.p[1].1 - 2, wk.x[2] + wk.p[2].0 + wk.p[2].1 - 2);
-    let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
-    // Pad the bottom/right further so every 4x4 input tile is in the buffer.
-    let p = [(0, 0), (wk.p[1].0, 2 * th + 2 - wk.x[1] - wk.p[1].0), (wk.p[2].0, 2 * tw + 2 - wk.x[2] - wk.p[2].0)];
-    // A copy only where some padding is needed (not for a valid convolution of even size).
-    let unpadded = p.iter().all(|&(a, b)| a == 0 && b == 0);
-    let pd = if unpadded { *wk.x } else { pad_into(wk.x, &p, cin, x, &mut sc.a) };
-    let xp: &[T] = if unpadded { x } else { &sc.a };
-    let tiles = th * tw;
-    let (vs, ms) = (BLOCK * cin + SLAB_PAD, BLOCK * cout + SLAB_PAD);
-    let v = sized(&mut sc.b, 16 * vs);
-    let m = sized(&mut sc.c, 16 * ms);
+    let Tiles { oh, ow, tw, tiles, pw, xp, v, vs, m, ms } = tiles(wk, x, sc);
     let mut junk = vec![T::zero(); 3 * cout];
     for t0 in (0..tiles).step_by(BLOCK) {
         let nt = BLOCK.min(tiles - t0);
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
-            input_transform(tile_rows(xp, pd[2], cin, ty, tx), cin, v, vs, tt * cin);
+            input_transform(tile_rows(xp, pw, cin, ty, tx), cin, v, vs, tt * cin);
         }
         for xi in 0..16 {
             let (vo, mo, uo) = (xi * vs, xi * ms, xi * cin * cout);
@@ -213,22 +235,13 @@ super::cpu::simd_kernel!(pub fn kernel_grad<T: F>(wk: &Walk, x: &[T], gy: &[T], 
 #[inline(always)]
 fn kernel_grad_tiles<T: F>(wk: &Walk, x: &[T], gy: &[T], du: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
     let (cin, cout) = (wk.cin, wk.cout);
-    let (oh, ow) = (wk.x[1] + wk.p[1].0 + wk.p[1].1 - 2, wk.x[2] + wk.p[2].0 + wk.p[2].1 - 2);
-    let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
-    let p = [(0, 0), (wk.p[1].0, 2 * th + 2 - wk.x[1] - wk.p[1].0), (wk.p[2].0, 2 * tw + 2 - wk.x[2] - wk.p[2].0)];
-    let unpadded = p.iter().all(|&(a, b)| a == 0 && b == 0);
-    let pd = if unpadded { *wk.x } else { pad_into(wk.x, &p, cin, x, &mut sc.a) };
-    let xp: &[T] = if unpadded { x } else { &sc.a };
-    let tiles = th * tw;
-    let (vs, ms) = (BLOCK * cin + SLAB_PAD, BLOCK * cout + SLAB_PAD);
-    let v = sized(&mut sc.b, 16 * vs);
-    let m = sized(&mut sc.c, 16 * ms);
+    let Tiles { oh, ow, tw, tiles, pw, xp, v, vs, m, ms } = tiles(wk, x, sc);
     let zero = vec![T::zero(); cout];
     for t0 in (0..tiles).step_by(BLOCK) {
         let nt = BLOCK.min(tiles - t0);
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
-            input_transform(tile_rows(xp, pd[2], cin, ty, tx), cin, v, vs, tt * cin);
+            input_transform(tile_rows(xp, pw, cin, ty, tx), cin, v, vs, tt * cin);
             let g = |i: usize, j: usize| {
                 let (oy, ox) = (2 * ty + i, 2 * tx + j);
                 if oy < oh && ox < ow {
