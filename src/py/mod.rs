@@ -54,27 +54,7 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> crate::Result<T>) -> R<T> {
 // ---------------------------------------------------------------- NumPy <-> Value
 
 fn to_value(obj: &Bound<'_, PyAny>) -> R<Value> {
-    macro_rules! try_as {
-        ($t:ty, $var:ident) => {
-            if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
-                let ro = a.try_readonly().map_err(|e| PyValueError::new_err(format!("array is not readable: {e}")))?;
-                return Ok(Value::$var(ro.as_array().as_standard_layout().into_owned().into_shared()));
-            }
-        };
-    }
-    try_as!(f32, F32);
-    try_as!(f64, F64);
-    try_as!(i32, I32);
-    try_as!(i64, I64);
-    try_as!(bool, Bool);
-    try_as!(half::f16, F16);
-    try_as!(i8, I8);
-    try_as!(i16, I16);
-    try_as!(u8, U8);
-    if let Ok(a) = obj.cast::<PyUntypedArray>() {
-        return Err(PyTypeError::new_err(format!("unsupported array dtype {}", a.dtype())));
-    }
-    Err(PyTypeError::new_err(format!("expected a numpy array, got {}", obj.get_type().name()?)))
+    value_of(obj, None)
 }
 
 /// Feeds of at least this many bytes are read in place when their layout allows
@@ -84,33 +64,46 @@ const LEASE_MIN_BYTES: usize = 4096;
 /// A `K.function` feed: read in place from a C-contiguous, aligned NumPy array for the
 /// length of the call (`lease`), else copied as `to_value` does.
 fn feed_value(obj: &Bound<'_, PyAny>, lease: &mut Lease) -> R<Value> {
-    macro_rules! try_lease {
-        ($t:ty) => {
+    value_of(obj, Some(lease))
+}
+
+/// A NumPy array as a `Value`: copied, or with `lease` read in place where it is
+/// C-contiguous, aligned, at least `LEASE_MIN_BYTES` and not bool (NumPy's bools are bytes
+/// that Rust's `bool` must only see as 0 or 1, so they are copied).
+fn value_of(obj: &Bound<'_, PyAny>, mut lease: Option<&mut Lease>) -> R<Value> {
+    macro_rules! try_as {
+        ($t:ty, $var:ident, $leasable:expr) => {
             if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
                 let ro = a.try_readonly().map_err(|e| PyValueError::new_err(format!("array is not readable: {e}")))?;
                 let view = ro.as_array();
-                let aligned = view.as_ptr() as usize % std::mem::align_of::<$t>() == 0;
-                if view.is_standard_layout() && aligned && view.len() * std::mem::size_of::<$t>() >= LEASE_MIN_BYTES {
-                    let shape = view.shape().to_vec();
-                    // SAFETY: a C-contiguous, aligned array of `shape`; the caller's list
-                    // and the owner (a reference to the array) keep it alive until the
-                    // lease ends in `__call__`, after the outputs are converted. The
-                    // engine never writes a leased buffer (see `foreign`).
-                    return Ok(unsafe { lease.borrow(view.as_ptr(), &shape, Box::new(obj.clone().unbind())) });
+                if let Some(lease) = lease.as_deref_mut().filter(|_| $leasable) {
+                    let aligned = view.as_ptr() as usize % std::mem::align_of::<$t>() == 0;
+                    if view.is_standard_layout() && aligned && view.len() * std::mem::size_of::<$t>() >= LEASE_MIN_BYTES {
+                        let shape = view.shape().to_vec();
+                        // SAFETY: a C-contiguous, aligned array of `shape`; the caller's
+                        // list and the owner (a reference to the array) keep it alive until
+                        // the lease ends in `__call__`, after the outputs are converted. The
+                        // engine never writes a leased buffer (see `foreign`).
+                        return Ok(unsafe { lease.borrow(view.as_ptr(), &shape, Box::new(obj.clone().unbind())) });
+                    }
                 }
-                return to_value(obj);
+                return Ok(Value::$var(view.as_standard_layout().into_owned().into_shared()));
             }
         };
     }
-    try_lease!(f32);
-    try_lease!(f64);
-    try_lease!(i32);
-    try_lease!(i64);
-    try_lease!(half::f16);
-    try_lease!(i8);
-    try_lease!(i16);
-    try_lease!(u8);
-    to_value(obj)
+    try_as!(f32, F32, true);
+    try_as!(f64, F64, true);
+    try_as!(i32, I32, true);
+    try_as!(i64, I64, true);
+    try_as!(bool, Bool, false);
+    try_as!(half::f16, F16, true);
+    try_as!(i8, I8, true);
+    try_as!(i16, I16, true);
+    try_as!(u8, U8, true);
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        return Err(PyTypeError::new_err(format!("unsupported array dtype {}", a.dtype())));
+    }
+    Err(PyTypeError::new_err(format!("expected a numpy array, got {}", obj.get_type().name()?)))
 }
 
 fn to_py(py: Python<'_>, v: Value) -> Py<PyAny> {
