@@ -111,6 +111,10 @@ impl Geom {
     pub(crate) fn opix(&self) -> usize {
         self.o.iter().product()
     }
+    /// The window walk of this convolution (one group), for the dense kernels.
+    fn walk(&self) -> Walk<'_> {
+        Walk { x: &self.x, k: &self.k, s: &self.s, d: &self.d, p: &self.p, cin: self.cin, cout: self.cout }
+    }
     fn unit_stride(&self) -> bool {
         self.s == [1; 3]
     }
@@ -311,7 +315,7 @@ pub(crate) fn mm<T: F>(m: usize, n: usize, k: usize, dst: &mut [T], drs: usize, 
 fn fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], after: Option<&(dyn Fn(usize) + Sync)>) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
     if g.groups == 1 {
-        let wk = Walk { x: &g.x, k: &g.k, s: &g.s, d: &g.d, p: &g.p, cin: g.cin, cout: g.cout };
+        let wk = g.walk();
         dense_fwd(g.n, &wk, x, w, y, after);
     } else if g.cg() == 1 {
         per_image(g.n, y, after, |i, y, _, _| {
@@ -549,7 +553,7 @@ fn depthwise_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
 
 fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
-    let wk = Walk { x: &g.x, k: &g.k, s: &g.s, d: &g.d, p: &g.p, cin: g.cin, cout: g.cout };
+    let wk = g.walk();
     if g.groups == 1 && winograd::applies(&wk) {
         let mut du = vec![T::zero(); 16 * g.cin * g.cout];
         sum_images(g.n, &mut du, |i, du, sc, par| winograd::kernel_grad(&wk, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], du, sc, par));
