@@ -239,7 +239,7 @@ pub(crate) use dispatch_dtype;
 /// clone rather than dropping it. The one way a borrowed buffer could outlive the call is
 /// to be assigned to a variable; `VarCell::set` copies any value `aliases` names. Should
 /// a clone still be held elsewhere all the same when the lease ends, the lease leaks both
-/// the clone and the array's owner (`leaked` counts these; tests check it stays 0): the
+/// the clone and the array's owner (`counts` reports these; tests check there are none): the
 /// buffer then stays valid and is never freed twice.
 pub mod foreign {
     use super::{Elem, Value};
