@@ -1058,7 +1058,9 @@ fn select<A: Lane<f32>, B: Lane<f32>>(c: &[f32], a: A, b: B, out: &mut [MaybeUni
     // once per element, which does not vectorise.
     for (i, o) in out.iter_mut().enumerate() {
         let m = 0u32.wrapping_sub((c[i] != 0.0) as u32);
-        o.write(f32::from_bits((a.at(i).to_bits() & m) | (b.at(i).to_bits() & !m)));
+        // SAFETY: i < n, the length both operands were fitted to.
+        let (x, y) = unsafe { (a.at(i), b.at(i)) };
+        o.write(f32::from_bits((x.to_bits() & m) | (y.to_bits() & !m)));
     }
 }
 
