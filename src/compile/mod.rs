@@ -248,7 +248,29 @@ pub struct Function {
     /// when an update's shape is known only at run time (its check could then fail after
     /// the overwrite).
     lend: Option<crate::runtime::cpu::Lend>,
+    /// Whether every update value has its variable's static shape (see `lending`).
+    fixed_updates: bool,
+    /// Whether CPU runs use the plan specialised to the feeds' shapes (`Specialised`).
+    specialises: bool,
+    /// The plans specialised so far, most recently made last.
+    specialised: std::sync::Mutex<Vec<Arc<Specialised>>>,
 }
+
+/// The plan of a `Function` specialised to one set of feed shapes (`Plan::specialize`):
+/// its `shape` nodes folded and the `sum_to` / `broadcast_to` nodes that change nothing
+/// dropped, so the elementwise chains of a gradient fuse across them. Every gradient of a
+/// broadcasting op ends in a `sum_to` back to its operand's shape, which the batch
+/// dimension's `None` keeps in the generic plan: a Keras MLP's backward pass ran five
+/// `[128, 512]` passes per layer where one does.
+struct Specialised {
+    key: Vec<Vec<usize>>,
+    plan: Plan,
+    lend: Option<crate::runtime::cpu::Lend>,
+}
+
+/// Feed-shape sets a `Function` keeps specialised plans for (a Keras epoch's full and
+/// last batches, a validation batch...).
+const MAX_SPECIALISED: usize = 4;
 
 impl Function {
     pub fn new(feeds: Vec<Tensor>, outputs: Vec<Tensor>, updates: Vec<(Tensor, Tensor)>) -> Result<Function> {
@@ -276,7 +298,9 @@ impl Function {
             targets.push(val.clone());
         }
         let plan = Plan::new(&feeds, &targets)?;
-        let lend = lending(&plan, outputs.len(), &updates, &cells);
+        let fixed_updates = updates.iter().zip(&cells).all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
+        let lend = lending(&plan, outputs.len(), &cells, fixed_updates);
+        let specialises = specialising() && plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
         Ok(Function {
             feeds,
             plan,
@@ -285,19 +309,65 @@ impl Function {
             gpu: Default::default(),
             last: std::sync::Mutex::new(None),
             lend,
+            fixed_updates,
+            specialises,
+            specialised: Default::default(),
         })
     }
 
     /// Runs the plan. A run that stopped on a variable lent to another call's in-place
     /// update (`Error::Lent`: the run was on a rayon worker, where it must not wait) runs
     /// again once no variable is lent; it changed nothing.
+    ///
+    /// On the CPU, the plan specialised to the feeds' shapes runs; the first call with
+    /// new shapes runs the generic plan, recording the shapes to specialise it to.
     fn run(&self, feeds: Vec<Value>) -> Result<(Vec<Out>, RunStats)> {
+        use crate::runtime::{cpu, device};
+        let on_cpu = self.specialises && matches!(device::current()?, device::Device::Cpu);
+        let key: Vec<Vec<usize>> = if on_cpu { feeds.iter().map(|v| v.shape().to_vec()).collect() } else { Vec::new() };
+        let special = if on_cpu { self.specialised_for(&key) } else { None };
+        let host = |values: Vec<Value>, plan: &Plan| {
+            let stats = RunStats { dispatches: plan.cpu_schedule().dispatches, submits: 0, host_nodes: 0 };
+            (values.into_iter().map(Out::Host).collect(), stats)
+        };
         loop {
-            match crate::runtime::run(&self.plan, feeds.clone(), self.n_outputs, &self.gpu, self.lend.as_ref()) {
+            let r = match &special {
+                Some(sp) => cpu::run(&sp.plan, feeds.clone(), sp.lend.as_ref()).map(|v| host(v, &sp.plan)),
+                None if on_cpu => {
+                    let mut shapes = cpu::SlotShapes::new();
+                    let r = cpu::run_shaped(&self.plan, feeds.clone(), self.lend.as_ref(), Some(&mut shapes)).map(|v| host(v, &self.plan));
+                    if r.is_ok() {
+                        self.remember(key.clone(), &shapes);
+                    }
+                    r
+                }
+                None => crate::runtime::run(&self.plan, feeds.clone(), self.n_outputs, &self.gpu, self.lend.as_ref()),
+            };
+            match r {
                 Err(Error::Lent(_)) => crate::ops::source::wait_for_lent_variables(),
                 r => return r,
             }
         }
+    }
+
+    /// The plan specialised to feeds of these shapes, if one was made.
+    fn specialised_for(&self, key: &[Vec<usize>]) -> Option<Arc<Specialised>> {
+        let cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        cache.iter().rev().find(|sp| sp.key.as_slice() == key).cloned()
+    }
+
+    /// Specialises the plan to the slot shapes a run with feeds of shapes `key` recorded.
+    fn remember(&self, key: Vec<Vec<usize>>, shapes: &crate::runtime::cpu::SlotShapes) {
+        let plan = self.plan.specialize(shapes);
+        let lend = lending(&plan, self.n_outputs, &self.updates, self.fixed_updates);
+        let mut cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.iter().any(|sp| sp.key == key) {
+            return;
+        }
+        if cache.len() >= MAX_SPECIALISED {
+            cache.remove(0);
+        }
+        cache.push(Arc::new(Specialised { key, plan, lend }));
     }
 
     /// Runs the plan on `feeds` (already validated), assigns the updates and returns the outputs.
@@ -331,17 +401,37 @@ impl Function {
     }
 }
 
-/// What a run of `plan` may overwrite in place (`cpu::Lend`): the variables of `updates`
-/// (assigned `cells`), when every update value has the variable's static shape (the
-/// call's checks after the run cannot fail), each variable is assigned once and read at
+/// Whether CPU runs use plans specialised to the feeds' shapes: `FERROKERAS_CPU_SPECIALIZE=0`
+/// (read once per process) turns this off.
+fn specialising() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_SPECIALIZE").is_none_or(|v| v != "0"))
+}
+
+/// Whether the results of every loop in `plan` have shapes that follow the loop's input
+/// shapes: its body's own shapes follow its feeds' shapes, counting none of them by value
+/// (a loop VJP body whose `sum_to`s read captured shape vectors fails this, conservatively).
+/// A Python callback or a CTC decode inside a body makes shapes of its own.
+fn loops_keep_shapes(plan: &Plan) -> bool {
+    plan.nodes.iter().all(|n| match n.op() {
+        Op::Loop(body) => {
+            let p = body.plan();
+            p.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&p)
+        }
+        _ => true,
+    })
+}
+
+/// What a run of `plan` may overwrite in place (`cpu::Lend`): the variables assigned
+/// `cells` (the updates `n_outputs..` of the plan's outputs), when every update value has
+/// the variable's static shape (`fixed`: the call's checks after the run cannot fail), each variable is assigned once and read at
 /// one slot (a second read would wait for its own run).
 /// `FERROKERAS_CPU_INPLACE=0` (read once per process) turns this off.
-fn lending(plan: &Plan, n_outputs: usize, updates: &[(Tensor, Tensor)], cells: &[Arc<VarCell>]) -> Option<crate::runtime::cpu::Lend> {
+fn lending(plan: &Plan, n_outputs: usize, cells: &[Arc<VarCell>], fixed: bool) -> Option<crate::runtime::cpu::Lend> {
     static ON: OnceLock<bool> = OnceLock::new();
     if !*ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_INPLACE").is_none_or(|v| v != "0")) {
         return None;
     }
-    let fixed = updates.iter().zip(cells).all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
     let once = cells.iter().enumerate().all(|(k, c)| cells[..k].iter().all(|d| d.id != c.id));
     if cells.is_empty() || !fixed || !once {
         return None;

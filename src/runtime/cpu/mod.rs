@@ -37,7 +37,17 @@ const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 /// With `lend`, the schedule's infallible tail may write the new values of the variables
 /// the call assigns into the variables' own buffers (`Lend`).
 pub fn run(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>) -> Result<Vec<Value>> {
+    run_shaped(plan, feeds, lend, None)
+}
+
+/// `run`, also noting in `shapes` the shape of every value put in a slot before the
+/// infallible tail (what `Plan::specialize` needs; the tail, which may write variables in
+/// place, is not recorded).
+pub fn run_shaped(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>, mut shapes: Option<&mut SlotShapes>) -> Result<Vec<Value>> {
     use std::sync::atomic::Ordering;
+    if let Some(s) = shapes.as_deref_mut() {
+        *s = vec![None; plan.nodes.len()];
+    }
     static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
     let sched = plan.cpu_schedule();
@@ -47,10 +57,10 @@ pub fn run(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>) -> Result<Vec<Va
     let all = |r: &mut Run| -> Result<()> {
         match lend {
             Some(lend) => {
-                r.items(0..sched.tail, None)?;
+                r.record(0..sched.tail, None, shapes)?;
                 r.lending(sched.tail..sched.items.len(), lend)
             }
-            None => r.items(0..sched.items.len(), None),
+            None => r.record(0..sched.items.len(), None, shapes),
         }
     };
     let mut r = Run::new(plan, feeds);
