@@ -36,6 +36,10 @@ pub enum Item {
     /// Plan step `i`, as the plain executor runs it.
     Node(usize),
     Group(Group),
+    /// `add = acc + mm` where plan step `mm` is a 2-D f32 product read by that add alone:
+    /// the product is added into `acc`'s buffer by `gemm` (taken when `acc` dies here and
+    /// nothing else holds it, else copied) instead of written out and read back (`accumulations`).
+    MatAcc { mm: usize, add: usize, acc: usize },
 }
 
 #[derive(Debug)]
@@ -206,13 +210,14 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     }
     if fuse {
         epilogues(plan, &users, &is_output, &mut items);
+        dispatches -= accumulations(plan, &users, &is_output, &mut items);
     }
     // Groups that nothing reads (they compute update values and outputs only) and that
     // cannot fail run last, in order: the run may then overwrite variables in place there
     // (`tail`). Keras places each parameter's update right after its gradient.
     let unread = |item: &Item| match item {
         Item::Group(g) => g.outputs.iter().all(|&o| users[o].iter().all(|u| g.members.contains(u))),
-        Item::Node(_) => false,
+        Item::Node(_) | Item::MatAcc { .. } => false,
     };
     let (last_items, mut items): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|item| unread(item) && infallible(plan, item));
     items.extend(last_items);
@@ -221,6 +226,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     let reads = |item: &Item| -> Vec<usize> {
         match item {
             Item::Node(i) => plan.inputs[*i].clone(),
+            Item::MatAcc { mm, acc, .. } => plan.inputs[*mm].iter().copied().chain([*acc]).collect(),
             Item::Group(g) => g
                 .members
                 .iter()
@@ -280,6 +286,47 @@ fn epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut 
     items.retain(|item| !matches!(item, Item::Node(i) if taken.contains(i)));
 }
 
+/// Turns each single-add group `acc + mm` (either operand order) whose `mm` is an f32
+/// matrix product (2-D operands, B not transposed) read by nothing else into an
+/// `Item::MatAcc` run where the add was, the product's own item removed. A Keras LSTM's
+/// VJP body adds `xᵀ·dz` and `hᵀ·dz` into its gradient accumulators at every step, and its
+/// forward body adds `h·U` to `x·W`. Returns the launches saved.
+fn accumulations(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) -> usize {
+    let product = |j: usize| {
+        matches!(plan.nodes[j].op(), Op::MatMul { tb: false, .. })
+            && matches!(plan.steps[j], Step::Compute)
+            && plan.nodes[j].dtype() == DType::F32
+            && plan.nodes[j].rank() == 2
+            && plan.inputs[j].iter().all(|&i| plan.nodes[i].rank() == 2)
+            && !is_output[j]
+            && users[j].len() == 1
+    };
+    let mut moved = Vec::new();
+    for item in items.iter_mut() {
+        let Item::Group(g) = item else { continue };
+        let &[add] = g.members.as_slice() else { continue };
+        if g.first.is_some() || !matches!(plan.nodes[add].op(), Op::Binary(crate::ops::BinaryOp::Add)) || plan.nodes[add].dtype() != DType::F32 {
+            continue;
+        }
+        let &[p, q] = plan.inputs[add].as_slice() else { continue };
+        let shape = plan.nodes[add].shape();
+        let pick = [(q, p), (p, q)].into_iter().find(|&(mm, acc)| {
+            mm != acc
+                && product(mm)
+                && !moved.contains(&mm)
+                && compatible(plan.nodes[acc].shape(), shape)
+                && compatible(plan.nodes[mm].shape(), shape)
+                && plan.nodes[acc].dtype() == DType::F32
+        });
+        if let Some((mm, acc)) = pick {
+            moved.push(mm);
+            *item = Item::MatAcc { mm, add, acc };
+        }
+    }
+    items.retain(|item| !matches!(item, Item::Node(i) if moved.contains(i)));
+    moved.len()
+}
+
 /// Whether `item` cannot fail at run time once its inputs are computed: folded values,
 /// feeds, variable reads, and elementwise nodes and fused groups whose every value has a
 /// static shape (broadcasting was checked when the graph was built; the kernels report
@@ -297,5 +344,6 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
             Step::Folded(_) | Step::Fed(_) => true,
             Step::Compute => matches!(plan.nodes[*i].op(), Op::Variable(_)) || elementwise(*i),
         },
+        Item::MatAcc { .. } => false,
     }
 }

@@ -427,6 +427,74 @@ fn int_matmul(a: &[i64], b: &[i64], p: Plan, out_shape: &[usize], aoff: &[usize]
     Value::from_vec(out_shape, out).expect("shape matches")
 }
 
+/// `acc += a · b` (`a`, `b` 2-D f32 read as `ta` / `tb` say, `acc` their `m x n` product's
+/// shape in standard layout), with `gemm` reading `acc` as its destination instead of
+/// writing a new product that an elementwise add then reads back (a loop VJP's gradient
+/// accumulators, `compile::fuse::Item::MatAcc`). Returns false, touching nothing, where
+/// this form does not apply (other dtypes or ranks, shapes that do not match, and the
+/// products `run_gemm` runs in special forms: a transposed B, skinny, k-split or panelled);
+/// the caller then multiplies and adds.
+pub fn accumulate(ta: bool, tb: bool, a: &Value, b: &Value, acc: &mut ndarray::ArrayD<f32>) -> bool {
+    let (Value::F32(x), Value::F32(y)) = (a, b) else { return false };
+    let (sa, sb) = (x.shape(), y.shape());
+    if sa.len() != 2 || sb.len() != 2 || tb || !acc.is_standard_layout() || !x.is_standard_layout() || !y.is_standard_layout() {
+        return false;
+    }
+    let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
+    let (kb, n) = (sb[0], sb[1]);
+    if k != kb || acc.shape() != [m, n] || m == 0 || n == 0 || k == 0 {
+        return false;
+    }
+    let macs = m * n * k;
+    let threads = rayon::current_num_threads();
+    let skinny = ta && n <= SKINNY_N && n > 1 && m > SKINNY_N;
+    let split_k = macs >= PAR_MIN_MACS && threads > 1 && m * n <= SPLIT_K_MAX_OUT && k >= SPLIT_K_MIN_K;
+    if skinny || split_k {
+        return false;
+    }
+    let (a_rs, a_cs) = strides(sa[1], ta);
+    let (b_rs, b_cs) = strides(n, false);
+    let (ad, bd) = (x.as_slice().expect("standard"), y.as_slice().expect("standard"));
+    let dst = SharedDst(acc.as_mut_ptr());
+    let team = (TEAM_MIN_MACS..PAR_MIN_MACS).contains(&macs) && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available();
+    if team {
+        // As `run_gemm`'s split: halves of the rows (or columns) on the team's two threads.
+        let (by_cols, len) = if m < 32 && n >= 32 { (true, n) } else { (false, m) };
+        let h = if by_cols { (len / 2).div_ceil(16) * 16 } else { (len / 2).div_ceil(8) * 8 };
+        crate::runtime::cpu::team::split2(&|part| {
+            let (s, e) = if part == 0 { (0, h) } else { (h, len) };
+            let (i0, rows, j0, cols) = if by_cols { (0, m, s, e - s) } else { (s, e - s, 0, n) };
+            let d = dst;
+            // SAFETY: rows i0..i0+rows of A, columns j0..j0+cols of B and that block of the
+            // m x n destination lie inside their buffers; the two parts touch disjoint
+            // blocks of the destination, which gemm reads and writes (read_dst).
+            unsafe {
+                gemm::gemm(
+                    rows, cols, k,
+                    d.0.add(i0 * n + j0), 1, n as isize, true,
+                    ad.as_ptr().offset(i0 as isize * a_rs), a_cs, a_rs,
+                    bd.as_ptr().offset(j0 as isize * b_cs), b_cs, b_rs,
+                    1.0, 1.0, false, false, false, Parallelism::None,
+                )
+            }
+        });
+        return true;
+    }
+    let par = if macs >= PAR_MIN_MACS && threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    // SAFETY: A is m x k, B k x n and the destination m x n, each addressed with the strides
+    // of its row-major buffer; gemm reads the destination and adds the product (read_dst).
+    unsafe {
+        gemm::gemm(
+            m, n, k,
+            dst.0, 1, n as isize, true,
+            ad.as_ptr(), a_cs, a_rs,
+            bd.as_ptr(), b_cs, b_rs,
+            1.0, 1.0, false, false, false, par,
+        )
+    }
+    true
+}
+
 pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {
     let (sa, sb) = (a.shape(), b.shape());
     let (ra, rb) = (sa.len(), sb.len());

@@ -341,7 +341,7 @@ fn rules(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> Vec<crate::runtime:
         .iter()
         .flat_map(|it| match it {
             crate::compile::fuse::Item::Group(g) => crate::runtime::cpu::fused::rules_of(g),
-            crate::compile::fuse::Item::Node(_) => vec![],
+            crate::compile::fuse::Item::Node(_) | crate::compile::fuse::Item::MatAcc { .. } => vec![],
         })
         .collect()
 }

@@ -150,6 +150,10 @@ impl<'a> Run<'a> {
                     let v = step(plan, i, feeds, slots, multi)?;
                     slots[i] = Some(v);
                 }
+                &Item::MatAcc { mm, add, acc } => {
+                    let v = mat_acc(plan, (mm, add, acc), sched.frees[t].contains(&acc), slots, multi)?;
+                    slots[add] = Some(v);
+                }
                 Item::Group(g) => {
                     match fused::run(plan, g, slots, lend)? {
                         Some(vals) => {
@@ -170,6 +174,7 @@ impl<'a> Run<'a> {
             if let Some(s) = shapes.as_deref_mut() {
                 let set: &[usize] = match item {
                     Item::Node(i) => std::slice::from_ref(i),
+                    Item::MatAcc { add, .. } => std::slice::from_ref(add),
                     Item::Group(g) => &g.members,
                 };
                 for &j in set {
@@ -216,6 +221,37 @@ impl<'a> Run<'a> {
     fn outputs(self) -> Vec<Value> {
         self.plan.outputs.iter().map(|&o| self.slots[o].clone().expect("outputs are kept")).collect()
     }
+}
+
+/// Runs `Item::MatAcc`: `acc + mm` with the product added into a buffer holding `acc` (its
+/// own when it dies here, `dies`, and nothing else holds it). Where `matmul::accumulate`
+/// does not apply (runtime shapes, layouts), the product and the add run as plain nodes.
+fn mat_acc(plan: &Plan, (mm, add, acc): (usize, usize, usize), dies: bool, slots: &mut [Option<Value>], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
+    let Op::MatMul { ta, tb } = *plan.nodes[mm].op() else { unreachable!("MatAcc holds a matmul") };
+    let (a, b) = (plan.inputs[mm][0], plan.inputs[mm][1]);
+    let (av, bv) = (slots[a].clone().expect("computed"), slots[b].clone().expect("computed"));
+    let fits = matches!(&slots[acc], Some(Value::F32(x)) if x.is_standard_layout() && x.ndim() == 2);
+    if fits {
+        // The operands were cloned above, so a buffer shared with them is not unique.
+        let take = dies && acc != a && acc != b;
+        let mut buf = match take.then(|| slots[acc].take()).flatten() {
+            Some(Value::F32(x)) => x.try_into_owned_nocopy().unwrap_or_else(|x| x.to_owned()),
+            Some(_) => unreachable!("checked f32"),
+            None => match &slots[acc] {
+                Some(Value::F32(x)) => x.to_owned(),
+                _ => unreachable!("checked f32"),
+            },
+        };
+        if crate::ops::matmul::accumulate(ta, tb, &av, &bv, &mut buf) {
+            return Ok(Value::F32(buf.into_shared()));
+        }
+        if take {
+            slots[acc] = Some(Value::F32(buf.into_shared()));
+        }
+    }
+    let product = run_node(plan, mm, &[&av, &bv], multi)?;
+    let args: Vec<&Value> = plan.inputs[add].iter().map(|&j| if j == mm { &product } else { slots[acc].as_ref().expect("computed") }).collect();
+    plan.nodes[add].op().cpu(&args)
 }
 
 fn step(plan: &Plan, i: usize, feeds: &mut [Value], slots: &[Option<Value>], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
