@@ -254,6 +254,9 @@ pub struct Function {
     specialises: bool,
     /// The plans specialised so far, most recently made last.
     specialised: std::sync::Mutex<Vec<Arc<Specialised>>>,
+    /// Feed-shape sets seen once (most recent last): a set is specialised to when it comes
+    /// again, so calls whose shapes never repeat do not pay for specialising.
+    seen: std::sync::Mutex<Vec<Vec<Vec<usize>>>>,
 }
 
 /// The plan of a `Function` specialised to one set of feed shapes (`Plan::specialize`):
@@ -312,6 +315,7 @@ impl Function {
             fixed_updates,
             specialises,
             specialised: Default::default(),
+            seen: Default::default(),
         })
     }
 
@@ -319,8 +323,8 @@ impl Function {
     /// update (`Error::Lent`: the run was on a rayon worker, where it must not wait) runs
     /// again once no variable is lent; it changed nothing.
     ///
-    /// On the CPU, the plan specialised to the feeds' shapes runs; the first call with
-    /// new shapes runs the generic plan, recording the shapes to specialise it to.
+    /// On the CPU, the plan specialised to the feeds' shapes runs; the first call with new
+    /// shapes runs the generic plan, the second records the shapes to specialise it to.
     fn run(&self, feeds: Vec<Value>) -> Result<(Vec<Out>, RunStats)> {
         use crate::runtime::{cpu, device};
         let on_cpu = self.specialises && matches!(device::current()?, device::Device::Cpu);
@@ -333,7 +337,7 @@ impl Function {
         loop {
             let r = match &special {
                 Some(sp) => cpu::run(&sp.plan, feeds.clone(), sp.lend.as_ref()).map(|v| host(v, &sp.plan)),
-                None if on_cpu => {
+                None if on_cpu && self.seen_before(&key) => {
                     let mut shapes = cpu::SlotShapes::new();
                     let r = cpu::run_shaped(&self.plan, feeds.clone(), self.lend.as_ref(), Some(&mut shapes)).map(|v| host(v, &self.plan));
                     if r.is_ok() {
@@ -348,6 +352,19 @@ impl Function {
                 r => return r,
             }
         }
+    }
+
+    /// Whether feeds of these shapes came before (noting them if not).
+    fn seen_before(&self, key: &[Vec<usize>]) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.iter().any(|k| k.as_slice() == key) {
+            return true;
+        }
+        if seen.len() >= 2 * MAX_SPECIALISED {
+            seen.remove(0);
+        }
+        seen.push(key.to_vec());
+        false
     }
 
     /// The plan specialised to feeds of these shapes, if one was made.
