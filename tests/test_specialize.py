@@ -152,3 +152,15 @@ def test_training_step_updates_match_before_and_after_specialising(rng):
         np.testing.assert_allclose(got, want_loss, rtol=1e-5, atol=1e-6)
         ref = ref - 0.1 * grad
         np.testing.assert_allclose(K.get_value(w), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_data_dependent_shape_keeps_the_plan_generic():
+    # arange over a fed scalar: every call feeds a 0-d array (one shape set), but the
+    # result's length follows the value.
+    n = K.placeholder(shape=(), dtype="int32")
+    r = K.arange(n)
+    f = K.function([n], [K.cast(r, "float32") * 2.0, K.shape(r)])
+    for v in (3, 3, 3, 5, 5, 5, 1, 1, 4):
+        vals, shape = f([np.array(v, "int32")])
+        np.testing.assert_array_equal(vals, np.arange(v) * 2.0)
+        assert shape.tolist() == [v]
