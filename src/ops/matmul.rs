@@ -355,32 +355,11 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
             )
         }
     };
-    if batches == 1 && !skinny && (TEAM_MIN_MACS..PAR_MIN_MACS).contains(&macs) && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available() {
-        // In a loop body or a short run: halves of the rows (or columns) on two threads.
-        // By rows where there are enough: the elementwise kernels after a product split
-        // their elements in two halves as well, so each thread then mostly reads the rows
-        // it wrote (Keras LSTM step 0-9% faster than by columns in 4 of 6 pairs).
-        let (by_cols, len) = if m < 32 && n >= 32 { (true, n) } else { (false, m) };
-        let h = if by_cols { (len / 2).div_ceil(16) * 16 } else { (len / 2).div_ceil(8) * 8 };
+    if batches == 1 && !skinny && team_split(m, n, macs) {
         let dst = SharedDst(spare.as_mut_ptr() as *mut T);
-        let (ao, bo) = (aoff[0], boff[0]);
-        crate::runtime::cpu::team::split2(&|part| {
-            let (s, e) = if part == 0 { (0, h) } else { (h, len) };
-            let (i0, rows, j0, cols) = if by_cols { (0, m, s, e - s) } else { (s, e - s, 0, n) };
-            let d = dst;
-            // SAFETY: rows i0..i0+rows of A, columns j0..j0+cols of B and that block of
-            // the m x n destination lie inside their buffers (strides as below); the two
-            // parts write disjoint blocks.
-            unsafe {
-                gemm::gemm(
-                    rows, cols, k,
-                    d.0.add(i0 * n + j0), 1, n as isize, false,
-                    ad.as_ptr().add(ao).offset(i0 as isize * a_rs), a_cs, a_rs,
-                    bd.as_ptr().add(bo).offset(j0 as isize * b_cs), b_cs, b_rs,
-                    T::zero(), T::one(), false, false, false, Parallelism::None,
-                )
-            }
-        });
+        // SAFETY: A (at aoff[0]) and B (at boff[0]) hold m x k and k x n blocks with these
+        // strides, and the destination m x n elements.
+        unsafe { team_halves((m, n, k), dst, false, (ad, aoff[0], a_rs, a_cs), (bd, boff[0], b_rs, b_cs)) };
         // SAFETY: the two parts cover the whole m x n result.
         unsafe { out.set_len(total) };
         return T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared());
@@ -427,6 +406,53 @@ fn int_matmul(a: &[i64], b: &[i64], p: Plan, out_shape: &[usize], aoff: &[usize]
     Value::from_vec(out_shape, out).expect("shape matches")
 }
 
+/// Whether a single product of `macs` multiply-adds runs as two halves on the polling
+/// helper's team (`team_halves`): in a loop body or a short run, where waking the pool
+/// costs more than the work it would share.
+fn team_split(m: usize, n: usize, macs: usize) -> bool {
+    (TEAM_MIN_MACS..PAR_MIN_MACS).contains(&macs) && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available()
+}
+
+/// The `m x n x k` product of A and B (each a buffer, an offset and row / column strides)
+/// into the row-major `m x n` destination as two halves on the team's threads
+/// (`team::split2`), added to what it holds when `accumulate`. By rows where there are
+/// enough: the elementwise kernels after a product split their elements in two halves as
+/// well, so each thread then mostly reads the rows it wrote (Keras LSTM step 0-9% faster
+/// than by columns in 4 of 6 pairs).
+///
+/// # Safety
+/// A and B hold `m x k` and `k x n` blocks at their offsets with their strides; `dst` holds
+/// `m x n` elements, read only when `accumulate`.
+#[allow(clippy::type_complexity)]
+unsafe fn team_halves<T: GemmElem>(
+    (m, n, k): (usize, usize, usize),
+    dst: SharedDst<T>,
+    accumulate: bool,
+    (ad, ao, a_rs, a_cs): (&[T], usize, isize, isize),
+    (bd, bo, b_rs, b_cs): (&[T], usize, isize, isize),
+) {
+    let (by_cols, len) = if m < 32 && n >= 32 { (true, n) } else { (false, m) };
+    let h = if by_cols { (len / 2).div_ceil(16) * 16 } else { (len / 2).div_ceil(8) * 8 };
+    let alpha = if accumulate { T::one() } else { T::zero() };
+    crate::runtime::cpu::team::split2(&|part| {
+        let (s, e) = if part == 0 { (0, h) } else { (h, len) };
+        let (i0, rows, j0, cols) = if by_cols { (0, m, s, e - s) } else { (s, e - s, 0, n) };
+        let d = dst;
+        // SAFETY: rows i0..i0+rows of A, columns j0..j0+cols of B and that block of the
+        // m x n destination lie inside their buffers (the caller's contract); the two
+        // parts touch disjoint blocks of the destination.
+        unsafe {
+            gemm::gemm(
+                rows, cols, k,
+                d.0.add(i0 * n + j0), 1, n as isize, accumulate,
+                ad.as_ptr().add(ao).offset(i0 as isize * a_rs), a_cs, a_rs,
+                bd.as_ptr().add(bo).offset(j0 as isize * b_cs), b_cs, b_rs,
+                alpha, T::one(), false, false, false, Parallelism::None,
+            )
+        }
+    });
+}
+
 /// `acc += a · b` (`a`, `b` 2-D f32 read as `ta` / `tb` say, `acc` their `m x n` product's
 /// shape in standard layout), with `gemm` reading `acc` as its destination instead of
 /// writing a new product that an elementwise add then reads back (a loop VJP's gradient
@@ -456,28 +482,10 @@ pub fn accumulate(ta: bool, tb: bool, a: &Value, b: &Value, acc: &mut ndarray::A
     let (b_rs, b_cs) = strides(n, false);
     let (ad, bd) = (x.as_slice().expect("standard"), y.as_slice().expect("standard"));
     let dst = SharedDst(acc.as_mut_ptr());
-    let team = (TEAM_MIN_MACS..PAR_MIN_MACS).contains(&macs) && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available();
-    if team {
-        // As `run_gemm`'s split: halves of the rows (or columns) on the team's two threads.
-        let (by_cols, len) = if m < 32 && n >= 32 { (true, n) } else { (false, m) };
-        let h = if by_cols { (len / 2).div_ceil(16) * 16 } else { (len / 2).div_ceil(8) * 8 };
-        crate::runtime::cpu::team::split2(&|part| {
-            let (s, e) = if part == 0 { (0, h) } else { (h, len) };
-            let (i0, rows, j0, cols) = if by_cols { (0, m, s, e - s) } else { (s, e - s, 0, n) };
-            let d = dst;
-            // SAFETY: rows i0..i0+rows of A, columns j0..j0+cols of B and that block of the
-            // m x n destination lie inside their buffers; the two parts touch disjoint
-            // blocks of the destination, which gemm reads and writes (read_dst).
-            unsafe {
-                gemm::gemm(
-                    rows, cols, k,
-                    d.0.add(i0 * n + j0), 1, n as isize, true,
-                    ad.as_ptr().offset(i0 as isize * a_rs), a_cs, a_rs,
-                    bd.as_ptr().offset(j0 as isize * b_cs), b_cs, b_rs,
-                    1.0, 1.0, false, false, false, Parallelism::None,
-                )
-            }
-        });
+    if team_split(m, n, macs) {
+        // SAFETY: A and B hold m x k and k x n blocks with these strides, and the
+        // destination m x n elements.
+        unsafe { team_halves((m, n, k), dst, true, (ad, 0, a_rs, a_cs), (bd, 0, b_rs, b_cs)) };
         return true;
     }
     let par = if macs >= PAR_MIN_MACS && threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
