@@ -38,7 +38,8 @@ pub enum Item {
     Group(Group),
     /// `add = acc + mm` where plan step `mm` is a 2-D f32 product read by that add alone:
     /// the product is added into `acc`'s buffer by `gemm` (taken when `acc` dies here and
-    /// nothing else holds it, else copied) instead of written out and read back (`accumulations`).
+    /// nothing else holds it, else copied) instead of written out and read back
+    /// (`accumulations`).
     MatAcc { mm: usize, add: usize, acc: usize },
 }
 
@@ -289,8 +290,9 @@ fn epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut 
 /// Turns each single-add group `acc + mm` (either operand order) whose `mm` is an f32
 /// matrix product (2-D operands, B not transposed) read by nothing else into an
 /// `Item::MatAcc` run where the add was, the product's own item removed. A Keras LSTM's
-/// VJP body adds `xᵀ·dz` and `hᵀ·dz` into its gradient accumulators at every step, and its
-/// forward body adds `h·U` to `x·W`. Returns the launches saved.
+/// VJP body adds `xᵀ·dz` and `hᵀ·dz` into its gradient accumulators at every step (its
+/// forward body's `x·W + h·U` joins the bias add's group and stays as it is). Returns the
+/// launches saved.
 fn accumulations(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) -> usize {
     let product = |j: usize| {
         matches!(plan.nodes[j].op(), Op::MatMul { tb: false, .. })

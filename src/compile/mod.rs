@@ -441,8 +441,9 @@ fn loops_keep_shapes(plan: &Plan) -> bool {
 
 /// What a run of `plan` may overwrite in place (`cpu::Lend`): the variables assigned
 /// `cells` (the updates `n_outputs..` of the plan's outputs), when every update value has
-/// the variable's static shape (`fixed`: the call's checks after the run cannot fail), each variable is assigned once and read at
-/// one slot (a second read would wait for its own run).
+/// the variable's static shape (`fixed`: the call's checks after the run cannot fail),
+/// each variable is assigned once and read at one slot (a second read would wait for its
+/// own run).
 /// `FERROKERAS_CPU_INPLACE=0` (read once per process) turns this off.
 fn lending(plan: &Plan, n_outputs: usize, cells: &[Arc<VarCell>], fixed: bool) -> Option<crate::runtime::cpu::Lend> {
     static ON: OnceLock<bool> = OnceLock::new();
