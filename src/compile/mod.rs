@@ -326,20 +326,16 @@ impl Function {
     /// On the CPU, the plan specialised to the feeds' shapes runs; the first call with new
     /// shapes runs the generic plan, the second records the shapes to specialise it to.
     fn run(&self, feeds: Vec<Value>) -> Result<(Vec<Out>, RunStats)> {
-        use crate::runtime::{cpu, device};
+        use crate::runtime::{cpu, device, host_results};
         let on_cpu = self.specialises && matches!(device::current()?, device::Device::Cpu);
         let key: Vec<Vec<usize>> = if on_cpu { feeds.iter().map(|v| v.shape().to_vec()).collect() } else { Vec::new() };
         let special = if on_cpu { self.specialised_for(&key) } else { None };
-        let host = |values: Vec<Value>, plan: &Plan| {
-            let stats = RunStats { dispatches: plan.cpu_schedule().dispatches, submits: 0, host_nodes: 0 };
-            (values.into_iter().map(Out::Host).collect(), stats)
-        };
         loop {
             let r = match &special {
-                Some(sp) => cpu::run(&sp.plan, feeds.clone(), sp.lend.as_ref()).map(|v| host(v, &sp.plan)),
+                Some(sp) => cpu::run(&sp.plan, feeds.clone(), sp.lend.as_ref()).map(|v| host_results(v, &sp.plan)),
                 None if on_cpu && self.seen_before(&key) => {
                     let mut shapes = cpu::SlotShapes::new();
-                    let r = cpu::run_shaped(&self.plan, feeds.clone(), self.lend.as_ref(), Some(&mut shapes)).map(|v| host(v, &self.plan));
+                    let r = cpu::run_shaped(&self.plan, feeds.clone(), self.lend.as_ref(), Some(&mut shapes)).map(|v| host_results(v, &self.plan));
                     if r.is_ok() {
                         self.remember(key.clone(), &shapes);
                     }

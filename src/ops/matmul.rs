@@ -267,8 +267,8 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         unsafe { out.set_len(total) };
         return T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared());
     }
-    let skinny = p.ta && n <= SKINNY_N && n > 1 && m > SKINNY_N;
-    if single && !skinny && !p.tb && m * n <= SPLIT_K_MAX_OUT && k >= SPLIT_K_MIN_K {
+    let skinny = skinny(p.ta, m, n);
+    if single && !skinny && !p.tb && splits_k(m, n, k) {
         // At least SPLIT_K_MIN_K / 2 of k per part, so many threads do not slice k thin.
         let kp = k.div_ceil(threads.min(2 * k / SPLIT_K_MIN_K));
         let (a0, b0) = (aoff[0], boff[0]);
@@ -453,41 +453,52 @@ unsafe fn team_halves<T: GemmElem>(
     });
 }
 
-/// `acc += a · b` (`a`, `b` 2-D f32 read as `ta` / `tb` say, `acc` their `m x n` product's
-/// shape in standard layout), with `gemm` reading `acc` as its destination instead of
-/// writing a new product that an elementwise add then reads back (a loop VJP's gradient
-/// accumulators, `compile::fuse::Item::MatAcc`). Returns false, touching nothing, where
-/// this form does not apply (other dtypes or ranks, shapes that do not match, and the
-/// products `run_gemm` runs in special forms: a transposed B, skinny, k-split or panelled);
-/// the caller then multiplies and adds.
-pub fn accumulate(ta: bool, tb: bool, a: &Value, b: &Value, acc: &mut ndarray::ArrayD<f32>) -> bool {
-    let (Value::F32(x), Value::F32(y)) = (a, b) else { return false };
+/// Whether `C = Aᵀ·B` runs column-major and is transposed into place (`SKINNY_N`).
+fn skinny(ta: bool, m: usize, n: usize) -> bool {
+    ta && n <= SKINNY_N && n > 1 && m > SKINNY_N
+}
+
+/// Whether a single product with these dims (large enough for the pool) is split along k
+/// (`SPLIT_K_MAX_OUT`).
+fn splits_k(m: usize, n: usize, k: usize) -> bool {
+    m * n <= SPLIT_K_MAX_OUT && k >= SPLIT_K_MIN_K
+}
+
+/// The `(m, n, k)` of `acc += a · b` when `accumulate` can run it: `a`, `b` 2-D f32 in
+/// standard layout read as `ta` says (B not transposed), `acc` an f32 `m x n` array in
+/// standard layout, and a product `run_gemm` runs plainly (not skinny or k-split). `None`
+/// elsewhere: the caller multiplies and adds.
+pub fn accumulable(ta: bool, tb: bool, a: &Value, b: &Value, acc: &Value) -> Option<(usize, usize, usize)> {
+    let (Value::F32(x), Value::F32(y), Value::F32(c)) = (a, b, acc) else { return None };
     let (sa, sb) = (x.shape(), y.shape());
-    if sa.len() != 2 || sb.len() != 2 || tb || !acc.is_standard_layout() || !x.is_standard_layout() || !y.is_standard_layout() {
-        return false;
+    if tb || sa.len() != 2 || sb.len() != 2 || ![x.is_standard_layout(), y.is_standard_layout(), c.is_standard_layout()].iter().all(|&s| s) {
+        return None;
     }
     let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
-    let (kb, n) = (sb[0], sb[1]);
-    if k != kb || acc.shape() != [m, n] || m == 0 || n == 0 || k == 0 {
-        return false;
-    }
-    let macs = m * n * k;
-    let threads = rayon::current_num_threads();
-    let skinny = ta && n <= SKINNY_N && n > 1 && m > SKINNY_N;
-    let split_k = macs >= PAR_MIN_MACS && threads > 1 && m * n <= SPLIT_K_MAX_OUT && k >= SPLIT_K_MIN_K;
-    if skinny || split_k {
-        return false;
-    }
-    let (a_rs, a_cs) = strides(sa[1], ta);
+    let n = sb[1];
+    let large = m * n * k >= PAR_MIN_MACS && rayon::current_num_threads() > 1;
+    let plain = k == sb[0] && c.shape() == [m, n] && m > 0 && n > 0 && k > 0 && !skinny(ta, m, n) && !(large && splits_k(m, n, k));
+    plain.then_some((m, n, k))
+}
+
+/// `acc += a · b` for operands `accumulable` returned `dims` for, with `gemm` reading `acc`
+/// as its destination instead of writing a new product that an elementwise add then reads
+/// back (a loop VJP's gradient accumulators, `compile::fuse::Item::MatAcc`).
+pub fn accumulate(ta: bool, a: &Value, b: &Value, acc: &mut ndarray::ArrayD<f32>, (m, n, k): (usize, usize, usize)) {
+    let (Value::F32(x), Value::F32(y)) = (a, b) else { unreachable!("accumulable checked f32") };
+    assert_eq!(acc.shape(), [m, n], "accumulate: the destination has the checked shape");
+    let (a_rs, a_cs) = strides(x.shape()[1], ta);
     let (b_rs, b_cs) = strides(n, false);
     let (ad, bd) = (x.as_slice().expect("standard"), y.as_slice().expect("standard"));
     let dst = SharedDst(acc.as_mut_ptr());
+    let macs = m * n * k;
     if team_split(m, n, macs) {
-        // SAFETY: A and B hold m x k and k x n blocks with these strides, and the
-        // destination m x n elements.
+        // SAFETY: A and B hold m x k and k x n blocks with these strides (`accumulable`),
+        // and the destination m x n elements.
         unsafe { team_halves((m, n, k), dst, true, (ad, 0, a_rs, a_cs), (bd, 0, b_rs, b_cs)) };
-        return true;
+        return;
     }
+    let threads = rayon::current_num_threads();
     let par = if macs >= PAR_MIN_MACS && threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
     // SAFETY: A is m x k, B k x n and the destination m x n, each addressed with the strides
     // of its row-major buffer; gemm reads the destination and adds the product (read_dst).
@@ -500,7 +511,6 @@ pub fn accumulate(ta: bool, tb: bool, a: &Value, b: &Value, acc: &mut ndarray::A
             1.0, 1.0, false, false, false, par,
         )
     }
-    true
 }
 
 pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {

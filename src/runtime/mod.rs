@@ -47,10 +47,13 @@ pub struct RunStats {
 /// update values into the variables' buffers as `lend` allows.
 pub fn run(plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &gpu::PlanCache, lend: Option<&cpu::Lend>) -> Result<(Vec<Out>, RunStats)> {
     match device::current()? {
-        device::Device::Cpu => {
-            let stats = RunStats { dispatches: plan.cpu_schedule().dispatches, submits: 0, host_nodes: 0 };
-            Ok((cpu::run(plan, feeds, lend)?.into_iter().map(Out::Host).collect(), stats))
-        }
+        device::Device::Cpu => cpu::run(plan, feeds, lend).map(|v| host_results(v, plan)),
         device::Device::Gpu(ctx) => gpu::run(&ctx, plan, feeds, n_host, cache),
     }
+}
+
+/// A CPU run's results as host `Out`s, with the plan's launch count.
+pub fn host_results(values: Vec<Value>, plan: &Plan) -> (Vec<Out>, RunStats) {
+    let stats = RunStats { dispatches: plan.cpu_schedule().dispatches, submits: 0, host_nodes: 0 };
+    (values.into_iter().map(Out::Host).collect(), stats)
 }

@@ -224,30 +224,26 @@ impl<'a> Run<'a> {
 }
 
 /// Runs `Item::MatAcc`: `acc + mm` with the product added into a buffer holding `acc` (its
-/// own when it dies here, `dies`, and nothing else holds it). Where `matmul::accumulate`
-/// does not apply (runtime shapes, layouts), the product and the add run as plain nodes.
+/// own when it dies here, `dies`, and nothing else holds it; else a copy). Where
+/// `matmul::accumulable` says no (runtime shapes, layouts), the product and the add run as
+/// plain nodes.
 fn mat_acc(plan: &Plan, (mm, add, acc): (usize, usize, usize), dies: bool, slots: &mut [Option<Value>], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
     let Op::MatMul { ta, tb } = *plan.nodes[mm].op() else { unreachable!("MatAcc holds a matmul") };
     let (a, b) = (plan.inputs[mm][0], plan.inputs[mm][1]);
     let (av, bv) = (slots[a].clone().expect("computed"), slots[b].clone().expect("computed"));
-    let fits = matches!(&slots[acc], Some(Value::F32(x)) if x.is_standard_layout() && x.ndim() == 2);
-    if fits {
+    let accv = slots[acc].as_ref().expect("computed");
+    if let Some(dims) = crate::ops::matmul::accumulable(ta, tb, &av, &bv, accv) {
         // The operands were cloned above, so a buffer shared with them is not unique.
-        let take = dies && acc != a && acc != b;
-        let mut buf = match take.then(|| slots[acc].take()).flatten() {
+        let held = if dies && acc != a && acc != b { slots[acc].take() } else { None };
+        let mut buf = match held {
             Some(Value::F32(x)) => x.try_into_owned_nocopy().unwrap_or_else(|x| x.to_owned()),
-            Some(_) => unreachable!("checked f32"),
-            None => match &slots[acc] {
+            _ => match &slots[acc] {
                 Some(Value::F32(x)) => x.to_owned(),
-                _ => unreachable!("checked f32"),
+                _ => unreachable!("accumulable checked f32"),
             },
         };
-        if crate::ops::matmul::accumulate(ta, tb, &av, &bv, &mut buf) {
-            return Ok(Value::F32(buf.into_shared()));
-        }
-        if take {
-            slots[acc] = Some(Value::F32(buf.into_shared()));
-        }
+        crate::ops::matmul::accumulate(ta, &av, &bv, &mut buf, dims);
+        return Ok(Value::F32(buf.into_shared()));
     }
     let product = run_node(plan, mm, &[&av, &bv], multi)?;
     let args: Vec<&Value> = plan.inputs[add].iter().map(|&j| if j == mm { &product } else { slots[acc].as_ref().expect("computed") }).collect();
