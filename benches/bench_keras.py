@@ -13,7 +13,7 @@ ratio in the table comes from one run on one machine. `make bench` creates the p
 venvs on first use; a peer whose venv is missing gets a column of "n/a (reason)".
 See benches/README.md.
 
-    .venv/bin/python benches/bench_keras.py            # full run, ~10-15 min
+    .venv/bin/python benches/bench_keras.py            # full run (3 rounds), ~12-15 min
     .venv/bin/python benches/bench_keras.py --quick    # smoke run, ~2 min
     .venv/bin/python benches/bench_keras.py --frameworks ferrokeras   # our row alone
 """
@@ -223,6 +223,23 @@ def table(results, frameworks):
     return rows
 
 
+def median_round(runs):
+    """One framework's result from its rounds of a workload: the round with the median value
+    (the lower middle one of an even count), with every round's value in `rounds` and the
+    highest peak RSS of any round. A round that did not run ok makes the cell its error."""
+    bad = [r for r in runs if r.get("status") != "ok"]
+    if bad or len(runs) == 1:
+        return bad[0] if bad else runs[0]
+    values = sorted(r["value"] for r in runs)
+    mid = values[(len(values) - 1) // 2]
+    res = dict(next(r for r in runs if r["value"] == mid))
+    res["rounds"] = [r["value"] for r in runs]
+    if all("peak_rss_mib" in r for r in runs):
+        res["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+    res["subprocess_s"] = sum(r.get("subprocess_s", 0.0) for r in runs)
+    return res
+
+
 def render(rows, markdown=False):
     if markdown:
         out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
@@ -246,6 +263,9 @@ def main():
                    help="fill the columns of frameworks not run now from an earlier results file "
                         "(e.g. rerun ferrokeras alone; its ratios then compare across runs)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per worker (default 120 quick, 420 full)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of the training workloads, the frameworks taking turns in each "
+                        "(default 3 in a full run, 1 in --quick); a cell is the median round")
     a = p.parse_args()
 
     frameworks = [f for f in a.frameworks.split(",") if f]
@@ -257,6 +277,9 @@ def main():
         if w not in {k for k, *_ in WORKLOADS}:
             p.error(f"unknown workload {w!r}")
     timeout = a.timeout or (120 if a.quick else 420)
+    rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
+    if rounds < 1 or (a.quick and rounds > 1):
+        p.error("--rounds must be at least 1, and 1 with --quick")
 
     started = dt.datetime.now()
     info = machine()
@@ -299,8 +322,22 @@ def main():
                 record(fw, key, pending(fw, key) or got[key])
     else:
         for key in results:
+            # A training row's timed epochs span a second or two, so a slow spell of a
+            # shared machine can fall on one framework alone: those rows run in rounds, the
+            # frameworks taking turns (in a rotated order each round), and each cell is
+            # the framework's median round. The call and dot rows time many repeats of
+            # their own and run once.
+            n = 1 if key in KERAS2_ONLY else rounds
+            runs = {fw: [] for fw in frameworks}
+            for r in range(n):
+                for fw in frameworks[r % len(frameworks):] + frameworks[:r % len(frameworks)]:
+                    res = pending(fw, key) or run_worker(fw, [key], False, timeout)[key]
+                    runs[fw].append(res)
+                    if n > 1:
+                        label, unit = units[key]
+                        print(f"    round {r + 1}/{n}: {label:33s} {LABELS[fw]:15s} {fmt(res, unit)}", flush=True)
             for fw in frameworks:
-                record(fw, key, pending(fw, key) or run_worker(fw, [key], False, timeout)[key])
+                record(fw, key, median_round(runs[fw]))
 
     shown = list(frameworks)
     if a.peers_from:
@@ -321,7 +358,8 @@ def main():
     rows = table(results, shown)
     print()
     print(render(rows))
-    print("\nTraining rows: samples/second, median of timed epochs after the warm-up epochs. "
+    print("\nTraining rows: samples/second, median of timed epochs after the warm-up epochs"
+          + (f", median of {rounds} rounds in which the frameworks take turns. " if rounds > 1 and not a.quick else ". ") +
           "Ratio: ferrokeras speed / best peer's speed\n(above 1x: ferrokeras is ahead; for us/call "
           "the ratio is best peer time / ferrokeras time). Load average "
           f"{info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}.")
@@ -340,7 +378,7 @@ def main():
         started.strftime("%Y-%m-%d") + ("-" + "-".join(tag) if tag else "") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"started": started.isoformat(timespec="seconds"), "finished":
-           dt.datetime.now().isoformat(timespec="seconds"), "quick": a.quick, "machine": info,
+           dt.datetime.now().isoformat(timespec="seconds"), "quick": a.quick, "rounds": rounds, "machine": info,
            "versions": versions, "frameworks": frameworks, "peers_from": a.peers_from, "results": results,
            "table": rows}
     out.write_text(json.dumps(doc, indent=1) + "\n")
