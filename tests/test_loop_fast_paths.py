@@ -161,8 +161,9 @@ def test_shapes_made_from_data_inside_a_body_are_not_folded():
 def test_loop_kernels_split_with_the_helper_thread(rng, dtype):
     """Inside a loop, products of 128k multiply-adds and more and costly fused groups run in
     two halves, one on a helper thread (by rows, or by columns when there are few rows), and
-    so do the copies of slices and concatenations of 8192 elements and more:
-    the loop agrees with the unrolled graph, whose steps run whole."""
+    so do the copies of slices and concatenations of 8192 elements and more, and the copies
+    of a step's results into the stacked results (outputs and saved residuals) once they
+    reach 32 KiB: the loop agrees with the unrolled graph, whose steps run whole."""
     T, D, H, batch = 3, 32, 64, 160
     W = K.variable(rng.normal(size=(D, 4 * H)) * 0.2, dtype=dtype)
     U = K.variable(rng.normal(size=(H, 4 * H)) * 0.2, dtype=dtype)
