@@ -264,7 +264,7 @@ def main():
                         "(e.g. rerun ferrokeras alone; its ratios then compare across runs)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per worker (default 120 quick, 420 full)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="rounds of the training workloads, the frameworks taking turns in each "
+                   help="rounds of the training workloads (each round runs them all, the frameworks taking turns) "
                         "(default 3 in a full run, 1 in --quick); a cell is the median round")
     a = p.parse_args()
 
@@ -321,23 +321,33 @@ def main():
             for key in results:
                 record(fw, key, pending(fw, key) or got[key])
     else:
-        for key in results:
-            # A training row's timed epochs span a second or two, so a slow spell of a
-            # shared machine can fall on one framework alone: those rows run in rounds, the
-            # frameworks taking turns (in a rotated order each round), and each cell is
-            # the framework's median round. The call and dot rows time many repeats of
-            # their own and run once.
-            n = 1 if key in KERAS2_ONLY else rounds
-            runs = {fw: [] for fw in frameworks}
-            for r in range(n):
+        # A training row's timed epochs span a second or two, so a slow spell of a shared
+        # machine (minutes, at times) could fall on one framework alone. Those rows run in
+        # rounds: each round runs every training workload once per framework (the
+        # frameworks taking turns, in an order rotated round by round), so one workload's
+        # rounds lie minutes apart, and each cell is the framework's median round. The call
+        # and dot rows time many repeats of their own and run once, in the first round.
+        runs = {key: {fw: [] for fw in frameworks} for key in results}
+        for r in range(rounds):
+            for key in results:
+                if key in KERAS2_ONLY and r > 0:
+                    continue
                 for fw in frameworks[r % len(frameworks):] + frameworks[:r % len(frameworks)]:
                     res = pending(fw, key) or run_worker(fw, [key], False, timeout)[key]
-                    runs[fw].append(res)
-                    if n > 1:
-                        label, unit = units[key]
-                        print(f"    round {r + 1}/{n}: {label:33s} {LABELS[fw]:15s} {fmt(res, unit)}", flush=True)
+                    runs[key][fw].append(res)
+                    label, unit = units[key]
+                    tag = f"round {r + 1}/{rounds}: " if rounds > 1 and key not in KERAS2_ONLY else ""
+                    took = f" ({res['subprocess_s']:.0f}s)" if "subprocess_s" in res else ""
+                    print(f"  {tag}{label:42s} {LABELS[fw]:15s} {fmt(res, unit)}{took}", flush=True)
+        if rounds > 1:
+            print("medians of the rounds:")
+        for key in results:
             for fw in frameworks:
-                record(fw, key, median_round(runs[fw]))
+                if rounds > 1:
+                    record(fw, key, median_round(runs[key][fw]))
+                else:
+                    results[key][fw] = runs[key][fw][0]
+                    versions.update({fw: results[key][fw]["versions"]} if results[key][fw].get("versions") else {})
 
     shown = list(frameworks)
     if a.peers_from:
