@@ -114,7 +114,7 @@ static STREAK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(
 /// A lone stall on a shared VM (the helper's thread and the leader's briefly on one core)
 /// costs two teams; next to a busy process the skips soon reach `STALL_BACKOFF`. (A flat
 /// 32 after every stall took a Keras LSTM epoch's teams down for half of it, 3-7 times per
-/// five epochs; the LSTM row ran 0.89-1.30x faster with the doubling, 7 of 9 pairs.)
+/// five epochs; the LSTM row ran 0.90-1.60x as fast with the doubling, ahead in 8 of 9 pairs.)
 fn backoff(streak: u32) -> u32 {
     STALL_BACKOFF.min(1 << streak.clamp(1, STALL_BACKOFF.ilog2()))
 }
