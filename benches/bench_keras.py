@@ -335,19 +335,15 @@ def main():
                 for fw in frameworks[r % len(frameworks):] + frameworks[:r % len(frameworks)]:
                     res = pending(fw, key) or run_worker(fw, [key], False, timeout)[key]
                     runs[key][fw].append(res)
-                    label, unit = units[key]
-                    tag = f"round {r + 1}/{rounds}: " if rounds > 1 and key not in KERAS2_ONLY else ""
-                    took = f" ({res['subprocess_s']:.0f}s)" if "subprocess_s" in res else ""
-                    print(f"  {tag}{label:42s} {LABELS[fw]:15s} {fmt(res, unit)}{took}", flush=True)
+                    if rounds > 1:
+                        label, unit = units[key]
+                        tag = "" if key in KERAS2_ONLY else f"round {r + 1}/{rounds}: "
+                        print(f"    {tag}{label:42s} {LABELS[fw]:15s} {fmt(res, unit)}", flush=True)
         if rounds > 1:
             print("medians of the rounds:")
         for key in results:
             for fw in frameworks:
-                if rounds > 1:
-                    record(fw, key, median_round(runs[key][fw]))
-                else:
-                    results[key][fw] = runs[key][fw][0]
-                    versions.update({fw: results[key][fw]["versions"]} if results[key][fw].get("versions") else {})
+                record(fw, key, median_round(runs[key][fw]))
 
     shown = list(frameworks)
     if a.peers_from:
@@ -369,7 +365,7 @@ def main():
     print()
     print(render(rows))
     print("\nTraining rows: samples/second, median of timed epochs after the warm-up epochs"
-          + (f", median of {rounds} rounds in which the frameworks take turns. " if rounds > 1 and not a.quick else ". ") +
+          + (f", median of {rounds} rounds in which the frameworks take turns. " if rounds > 1 else ". ") +
           "Ratio: ferrokeras speed / best peer's speed\n(above 1x: ferrokeras is ahead; for us/call "
           "the ratio is best peer time / ferrokeras time). Load average "
           f"{info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}.")

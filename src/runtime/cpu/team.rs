@@ -116,7 +116,7 @@ static STREAK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(
 /// 32 after every stall took a Keras LSTM epoch's teams down for half of it, 3-7 times per
 /// five epochs; the LSTM row ran 0.90-1.60x as fast with the doubling, ahead in 8 of 9 pairs.)
 fn backoff(streak: u32) -> u32 {
-    STALL_BACKOFF.min(1 << streak.clamp(1, STALL_BACKOFF.ilog2()))
+    1 << streak.clamp(1, STALL_BACKOFF.ilog2())
 }
 
 /// How long the leader spins waiting for the helper's half before it yields its core
