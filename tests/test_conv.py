@@ -291,6 +291,29 @@ def test_winograd_kernel_gradient_matches_direct(xshape, kshape, padding, rng):
     np.testing.assert_allclose(dk, ref, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("xshape,kshape,strides,dil,padding", [
+    ((2, 48, 47, 64), (3, 3, 64, 4), (2, 2), (1, 1), "same"),  # strided: 576 pixels, two column tiles
+    ((1, 40, 41, 8), (5, 5, 8, 4), (1, 1), (1, 1), "same"),  # 8 input channels: col2im input gradient
+    ((2, 23, 21, 3), (5, 4, 3, 6), (2, 3), (1, 1), "valid"),
+    ((1, 30, 29, 5), (3, 3, 5, 7), (1, 1), (2, 3), "same"),  # dilated, col2im input gradient
+])
+def test_strided_and_narrow_gradients_match_direct(xshape, kshape, strides, dil, padding, rng):
+    # The kernel gradient at stride > 1 sums column tiles (colsᵀ · gy); the input gradient at
+    # stride > 1 or with fewer than 16 input channels adds gy · wᵀ back along the windows
+    # (col2im). Both float64, against the direct sums, with more pixels than one tile holds.
+    x, k = rng.normal(size=xshape), rng.normal(size=kshape)
+    xv, kv = K.variable(x, dtype="float64"), K.variable(k, dtype="float64")
+    y = K.conv2d(xv, kv, strides=strides, padding=padding, dilation_rate=dil)
+    g = rng.normal(size=K.int_shape(y))
+    dx, dk = K.batch_get_value(K.gradients(K.sum(y * K.constant(g, dtype="float64")), [xv, kv]))
+    np.testing.assert_allclose(dx, ref_conv_transpose(g, k, x.shape, strides, dil, padding), rtol=1e-10, atol=1e-10)
+    xp = np.pad(x, [(0, 0)] + pads_for(padding, x.shape[1:3], kshape[:2], strides, dil) + [(0, 0)])
+    ref = np.zeros(kshape)
+    for kidx in np.ndindex(*kshape[:2]):
+        ref[kidx] = np.einsum("nhwc,nhwo->co", xp[(slice(None),) + windows(g.shape[1:3], kidx, strides, dil)], g)
+    np.testing.assert_allclose(dk, ref, rtol=1e-10, atol=1e-10)
+
+
 def test_conv_transpose_output_shape_tensor(rng):
     x, k = rng.normal(size=(2, 3, 3, 4)).astype("float32"), rng.normal(size=(3, 3, 2, 4)).astype("float32")
     ph = K.placeholder(shape=(None, 3, 3, 4))

@@ -2,12 +2,15 @@
 //!
 //! - 2-D 3x3, stride 1, one group, 16+ channels each side: Winograd F(2x2, 3x3) in
 //!   `winograd.rs` (forward, and the input gradient, which is such a convolution too).
-//! - other one-group convolutions (forward, and the input gradient at stride 1, the forward
-//!   convolution of the output gradient with the flipped, transposed kernel): im2col from a
-//!   zero-padded copy of each image, where a window row along the last dim is one
-//!   contiguous `kernel_width * channels` segment, into a cache-sized tile; then one `gemm`
-//!   per tile with `k = prod(kernel) * channels` (a 1x1 unpadded convolution is one `gemm`
-//!   on the input itself).
+//! - other one-group convolutions: im2col from a zero-padded copy of each image, where a
+//!   window row along the last dim is one contiguous `kernel_width * channels` segment
+//!   (`Segments`), into a cache-sized tile; then one `gemm` per tile with
+//!   `k = prod(kernel) * channels` (a 1x1 unpadded convolution is one `gemm` on the input
+//!   itself). The same segments serve the kernel gradient at any stride (`colsᵀ · gy`) and
+//!   the input gradient (`gy · wᵀ` added back along them, col2im) where the stride is not
+//!   1 or the input has fewer than 16 channels; at stride 1 with 16+ input channels the
+//!   input gradient is the forward convolution of the output gradient with the flipped,
+//!   transposed kernel.
 //! - kernel gradient, stride 1, one group: "shifted GEMM". For each kernel offset, the
 //!   rows of the padded image starting at that offset *are* the im2col rows (with a few
 //!   junk rows where a window wraps around a row end, whose output gradient is zero), so
@@ -204,8 +207,8 @@ pub fn forward_f32_then(g: &Geom, x: &[f32], w: &[f32], y: &mut [f32], after: &(
 }
 
 pub fn input_grad(g: &Geom, gy: &Value, w: &Value) -> Result<Value> {
-    // A gradient computed as a forward convolution writes every element (no zeroing).
-    let zero = as_convolution(g).is_none();
+    // The groups=1 paths write every element; the grouped ones add into a zeroed `dx`.
+    let zero = g.groups != 1;
     run2(gy, w, &g.x_shape, zero, |gy, w, dx| bwd_input(g, gy, w, dx), |gy, w, dx| bwd_input(g, gy, w, dx))
 }
 pub fn kernel_grad(g: &Geom, x: &Value, gy: &Value) -> Result<Value> {
@@ -365,46 +368,94 @@ fn dense_fwd<T: F>(n: usize, wk: &Walk, x: &[T], w: &[T], y: &mut [T], after: Op
     }
 }
 
-/// One image of a groups=1 convolution: im2col of a tile of output pixels from a padded
-/// copy of the image, where each window row along the last dim is one contiguous
-/// `kernel_width * cin` segment (no dilation there) or `kernel_width` segments of `cin`,
-/// then one `gemm` per tile with `k = prod(kernel) * cin` written straight into `y`.
+/// Where the im2col rows of a groups=1 convolution lie in a zero-padded copy of one image
+/// (`pad_into`): each output pixel's window is `offs.len()` contiguous segments of `seg`
+/// elements, one window row along the last dim (`kernel_width * cin`) where that dim is
+/// not dilated, else one pixel's `cin` channels, in the kernel's `(k0, k1, k2, cin)` row
+/// order, so column `j` of a row meets row `j` of the kernel.
+struct Segments {
+    pd: [usize; 3],
+    o: [usize; 3],
+    s: [usize; 3],
+    cin: usize,
+    offs: Vec<usize>,
+    seg: usize,
+}
+
+impl Segments {
+    fn new(wk: &Walk) -> Segments {
+        let (k, s, d, cin) = (wk.k, wk.s, wk.d, wk.cin);
+        let pd = [0, 1, 2].map(|t| wk.x[t] + wk.p[t].0 + wk.p[t].1);
+        let o = [0, 1, 2].map(|t| (pd[t] - d[t] * (k[t] - 1) - 1) / s[t] + 1);
+        let merge = d[2] == 1;
+        let mut offs = Vec::new();
+        for a in 0..k[0] {
+            for b in 0..k[1] {
+                for c in 0..(if merge { 1 } else { k[2] }) {
+                    offs.push(((a * d[0] * pd[1] + b * d[1]) * pd[2] + c * d[2]) * cin);
+                }
+            }
+        }
+        Segments { pd, o, s: *s, cin, offs, seg: if merge { k[2] * cin } else { cin } }
+    }
+    /// Elements of one column row (the kernel's rows).
+    fn width(&self) -> usize {
+        self.offs.len() * self.seg
+    }
+    fn pixels(&self) -> usize {
+        self.o.iter().product()
+    }
+    /// Output pixels per column tile: about 1 MiB of f32.
+    fn tile(&self) -> usize {
+        ((1usize << 18) / self.width().max(1)).max(16).min(self.pixels().max(1))
+    }
+    /// Where output pixel `op`'s window starts in the padded image.
+    fn base(&self, op: usize) -> usize {
+        let (o, s, pd) = (&self.o, &self.s, &self.pd);
+        let (c, b, a) = (op % o[2], (op / o[2]) % o[1], op / (o[2] * o[1]));
+        ((a * s[0] * pd[1] + b * s[1]) * pd[2] + c * s[2]) * self.cin
+    }
+    /// The column rows of output pixels `r0..r0 + rows` into `col`.
+    fn gather<T: F>(&self, xp: &[T], r0: usize, rows: usize, col: &mut [T]) {
+        let (w, seg) = (self.width(), self.seg);
+        for r in 0..rows {
+            let base = self.base(r0 + r);
+            for (dst, &off) in col[r * w..(r + 1) * w].chunks_exact_mut(seg).zip(&self.offs) {
+                dst.copy_from_slice(&xp[base + off..base + off + seg]);
+            }
+        }
+    }
+    /// Adds column rows of output pixels `r0..r0 + rows` back into the padded image `xp`
+    /// (col2im), one window after another, as overlapping windows require.
+    fn scatter_add<T: F>(&self, col: &[T], r0: usize, rows: usize, xp: &mut [T]) {
+        let (w, seg) = (self.width(), self.seg);
+        for r in 0..rows {
+            let base = self.base(r0 + r);
+            for (src, &off) in col[r * w..(r + 1) * w].chunks_exact(seg).zip(&self.offs) {
+                xp[base + off..base + off + seg].iter_mut().zip(src).for_each(|(d, &v)| *d += v);
+            }
+        }
+    }
+}
+
+/// One image of a groups=1 convolution: the column rows of a tile of output pixels
+/// (`Segments::gather` from a padded copy of the image), then one `gemm` per tile with
+/// `k = prod(kernel) * cin` written straight into `y`.
 fn segment_fwd<T: F>(wk: &Walk, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
-    let (k, s, d, cin, cout) = (wk.k, wk.s, wk.d, wk.cin, wk.cout);
+    let (cin, cout) = (wk.cin, wk.cout);
     let unpadded = wk.p.iter().all(|&(a, b)| a == 0 && b == 0);
-    if k.iter().product::<usize>() == 1 && *s == [1; 3] && unpadded {
+    if wk.k.iter().product::<usize>() == 1 && *wk.s == [1; 3] && unpadded {
         let rows = x.len() / cin.max(1);
         mm(rows, cout, cin, y, cout, false, x, (cin, 1), w, (cout, 1), par);
         return;
     }
-    let pd = pad_into(wk.x, wk.p, cin, x, &mut sc.a);
-    let xp = &sc.a;
-    let o = [0, 1, 2].map(|t| (pd[t] - d[t] * (k[t] - 1) - 1) / s[t] + 1);
-    let merge = d[2] == 1;
-    let seg = if merge { k[2] * cin } else { cin };
-    let mut offs = Vec::new();
-    for a in 0..k[0] {
-        for b in 0..k[1] {
-            for c in 0..(if merge { 1 } else { k[2] }) {
-                offs.push(((a * d[0] * pd[1] + b * d[1]) * pd[2] + c * d[2]) * cin);
-            }
-        }
-    }
-    let ktot = offs.len() * seg;
-    let opix = o.iter().product::<usize>();
-    let tile = ((1usize << 18) / ktot.max(1)).max(16).min(opix.max(1));
+    let sg = Segments::new(wk);
+    pad_into(wk.x, wk.p, cin, x, &mut sc.a);
+    let (ktot, tile, opix) = (sg.width(), sg.tile(), sg.pixels());
     let col = sized(&mut sc.b, tile * ktot);
     for r0 in (0..opix).step_by(tile) {
         let rows = tile.min(opix - r0);
-        for r in 0..rows {
-            let op = r0 + r;
-            let (c, b, a) = (op % o[2], (op / o[2]) % o[1], op / (o[2] * o[1]));
-            let base = ((a * s[0] * pd[1] + b * s[1]) * pd[2] + c * s[2]) * cin;
-            let row = &mut col[r * ktot..(r + 1) * ktot];
-            for (dst, &off) in row.chunks_exact_mut(seg).zip(&offs) {
-                dst.copy_from_slice(&xp[base + off..base + off + seg]);
-            }
-        }
+        sg.gather(&sc.a, r0, rows, col);
         mm(rows, cout, ktot, &mut y[r0 * cout..], cout, false, col, (ktot, 1), w, (cout, 1), par);
     }
 }
@@ -480,16 +531,56 @@ fn as_convolution(g: &Geom) -> Option<[(usize, usize); 3]> {
 
 fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
-    if let Some(p2) = as_convolution(g) {
-        let wf = flip_transpose(g, w);
-        let wk = Walk { x: &g.o, k: &g.k, s: &[1; 3], d: &g.d, p: &p2, cin: g.cout, cout: g.cin };
-        dense_fwd(g.n, &wk, gy, &wf, dx, None);
-    } else if g.cg() == 1 {
-        per_image(g.n, dx, None, |i, dx, _, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx));
-    } else {
-        per_image(g.n, dx, None, |i, dx, _, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par));
+    match as_convolution(g) {
+        Some(p2) if !col2im_input_first(g) => {
+            let wf = flip_transpose(g, w);
+            let wk = Walk { x: &g.o, k: &g.k, s: &[1; 3], d: &g.d, p: &p2, cin: g.cout, cout: g.cin };
+            dense_fwd(g.n, &wk, gy, &wf, dx, None);
+        }
+        _ if g.groups == 1 => per_image(g.n, dx, None, |i, dx, sc, par| segment_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc, par)),
+        _ if g.cg() == 1 => per_image(g.n, dx, None, |i, dx, _, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx)),
+        _ => per_image(g.n, dx, None, |i, dx, _, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par)),
     }
     debug_assert_eq!(dx.len(), g.n * xl);
+}
+
+/// Whether a stride-1 groups=1 input gradient runs by col2im (`segment_input`) rather than
+/// as the forward convolution of `gy` with the flipped kernel: when the latter's `gemm`
+/// would write fewer than 16 columns (the input's channels) and Winograd does not apply.
+fn col2im_input_first(g: &Geom) -> bool {
+    g.groups == 1 && g.cin < 16
+}
+
+/// One image's input gradient of a groups=1 convolution by col2im: a tile's column rows
+/// `gy · wᵀ` (one `gemm` with `n = prod(kernel) * cin`) added back along the forward's
+/// window segments into a zeroed padded image, whose interior is `dx` (every element
+/// written).
+fn segment_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+    let sg = Segments::new(&g.walk());
+    debug_assert_eq!(sg.o, g.o);
+    let cout = g.cout;
+    let xp = sized(&mut sc.a, sg.pd.iter().product::<usize>() * g.cin);
+    xp.fill(T::zero());
+    let (ktot, tile, opix) = (sg.width(), sg.tile(), sg.pixels());
+    let col = sized(&mut sc.b, tile * ktot);
+    for r0 in (0..opix).step_by(tile) {
+        let rows = tile.min(opix - r0);
+        mm(rows, ktot, cout, col, ktot, false, &gy[r0 * cout..], (cout, 1), w, (1, cout), par);
+        sg.scatter_add(col, r0, rows, xp);
+    }
+    unpad(&g.x, &g.p, g.cin, xp, dx);
+}
+
+/// The interior of a padded image (`pad_into`'s layout) into `x`.
+fn unpad<T: F>(xs: &[usize; 3], p: &[(usize, usize); 3], c: usize, xp: &[T], x: &mut [T]) {
+    let pd = [0, 1, 2].map(|t| xs[t] + p[t].0 + p[t].1);
+    for a in 0..xs[0] {
+        for b in 0..xs[1] {
+            let dst = ((a * xs[1] + b) * xs[2]) * c;
+            let src = (((a + p[0].0) * pd[1] + b + p[1].0) * pd[2] + p[2].0) * c;
+            x[dst..dst + xs[2] * c].copy_from_slice(&xp[src..src + xs[2] * c]);
+        }
+    }
 }
 
 /// `w[k0, k1, k2, ci, co]` -> `w'[K0-1-k0, K1-1-k1, K2-1-k2, co, ci]`.
@@ -560,6 +651,8 @@ fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
         winograd::untransform_kernel_grad(&du, g.cin, g.cout, dw);
     } else if g.unit_stride() && g.groups == 1 {
         sum_images(g.n, dw, |i, dw, sc, par| shifted_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc, par));
+    } else if g.groups == 1 {
+        sum_images(g.n, dw, |i, dw, sc, par| segment_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc, par));
     } else if g.cg() == 1 {
         sum_images(g.n, dw, |i, dw, _, _| depthwise_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw));
     } else {
@@ -591,6 +684,22 @@ fn shifted_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scra
                 mm(klen, cout, rows, &mut dw[wo..], cout, true, &xp[off..], (1, cin), ext, (cout, 1), par);
             }
         }
+    }
+}
+
+/// `dw += colsᵀ · gy` over tiles of one image's column rows (`Segments::gather`), any
+/// stride and dilation.
+fn segment_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+    let sg = Segments::new(&g.walk());
+    debug_assert_eq!(sg.o, g.o);
+    let cout = g.cout;
+    pad_into(&g.x, &g.p, g.cin, x, &mut sc.a);
+    let (ktot, tile, opix) = (sg.width(), sg.tile(), sg.pixels());
+    let col = sized(&mut sc.b, tile * ktot);
+    for r0 in (0..opix).step_by(tile) {
+        let rows = tile.min(opix - r0);
+        sg.gather(&sc.a, r0, rows, col);
+        mm(ktot, cout, rows, dw, cout, true, col, (1, ktot), &gy[r0 * cout..], (cout, 1), par);
     }
 }
 
