@@ -6,7 +6,8 @@ dropped, so a gradient's elementwise chain fuses into one pass (`compile::Specia
 These tests check that the results stay those of NumPy when feed shapes change between
 calls (a `sum_to` that is a no-op for one batch shape and a reduction for another), that
 a plan whose shapes depend on fed values is not specialised, and, on the CPU, that the
-third call launches fewer kernels.
+third call launches fewer kernels. A scalar feed that is a `select` condition (Keras'
+learning phase) is fixed by value too: each phase's plan runs only the branch it takes.
 """
 
 import numpy as np
@@ -164,3 +165,82 @@ def test_data_dependent_shape_keeps_the_plan_generic():
         vals, shape = f([np.array(v, "int32")])
         np.testing.assert_array_equal(vals, np.arange(v) * 2.0)
         assert shape.tolist() == [v]
+
+
+def _bn_step(rng):
+    """A batch-norm layer as Keras 2.3.1 builds it: the batch statistics in the training
+    phase, the moving ones otherwise, switched on the learning phase; with the gradients
+    of a loss in x, gamma and beta."""
+    x = K.placeholder(shape=(None, 6))
+    gamma = K.variable(rng.uniform(0.5, 1.5, 6).astype("float32"))
+    beta = K.variable(rng.standard_normal(6).astype("float32"))
+    mm, mv = K.variable(rng.standard_normal(6).astype("float32")), K.variable(rng.uniform(0.5, 2, 6).astype("float32"))
+
+    def train():
+        return K.normalize_batch_in_training(x, gamma, beta, [0], epsilon=1e-3)[0]
+
+    def infer():
+        return K.batch_normalization(x, mm, mv, beta, gamma, epsilon=1e-3)
+
+    return x, (gamma, beta, mm, mv), train, infer
+
+
+def _bn_ref(xs, params, phase):
+    g, b, mm, mv = (K.get_value(p).astype(np.float64) for p in params)
+    x = xs.astype(np.float64)
+    if phase:
+        m, v = x.mean(axis=0), x.var(axis=0)
+        inv = 1.0 / np.sqrt(v + 1e-3)
+        xh = (x - m) * inv
+        y = xh * g + b
+        dy = 2.0 * y
+        dg, db = (dy * xh).sum(axis=0), dy.sum(axis=0)
+        dxh = dy * g
+        dx = inv * (dxh - dxh.mean(axis=0) - xh * (dxh * xh).mean(axis=0))
+    else:
+        inv = 1.0 / np.sqrt(mv + 1e-3)
+        y = (x - mm) * inv * g + b
+        dy = 2.0 * y
+        dg, db, dx = (dy * (x - mm) * inv).sum(axis=0), dy.sum(axis=0), dy * inv * g
+    return [np.sum(y * y), dx, dg, db]
+
+
+def test_learning_phase_switch_matches_numpy_in_either_phase(rng):
+    # The learning phase fixed by value in the specialised plans: each phase's plan runs
+    # the branch it takes, and gradients flow to that branch only. Phases alternate in
+    # runs of three (the third call of a run is specialised), and come back.
+    x, params, train, infer = _bn_step(rng)
+    y = K.in_train_phase(train, infer)
+    loss = K.sum(y * y)
+    f = K.function([x, K.learning_phase()], [loss] + K.gradients(loss, [x, params[0], params[1]]))
+    for phase in (1, 0, 1, 0):
+        for _ in range(3):
+            xs = rng.standard_normal((16, 6)).astype("float32")
+            for got, want in zip(f([xs, phase]), _bn_ref(xs, params, phase)):
+                np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+
+
+def test_learning_phase_specialised_runs_one_branch(rng):
+    # Once specialised to a phase, the plan launches what a plan built for that phase
+    # alone (`training=` a Python value) launches: the other branch and the zero gradient
+    # it would send back are gone.
+    if not on_cpu():
+        pytest.skip("launch counts are those of the CPU executor")
+    x, params, train, infer = _bn_step(rng)
+    wrt = [x, params[0], params[1]]
+
+    def fn(y, feeds):
+        loss = K.sum(y * y)
+        return K.function(feeds, [loss] + K.gradients(loss, wrt))
+
+    dyn = fn(K.in_train_phase(train, infer), [x, K.learning_phase()])
+    xs = rng.standard_normal((16, 6)).astype("float32")
+    for phase in (1, 0):
+        fixed = fn(K.in_train_phase(train, infer, training=phase), [x])
+        for _ in range(3):
+            got = dyn([xs, phase])
+        want = fixed([xs])
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        fixed([xs]), fixed([xs])
+        assert dyn.dispatches == fixed.dispatches, (phase, dyn.dispatches, fixed.dispatches)

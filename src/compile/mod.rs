@@ -133,16 +133,29 @@ impl Plan {
     /// elementwise groups on either side can fuse. A loop body runs every step with the
     /// same shapes (`control::run`); in a Keras LSTM's backward body these nodes are 40 of
     /// 90 launches per step. Only valid for feeds of the recorded shapes.
-    pub fn specialize(&self, shapes: &[Option<Vec<usize>>]) -> Plan {
+    ///
+    /// `values` fixes feeds by value, `(feed index, value)`: what depends on them alone is
+    /// folded, and a `select` whose condition folds to one scalar becomes the branch it
+    /// takes (`Switches`), as a lazy conditional would run it; only valid for feeds of
+    /// these values too.
+    pub fn specialize(&self, shapes: &[Option<Vec<usize>>], values: &[(usize, Value)]) -> Plan {
         let n = self.nodes.len();
         let mut alias: Vec<usize> = (0..n).collect();
         let mut folded: Vec<Option<Value>> = vec![None; n];
+        let mut sw = Switches { zero: vec![false; n] };
         let mut steps = Vec::with_capacity(n);
         let mut inputs: Vec<Vec<usize>> = Vec::with_capacity(n);
+        // Shapes the run did not record (the values a fused group kept in registers, the
+        // tail that updates variables) where the graph knows them whole.
+        let shapes: Vec<Option<Vec<usize>>> =
+            (0..n).map(|j| shapes.get(j).cloned().flatten().or_else(|| self.nodes[j].shape().to_known())).collect();
         for i in 0..n {
             let ins: Vec<usize> = self.inputs[i].iter().map(|&j| alias[j]).collect();
             let step = match &self.steps[i] {
-                Step::Fed(f) => Step::Fed(*f),
+                Step::Fed(f) => {
+                    folded[i] = values.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
+                    Step::Fed(*f)
+                }
                 Step::Folded(v) => {
                     folded[i] = Some(v.clone());
                     Step::Compute
@@ -159,6 +172,11 @@ impl Plan {
                     op if pure(op) && !ins.is_empty() && ins.iter().all(|&j| folded[j].is_some()) => {
                         let args: Vec<&Value> = ins.iter().map(|&j| folded[j].as_ref().expect("checked")).collect();
                         folded[i] = op.cpu(&args).ok();
+                    }
+                    op if !values.is_empty() => {
+                        if let Some(to) = sw.node(op, i, &ins, &folded, &known) {
+                            alias[i] = to;
+                        }
                     }
                     _ => {}
                 }
@@ -227,6 +245,74 @@ impl Plan {
     }
 }
 
+/// `Plan::specialize`'s view of `select`s whose condition is fixed (a Keras learning
+/// phase fed as 0 or 1). Keras builds both branches of `K.in_train_phase` (dropout, batch
+/// normalisation's batch and moving statistics) and the gradient of a `select` sends
+/// `select(c, g, 0)` to one branch and `select(c, 0, g)` to the other, so a fixed
+/// condition leaves one branch's work and a gradient of zeros flowing back through the
+/// other. A `select` with a fixed scalar condition becomes the branch it takes; a value
+/// that is the zero of such a `select` (or follows from one through products, negation,
+/// sums and reshapes) is marked `zero`, and an `add` (or `subtract`) of a zero to a value of
+/// the result's shape becomes that value, so the untaken branch's gradient is never
+/// computed, as under TensorFlow's lazy `cond`. A zero that is read otherwise is computed
+/// as before.
+struct Switches {
+    zero: Vec<bool>,
+}
+
+impl Switches {
+    /// For node `i` (op `op`, aliased inputs `ins`): the slot it can be replaced by, if
+    /// any, noting in `zero` whether it is a zero of an untaken branch.
+    fn node<'s>(&mut self, op: &Op, i: usize, ins: &[usize], folded: &[Option<Value>], known: &dyn Fn(usize) -> Option<&'s Vec<usize>>) -> Option<usize> {
+        use crate::ops::{BinaryOp, UnaryOp};
+        let same = |j: usize| known(j).is_some() && known(j) == known(i);
+        let z = |k: usize| self.zero[ins[k]];
+        match op {
+            Op::Select => {
+                let taken = match folded[ins[0]].as_ref().filter(|c| c.len() == 1) {
+                    Some(c) => if c.to_f64_vec()[0] != 0.0 { ins[1] } else { ins[2] },
+                    None => {
+                        self.zero[i] = z(1) && z(2);
+                        return None;
+                    }
+                };
+                let zero_value = folded[taken].as_ref().is_some_and(|v| v.len() <= 64 && v.to_f64_vec().iter().all(|&x| x == 0.0));
+                if zero_value || self.zero[taken] {
+                    self.zero[i] = true;
+                    return None;
+                }
+                same(taken).then_some(taken)
+            }
+            Op::Binary(BinaryOp::Add) if z(0) && z(1) => {
+                self.zero[i] = true;
+                None
+            }
+            Op::Binary(BinaryOp::Add) if z(0) && same(ins[1]) => Some(ins[1]),
+            Op::Binary(BinaryOp::Add | BinaryOp::Sub) if z(1) && same(ins[0]) => Some(ins[0]),
+            Op::Binary(BinaryOp::Mul) | Op::MatMul { .. } if z(0) || z(1) => {
+                self.zero[i] = true;
+                None
+            }
+            Op::Binary(BinaryOp::Div)
+            | Op::Unary(UnaryOp::Neg)
+            | Op::Cast(_)
+            | Op::SumTo
+            | Op::BroadcastTo
+            | Op::Reshape
+            | Op::ExpandDims(_)
+            | Op::Squeeze(_)
+            | Op::Transpose(_)
+            | Op::Reduce { op: crate::ops::ReduceOp::Sum | crate::ops::ReduceOp::Mean, .. }
+                if z(0) =>
+            {
+                self.zero[i] = true;
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Whether a node's value depends on its inputs alone, so it can be computed at compile time.
 fn pure(op: &Op) -> bool {
     !matches!(op, Op::Placeholder(_) | Op::Variable(_) | Op::Random(_) | Op::HostCall(_) | Op::CtcDecode(_) | Op::Loop(_) | Op::TupleGet(_))
@@ -256,7 +342,17 @@ pub struct Function {
     specialised: std::sync::Mutex<Vec<Arc<Specialised>>>,
     /// Feed-shape sets seen once (most recent last): a set is specialised to when it comes
     /// again, so calls whose shapes never repeat do not pay for specialising.
-    seen: std::sync::Mutex<Vec<Vec<Vec<usize>>>>,
+    seen: std::sync::Mutex<Vec<Key>>,
+    /// The feeds a specialised plan is also keyed on by value (`switch_feeds`).
+    switches: Vec<usize>,
+}
+
+/// What a specialised plan is made for: the shape of every feed, and the values of the
+/// feeds that are `select` conditions (`switch_feeds`).
+#[derive(Clone, PartialEq)]
+struct Key {
+    shapes: Vec<Vec<usize>>,
+    values: Vec<f64>,
 }
 
 /// The plan of a `Function` specialised to one set of feed shapes (`Plan::specialize`):
@@ -266,7 +362,7 @@ pub struct Function {
 /// dimension's `None` keeps in the generic plan: a Keras MLP's backward pass ran five
 /// `[128, 512]` passes per layer where one does.
 struct Specialised {
-    key: Vec<Vec<usize>>,
+    key: Key,
     plan: Plan,
     lend: Option<crate::runtime::cpu::Lend>,
 }
@@ -304,6 +400,7 @@ impl Function {
         let fixed_updates = updates.iter().zip(&cells).all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
         let lend = lending(&plan, outputs.len(), &cells, fixed_updates);
         let specialises = specialising() && plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
+        let switches = switch_feeds(&plan);
         Ok(Function {
             feeds,
             plan,
@@ -316,6 +413,7 @@ impl Function {
             specialises,
             specialised: Default::default(),
             seen: Default::default(),
+            switches,
         })
     }
 
@@ -323,12 +421,16 @@ impl Function {
     /// update (`Error::Lent`: the run was on a rayon worker, where it must not wait) runs
     /// again once no variable is lent; it changed nothing.
     ///
-    /// On the CPU, the plan specialised to the feeds' shapes runs; the first call with new
-    /// shapes runs the generic plan, the second records the shapes to specialise it to.
+    /// On the CPU, the plan specialised to the feeds' shapes (and the values of its switch
+    /// feeds) runs; the first call with new shapes runs the generic plan, the second
+    /// records the shapes to specialise it to.
     fn run(&self, feeds: Vec<Value>) -> Result<(Vec<Out>, RunStats)> {
         use crate::runtime::{cpu, device, host_results};
         let on_cpu = self.specialises && matches!(device::current()?, device::Device::Cpu);
-        let key: Vec<Vec<usize>> = if on_cpu { feeds.iter().map(|v| v.shape().to_vec()).collect() } else { Vec::new() };
+        let key = Key {
+            shapes: if on_cpu { feeds.iter().map(|v| v.shape().to_vec()).collect() } else { Vec::new() },
+            values: if on_cpu { self.switches.iter().map(|&f| feeds[f].to_f64_vec()[0]).collect() } else { Vec::new() },
+        };
         let special = if on_cpu { self.specialised_for(&key) } else { None };
         loop {
             let r = match &special {
@@ -337,7 +439,7 @@ impl Function {
                     let mut shapes = cpu::SlotShapes::new();
                     let r = cpu::run_shaped(&self.plan, feeds.clone(), self.lend.as_ref(), Some(&mut shapes)).map(|v| host_results(v, &self.plan));
                     if r.is_ok() {
-                        self.remember(key.clone(), &shapes);
+                        self.remember(key.clone(), &shapes, &feeds);
                     }
                     r
                 }
@@ -351,27 +453,29 @@ impl Function {
     }
 
     /// Whether feeds of these shapes came before (noting them if not).
-    fn seen_before(&self, key: &[Vec<usize>]) -> bool {
+    fn seen_before(&self, key: &Key) -> bool {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.iter().any(|k| k.as_slice() == key) {
+        if seen.iter().any(|k| k == key) {
             return true;
         }
         if seen.len() >= 2 * MAX_SPECIALISED {
             seen.remove(0);
         }
-        seen.push(key.to_vec());
+        seen.push(key.clone());
         false
     }
 
     /// The plan specialised to feeds of these shapes, if one was made.
-    fn specialised_for(&self, key: &[Vec<usize>]) -> Option<Arc<Specialised>> {
+    fn specialised_for(&self, key: &Key) -> Option<Arc<Specialised>> {
         let cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
-        cache.iter().rev().find(|sp| sp.key.as_slice() == key).cloned()
+        cache.iter().rev().find(|sp| &sp.key == key).cloned()
     }
 
-    /// Specialises the plan to the slot shapes a run with feeds of shapes `key` recorded.
-    fn remember(&self, key: Vec<Vec<usize>>, shapes: &crate::runtime::cpu::SlotShapes) {
-        let plan = self.plan.specialize(shapes);
+    /// Specialises the plan to the slot shapes a run with feeds of shapes `key` recorded
+    /// and the values of its switch feeds.
+    fn remember(&self, key: Key, shapes: &crate::runtime::cpu::SlotShapes, feeds: &[Value]) {
+        let values: Vec<(usize, Value)> = self.switches.iter().map(|&f| (f, feeds[f].clone())).collect();
+        let plan = self.plan.specialize(shapes, &values);
         let lend = lending(&plan, self.n_outputs, &self.updates, self.fixed_updates);
         let mut cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
         if cache.iter().any(|sp| sp.key == key) {
@@ -412,6 +516,31 @@ impl Function {
             })
             .collect()
     }
+}
+
+/// The feeds a specialised plan fixes by value: scalar feeds that are, directly or through
+/// casts, the condition of a `select` (Keras' learning phase, fed 1 in training and 0 in
+/// evaluation, picks between the two branches of every `K.in_train_phase`). Not int64
+/// feeds, whose values `Key` (in f64) would not tell apart.
+fn switch_feeds(plan: &Plan) -> Vec<usize> {
+    let mut fed = vec![None; plan.nodes.len()];
+    let mut out = Vec::new();
+    for i in 0..plan.nodes.len() {
+        fed[i] = match (&plan.steps[i], plan.nodes[i].op()) {
+            (Step::Fed(f), _) if plan.nodes[i].rank() == 0 && plan.nodes[i].dtype() != crate::dtype::DType::I64 => Some(*f),
+            (Step::Compute, Op::Cast(_)) => fed[plan.inputs[i][0]],
+            _ => None,
+        };
+        if let (Step::Compute, Op::Select) = (&plan.steps[i], plan.nodes[i].op()) {
+            if let Some(f) = fed[plan.inputs[i][0]] {
+                if !out.contains(&f) {
+                    out.push(f);
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out
 }
 
 /// Whether CPU runs use plans specialised to the feeds' shapes: `FERROKERAS_CPU_SPECIALIZE=0`
@@ -524,7 +653,7 @@ mod specialize_tests {
             let xv = Value::from_vec(&[batch, 3], (0..3 * batch).map(|i| i as f32 - 2.5).collect::<Vec<f32>>()).unwrap();
             let mut shapes = SlotShapes::new();
             let want = run_recording(&plan, vec![xv.clone(), wv.clone()], Some(&mut shapes)).unwrap();
-            let special = plan.specialize(&shapes);
+            let special = plan.specialize(&shapes, &[]);
             assert_eq!(count(&special, |op| matches!(op, Op::ShapeOf)), 0, "shapes are folded");
             let sums = count(&special, |op| matches!(op, Op::SumTo));
             assert_eq!(sums, if batch == 1 { 0 } else { 1 }, "only the identity sum_to is dropped (batch {batch})");

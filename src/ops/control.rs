@@ -343,7 +343,7 @@ pub fn run(
         let mut res = if record {
             let mut shapes = SlotShapes::new();
             let res = run_plan(&plan, feeds, Some(&mut shapes))?;
-            plan = Arc::new(generic.specialize(&shapes));
+            plan = Arc::new(generic.specialize(&shapes, &[]));
             body.remember(key.clone(), generic.clone(), plan.clone());
             if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
                 eprintln!("loop: specialised to its shapes, {} launches per step", plan.cpu_schedule().dispatches);

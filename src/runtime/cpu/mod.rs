@@ -109,6 +109,25 @@ pub struct Lend {
 /// Shapes of a run's slots by plan index (None for fused groups' inner values).
 pub type SlotShapes = Vec<Option<Vec<usize>>>;
 
+/// The shape of fused-group member `m` that was never written to a slot: the broadcast
+/// of its data inputs' shapes (noted before it: inputs of the group, or earlier members),
+/// or a `broadcast_to`'s target; None for anything else.
+fn member_shape(plan: &Plan, m: usize, shapes: &SlotShapes, slots: &[Option<Value>]) -> Option<Vec<usize>> {
+    let ins = &plan.inputs[m];
+    match plan.nodes[m].op() {
+        Op::BroadcastTo => slots[ins[1]].as_ref().map(|v| v.to_f64_vec().iter().map(|&d| d as usize).collect()),
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) => {
+            let mut out: Vec<usize> = Vec::new();
+            for &j in ins {
+                let sj = shapes[j].as_ref()?;
+                out = crate::shape::broadcast_runtime("member", &out, sj).ok()?;
+            }
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
 /// Runs `plan` here, also noting in `shapes` the shape of every value put in a slot (what
 /// `Plan::specialize` needs).
 pub fn run_recording(plan: &Plan, feeds: Vec<Value>, mut shapes: Option<&mut SlotShapes>) -> Result<Vec<Value>> {
@@ -178,7 +197,11 @@ impl<'a> Run<'a> {
                     Item::Group(g) => &g.members,
                 };
                 for &j in set {
-                    s[j] = slots[j].as_ref().map(|v| v.shape().to_vec());
+                    s[j] = match &slots[j] {
+                        Some(v) => Some(v.shape().to_vec()),
+                        // A member the fused kernel kept in registers.
+                        None => member_shape(plan, j, s, slots),
+                    };
                 }
             }
             for &j in &sched.frees[t] {
