@@ -15,7 +15,8 @@
 //!   rows of the padded image starting at that offset *are* the im2col rows (with a few
 //!   junk rows where a window wraps around a row end, whose output gradient is zero), so
 //!   each offset is one strided `gemm` with a long `k` and no im2col copy.
-//! - one input channel per group (depthwise): direct loops, vectorised over channels.
+//! - one input channel per group (depthwise): direct loops over a zero-padded copy of each
+//!   image, output row by row, vectorised over channels.
 //! - otherwise: im2col (or col2im) of a tile of output rows and one `gemm` per group.
 //!
 //! All three parallelise over images when there are at least as many images as threads,
@@ -207,8 +208,9 @@ pub fn forward_f32_then(g: &Geom, x: &[f32], w: &[f32], y: &mut [f32], after: &(
 }
 
 pub fn input_grad(g: &Geom, gy: &Value, w: &Value) -> Result<Value> {
-    // The groups=1 paths write every element; the grouped ones add into a zeroed `dx`.
-    let zero = g.groups != 1;
+    // The groups=1 and depthwise paths write every element; the grouped ones add into a
+    // zeroed `dx`.
+    let zero = g.groups != 1 && g.cg() != 1;
     run2(gy, w, &g.x_shape, zero, |gy, w, dx| bwd_input(g, gy, w, dx), |gy, w, dx| bwd_input(g, gy, w, dx))
 }
 pub fn kernel_grad(g: &Geom, x: &Value, gy: &Value) -> Result<Value> {
@@ -321,10 +323,7 @@ fn fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], after: Option<&(dyn Fn(usi
         let wk = g.walk();
         dense_fwd(g.n, &wk, x, w, y, after);
     } else if g.cg() == 1 {
-        per_image(g.n, y, after, |i, y, _, _| {
-            y.fill(T::zero());
-            depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y)
-        });
+        per_image(g.n, y, after, |i, y, sc, _| depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y, sc));
     } else {
         per_image(g.n, y, after, |i, y, _, par| im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par));
     }
@@ -499,23 +498,51 @@ fn im2col_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], par: Parallelism) {
     }
 }
 
-/// One input channel per group: `y[o, c*m + j] = sum_k x[i(o,k), c] * w[k, 0, c*m + j]`.
-fn depthwise_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
-    let (kk, cout, m) = (g.kk(), g.cout, g.og());
-    for op in 0..g.opix() {
-        let yr = &mut y[op * cout..(op + 1) * cout];
-        for kp in 0..kk {
-            let Some(ip) = g.src_pix(op, kp) else { continue };
-            let (xr, wr) = (&x[ip * g.cin..(ip + 1) * g.cin], &w[kp * cout..(kp + 1) * cout]);
-            if m == 1 {
-                yr.iter_mut().zip(xr).zip(wr).for_each(|((y, &x), &w)| *y += x * w);
-            } else {
-                for (c, &xv) in xr.iter().enumerate() {
-                    yr[c * m..(c + 1) * m].iter_mut().zip(&wr[c * m..(c + 1) * m]).for_each(|(y, &w)| *y += xv * w);
+/// Calls `f(op, ip, kp)` for every output pixel `op`, kernel offset `kp` and the pixel
+/// `ip` of the zero-padded image (dims `pd`, `pad_into`) the window reads there: output
+/// rows outermost, then kernel offsets, then the pixels along the row, so the depthwise
+/// kernels below need no bounds and no index arithmetic per pixel.
+#[inline(always)]
+fn padded_walk(g: &Geom, pd: &[usize; 3], mut f: impl FnMut(usize, usize, usize)) {
+    let (o, k, s, d) = (&g.o, &g.k, &g.s, &g.d);
+    for a in 0..o[0] {
+        for b in 0..o[1] {
+            let orow = (a * o[1] + b) * o[2];
+            for ka in 0..k[0] {
+                for kb in 0..k[1] {
+                    let xrow = ((a * s[0] + ka * d[0]) * pd[1] + b * s[1] + kb * d[1]) * pd[2];
+                    for kc in 0..k[2] {
+                        let kp = (ka * k[1] + kb) * k[2] + kc;
+                        for c in 0..o[2] {
+                            f(orow + c, xrow + c * s[2] + kc * d[2], kp);
+                        }
+                    }
                 }
             }
         }
     }
+}
+
+simd_kernel!(fn depthwise_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>) = depthwise_fwd_rows);
+
+/// One input channel per group: `y[o, c*m + j] = sum_k x[i(o,k), c] * w[k, 0, c*m + j]`,
+/// from a zero-padded copy of the image (every element of `y` written).
+#[inline(always)]
+fn depthwise_fwd_rows<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>) {
+    let (cin, cout, m) = (g.cin, g.cout, g.og());
+    let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
+    let xp = &sc.a;
+    y.fill(T::zero());
+    padded_walk(g, &pd, |op, ip, kp| {
+        let (yr, xr, wr) = (&mut y[op * cout..(op + 1) * cout], &xp[ip * cin..(ip + 1) * cin], &w[kp * cout..(kp + 1) * cout]);
+        if m == 1 {
+            yr.iter_mut().zip(xr).zip(wr).for_each(|((y, &x), &w)| *y += x * w);
+        } else {
+            for (c, &xv) in xr.iter().enumerate() {
+                yr[c * m..(c + 1) * m].iter_mut().zip(&wr[c * m..(c + 1) * m]).for_each(|(y, &w)| *y += xv * w);
+            }
+        }
+    });
 }
 
 // ---------------------------------------------------------------- input gradient
@@ -538,7 +565,7 @@ fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
             dense_fwd(g.n, &wk, gy, &wf, dx, None);
         }
         _ if g.groups == 1 => per_image(g.n, dx, None, |i, dx, sc, par| segment_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc, par)),
-        _ if g.cg() == 1 => per_image(g.n, dx, None, |i, dx, _, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx)),
+        _ if g.cg() == 1 => per_image(g.n, dx, None, |i, dx, sc, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc)),
         _ => per_image(g.n, dx, None, |i, dx, _, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par)),
     }
     debug_assert_eq!(dx.len(), g.n * xl);
@@ -622,22 +649,27 @@ fn col2im_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], par: Parallelis
     }
 }
 
-fn depthwise_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
-    let (kk, cout, m) = (g.kk(), g.cout, g.og());
-    for op in 0..g.opix() {
-        let gr = &gy[op * cout..(op + 1) * cout];
-        for kp in 0..kk {
-            let Some(ip) = g.src_pix(op, kp) else { continue };
-            let (dr, wr) = (&mut dx[ip * g.cin..(ip + 1) * g.cin], &w[kp * cout..(kp + 1) * cout]);
-            if m == 1 {
-                dr.iter_mut().zip(gr).zip(wr).for_each(|((d, &gv), &w)| *d += gv * w);
-            } else {
-                for (c, d) in dr.iter_mut().enumerate() {
-                    *d += gr[c * m..(c + 1) * m].iter().zip(&wr[c * m..(c + 1) * m]).map(|(&a, &b)| a * b).sum::<T>();
-                }
+simd_kernel!(fn depthwise_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], sc: &mut Scratch<T>) = depthwise_input_rows);
+
+/// The depthwise input gradient, added into a zeroed padded image whose interior is `dx`
+/// (every element written).
+#[inline(always)]
+fn depthwise_input_rows<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], sc: &mut Scratch<T>) {
+    let (cin, cout, m) = (g.cin, g.cout, g.og());
+    let pd = [0, 1, 2].map(|t| g.x[t] + g.p[t].0 + g.p[t].1);
+    let xp = sized(&mut sc.a, pd.iter().product::<usize>() * cin);
+    xp.fill(T::zero());
+    padded_walk(g, &pd, |op, ip, kp| {
+        let (gr, dr, wr) = (&gy[op * cout..(op + 1) * cout], &mut xp[ip * cin..(ip + 1) * cin], &w[kp * cout..(kp + 1) * cout]);
+        if m == 1 {
+            dr.iter_mut().zip(gr).zip(wr).for_each(|((d, &gv), &w)| *d += gv * w);
+        } else {
+            for (c, d) in dr.iter_mut().enumerate() {
+                *d += gr[c * m..(c + 1) * m].iter().zip(&wr[c * m..(c + 1) * m]).map(|(&a, &b)| a * b).sum::<T>();
             }
         }
-    }
+    });
+    unpad(&g.x, &g.p, cin, xp, dx);
 }
 
 // ---------------------------------------------------------------- kernel gradient
@@ -654,7 +686,7 @@ fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
     } else if g.groups == 1 {
         sum_images(g.n, dw, |i, dw, sc, par| segment_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc, par));
     } else if g.cg() == 1 {
-        sum_images(g.n, dw, |i, dw, _, _| depthwise_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw));
+        sum_images(g.n, dw, |i, dw, sc, _| depthwise_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc));
     } else {
         sum_images(g.n, dw, |i, dw, _, par| im2col_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, par));
     }
@@ -718,20 +750,22 @@ fn im2col_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], par: Paralleli
     }
 }
 
-fn depthwise_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
-    let (kk, cout, m) = (g.kk(), g.cout, g.og());
-    for op in 0..g.opix() {
-        let gr = &gy[op * cout..(op + 1) * cout];
-        for kp in 0..kk {
-            let Some(ip) = g.src_pix(op, kp) else { continue };
-            let (xr, dr) = (&x[ip * g.cin..(ip + 1) * g.cin], &mut dw[kp * cout..(kp + 1) * cout]);
-            if m == 1 {
-                dr.iter_mut().zip(gr).zip(xr).for_each(|((d, &gv), &xv)| *d += gv * xv);
-            } else {
-                for (c, &xv) in xr.iter().enumerate() {
-                    dr[c * m..(c + 1) * m].iter_mut().zip(&gr[c * m..(c + 1) * m]).for_each(|(d, &gv)| *d += gv * xv);
-                }
+simd_kernel!(fn depthwise_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scratch<T>) = depthwise_kernel_rows);
+
+/// The depthwise kernel gradient of one image, added into `dw`.
+#[inline(always)]
+fn depthwise_kernel_rows<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scratch<T>) {
+    let (cin, cout, m) = (g.cin, g.cout, g.og());
+    let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
+    let xp = &sc.a;
+    padded_walk(g, &pd, |op, ip, kp| {
+        let (gr, xr, dr) = (&gy[op * cout..(op + 1) * cout], &xp[ip * cin..(ip + 1) * cin], &mut dw[kp * cout..(kp + 1) * cout]);
+        if m == 1 {
+            dr.iter_mut().zip(gr).zip(xr).for_each(|((d, &gv), &xv)| *d += gv * xv);
+        } else {
+            for (c, &xv) in xr.iter().enumerate() {
+                dr[c * m..(c + 1) * m].iter_mut().zip(&gr[c * m..(c + 1) * m]).for_each(|(d, &gv)| *d += gv * xv);
             }
         }
-    }
+    });
 }
