@@ -165,6 +165,9 @@ CONV_CASES = [
     ("depthwise_conv2d", (2, 7, 6, 3), [(3, 3, 3, 1)], dict()),
     ("depthwise_conv2d", (2, 7, 6, 3), [(3, 2, 3, 2)], dict(padding="same", strides=2)),
     ("depthwise_conv2d", (2, 8, 7, 2), [(2, 3, 2, 3)], dict(padding="same", dilation_rate=(2, 2))),
+    # 16 and 32 channels, one kernel each: the forward sums 16 channels in registers
+    ("depthwise_conv2d", (2, 7, 6, 32), [(3, 3, 32, 1)], dict(padding="same", strides=2)),
+    ("depthwise_conv2d", (1, 8, 7, 16), [(3, 2, 16, 1)], dict(padding="same", dilation_rate=(2, 1))),
     ("separable_conv2d", (2, 7, 6, 3), [(3, 3, 3, 2), (1, 1, 6, 4)], dict()),
     ("separable_conv2d", (2, 7, 6, 3), [(3, 3, 3, 1), (1, 1, 3, 5)], dict(padding="same", strides=(2, 1))),
     ("separable_conv1d", (2, 9, 3), [(3, 3, 2), (1, 6, 4)], dict(padding="same", dilation_rate=2)),
@@ -397,6 +400,7 @@ GRAD_CASES = [
     ("conv3d", lambda x, k: K.conv3d(x, k, strides=(1, 2, 1), padding="same"), (1, 3, 4, 3, 2), (2, 2, 2, 2, 2)),
     ("depthwise", lambda x, k: K.depthwise_conv2d(x, k, strides=2, padding="same"), (2, 5, 5, 3), (3, 3, 3, 2)),
     ("depthwise s1", lambda x, k: K.depthwise_conv2d(x, k, padding="valid"), (1, 4, 5, 2), (2, 2, 2, 1)),
+    ("depthwise 16", lambda x, k: K.depthwise_conv2d(x, k, padding="same"), (1, 4, 3, 16), (3, 3, 16, 1)),
     ("conv2d_transpose", lambda x, k: K.conv2d_transpose(x, k, (2, 6, 5, 2), strides=2, padding="same"),
      (2, 3, 3, 3), (3, 3, 2, 3)),
     ("conv2d_transpose s1", lambda x, k: K.conv2d_transpose(x, k, (1, 5, 5, 2), padding="valid"), (1, 3, 4, 3), (3, 2, 2, 3)),
