@@ -59,8 +59,28 @@ pub struct Group {
     /// reader: the group then runs on each image of the result as soon as that image is
     /// computed, while it is in cache (`epilogues`).
     pub first: Option<usize>,
+    /// Sums and means of members the group folds as it computes them (`folds`).
+    pub folds: Vec<Fold>,
+    /// Reduced members read by nothing else: computed tile by tile, never written out.
+    pub hidden: Vec<usize>,
     /// The CPU kernel's compiled programs, one per input layout seen.
     pub programs: crate::runtime::cpu::fused::Programs,
+}
+
+/// A sum or mean (`Op::Reduce` or `Op::SumTo`, f32), plan step `node`, of group member
+/// `member`: the group adds up each tile of the member right after computing it, while it
+/// is in cache, instead of writing it out for a reduction pass to read back.
+#[derive(Clone, Copy, Debug)]
+pub struct Fold {
+    pub node: usize,
+    pub member: usize,
+}
+
+impl Group {
+    /// The members the kernel computes into buffers: the outputs, then the hidden members.
+    pub fn written(&self) -> impl Iterator<Item = usize> + '_ {
+        self.outputs.iter().chain(&self.hidden).copied()
+    }
 }
 
 const MAX_MEMBERS: usize = 64;
@@ -207,17 +227,18 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         }
         let cost = members.iter().map(|&m| cost(plan.nodes[m].op())).sum::<usize>().max(1);
         dispatches += 1;
-        items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost, first: None, programs: Default::default() }));
+        items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost, first: None, folds: Vec::new(), hidden: Vec::new(), programs: Default::default() }));
     }
     if fuse {
         epilogues(plan, &users, &is_output, &mut items);
         dispatches -= accumulations(plan, &users, &is_output, &mut items);
+        dispatches -= folds(plan, &users, &is_output, &mut items);
     }
     // Groups that nothing reads (they compute update values and outputs only) and that
     // cannot fail run last, in order: the run may then overwrite variables in place there
     // (`tail`). Keras places each parameter's update right after its gradient.
     let unread = |item: &Item| match item {
-        Item::Group(g) => g.outputs.iter().all(|&o| users[o].iter().all(|u| g.members.contains(u))),
+        Item::Group(g) => g.folds.is_empty() && g.outputs.iter().all(|&o| users[o].iter().all(|u| g.members.contains(u))),
         Item::Node(_) | Item::MatAcc { .. } => false,
     };
     let (last_items, mut items): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|item| unread(item) && infallible(plan, item));
@@ -232,6 +253,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
                 .members
                 .iter()
                 .chain(&g.first)
+                .chain(g.folds.iter().map(|f| &f.node))
                 .flat_map(|&m| plan.inputs[m].iter().copied())
                 .filter(|&j| group[j].is_none() || !g.members.contains(&j))
                 .collect(),
@@ -329,6 +351,99 @@ fn accumulations(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &
     moved.len()
 }
 
+/// Most folds one group carries.
+const MAX_FOLDS: usize = 4;
+
+/// Hands each f32 sum or mean (`Op::Reduce` or `Op::SumTo`) of a member of a fused group,
+/// of the group's shape, to that group (`Group::folds`), out of the schedule, when its
+/// other inputs are ready before the group runs and its readers run after it. A member
+/// read by nothing else then stays hidden: tiles of it live in cache only. Batch norm's
+/// variance `mean(square(x - m))` and gradients `sum_to(dy * (x - m))`, `sum_to(-dx)`
+/// had each been a pass writing a `[64, 32, 32, 32]` tensor and another reading it back.
+/// Whether a fold runs fused is decided at run time from the shapes (`fused::fold_specs`).
+/// Returns the launches saved.
+fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) -> usize {
+    let n = plan.nodes.len();
+    let mut pos = vec![usize::MAX; n];
+    for (t, item) in items.iter().enumerate() {
+        match item {
+            Item::Node(i) => pos[*i] = t,
+            Item::MatAcc { mm, add, .. } => {
+                pos[*mm] = t;
+                pos[*add] = t;
+            }
+            Item::Group(g) => g.members.iter().chain(&g.first).for_each(|&m| pos[m] = t),
+        }
+    }
+    let reducible = |r: usize| {
+        matches!(plan.nodes[r].op(), Op::Reduce { op: crate::ops::ReduceOp::Sum | crate::ops::ReduceOp::Mean, .. } | Op::SumTo)
+            && matches!(plan.steps[r], Step::Compute)
+            && plan.nodes[r].dtype() == DType::F32
+    };
+    // Whether input `j` of a fold is computed before item `t` runs: folded or fed, placed
+    // before it, or a shape of a tensor placed before it (then moved ahead: `hoisted`).
+    let mut hoisted: Vec<(usize, usize)> = Vec::new();
+    let ready = |pos: &[usize], j: usize, t: usize| {
+        matches!(plan.steps[j], Step::Folded(_) | Step::Fed(_))
+            || pos[j] < t
+            || (matches!(plan.nodes[j].op(), Op::ShapeOf) && plan.inputs[j].iter().all(|&k| pos[k] < t))
+    };
+    let mut moved = Vec::new();
+    for r in 0..n {
+        if !reducible(r) {
+            continue;
+        }
+        let m = plan.inputs[r][0];
+        let t = pos[m];
+        let Some(Item::Group(g)) = items.get_mut(t) else { continue };
+        let shape = plan.nodes[g.written().next().unwrap_or(m)].shape().clone();
+        let ok = g.members.contains(&m)
+            && g.folds.len() < MAX_FOLDS
+            && plan.nodes[m].dtype() == DType::F32
+            && compatible(plan.nodes[m].shape(), &shape)
+            && plan.inputs[r][1..].iter().all(|&j| ready(&pos, j, t))
+            && users[r].iter().all(|&u| pos[u] > t && pos[u] != usize::MAX);
+        if ok {
+            g.folds.push(Fold { node: r, member: m });
+            g.cost += 1;
+            moved.push(r);
+            pos[r] = t;
+            // A target shape read off a tensor computed before the group (a gradient's
+            // `sum_to` placed right after its producer) moves ahead of the group.
+            for &j in &plan.inputs[r][1..] {
+                if pos[j] > t && !hoisted.iter().any(|&(h, _)| h == j) {
+                    hoisted.push((j, t));
+                }
+            }
+        }
+    }
+    if !hoisted.is_empty() {
+        let old = std::mem::take(items);
+        for (t, item) in old.into_iter().enumerate() {
+            for &(j, _) in hoisted.iter().filter(|&&(_, at)| at == t) {
+                items.push(Item::Node(j));
+            }
+            if !matches!(item, Item::Node(i) if hoisted.iter().any(|&(h, _)| h == i)) {
+                items.push(item);
+            }
+        }
+    }
+    for item in items.iter_mut() {
+        let Item::Group(g) = item else { continue };
+        if g.folds.is_empty() {
+            continue;
+        }
+        let inside = |u: usize| g.members.contains(&u) || g.folds.iter().any(|f| f.node == u);
+        let reduced: Vec<usize> = g.folds.iter().map(|f| f.member).collect();
+        let kept = |o: usize| !reduced.contains(&o) || is_output[o] || users[o].iter().any(|&u| !inside(u));
+        let (outputs, hidden): (Vec<usize>, Vec<usize>) = g.outputs.iter().partition(|&&o| kept(o));
+        g.outputs = outputs;
+        g.hidden = hidden;
+    }
+    items.retain(|item| !matches!(item, Item::Node(i) if moved.contains(i)));
+    moved.len()
+}
+
 /// Whether `item` cannot fail at run time once its inputs are computed: folded values,
 /// feeds, variable reads, and elementwise nodes and fused groups whose every value has a
 /// static shape (broadcasting was checked when the graph was built; the kernels report
@@ -337,7 +452,7 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
     let fixed = |j: usize| plan.nodes[j].shape().to_known().is_some_and(|s| s.len() <= 16);
     let elementwise = |i: usize| matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_)) && fixed(i) && data_inputs(plan, i).all(fixed);
     match item {
-        Item::Group(g) if g.first.is_some() => false,
+        Item::Group(g) if g.first.is_some() || !g.folds.is_empty() => false,
         Item::Group(g) => {
             let shape = |o: &usize| plan.nodes[*o].shape().to_known();
             g.members.iter().all(|&m| elementwise(m)) && g.outputs.iter().all(|o| shape(o) == shape(&g.outputs[0]))

@@ -686,3 +686,15 @@ pub fn cpu_scan(op: ScanOp, axis: usize, exclusive: bool, reverse: bool, x: &Val
         |d| (scan_blocks(op, d, outer, red, inner, exclusive, reverse), s3),
     ))
 }
+
+/// Adds the `red` rows of `inner` f32 columns in `block` into `o` (Kahan-compensated
+/// register strips, as a reduction over leading axes runs): for a fused group folding its
+/// tiles (`runtime::cpu::fused`).
+pub(crate) fn fold_sum_f32(o: &mut [f32], block: &[f32], red: usize, inner: usize) {
+    fold_rows(ReduceOp::Sum, o, block, red, inner, 0);
+}
+
+/// The pairwise sum of `xs`.
+pub(crate) fn sum_f32(xs: &[f32]) -> f32 {
+    pairwise_sum(xs)
+}

@@ -535,7 +535,10 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
     if len(set(axes)) != len(axes):
         raise ValueError(f"{fn}: reduction_axes {list(reduction_axes)} repeat an axis")
     m = mean(x, axes, keepdims=True)
-    v = mean(square(x - m), axes, keepdims=True)
+    # One centred tensor for the variance and the output: its gradient then flows back
+    # through one subtraction (one `sum_to` of the mean's gradient, not two).
+    centred = x - m
+    v = mean(square(centred), axes, keepdims=True)
     d = _dims(x)
     target = [1 if i in axes else d[i] for i in range(x.ndim)]
 
@@ -551,7 +554,7 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
     inv = _unary("rsqrt", v + float(epsilon))
     if g is not None:
         inv = inv * g
-    normed = (x - m) * inv
+    normed = centred * inv
     if b is not None:
         normed = normed + b
     return normed, wrap(_core.squeeze(m._core, axes)), wrap(_core.squeeze(v._core, axes))

@@ -8,7 +8,7 @@
 //! The per-element code is the op tables' (`UnaryOp::map`, `BinaryOp::zip`), so fused and
 //! unfused results are bitwise equal.
 
-use crate::compile::fuse::Group;
+use crate::compile::fuse::{Fold, Group};
 use crate::compile::Plan;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -74,6 +74,7 @@ struct Layout {
     offset: usize,
 }
 
+#[derive(Clone, Copy)]
 enum OutBuf {
     F32(*mut f32),
     Bool(*mut bool),
@@ -146,6 +147,8 @@ struct Kernel<'a> {
     outs: &'a [(Opd, OutBuf)],
     /// A recognised update rule and the outputs' buffers in group output order.
     special: Option<(&'a Special, &'a [*mut f32])>,
+    /// The group's folds, when they run fused: `exec` then runs tile by tile.
+    folds: Option<&'a FoldRun>,
 }
 
 // SAFETY: the pointers are into buffers that outlive the parallel loop; tasks write
@@ -348,8 +351,8 @@ fn program(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Arc<Progra
 fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Body>> {
     let shapes = member_shapes(plan, g, slots)?;
     let pos = |m: usize| g.members.iter().position(|&x| x == m).expect("member");
-    let shape = shapes[pos(g.outputs[0])].clone();
-    if g.outputs.iter().any(|&o| shapes[pos(o)] != shape) {
+    let shape = shapes[pos(g.written().next().expect("a group writes a member"))].clone();
+    if g.written().any(|o| shapes[pos(o)] != shape) {
         return Ok(None);
     }
     let n: usize = shape.iter().product();
@@ -449,8 +452,8 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             vregs += 1;
         }
     }
-    let mut outs: Vec<Out> = Vec::with_capacity(g.outputs.len());
-    for &o in &g.outputs {
+    let mut outs: Vec<Out> = Vec::with_capacity(g.outputs.len() + g.hidden.len());
+    for o in g.written() {
         let opd = mem_opd[pos(o)];
         outs.push(match (opd, plan.nodes[o].dtype()) {
             (Opd::Ext(x), _) => Out::Passed(inputs.iter().position(|p| matches!(p, Opd::Ext(y) if *y == x)).expect("in-place input")),
@@ -470,7 +473,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             }
         }
     }
-    let special = if outs.iter().all(|o| matches!(o, Out::F32(_))) {
+    let special = if g.folds.is_empty() && outs.iter().all(|o| matches!(o, Out::F32(_))) {
         let leaf = |j: usize| -> Option<Leaf> {
             let opd = match g.members.iter().position(|&x| x == j) {
                 Some(q) => mem_opd[q],
@@ -661,7 +664,7 @@ fn run_after(plan: &Plan, g: &Group, f: usize, slots: &mut [Option<Value>], lend
         // elements, and nothing reads it before the kernel writes it: the group reads
         // image i only in `after(i)`.
         let y = unsafe { std::slice::from_raw_parts_mut(d.0, len) };
-        if gshape == shape.as_slice() && images > 0 {
+        if gshape == shape.as_slice() && images > 0 && kern.folds.is_none_or(|f| (len / images) % f.q == 0) {
             let img = len / images;
             kernel(y, &|i| exec(kern, i * img, (i + 1) * img));
         } else {
@@ -687,10 +690,14 @@ fn split_exec(kern: &Kernel<'_>, n: usize, cost: usize) {
     // (Keras LSTM step faster in 5 of 6 interleaved runs, ~7%; at the top level the MLP's
     // groups lose when split less).
     let scale = if rayon::current_thread_index().is_some() { 8 } else { 1 };
+    // Folded rows or columns do not straddle tasks (`fold_exec`).
+    let q = kern.folds.map_or(1, |f| f.q);
     let step = (grain(cost) * scale).div_ceil(CH) * CH;
+    let step = step.div_ceil(q) * q;
     if n < 2 * step {
         // In a loop the other thread of the team (if any) takes the second half.
         let half = (n / 2).div_ceil(CH) * CH;
+        let half = half.div_ceil(q) * q;
         if n.saturating_mul(cost) >= TEAM_WORK && half < n && team::available() {
             team::split2(&|part| if part == 0 { exec(kern, 0, half) } else { exec(kern, half, n) });
         } else {
@@ -712,8 +719,14 @@ fn run_driven(
     let p = program(plan, g, slots)?;
     let Some(b) = &p.body else { return Ok(None) };
     if b.n == 0 {
-        return Ok(Some(g.outputs.iter().map(|&o| Value::full(plan.nodes[o].dtype(), &b.shape, 0.0)).collect()));
+        let mut vals: Vec<Value> = g.outputs.iter().map(|&o| Value::full(plan.nodes[o].dtype(), &b.shape, 0.0)).collect();
+        for f in &g.folds {
+            vals.push(fold_plain(plan, f, &Value::full(DType::F32, &b.shape, 0.0), slots)?);
+        }
+        return Ok(Some(vals));
     }
+    let written: Vec<usize> = g.written().collect();
+    let folds = if g.folds.is_empty() || b.special.is_some() { None } else { fold_run(plan, g, b, &written, slots) };
     let n = b.n;
     // Per call: the inputs' data pointers and single values, then the scalar members.
     let mut scal: Vec<f32> = Vec::with_capacity(b.scalars + b.prelude.len());
@@ -755,15 +768,17 @@ fn run_driven(
     }
     let mut donated = vec![false; b.spare.len()];
     let mut f32_outs = 0;
-    let mut results: Vec<Option<Value>> = vec![None; g.outputs.len()];
+    let mut results: Vec<Option<Value>> = vec![None; b.outs.len()];
     let mut outs: Vec<(Opd, OutBuf)> = Vec::with_capacity(b.outs.len());
     let mut bufs_f32: Vec<(usize, ndarray::Array<f32, IxDyn>)> = Vec::new();
     let mut bufs_bool: Vec<(usize, Vec<bool>)> = Vec::new();
     for (k, &o) in b.outs.iter().enumerate() {
         match o {
             Out::Passed(e) => results[k] = Some(slots[g.ext[e]].as_ref().expect("computed").reshape(&b.shape)?),
+            // A hidden member folded in tiles: `fold_exec` points it at a tile buffer.
+            Out::F32(opd) if k >= g.outputs.len() && folds.is_some() => outs.push((opd, OutBuf::F32(std::ptr::null_mut()))),
             Out::F32(opd) => {
-                let donor = if f32_outs < b.spare.len() { donor(g, &b.spare, &mut donated, g.outputs[k], slots, lend) } else { None };
+                let donor = if f32_outs < b.spare.len() { donor(g, &b.spare, &mut donated, written[k], slots, lend) } else { None };
                 f32_outs += 1;
                 // The kernel writes every element before the buffer is read.
                 let mut buf = donor.unwrap_or_else(|| ndarray::Array::from_shape_vec(IxDyn(&[n]), uninit(n)).expect("n elements"));
@@ -785,7 +800,7 @@ fn run_driven(
         None => Vec::new(),
     };
     let special = b.special.as_ref().map(|sp| (sp, out_ptrs.as_slice()));
-    let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, tiles: &tiles, scal: &scal, outs: &outs, special };
+    let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, tiles: &tiles, scal: &scal, outs: &outs, special, folds: folds.as_ref() };
     drive(&kern, &b.shape);
     drop(held);
     for (k, buf) in bufs_f32 {
@@ -797,7 +812,198 @@ fn run_driven(
         unsafe { v.set_len(n) };
         results[k] = Some(Value::Bool(Arr::from_shape_vec(IxDyn(&b.shape), v).expect("n elements")));
     }
-    Ok(Some(results.into_iter().map(|r| r.expect("every output written")).collect()))
+    let mut vals: Vec<Value> = results[..g.outputs.len()].iter().map(|r| r.clone().expect("every output written")).collect();
+    match folds {
+        Some(f) => vals.extend(f.finish()),
+        None => {
+            for f in &g.folds {
+                let k = written.iter().position(|&w| w == f.member).expect("folded members are written");
+                vals.push(fold_plain(plan, f, results[k].as_ref().expect("written in full"), slots)?);
+            }
+        }
+    }
+    Ok(Some(vals))
+}
+
+/// Fold `f` run as its own node on the whole member value `v`.
+fn fold_plain(plan: &Plan, f: &Fold, v: &Value, slots: &[Option<Value>]) -> Result<Value> {
+    let mut ins: Vec<&Value> = vec![v];
+    ins.extend(plan.inputs[f.node][1..].iter().map(|&j| slots[j].as_ref().expect("computed before the group")));
+    plan.nodes[f.node].op().cpu(&ins)
+}
+
+/// Elements per fold tile (rounded up to whole rows or column blocks).
+const FOLD_TILE: usize = 8 << 10;
+/// Largest row or column block a fold keeps whole in a tile.
+const MAX_FOLD_BLOCK: usize = 1 << 16;
+
+/// How one fold adds up its member: `rows` of `red` elements each to one value (axes at
+/// the end reduced), or `red` rows of `inner` columns to `inner` values (axes at the start).
+struct FoldSpec {
+    /// The member's buffer among the kernel's outputs, and whether it is hidden (a tile).
+    out: usize,
+    hidden: bool,
+    rows: bool,
+    red: usize,
+    inner: usize,
+    mean: bool,
+    shape: Vec<usize>,
+}
+
+/// The folds of one group run, and the partial sums its tasks leave.
+struct FoldRun {
+    specs: Vec<FoldSpec>,
+    /// Task boundaries fall on multiples of `q` elements; tiles are `tile` elements.
+    q: usize,
+    tile: usize,
+    hidden: usize,
+    /// Per task: its first element and, per fold, its sums (f64; for `rows`, one per row
+    /// of the task, else one per column).
+    parts: Mutex<Vec<(usize, Vec<Vec<f64>>)>>,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The fused plan of `g`'s folds for this run's shapes, or `None` to run them on the
+/// written-out members (a reduction pattern other than leading or trailing axes, a member
+/// passed through from an input, blocks too long for a tile).
+fn fold_run(plan: &Plan, g: &Group, b: &Body, written: &[usize], slots: &[Option<Value>]) -> Option<FoldRun> {
+    let s = &b.shape;
+    let mut specs = Vec::with_capacity(g.folds.len());
+    let mut q = 1usize;
+    for f in &g.folds {
+        let k = written.iter().position(|&w| w == f.member)?;
+        if !matches!(b.outs[k], Out::F32(_)) {
+            return None;
+        }
+        let out = b.outs[..k].iter().filter(|o| !matches!(o, Out::Passed(_))).count();
+        let (reduced, mean, shape): (Vec<bool>, bool, Vec<usize>) = match plan.nodes[f.node].op() {
+            Op::Reduce { op, axes, keepdims } => {
+                let reduced: Vec<bool> = (0..s.len()).map(|d| axes.contains(&d)).collect();
+                let shape = (0..s.len()).filter_map(|d| if !reduced[d] { Some(s[d]) } else if *keepdims { Some(1) } else { None }).collect();
+                (reduced, matches!(op, crate::ops::ReduceOp::Mean), shape)
+            }
+            Op::SumTo => {
+                let target = slots[plan.inputs[f.node][1]].as_ref()?.to_i64_vec();
+                let lead = s.len().checked_sub(target.len())?;
+                let mut reduced = vec![true; lead];
+                for (i, &t) in target.iter().enumerate() {
+                    let d = s[lead + i];
+                    match t {
+                        1 => reduced.push(d != 1),
+                        t if t >= 0 && t as usize == d => reduced.push(false),
+                        // Not a reduction of this shape: the op reports it.
+                        _ => return None,
+                    }
+                }
+                (reduced, false, target.iter().map(|&t| t as usize).collect())
+            }
+            _ => return None,
+        };
+        // Dims of size 1 go either way; the others must be reduced ones then kept ones
+        // (columns) or kept ones then reduced ones (rows).
+        let kinds: Vec<bool> = (0..s.len()).filter(|&d| s[d] != 1).map(|d| reduced[d]).collect();
+        let prod = |keep: bool| (0..s.len()).filter(|&d| reduced[d] != keep).map(|d| s[d]).product::<usize>();
+        let (red, inner) = (prod(false), prod(true));
+        let (rows, block) = if kinds.windows(2).all(|w| w[0] || !w[1]) {
+            (false, inner)
+        } else if kinds.windows(2).all(|w| !w[0] || w[1]) {
+            (true, red)
+        } else {
+            return None;
+        };
+        if block > MAX_FOLD_BLOCK {
+            return None;
+        }
+        q = q / gcd(q, block) * block;
+        if q > MAX_FOLD_BLOCK {
+            return None;
+        }
+        specs.push(FoldSpec { out, hidden: k >= g.outputs.len(), rows, red, inner, mean, shape });
+    }
+    let tile = FOLD_TILE.div_ceil(q) * q;
+    let hidden = specs.iter().filter(|f| f.hidden).count();
+    Some(FoldRun { specs, q, tile, hidden, parts: Mutex::new(Vec::new()) })
+}
+
+thread_local! {
+    /// Tiles of hidden members (`fold_exec`).
+    static FOLD_TILES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs elements `[start, end)` (whole rows and column blocks of every fold) tile by
+/// tile, adding each folded member's tile into this task's sums while it is in cache.
+fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
+    let mut parts: Vec<Vec<f64>> = f.specs.iter().map(|s| vec![0.0; if s.rows { (end - start).div_ceil(s.red) } else { s.inner }]).collect();
+    let mut cols: Vec<f32> = Vec::new();
+    FOLD_TILES.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.len() < f.hidden * f.tile {
+            t.resize(f.hidden * f.tile, 0.0);
+        }
+        let base = t.as_mut_ptr();
+        let mut outs: Vec<(Opd, OutBuf)> = k.outs.to_vec();
+        let mut ts = start;
+        while ts < end {
+            let te = end.min(ts + f.tile);
+            let mut h = 0;
+            for s in &f.specs {
+                if s.hidden {
+                    // Offset back so that element `ts` lands at the tile's start.
+                    outs[s.out].1 = OutBuf::F32(base.wrapping_add(h * f.tile).wrapping_sub(ts));
+                    h += 1;
+                }
+            }
+            exec(&Kernel { outs: &outs, folds: None, ..*k }, ts, te);
+            for (s, part) in f.specs.iter().zip(&mut parts) {
+                let OutBuf::F32(p) = outs[s.out].1 else { unreachable!("folded members are f32") };
+                // SAFETY: the kernel has just written elements [ts, te) of this buffer.
+                let x = unsafe { std::slice::from_raw_parts(p.wrapping_add(ts), te - ts) };
+                if s.rows {
+                    for (r, row) in x.chunks(s.red).enumerate() {
+                        part[(ts - start) / s.red + r] += crate::ops::reduce::sum_f32(row) as f64;
+                    }
+                } else if s.inner == 1 {
+                    part[0] += crate::ops::reduce::sum_f32(x) as f64;
+                } else {
+                    cols.clear();
+                    cols.resize(s.inner, 0.0);
+                    crate::ops::reduce::fold_sum_f32(&mut cols, x, x.len() / s.inner, s.inner);
+                    part.iter_mut().zip(&cols).for_each(|(a, &c)| *a += c as f64);
+                }
+            }
+            ts = te;
+        }
+    });
+    f.parts.lock().unwrap_or_else(|e| e.into_inner()).push((start, parts));
+}
+
+impl FoldRun {
+    /// The folds' results, from the tasks' sums in element order.
+    fn finish(self) -> Vec<Value> {
+        let mut parts = self.parts.into_inner().unwrap_or_else(|e| e.into_inner());
+        parts.sort_unstable_by_key(|p| p.0);
+        self.specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let sums: Vec<f64> = if s.rows {
+                    parts.iter().flat_map(|p| p.1[i].iter().copied()).collect()
+                } else {
+                    let mut acc = vec![0.0f64; s.inner];
+                    for p in &parts {
+                        acc.iter_mut().zip(&p.1[i]).for_each(|(a, &v)| *a += v);
+                    }
+                    acc
+                };
+                let div = if s.mean { s.red as f64 } else { 1.0 };
+                let v: Vec<f32> = sums.iter().map(|&a| (a / div) as f32).collect();
+                Value::from_vec(&s.shape, v).expect("the fold's shape holds its sums")
+            })
+            .collect()
+    }
 }
 
 /// The update rules recognised in the programs compiled so far for group `g`.
@@ -900,6 +1106,9 @@ thread_local! {
 
 /// Runs elements `[start, end)` with this thread's scratch registers.
 fn exec(k: &Kernel<'_>, start: usize, end: usize) {
+    if let Some(f) = k.folds {
+        return fold_exec(k, f, start, end);
+    }
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() < k.nregs * CH {
@@ -945,8 +1154,10 @@ unsafe fn source<'a>(k: &Kernel<'_>, regs: *mut f32, o: Opd, off: usize, len: us
             let (p, period) = k.tiles[t as usize];
             Src::S(std::slice::from_raw_parts(p.add(off % period), len))
         }
+        // Output pointers may be offset back from a tile's buffer (`fold_exec`): wrapping
+        // arithmetic, since only the element reached is within the allocation.
         Opd::Out(s) => match k.outs[s as usize].1 {
-            OutBuf::F32(p) => Src::S(std::slice::from_raw_parts(p.add(off), len)),
+            OutBuf::F32(p) => Src::S(std::slice::from_raw_parts(p.wrapping_add(off), len)),
             OutBuf::Bool(_) => unreachable!("direct writes are f32"),
         },
     }
@@ -967,7 +1178,7 @@ unsafe fn chunk(k: &Kernel<'_>, regs: *mut f32, off: usize, len: usize) {
     // The destination is never one of the instruction's operands (`allocate`, `direct_writes`).
     let dst = |r: u16| match r {
         OUT_BASE..LOAD_BASE => match k.outs[(r - OUT_BASE) as usize].1 {
-            OutBuf::F32(p) => std::slice::from_raw_parts_mut(p.add(off).cast(), len),
+            OutBuf::F32(p) => std::slice::from_raw_parts_mut(p.wrapping_add(off).cast(), len),
             OutBuf::Bool(_) => unreachable!("direct writes are f32"),
         },
         _ => reg_mut(regs, r, len),
@@ -1013,7 +1224,7 @@ unsafe fn chunk(k: &Kernel<'_>, regs: *mut f32, off: usize, len: usize) {
         }
         match buf {
             OutBuf::F32(p) => {
-                let out: &mut [MaybeUninit<f32>] = std::slice::from_raw_parts_mut(p.add(off).cast(), len);
+                let out: &mut [MaybeUninit<f32>] = std::slice::from_raw_parts_mut(p.wrapping_add(off).cast(), len);
                 match src(*o) {
                     Src::S(x) => map(x, out, |v| v),
                     Src::C(x) => fill(out, x),

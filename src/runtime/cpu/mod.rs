@@ -176,13 +176,13 @@ impl<'a> Run<'a> {
                 Item::Group(g) => {
                     match fused::run(plan, g, slots, lend)? {
                         Some(vals) => {
-                            for (&o, v) in g.outputs.iter().zip(vals) {
+                            for (o, v) in g.outputs.iter().copied().chain(g.folds.iter().map(|f| f.node)).zip(vals) {
                                 slots[o] = Some(v);
                             }
                         }
                         // Outputs of different shapes: run the members one by one.
                         None => {
-                            for &m in &g.members {
+                            for m in g.members.iter().copied().chain(g.folds.iter().map(|f| f.node)) {
                                 let v = step(plan, m, feeds, slots, multi)?;
                                 slots[m] = Some(v);
                             }
@@ -191,12 +191,12 @@ impl<'a> Run<'a> {
                 }
             }
             if let Some(s) = shapes.as_deref_mut() {
-                let set: &[usize] = match item {
-                    Item::Node(i) => std::slice::from_ref(i),
-                    Item::MatAcc { add, .. } => std::slice::from_ref(add),
-                    Item::Group(g) => &g.members,
+                let set: Vec<usize> = match item {
+                    Item::Node(i) => vec![*i],
+                    Item::MatAcc { add, .. } => vec![*add],
+                    Item::Group(g) => g.members.iter().copied().chain(g.folds.iter().map(|f| f.node)).collect(),
                 };
-                for &j in set {
+                for j in set {
                     s[j] = match &slots[j] {
                         Some(v) => Some(v.shape().to_vec()),
                         // A member the fused kernel kept in registers.
