@@ -43,13 +43,30 @@ impl Plan {
         let mut steps = Vec::with_capacity(nodes.len());
         let mut inputs = Vec::with_capacity(nodes.len());
         let mut foldable = vec![false; nodes.len()];
+        // Common subexpressions: a node with the op and inputs of an earlier one is that
+        // one (`canon`); nothing reads it, so `assemble` drops it.
+        let mut canon: Vec<usize> = (0..nodes.len()).collect();
+        let mut seen: HashMap<(String, Vec<usize>), usize> = HashMap::new();
         for (i, t) in nodes.iter().enumerate() {
             if let Some(&f) = feed_index.get(&t.id()) {
                 steps.push(Step::Fed(f));
                 inputs.push(vec![]);
                 continue;
             }
-            let ins: Vec<usize> = t.inputs().iter().map(|x| slot[&x.id()]).collect();
+            let ins: Vec<usize> = t.inputs().iter().map(|x| canon[slot[&x.id()]]).collect();
+            if let Some(key) = cse_key(t.op()) {
+                match seen.entry((key, ins.clone())) {
+                    std::collections::hash_map::Entry::Occupied(e) => {
+                        canon[i] = *e.get();
+                        steps.push(Step::Compute);
+                        inputs.push(vec![]);
+                        continue;
+                    }
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(i);
+                    }
+                }
+            }
             foldable[i] = match t.op() {
                 Op::Constant(_) => true,
                 op => pure(op) && !ins.is_empty() && ins.iter().all(|&j| foldable[j]),
@@ -70,7 +87,7 @@ impl Plan {
                 }
             }
         }
-        let outputs: Vec<usize> = targets.iter().map(|t| slot[&t.id()]).collect();
+        let outputs: Vec<usize> = targets.iter().map(|t| canon[slot[&t.id()]]).collect();
         Ok(Plan::assemble(nodes, steps, inputs, folded, outputs))
     }
 
@@ -311,6 +328,13 @@ impl Switches {
             _ => None,
         }
     }
+}
+
+/// What makes two nodes of the same inputs one value, for common-subexpression
+/// elimination: the op itself, for ops whose value follows from their inputs (not feeds,
+/// variables, random draws, callbacks or loops; constants are folded instead).
+fn cse_key(op: &Op) -> Option<String> {
+    (matches!(op, Op::TupleGet(_)) || (pure(op) && !matches!(op, Op::Constant(_)))).then(|| format!("{op:?}"))
 }
 
 /// Whether a node's value depends on its inputs alone, so it can be computed at compile time.
