@@ -326,18 +326,18 @@ def main():
         # rounds: each round runs every training workload once per framework (the
         # frameworks taking turns, in an order rotated round by round), so one workload's
         # rounds lie minutes apart, and each cell is the framework's median round. The call
-        # and dot rows time many repeats of their own and run once, in the first round.
+        # and dot rows run in every round too: their repeats span a fraction of a second,
+        # and one slow spell had put ferrokeras' K.dot at 141 GFLOP/s where the same build
+        # measured 189-200 minutes later (TF 94-148 across the same runs).
         runs = {key: {fw: [] for fw in frameworks} for key in results}
         for r in range(rounds):
             for key in results:
-                if key in KERAS2_ONLY and r > 0:
-                    continue
                 for fw in frameworks[r % len(frameworks):] + frameworks[:r % len(frameworks)]:
                     res = pending(fw, key) or run_worker(fw, [key], False, timeout)[key]
                     runs[key][fw].append(res)
                     if rounds > 1:
                         label, unit = units[key]
-                        tag = "" if key in KERAS2_ONLY else f"round {r + 1}/{rounds}: "
+                        tag = f"round {r + 1}/{rounds}: "
                         print(f"    {tag}{label:42s} {LABELS[fw]:15s} {fmt(res, unit)}", flush=True)
         if rounds > 1:
             print("medians of the rounds:")
