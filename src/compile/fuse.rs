@@ -81,6 +81,11 @@ impl Group {
     pub fn written(&self) -> impl Iterator<Item = usize> + '_ {
         self.outputs.iter().chain(&self.hidden).copied()
     }
+
+    /// The plan steps of the group's folds, whose values it returns after its outputs.
+    pub fn fold_nodes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.folds.iter().map(|f| f.node)
+    }
 }
 
 const MAX_MEMBERS: usize = 64;
@@ -253,8 +258,9 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
                 .members
                 .iter()
                 .chain(&g.first)
-                .chain(g.folds.iter().map(|f| &f.node))
-                .flat_map(|&m| plan.inputs[m].iter().copied())
+                .copied()
+                .chain(g.fold_nodes())
+                .flat_map(|m| plan.inputs[m].iter().copied())
                 .filter(|&j| group[j].is_none() || !g.members.contains(&j))
                 .collect(),
         }
@@ -360,7 +366,7 @@ const MAX_FOLDS: usize = 4;
 /// read by nothing else then stays hidden: tiles of it live in cache only. Batch norm's
 /// variance `mean(square(x - m))` and gradients `sum_to(dy * (x - m))`, `sum_to(-dx)`
 /// had each been a pass writing a `[64, 32, 32, 32]` tensor and another reading it back.
-/// Whether a fold runs fused is decided at run time from the shapes (`fused::fold_specs`).
+/// Whether a fold runs fused is decided at run time from the shapes (`fused::fold_run`).
 /// Returns the launches saved.
 fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) -> usize {
     let n = plan.nodes.len();
@@ -433,7 +439,7 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
         if g.folds.is_empty() {
             continue;
         }
-        let inside = |u: usize| g.members.contains(&u) || g.folds.iter().any(|f| f.node == u);
+        let inside = |u: usize| g.members.contains(&u) || g.fold_nodes().any(|r| r == u);
         let reduced: Vec<usize> = g.folds.iter().map(|f| f.member).collect();
         let kept = |o: usize| !reduced.contains(&o) || is_output[o] || users[o].iter().any(|&u| !inside(u));
         let (outputs, hidden): (Vec<usize>, Vec<usize>) = g.outputs.iter().partition(|&&o| kept(o));

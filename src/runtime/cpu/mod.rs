@@ -176,13 +176,13 @@ impl<'a> Run<'a> {
                 Item::Group(g) => {
                     match fused::run(plan, g, slots, lend)? {
                         Some(vals) => {
-                            for (o, v) in g.outputs.iter().copied().chain(g.folds.iter().map(|f| f.node)).zip(vals) {
+                            for (o, v) in g.outputs.iter().copied().chain(g.fold_nodes()).zip(vals) {
                                 slots[o] = Some(v);
                             }
                         }
                         // Outputs of different shapes: run the members one by one.
                         None => {
-                            for m in g.members.iter().copied().chain(g.folds.iter().map(|f| f.node)) {
+                            for m in g.members.iter().copied().chain(g.fold_nodes()) {
                                 let v = step(plan, m, feeds, slots, multi)?;
                                 slots[m] = Some(v);
                             }
@@ -194,7 +194,7 @@ impl<'a> Run<'a> {
                 let set: Vec<usize> = match item {
                     Item::Node(i) => vec![*i],
                     Item::MatAcc { add, .. } => vec![*add],
-                    Item::Group(g) => g.members.iter().copied().chain(g.folds.iter().map(|f| f.node)).collect(),
+                    Item::Group(g) => g.members.iter().copied().chain(g.fold_nodes()).collect(),
                 };
                 for j in set {
                     s[j] = match &slots[j] {
