@@ -1,4 +1,4 @@
-"""Every name in spec/api.tsv is exported by ferrokeras.backend with its documented
+"""Every name in tests/data/api.tsv (the documented API table) is exported by ferrokeras.backend with its documented
 signature: the documented parameters come first, in order, with the documented defaults;
 any further parameter has a default (so documented calls keep working).
 
@@ -14,7 +14,7 @@ import pytest
 
 from ferrokeras import backend as K
 
-API_TSV = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "spec", "api.tsv")
+API_TSV = os.path.join(os.path.dirname(__file__), "data", "api.tsv")
 
 PENDING = {}  # name -> the issue that delivers it, while it is not implemented
 
