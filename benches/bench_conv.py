@@ -52,6 +52,7 @@ CPU_MS = []
 
 # ---------------------------------------------------------------- workers
 
+
 def run_ferrokeras(x, k, repeat, out):
     from ferrokeras import backend as K
 
@@ -60,7 +61,10 @@ def run_ferrokeras(x, k, repeat, out):
     dx, dk = K.gradients(K.sum(y), [xv, kv])
     fwd = K.function([], [y])
     both = K.function([], [y, dx, dk])
-    res = {"forward": timed(lambda: fwd([]), repeat), "forward+backward": timed(lambda: both([]), repeat)}
+    res = {
+        "forward": timed(lambda: fwd([]), repeat),
+        "forward+backward": timed(lambda: both([]), repeat),
+    }
     np.savez(out, *both([]))
     return res
 
@@ -92,8 +96,12 @@ def run_torch(x, k, repeat, out, channels_last=False):
     import torch
 
     torch.set_num_threads(os.cpu_count())
-    xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).requires_grad_(True)  # NCHW
-    kt = torch.from_numpy(np.ascontiguousarray(k.transpose(3, 2, 0, 1))).requires_grad_(True)  # OIHW
+    xt = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).requires_grad_(
+        True
+    )  # NCHW
+    kt = torch.from_numpy(np.ascontiguousarray(k.transpose(3, 2, 0, 1))).requires_grad_(
+        True
+    )  # OIHW
     if channels_last:
         xt = xt.detach().to(memory_format=torch.channels_last).requires_grad_(True)
         kt = kt.detach().to(memory_format=torch.channels_last).requires_grad_(True)
@@ -107,9 +115,18 @@ def run_torch(x, k, repeat, out, channels_last=False):
         dx, dk = torch.autograd.grad(y.sum(), [xt, kt])
         return y, dx, dk
 
-    res = {"forward": timed(fwd, repeat), "forward+backward": timed(both, repeat), "version": torch.__version__}
+    res = {
+        "forward": timed(fwd, repeat),
+        "forward+backward": timed(both, repeat),
+        "version": torch.__version__,
+    }
     y, dx, dk = both()
-    np.savez(out, y.detach().numpy().transpose(0, 2, 3, 1), dx.numpy().transpose(0, 2, 3, 1), dk.numpy().transpose(2, 3, 1, 0))
+    np.savez(
+        out,
+        y.detach().numpy().transpose(0, 2, 3, 1),
+        dx.numpy().transpose(0, 2, 3, 1),
+        dk.numpy().transpose(2, 3, 1, 0),
+    )
     return res
 
 
@@ -123,6 +140,7 @@ WORKERS = {
 
 # ---------------------------------------------------------------- driver
 
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
@@ -132,7 +150,9 @@ def main():
     a = ap.parse_args()
     if a.worker:
         data = np.load(os.path.join(a.dir, "inputs.npz"))
-        res = WORKERS[a.worker](data["x"], data["k"], a.repeat, os.path.join(a.dir, a.worker + ".npz"))
+        res = WORKERS[a.worker](
+            data["x"], data["k"], a.repeat, os.path.join(a.dir, a.worker + ".npz")
+        )
         res["cpu"] = {"forward": CPU_MS[0], "forward+backward": CPU_MS[1]}
         print("RESULT " + json.dumps(res))
         return
@@ -150,8 +170,12 @@ def main():
             if not os.path.exists(py):
                 print(f"skipping {name}: {py} not found (run `make bench-conv`)")
                 continue
-            p = subprocess.run([py, __file__, "--worker", name, "--dir", d, "--repeat", str(a.repeat)],
-                               capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+            p = subprocess.run(
+                [py, __file__, "--worker", name, "--dir", d, "--repeat", str(a.repeat)],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+            )
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
             if p.returncode != 0 or not line:
                 print(f"{name} failed:\n{p.stderr[-2000:]}")
@@ -168,10 +192,12 @@ def main():
                 errs.append(float(np.max(np.abs(r - g)) / (np.max(np.abs(r)) + 1e-30)))
             results[name]["max_rel_err_vs_ferrokeras"] = max(errs)
 
-    print(f"\nconv2d 3x3, {x.shape[0]}x56x56x64 -> 64, float32, padding=same, {os.cpu_count()} CPU threads; "
-          f"median of {a.repeat}.\nms = wall time per call, GF/s = direct-convolution FLOPs / wall time, ratio = peer / ferrokeras wall time "
-          f"(> 1: ferrokeras is faster), cpu = CPU ms per call over all threads (less sensitive to other load);\n"
-          f"load average before the run: {load0:.2f}")
+    print(
+        f"\nconv2d 3x3, {x.shape[0]}x56x56x64 -> 64, float32, padding=same, {os.cpu_count()} CPU threads; "
+        f"median of {a.repeat}.\nms = wall time per call, GF/s = direct-convolution FLOPs / wall time, ratio = peer / ferrokeras wall time "
+        f"(> 1: ferrokeras is faster), cpu = CPU ms per call over all threads (less sensitive to other load);\n"
+        f"load average before the run: {load0:.2f}"
+    )
     cols = ["forward", "forward+backward"]
     print(f"{'':22}" + "".join(f"{c + ' (ms GF/s ratio cpu)':>38}" for c in cols) + "   check")
     base = results.get("ferrokeras")
@@ -181,14 +207,21 @@ def main():
             ratio = f"x{r[c] / base[c]:.2f}" if base else ""
             row += f"{r[c]:>12.1f} {mult * flops / r[c] / 1e6:>8.0f} {ratio:>8} {r['cpu'][c]:>7.0f}"
         chk = r.get("max_rel_err_vs_ferrokeras")
-        row += "   " + ("" if chk is None else f"max rel err {chk:.1e}" + ("" if chk < 1e-4 else "  MISMATCH"))
+        row += "   " + (
+            "" if chk is None else f"max rel err {chk:.1e}" + ("" if chk < 1e-4 else "  MISMATCH")
+        )
         print(row)
     if base:
-        best = {c: min((r[c] for n, r in results.items() if n != "ferrokeras"), default=None) for c in cols}
+        best = {
+            c: min((r[c] for n, r in results.items() if n != "ferrokeras"), default=None)
+            for c in cols
+        }
         for c in cols:
             if best[c] is not None:
-                print(f"{c}: ferrokeras / fastest peer = {base[c] / best[c]:.2f} "
-                      f"({'meets' if base[c] <= best[c] else 'misses'} the target of at least the fastest peer)")
+                print(
+                    f"{c}: ferrokeras / fastest peer = {base[c] / best[c]:.2f} "
+                    f"({'meets' if base[c] <= best[c] else 'misses'} the target of at least the fastest peer)"
+                )
 
 
 if __name__ == "__main__":

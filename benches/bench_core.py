@@ -52,11 +52,16 @@ def bench_matmul(rng, n, repeats):
     f = K.function([a, b], [K.dot(a, b)])
     np.testing.assert_allclose(f([av, bv])[0], av @ bv, rtol=1e-3, atol=1e-2)
 
-    flop = 2.0 * n ** 3
+    flop = 2.0 * n**3
     fk = median_seconds(lambda: f([av, bv]), 1, repeats)
     fn = median_seconds(lambda: av @ bv, 1, repeats)
-    return (f"K.dot {n}x{n}x{n} float32 via K.function", "GFLOP/s",
-            flop / fk / 1e9, flop / fn / 1e9, fn / fk)
+    return (
+        f"K.dot {n}x{n}x{n} float32 via K.function",
+        "GFLOP/s",
+        flop / fk / 1e9,
+        flop / fn / 1e9,
+        fn / fk,
+    )
 
 
 def main():
@@ -66,9 +71,11 @@ def main():
     calls, repeats = (200, 3) if args.quick else (2000, 7)
 
     device = getattr(ferrokeras, "device", lambda: "cpu")()
-    print(f"ferrokeras device: {device}   "
-          f"FERROKERAS_DEVICE={os.environ.get('FERROKERAS_DEVICE', '(unset)')}   "
-          f"numpy {np.__version__}   cores: {os.cpu_count()}")
+    print(
+        f"ferrokeras device: {device}   "
+        f"FERROKERAS_DEVICE={os.environ.get('FERROKERAS_DEVICE', '(unset)')}   "
+        f"numpy {np.__version__}   cores: {os.cpu_count()}"
+    )
 
     rng = np.random.default_rng(0)
     rows = [
@@ -84,8 +91,10 @@ def main():
     for name, unit, ours, theirs, speedup in rows:
         cells = (name, unit, f"{ours:.2f}", f"{theirs:.2f}", f"{speedup:.2f}x")
         print("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
-    print(f"\nMedian of {repeats} repeats. us/call: lower is better; GFLOP/s: higher is "
-          "better;\nspeed vs numpy = numpy time / ferrokeras time (above 1x: ferrokeras is faster).")
+    print(
+        f"\nMedian of {repeats} repeats. us/call: lower is better; GFLOP/s: higher is "
+        "better;\nspeed vs numpy = numpy time / ferrokeras time (above 1x: ferrokeras is faster)."
+    )
 
 
 if __name__ == "__main__":

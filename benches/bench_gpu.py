@@ -53,7 +53,7 @@ def bench_matmul(n):
     va, vb = K.variable(a), K.variable(b)
     g = K.function([], [K.sum(K.dot(va, vb))])
     t_res = timeit(lambda: g([]))
-    flops = 2.0 * n ** 3
+    flops = 2.0 * n**3
     return flops / t_io / 1e9, flops / t_res / 1e9
 
 
@@ -66,7 +66,10 @@ def bench_overhead():
 
 def mlp_step(batch=128, sizes=(784, 256, 256, 10)):
     rng = np.random.default_rng(1)
-    ws = [K.variable(rng.standard_normal((i, o)).astype("float32") * np.sqrt(2.0 / i)) for i, o in zip(sizes, sizes[1:])]
+    ws = [
+        K.variable(rng.standard_normal((i, o)).astype("float32") * np.sqrt(2.0 / i))
+        for i, o in zip(sizes, sizes[1:])
+    ]
     bs = [K.variable(np.zeros(o, "float32")) for o in sizes[1:]]
     x = K.placeholder(shape=(None, sizes[0]))
     y = K.placeholder(shape=(None, sizes[-1]))
@@ -102,7 +105,10 @@ def conv_step(batch=32, hw=56, c=64):
 
 def numpy_mlp_step(batch=128, sizes=(784, 256, 256, 10)):
     rng = np.random.default_rng(1)
-    ws = [rng.standard_normal((i, o)).astype("float32") * np.sqrt(2.0 / i) for i, o in zip(sizes, sizes[1:])]
+    ws = [
+        rng.standard_normal((i, o)).astype("float32") * np.sqrt(2.0 / i)
+        for i, o in zip(sizes, sizes[1:])
+    ]
     bs = [np.zeros(o, "float32") for o in sizes[1:]]
     xv = rng.standard_normal((batch, sizes[0])).astype("float32")
     yv = np.eye(sizes[-1], dtype="float32")[rng.integers(0, sizes[-1], batch)]
@@ -143,7 +149,7 @@ def torch_matmul(n):
         torch.mm(a, b)
         torch.cuda.synchronize()
 
-    return 2.0 * n ** 3 / timeit(run) / 1e9
+    return 2.0 * n**3 / timeit(run) / 1e9
 
 
 def main():
@@ -155,11 +161,24 @@ def main():
     devices = ferrokeras.devices()
     print("devices:")
     for d in devices:
-        print("  %-6s %s (%s, %s%s)" % (d["device"], d["name"], d["backend"], d["type"], ", software" if d["software"] else ""))
+        print(
+            "  %-6s %s (%s, %s%s)"
+            % (
+                d["device"],
+                d["name"],
+                d["backend"],
+                d["type"],
+                ", software" if d["software"] else "",
+            )
+        )
     rows = []
     for d in devices:
         software = d["software"]
-        sizes = args.sizes or ([128, 256] if (args.quick or software or d["device"] == "cpu") else [512, 1024, 2048, 4096])
+        sizes = args.sizes or (
+            [128, 256]
+            if (args.quick or software or d["device"] == "cpu")
+            else [512, 1024, 2048, 4096]
+        )
         if d["device"] == "cpu" and not args.quick and not args.sizes:
             sizes = [256, 512, 1024]
         ferrokeras.set_device(d["device"])
@@ -167,30 +186,40 @@ def main():
         print("\n== %s" % label)
         for n in sizes:
             io, res = bench_matmul(n)
-            print("  matmul %5d^3 fp32: %9.1f GFLOP/s with transfers, %9.1f GFLOP/s resident" % (n, io, res))
+            print(
+                "  matmul %5d^3 fp32: %9.1f GFLOP/s with transfers, %9.1f GFLOP/s resident"
+                % (n, io, res)
+            )
             rows.append((d["device"], "matmul %d" % n, io, res))
         us = bench_overhead()
         print("  K.function call overhead: %.1f us" % us)
         if not (args.quick or software):
             ms, train = mlp_step()
-            print("  MLP training step (784-256-256-10, batch 128): %.2f ms  [%d dispatches, %d submit(s)]"
-                  % (ms, train.dispatches, train.submits))
+            print(
+                "  MLP training step (784-256-256-10, batch 128): %.2f ms  [%d dispatches, %d submit(s)]"
+                % (ms, train.dispatches, train.submits)
+            )
         batch = 2 if (args.quick or software) else 32
         ms, gflops, f = conv_step(batch)
         where = "" if d["device"] == "cpu" else ", %d nodes on the CPU fallback" % f._f.host_nodes
-        print("  conv 3x3 64->64 56x56 batch %d fwd+bwd: %.1f ms, %.1f GFLOP/s  [%d dispatches%s]"
-              % (batch, ms, gflops, f.dispatches, where))
+        print(
+            "  conv 3x3 64->64 56x56 batch %d fwd+bwd: %.1f ms, %.1f GFLOP/s  [%d dispatches%s]"
+            % (batch, ms, gflops, f.dispatches, where)
+        )
         stats = _core.device_stats()
         if stats:
-            print("  buffer allocations %d (%.1f MiB), pipelines compiled %d" % (stats[0], stats[1] / 2 ** 20, stats[2]))
+            print(
+                "  buffer allocations %d (%.1f MiB), pipelines compiled %d"
+                % (stats[0], stats[1] / 2**20, stats[2])
+            )
     print("\n== numpy")
-    for n in (args.sizes or ([128, 256] if args.quick else [256, 512, 1024, 2048])):
+    for n in args.sizes or ([128, 256] if args.quick else [256, 512, 1024, 2048]):
         a = np.random.rand(n, n).astype("float32")
         b = np.random.rand(n, n).astype("float32")
-        print("  matmul %5d^3 fp32: %9.1f GFLOP/s" % (n, 2.0 * n ** 3 / timeit(lambda: a @ b) / 1e9))
+        print("  matmul %5d^3 fp32: %9.1f GFLOP/s" % (n, 2.0 * n**3 / timeit(lambda: a @ b) / 1e9))
     if not args.quick:
         print("  MLP training step: %.2f ms" % numpy_mlp_step())
-    for n in (args.sizes or [1024, 4096]):
+    for n in args.sizes or [1024, 4096]:
         t = torch_matmul(n)
         if t is not None:
             print("  torch CUDA matmul %5d^3 fp32 (TF32 off): %9.1f GFLOP/s" % (n, t))

@@ -110,8 +110,14 @@ def run_worker(fw, workloads, quick, timeout):
         cmd.append("--quick")
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * len(workloads),
-                           cwd=ROOT, env=worker_env(fw))
+        p = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout * len(workloads),
+            cwd=ROOT,
+            env=worker_env(fw),
+        )
         stdout, stderr, rc = p.stdout, p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -120,7 +126,7 @@ def run_worker(fw, workloads, quick, timeout):
     out = {}
     for ln in stdout.splitlines():
         if ln.startswith(MARK):
-            res = json.loads(ln[len(MARK):])
+            res = json.loads(ln[len(MARK) :])
             res["subprocess_s"] = took
             out[res["workload"]] = res
     for w in workloads:
@@ -131,8 +137,11 @@ def run_worker(fw, workloads, quick, timeout):
 
 
 def machine():
-    info = {"platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count()}
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
         fields = dict(ln.split(":", 1) for ln in out.splitlines() if ":" in ln)
@@ -146,12 +155,18 @@ def machine():
     except (OSError, ValueError):
         pass
     try:  # which engine was measured: the commit, uncommitted engine edits, the build time
-        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()  # noqa: E731
+        git = lambda *a: subprocess.run(
+            ["git", *a], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()  # noqa: E731
         info["git_commit"] = git("rev-parse", "--short", "HEAD")
-        info["git_dirty_engine_files"] = git("status", "--porcelain", "--", "src", "python", "Cargo.toml").splitlines()
+        info["git_dirty_engine_files"] = git(
+            "status", "--porcelain", "--", "src", "python", "Cargo.toml"
+        ).splitlines()
         so = sorted((ROOT / "python" / "ferrokeras").glob("_core*.so"))
         if so:
-            info["extension_built"] = dt.datetime.fromtimestamp(so[0].stat().st_mtime).isoformat(timespec="seconds")
+            info["extension_built"] = dt.datetime.fromtimestamp(so[0].stat().st_mtime).isoformat(
+                timespec="seconds"
+            )
     except OSError:
         pass
     try:
@@ -166,8 +181,11 @@ def fmt(res, unit):
     if res is None:
         return "-"
     if res.get("status") != "ok":
-        return f"n/a ({res.get('reason', '?')})" if res.get("status") == "n/a" else \
-            f"error ({res.get('reason', '?')[:40]})"
+        return (
+            f"n/a ({res.get('reason', '?')})"
+            if res.get("status") == "n/a"
+            else f"error ({res.get('reason', '?')[:40]})"
+        )
     v = res["value"]
     if unit == "us/call":
         return f"{v:.1f} us"
@@ -188,8 +206,11 @@ def table(results, frameworks):
         for fw in frameworks:
             row.append(fmt(r.get(fw), unit))
         ours = r.get("ferrokeras")
-        peers = {fw: v["value"] for fw, v in r.items()
-                 if fw != "ferrokeras" and v and v.get("status") == "ok"}
+        peers = {
+            fw: v["value"]
+            for fw, v in r.items()
+            if fw != "ferrokeras" and v and v.get("status") == "ok"
+        }
         if ours and ours.get("status") == "ok" and peers:
             f = ours["value"]
             if higher:
@@ -247,25 +268,46 @@ def render(rows, markdown=False):
         return "\n".join(out)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]])
+    return "\n".join(
+        [line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]]
+    )
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small epochs and few repeats: a ~2 minute smoke run")
-    p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
-                   help="comma-separated subset of " + ",".join(FRAMEWORKS))
-    p.add_argument("--workloads", default=",".join(w[0] for w in WORKLOADS),
-                   help="comma-separated subset of " + ",".join(w[0] for w in WORKLOADS))
-    p.add_argument("--out", help="where to write the raw JSON (default benches/results/<date>[-tag].json)")
+    p.add_argument(
+        "--quick", action="store_true", help="small epochs and few repeats: a ~2 minute smoke run"
+    )
+    p.add_argument(
+        "--frameworks",
+        default=",".join(FRAMEWORKS),
+        help="comma-separated subset of " + ",".join(FRAMEWORKS),
+    )
+    p.add_argument(
+        "--workloads",
+        default=",".join(w[0] for w in WORKLOADS),
+        help="comma-separated subset of " + ",".join(w[0] for w in WORKLOADS),
+    )
+    p.add_argument(
+        "--out", help="where to write the raw JSON (default benches/results/<date>[-tag].json)"
+    )
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
-    p.add_argument("--peers-from", metavar="JSON",
-                   help="fill the columns of frameworks not run now from an earlier results file "
-                        "(e.g. rerun ferrokeras alone; its ratios then compare across runs)")
-    p.add_argument("--timeout", type=int, default=None, help="seconds per worker (default 120 quick, 420 full)")
-    p.add_argument("--rounds", type=int, default=None,
-                   help="rounds of the training workloads (each round runs them all, the frameworks taking turns) "
-                        "(default 3 in a full run, 1 in --quick); a cell is the median round")
+    p.add_argument(
+        "--peers-from",
+        metavar="JSON",
+        help="fill the columns of frameworks not run now from an earlier results file "
+        "(e.g. rerun ferrokeras alone; its ratios then compare across runs)",
+    )
+    p.add_argument(
+        "--timeout", type=int, default=None, help="seconds per worker (default 120 quick, 420 full)"
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of the training workloads (each round runs them all, the frameworks taking turns) "
+        "(default 3 in a full run, 1 in --quick); a cell is the median round",
+    )
     a = p.parse_args()
 
     frameworks = [f for f in a.frameworks.split(",") if f]
@@ -285,8 +327,10 @@ def main():
     info = machine()
     info["loadavg_start"] = os.getloadavg()
     info["omp_wait_policy"] = worker_env("tf")["OMP_WAIT_POLICY"]
-    print(f"machine: {info.get('cpu_model')}, {info.get('cores')} CPUs, "
-          f"AVX-512: {'yes' if info.get('avx512f') else 'no'}, load average {info['loadavg_start'][0]:.2f}")
+    print(
+        f"machine: {info.get('cpu_model')}, {info.get('cores')} CPUs, "
+        f"AVX-512: {'yes' if info.get('avx512f') else 'no'}, load average {info['loadavg_start'][0]:.2f}"
+    )
     missing = {fw: peer_missing(fw) for fw in frameworks}
     for fw, why in missing.items():
         if why:
@@ -332,7 +376,7 @@ def main():
         runs = {key: {fw: [] for fw in frameworks} for key in results}
         for r in range(rounds):
             for key in results:
-                for fw in frameworks[r % len(frameworks):] + frameworks[:r % len(frameworks)]:
+                for fw in frameworks[r % len(frameworks) :] + frameworks[: r % len(frameworks)]:
                     res = pending(fw, key) or run_worker(fw, [key], False, timeout)[key]
                     runs[key][fw].append(res)
                     if rounds > 1:
@@ -357,18 +401,26 @@ def main():
                 if prev is not None:
                     results[key][fw] = dict(prev, from_file=a.peers_from)
         shown = [fw for fw in FRAMEWORKS if fw in shown]
-        print(f"columns of {', '.join(LABELS[f] for f in shown if f not in frameworks)} "
-              f"are from {a.peers_from} (started {old.get('started')})")
+        print(
+            f"columns of {', '.join(LABELS[f] for f in shown if f not in frameworks)} "
+            f"are from {a.peers_from} (started {old.get('started')})"
+        )
 
     info["loadavg_end"] = os.getloadavg()
     rows = table(results, shown)
     print()
     print(render(rows))
-    print("\nTraining rows: samples/second, median of timed epochs after the warm-up epochs"
-          + (f", median of {rounds} rounds in which the frameworks take turns. " if rounds > 1 else ". ") +
-          "Ratio: ferrokeras speed / best peer's speed\n(above 1x: ferrokeras is ahead; for us/call "
-          "the ratio is best peer time / ferrokeras time). Load average "
-          f"{info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}.")
+    print(
+        "\nTraining rows: samples/second, median of timed epochs after the warm-up epochs"
+        + (
+            f", median of {rounds} rounds in which the frameworks take turns. "
+            if rounds > 1
+            else ". "
+        )
+        + "Ratio: ferrokeras speed / best peer's speed\n(above 1x: ferrokeras is ahead; for us/call "
+        "the ratio is best peer time / ferrokeras time). Load average "
+        f"{info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}."
+    )
     if a.markdown:
         print()
         print(render(rows, markdown=True))
@@ -380,13 +432,26 @@ def main():
         tag.append("+".join(frameworks))
     if set(workloads) != {k for k, *_ in WORKLOADS}:
         tag.append("+".join(workloads))
-    out = Path(a.out) if a.out else HERE / "results" / (
-        started.strftime("%Y-%m-%d") + ("-" + "-".join(tag) if tag else "") + ".json")
+    out = (
+        Path(a.out)
+        if a.out
+        else HERE
+        / "results"
+        / (started.strftime("%Y-%m-%d") + ("-" + "-".join(tag) if tag else "") + ".json")
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"started": started.isoformat(timespec="seconds"), "finished":
-           dt.datetime.now().isoformat(timespec="seconds"), "quick": a.quick, "rounds": rounds, "machine": info,
-           "versions": versions, "frameworks": frameworks, "peers_from": a.peers_from, "results": results,
-           "table": rows}
+    doc = {
+        "started": started.isoformat(timespec="seconds"),
+        "finished": dt.datetime.now().isoformat(timespec="seconds"),
+        "quick": a.quick,
+        "rounds": rounds,
+        "machine": info,
+        "versions": versions,
+        "frameworks": frameworks,
+        "peers_from": a.peers_from,
+        "results": results,
+        "table": rows,
+    }
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"raw results: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
 

@@ -64,11 +64,22 @@ def cases(rng):
         bv = rng.standard_normal(batch + ((n, k) if tb else (k, n))).astype("float32")
         pa, pb = K.placeholder(shape=av.shape), K.placeholder(shape=bv.shape)
         f = K.function([pa, pb], [wrap(_core.matmul(pa._core, pb._core, ta, tb))])
-        want = np.matmul(np.swapaxes(av, -1, -2) if ta else av, np.swapaxes(bv, -1, -2) if tb else bv)
+        want = np.matmul(
+            np.swapaxes(av, -1, -2) if ta else av, np.swapaxes(bv, -1, -2) if tb else bv
+        )
         np.testing.assert_allclose(f([av, bv])[0], want, rtol=1e-3, atol=1e-3)
         t = "".join(["A" if not ta else "Aᵀ", "·", "B" if not tb else "Bᵀ"])
         b = f"{batch[0]}x " if batch else ""
-        out.append(("gemm", f"{b}{m}x{k}x{n} {t} {note}".rstrip(), f, [av, bv], 2.0 * m * n * k * max(1, int(np.prod(batch))), "GFLOP/s"))
+        out.append(
+            (
+                "gemm",
+                f"{b}{m}x{k}x{n} {t} {note}".rstrip(),
+                f,
+                [av, bv],
+                2.0 * m * n * k * max(1, int(np.prod(batch))),
+                "GFLOP/s",
+            )
+        )
 
     gemm(1024, 1024, 1024, note="(K.dot 1024^3)")
     gemm(128, 784, 512, note="(mlp fwd 1)")
@@ -93,16 +104,36 @@ def cases(rng):
         ys = tuple(K.int_shape(y))
         flop = 2.0 * np.prod(ys) * ws[0] * ws[1] * ws[2]
         if what == "fwd":
-            out.append(("conv", f"conv {xs} * {ws}", K.function([px, pw], [y]), [xv, wv], flop, "GFLOP/s"))
+            out.append(
+                ("conv", f"conv {xs} * {ws}", K.function([px, pw], [y]), [xv, wv], flop, "GFLOP/s")
+            )
             return
         gv = rng.standard_normal(ys).astype("float32")
         pg = K.placeholder(shape=ys)
         if what == "dx":
             dx = K.gradients(K.sum(K.conv2d(px, K.constant(wv)) * pg), [px])[0]
-            out.append(("conv", f"conv dx {xs} * {ws}", K.function([px, pg], [dx]), [xv, gv], flop, "GFLOP/s"))
+            out.append(
+                (
+                    "conv",
+                    f"conv dx {xs} * {ws}",
+                    K.function([px, pg], [dx]),
+                    [xv, gv],
+                    flop,
+                    "GFLOP/s",
+                )
+            )
         else:
             dw = K.gradients(K.sum(K.conv2d(K.constant(xv), pw) * pg), [pw])[0]
-            out.append(("conv", f"conv dW {xs} * {ws}", K.function([pw, pg], [dw]), [wv, gv], flop, "GFLOP/s"))
+            out.append(
+                (
+                    "conv",
+                    f"conv dW {xs} * {ws}",
+                    K.function([pw, pg], [dw]),
+                    [wv, gv],
+                    flop,
+                    "GFLOP/s",
+                )
+            )
 
     for what in ("fwd", "dx", "dW"):
         conv((64, 26, 26, 32), (3, 3, 32, 64), what)
@@ -113,18 +144,33 @@ def cases(rng):
     xv = rng.standard_normal(xs).astype("float32")
     px = K.placeholder(shape=xs)
     y = K.pool2d(px, (2, 2), strides=(2, 2))
-    out.append(("pool", "max_pool 2x2 64x24x24x64", K.function([px], [y]), [xv], xv.size, "ns/elem"))
+    out.append(
+        ("pool", "max_pool 2x2 64x24x24x64", K.function([px], [y]), [xv], xv.size, "ns/elem")
+    )
     gy = K.placeholder(shape=K.int_shape(y))
     dx = K.gradients(K.sum(K.pool2d(px, (2, 2), strides=(2, 2)) * gy), [px])[0]
     gv = rng.standard_normal(K.int_shape(y)).astype("float32")
-    out.append(("pool", "max_pool grad 64x24x24x64", K.function([px, gy], [dx]), [xv, gv], xv.size, "ns/elem"))
+    out.append(
+        (
+            "pool",
+            "max_pool grad 64x24x24x64",
+            K.function([px, gy], [dx]),
+            [xv, gv],
+            xv.size,
+            "ns/elem",
+        )
+    )
 
     def red(shape, axis, fn=K.sum, name="sum"):
         v = rng.standard_normal(shape).astype("float32")
         p = K.placeholder(shape=shape)
         f = K.function([p], [fn(p, axis=axis)])
-        np.testing.assert_allclose(f([v])[0], getattr(np, name)(v.astype("float64"), axis=axis), rtol=1e-4, atol=1e-2)
-        out.append(("reduce", f"{name} {'x'.join(map(str, shape))} axis={axis}", f, [v], v.size, "ns/elem"))
+        np.testing.assert_allclose(
+            f([v])[0], getattr(np, name)(v.astype("float64"), axis=axis), rtol=1e-4, atol=1e-2
+        )
+        out.append(
+            ("reduce", f"{name} {'x'.join(map(str, shape))} axis={axis}", f, [v], v.size, "ns/elem")
+        )
 
     red((128, 512), 0)
     red((128, 10), 0)
@@ -143,9 +189,12 @@ def main():
     ap.add_argument("--ab", default="", help="environment variable selecting the previous kernels")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--filter", default="", help="only rows whose name contains this")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time by the process's CPU time, not wall time: with RAYON_NUM_THREADS=1 this "
-                         "compares single-thread kernel efficiency on a machine other jobs load")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by the process's CPU time, not wall time: with RAYON_NUM_THREADS=1 this "
+        "compares single-thread kernel efficiency on a machine other jobs load",
+    )
     a = ap.parse_args()
     if a.cpu_time:
         global CLOCK
@@ -160,7 +209,10 @@ def main():
         rate = (lambda s: work / s / 1e9) if unit == "GFLOP/s" else (lambda s: s / work * 1e9)
         old = f"{rate(t_old):10.2f}" if t_old else ""
         ratio = f"{t_old / t:6.2f}x" if t_old else ""
-        print(f"{name:{w}}  {rate(t):10.2f}  {old:>12}  {ratio}  {unit}  ({t * 1e6:.0f} us)", flush=True)
+        print(
+            f"{name:{w}}  {rate(t):10.2f}  {old:>12}  {ratio}  {unit}  ({t * 1e6:.0f} us)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ def lstm_function(T, B=32, D=32, H=64, unroll=False):
     def step(x_t, states):
         h, c = states
         z = K.dot(x_t, W) + K.dot(h, U)
-        i, f = K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H])
-        o, g = K.sigmoid(z[:, 2 * H:3 * H]), K.tanh(z[:, 3 * H:])
+        i, f = K.sigmoid(z[:, :H]), K.sigmoid(z[:, H : 2 * H])
+        o, g = K.sigmoid(z[:, 2 * H : 3 * H]), K.tanh(z[:, 3 * H :])
         c2 = f * c + i * g
         h2 = o * K.tanh(c2)
         return h2, [h2, c2]

@@ -47,7 +47,10 @@ def models(keras, np):
         i = keras.Input((100,), dtype="int32")
         h = L.LSTM(64)(L.Embedding(10000, 128)(i))
         o = L.Dense(1, activation="sigmoid")(h)
-        x, y = rng.integers(0, 10000, (1024, 100)).astype("int32"), rng.integers(0, 2, (1024, 1)).astype("float32")
+        x, y = (
+            rng.integers(0, 10000, (1024, 100)).astype("int32"),
+            rng.integers(0, 2, (1024, 1)).astype("float32"),
+        )
         return i, o, "adam", "binary_crossentropy", x, y, 32
 
     def cifar_bn():
@@ -67,7 +70,10 @@ def models(keras, np):
         h = L.Conv1D(128, 5, activation="relu")(L.Embedding(5000, 64)(i))
         h = L.Dense(64, activation="relu")(L.GlobalMaxPooling1D()(h))
         o = L.Dense(1, activation="sigmoid")(h)
-        x, y = rng.integers(0, 5000, (2048, 200)).astype("int32"), rng.integers(0, 2, (2048, 1)).astype("float32")
+        x, y = (
+            rng.integers(0, 5000, (2048, 200)).astype("int32"),
+            rng.integers(0, 2, (2048, 1)).astype("float32"),
+        )
         return i, o, "adam", "binary_crossentropy", x, y, 64
 
     def autoencoder():
@@ -117,8 +123,22 @@ def models(keras, np):
         o = L.Dense(10, activation="softmax")(h)
         return i, o, "adagrad", "categorical_crossentropy", normal(1024, 64, 64, 3), cls(1024), 32
 
-    return {f.__name__: f for f in (gru, imdb, cifar_bn, conv1d, autoencoder, bilstm, simple_rnn,
-                                    separable, deconv, wide_mlp, strided_cnn)}
+    return {
+        f.__name__: f
+        for f in (
+            gru,
+            imdb,
+            cifar_bn,
+            conv1d,
+            autoencoder,
+            bilstm,
+            simple_rnn,
+            separable,
+            deconv,
+            wide_mlp,
+            strided_cnn,
+        )
+    }
 
 
 def worker(framework, names):
@@ -153,9 +173,16 @@ def worker(framework, names):
         t = time.perf_counter()
         model.predict(xp, batch_size=256, verbose=0)
         model.predict(xp, batch_size=256, verbose=0)
-        out["models"][name] = {"train": len(x) / statistics.median(times[1:]),
-                               "predict": 2 * len(xp) / (time.perf_counter() - t), "loss": loss_last}
-        print(f"  {framework:10s} {name:12s} train {out['models'][name]['train']:9.0f}/s", file=sys.stderr, flush=True)
+        out["models"][name] = {
+            "train": len(x) / statistics.median(times[1:]),
+            "predict": 2 * len(xp) / (time.perf_counter() - t),
+            "loss": loss_last,
+        }
+        print(
+            f"  {framework:10s} {name:12s} train {out['models'][name]['train']:9.0f}/s",
+            file=sys.stderr,
+            flush=True,
+        )
     print(MARK, json.dumps(out), flush=True)
 
 
@@ -169,14 +196,21 @@ def main():
     names = a.models.split(",") if a.models != "all" else None
     if a.worker:
         import numpy as np
+
         worker(a.worker, names or list(models(_Stub(), np)))
         return
     frameworks = a.frameworks.split(",")
     results = {}
     for fw in frameworks:
-        python = sys.executable if fw == "ferrokeras" else os.path.join(HERE, ".venvs", fw, "bin", "python")
+        python = (
+            sys.executable
+            if fw == "ferrokeras"
+            else os.path.join(HERE, ".venvs", fw, "bin", "python")
+        )
         if not os.path.exists(python):
-            print(f"{fw}: no virtual environment at {python} (make bench creates it)", file=sys.stderr)
+            print(
+                f"{fw}: no virtual environment at {python} (make bench creates it)", file=sys.stderr
+            )
             continue
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
         cmd = [python, os.path.abspath(__file__), "--worker", fw, "--models", a.models]
@@ -185,7 +219,7 @@ def main():
         if r.returncode or not line:
             print(f"{fw}: failed (exit {r.returncode})", file=sys.stderr)
             continue
-        results[fw] = json.loads(line[-1][len(MARK):])
+        results[fw] = json.loads(line[-1][len(MARK) :])
     if "ferrokeras" not in results:
         raise SystemExit("ferrokeras did not run")
     fk = results["ferrokeras"]["models"]

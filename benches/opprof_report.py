@@ -54,22 +54,32 @@ def main():
     body_ops = sum(ns for ns, n, by, k in ops if k.startswith("[body]"))
     loop_ns = sum(ns for ns, n, by, k in ops if k.startswith("loop "))
     if not meta:  # the current patch times plan items only (no run totals, no [body] marks)
-        print(f"{a.table}: {calls} training calls ({runs} plan runs, loop bodies included); "
-              f"kernels {per(sum(ns for ns, n, by, k in ops if not k.startswith('loop '))):.2f} ms per call")
+        print(
+            f"{a.table}: {calls} training calls ({runs} plan runs, loop bodies included); "
+            f"kernels {per(sum(ns for ns, n, by, k in ops if not k.startswith('loop '))):.2f} ms per call"
+        )
     else:
-        print(f"{a.table}: {calls} training calls ({runs} top-level plan runs), plan run "
-              f"{per(top_total):.2f} ms per call")
-        print(f"  top-level plan: kernels {per(top_ops):.2f} ms, interpreter between kernels "
-              f"{per(top_total - top_ops):.3f} ms ({(top_total - top_ops) / max(top_total, 1):.1%})")
+        print(
+            f"{a.table}: {calls} training calls ({runs} top-level plan runs), plan run "
+            f"{per(top_total):.2f} ms per call"
+        )
+        print(
+            f"  top-level plan: kernels {per(top_ops):.2f} ms, interpreter between kernels "
+            f"{per(top_total - top_ops):.3f} ms ({(top_total - top_ops) / max(top_total, 1):.1%})"
+        )
     if body_total > 1:
-        print(f"  loops: {per(loop_ns):.2f} ms, of which body plans {per(body_total):.2f} ms "
-              f"(kernels {per(body_ops):.2f} ms, interpreter {per(body_total - body_ops):.2f} ms); "
-              f"loop machinery (slice per step, stack outputs) {per(loop_ns - body_total):.2f} ms")
+        print(
+            f"  loops: {per(loop_ns):.2f} ms, of which body plans {per(body_total):.2f} ms "
+            f"(kernels {per(body_ops):.2f} ms, interpreter {per(body_total - body_ops):.2f} ms); "
+            f"loop machinery (slice per step, stack outputs) {per(loop_ns - body_total):.2f} ms"
+        )
     n_top = sum(n for ns, n, by, k in ops if not k.startswith("[body]")) / calls
     n_body = sum(n for ns, n, by, k in ops if k.startswith("[body]")) / calls
-    print(f"  kernel launches per call: {n_top:.0f} top-level + {n_body:.0f} in loop bodies; "
-          f"bytes allocated for results per call: "
-          f"{sum(by for ns, n, by, k in ops if not k.startswith('loop ')) / calls / 2**20:.1f} MiB")
+    print(
+        f"  kernel launches per call: {n_top:.0f} top-level + {n_body:.0f} in loop bodies; "
+        f"bytes allocated for results per call: "
+        f"{sum(by for ns, n, by, k in ops if not k.startswith('loop ')) / calls / 2**20:.1f} MiB"
+    )
 
     def name_of(k):
         body = k.startswith("[body] ")
@@ -86,14 +96,20 @@ def main():
         by_name[name_of(k)][0] += ns
         by_name[name_of(k)][1] += n
     kernels = sum(v[0] for v in by_name.values())
-    print(f"\nkernel time per call by primitive (loops broken down into their bodies), "
-          f"of {per(kernels):.2f} ms:")
-    for k, (ns, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:a.top]:
-        print(f"  {per(ns):7.3f} ms  {ns / kernels:6.1%}  {n / calls:6.0f} launches  "
-              f"{ns / max(n, 1) / 1e3:8.1f} us each  {k}")
+    print(
+        f"\nkernel time per call by primitive (loops broken down into their bodies), "
+        f"of {per(kernels):.2f} ms:"
+    )
+    for k, (ns, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[: a.top]:
+        print(
+            f"  {per(ns):7.3f} ms  {ns / kernels:6.1%}  {n / calls:6.0f} launches  "
+            f"{ns / max(n, 1) / 1e3:8.1f} us each  {k}"
+        )
     print("\ntop single (primitive, result shape <- input shapes):")
-    for ns, n, by, k in sorted((r for r in ops if not excl(r[3])), key=lambda r: -r[0])[:a.top]:
-        print(f"  {per(ns):7.3f} ms  {ns / kernels:6.1%}  x{n / calls:<4.0f} {ns / max(n, 1) / 1e3:8.1f} us  {k[:110]}")
+    for ns, n, by, k in sorted((r for r in ops if not excl(r[3])), key=lambda r: -r[0])[: a.top]:
+        print(
+            f"  {per(ns):7.3f} ms  {ns / kernels:6.1%}  x{n / calls:<4.0f} {ns / max(n, 1) / 1e3:8.1f} us  {k[:110]}"
+        )
 
 
 if __name__ == "__main__":

@@ -52,9 +52,15 @@ def load_framework(name):
         import ferrokeras
 
         device = getattr(ferrokeras, "device", lambda: "cpu")()
-        return keras, keras.backend, {"keras": keras.__version__,
-                                      "ferrokeras": getattr(ferrokeras, "__version__", "?"),
-                                      "device": str(device)}
+        return (
+            keras,
+            keras.backend,
+            {
+                "keras": keras.__version__,
+                "ferrokeras": getattr(ferrokeras, "__version__", "?"),
+                "device": str(device),
+            },
+        )
     if name == "tf":
         import tensorflow as tf
         import tf_keras as keras
@@ -67,13 +73,19 @@ def load_framework(name):
         if name == "jax":
             import jax
 
-            versions = {"keras": keras.__version__, "jax": jax.__version__,
-                        "jax_devices": [str(d) for d in jax.devices()]}
+            versions = {
+                "keras": keras.__version__,
+                "jax": jax.__version__,
+                "jax_devices": [str(d) for d in jax.devices()],
+            }
         else:
             import torch
 
-            versions = {"keras": keras.__version__, "torch": torch.__version__,
-                        "torch_threads": torch.get_num_threads()}
+            versions = {
+                "keras": keras.__version__,
+                "torch": torch.__version__,
+                "torch_threads": torch.get_num_threads(),
+            }
         return keras, None, versions
     raise SystemExit(f"unknown framework {name!r}")
 
@@ -117,8 +129,12 @@ def w_call4x4(keras, K, np, quick):
     calls = int(min(20000, max(20, (0.1 if quick else 0.4) / per)))
     repeats = 3 if quick else 7
     med, samples = timed_calls(call, calls, repeats)
-    return {"value": med * 1e6, "unit": "us/call", "samples_us": [s * 1e6 for s in samples],
-            "calls_per_repeat": calls}
+    return {
+        "value": med * 1e6,
+        "unit": "us/call",
+        "samples_us": [s * 1e6 for s in samples],
+        "calls_per_repeat": calls,
+    }
 
 
 def w_dot1024(keras, K, np, quick):
@@ -132,9 +148,13 @@ def w_dot1024(keras, K, np, quick):
     np.testing.assert_allclose(np.asarray(f([av, bv])[0]), av @ bv, rtol=1e-3, atol=2e-2)
     calls, repeats = (2, 3) if quick else (3, 7)
     med, samples = timed_calls(lambda: f([av, bv]), calls, repeats)
-    flop = 2.0 * n ** 3
-    return {"value": flop / med / 1e9, "unit": "GFLOP/s", "seconds": med,
-            "samples_gflops": [flop / s / 1e9 for s in samples]}
+    flop = 2.0 * n**3
+    return {
+        "value": flop / med / 1e9,
+        "unit": "GFLOP/s",
+        "seconds": med,
+        "samples_gflops": [flop / s / 1e9 for s in samples],
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -168,8 +188,11 @@ def build_mlp(keras):
     h = L.Dropout(0.2)(h)
     out = L.Dense(10, activation="softmax")(h)
     model = keras.Model(inp, out)
-    model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=1e-3),
-                  loss="categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.RMSprop(learning_rate=1e-3),
+        loss="categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return model, (784,)
 
 
@@ -185,8 +208,11 @@ def build_cnn(keras):
     h = L.Dropout(0.5)(h)
     out = L.Dense(10, activation="softmax")(h)
     model = keras.Model(inp, out)
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-3),
-                  loss="categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=1e-3),
+        loss="categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return model, (28, 28, 1)
 
 
@@ -196,8 +222,11 @@ def build_lstm(keras):
     h = L.LSTM(64)(inp)
     out = L.Dense(10, activation="softmax")(h)
     model = keras.Model(inp, out)
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-3),
-                  loss="categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=1e-3),
+        loss="categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return model, (50, 32)
 
 
@@ -247,8 +276,15 @@ def w_train(name, keras, K, np, quick, framework):
                 self.model.stop_training = True
 
     t0 = time.perf_counter()
-    hist = model.fit(x, y, batch_size=batch, epochs=warm + most, shuffle=True, verbose=0,
-                     callbacks=[EpochTimer()])
+    hist = model.fit(
+        x,
+        y,
+        batch_size=batch,
+        epochs=warm + most,
+        shuffle=True,
+        verbose=0,
+        callbacks=[EpochTimer()],
+    )
     total = time.perf_counter() - t0
     timed = times[warm:]
     med = statistics.median(timed)
@@ -256,11 +292,19 @@ def w_train(name, keras, K, np, quick, framework):
     if not all(np.isfinite(losses)):
         raise RuntimeError(f"non-finite training loss: {losses}")
     return {
-        "value": n / med, "unit": "samples/s", "samples_per_epoch": n, "batch": batch,
-        "steps_per_epoch": n // batch, "step_ms": med / (n // batch) * 1e3,
-        "warmup_epochs_s": times[:warm], "timed_epochs_s": timed, "fit_total_s": total,
-        "loss": losses, "params": int(model.count_params()),
-        "peak_rss_mib": rss_mib(), "rss_before_model_mib": rss_before_model,
+        "value": n / med,
+        "unit": "samples/s",
+        "samples_per_epoch": n,
+        "batch": batch,
+        "steps_per_epoch": n // batch,
+        "step_ms": med / (n // batch) * 1e3,
+        "warmup_epochs_s": times[:warm],
+        "timed_epochs_s": timed,
+        "fit_total_s": total,
+        "loss": losses,
+        "params": int(model.count_params()),
+        "peak_rss_mib": rss_mib(),
+        "rss_before_model_mib": rss_before_model,
         "rss_with_data_mib": rss_with_data,
     }
 
@@ -268,9 +312,16 @@ def w_train(name, keras, K, np, quick, framework):
 def run_one(framework, workload, quick, keras, K, versions, import_s):
     import numpy as np
 
-    out = {"framework": framework, "workload": workload, "quick": quick,
-           "python": platform.python_version(), "pid": os.getpid(), "versions": versions,
-           "import_s": import_s, "rss_after_import_mib": current_rss_mib()}
+    out = {
+        "framework": framework,
+        "workload": workload,
+        "quick": quick,
+        "python": platform.python_version(),
+        "pid": os.getpid(),
+        "versions": versions,
+        "import_s": import_s,
+        "rss_after_import_mib": current_rss_mib(),
+    }
     t0 = time.perf_counter()
     try:
         if workload in ("call4x4", "dot1024"):
@@ -284,8 +335,11 @@ def run_one(framework, workload, quick, keras, K, versions, import_s):
     except NotImplementedError as e:
         out.update(status="n/a", reason=str(e).split(";")[0][:120])
     except Exception as e:  # report, do not crash the harness
-        out.update(status="error", reason=f"{type(e).__name__}: {e}"[:400],
-                   traceback=traceback.format_exc()[-3000:])
+        out.update(
+            status="error",
+            reason=f"{type(e).__name__}: {e}"[:400],
+            traceback=traceback.format_exc()[-3000:],
+        )
     out["wall_s"] = time.perf_counter() - t0
     return out
 
@@ -293,9 +347,12 @@ def run_one(framework, workload, quick, keras, K, versions, import_s):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--framework", choices=FRAMEWORKS, required=True)
-    p.add_argument("--workload", required=True,
-                   help="one of %s, or several separated by commas (one process: then the "
-                        "peak RSS of later workloads includes the earlier ones)" % ",".join(WORKLOADS))
+    p.add_argument(
+        "--workload",
+        required=True,
+        help="one of %s, or several separated by commas (one process: then the "
+        "peak RSS of later workloads includes the earlier ones)" % ",".join(WORKLOADS),
+    )
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
     workloads = a.workload.split(",")
@@ -308,8 +365,18 @@ def main():
         keras, K, versions = load_framework(a.framework)
     except Exception as e:
         for w in workloads:
-            print(MARK, json.dumps({"framework": a.framework, "workload": w, "status": "error",
-                                    "reason": f"import failed: {type(e).__name__}: {e}"[:400]}), flush=True)
+            print(
+                MARK,
+                json.dumps(
+                    {
+                        "framework": a.framework,
+                        "workload": w,
+                        "status": "error",
+                        "reason": f"import failed: {type(e).__name__}: {e}"[:400],
+                    }
+                ),
+                flush=True,
+            )
         return
     import_s = time.perf_counter() - t0
     for w in workloads:

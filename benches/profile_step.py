@@ -60,8 +60,10 @@ def cmd_train(a):
     t0 = time.perf_counter()
     steps = steady_state_fit(model, x, y, batch, a.seconds)
     dt = time.perf_counter() - t0
-    print(f"{a.workload}: {steps} steps in {dt:.1f}s, {dt / steps * 1e3:.2f} ms/step, "
-          f"{steps * batch / dt:,.0f} samples/s")
+    print(
+        f"{a.workload}: {steps} steps in {dt:.1f}s, {dt / steps * 1e3:.2f} ms/step, "
+        f"{steps * batch / dt:,.0f} samples/s"
+    )
 
 
 def cmd_breakdown(a):
@@ -99,14 +101,14 @@ def cmd_breakdown(a):
     kf.Function.__call__ = wrapped
     nb = len(x) // batch
     for i in range(3):  # warm-up
-        model.train_on_batch(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch])
+        model.train_on_batch(x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch])
     step_times, engine, wrapper = [], [], []
     for r in range(a.repeats):
         for k in acc:
             acc[k] = 0 if k == "calls" else 0.0
         t0 = time.perf_counter()
         for i in range(nb):
-            model.train_on_batch(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch])
+            model.train_on_batch(x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch])
         step_times.append((time.perf_counter() - t0) / nb)
         engine.append(acc["engine"] / nb)
         wrapper.append(acc["wrapper"] / nb)
@@ -115,9 +117,15 @@ def cmd_breakdown(a):
     f = getattr(f, "f", f)
     st, en, wr = (statistics.median(v) * 1e3 for v in (step_times, engine, wrapper))
     print(f"{a.workload}: train_on_batch {st:.2f} ms/step (median of {a.repeats} x {nb} steps)")
-    print(f"  engine (_core.Function.__call__, feeds in, plan run, outputs out): {en:.2f} ms  ({en / st:.0%})")
-    print(f"  ferrokeras Function wrapper (Python, around the engine):            {wr - en:.3f} ms  ({(wr - en) / st:.1%})")
-    print(f"  Keras 2.3.1 train_on_batch (standardize data, slice, callbacks):    {st - wr:.3f} ms  ({(st - wr) / st:.1%})")
+    print(
+        f"  engine (_core.Function.__call__, feeds in, plan run, outputs out): {en:.2f} ms  ({en / st:.0%})"
+    )
+    print(
+        f"  ferrokeras Function wrapper (Python, around the engine):            {wr - en:.3f} ms  ({(wr - en) / st:.1%})"
+    )
+    print(
+        f"  Keras 2.3.1 train_on_batch (standardize data, slice, callbacks):    {st - wr:.3f} ms  ({(st - wr) / st:.1%})"
+    )
     print(f"  kernel launches per step (plan steps): {getattr(f, 'dispatches', '?')}")
     # fit() adds per-batch work of its own (shuffling, slicing, callbacks, progbar logs)
     t0 = time.perf_counter()
@@ -177,8 +185,14 @@ def cmd_ops(a):
         bn = bv.T if tb else bv
         tn = np_timed(lambda: an @ bn)
         fl = 2.0 * m * n * k
-        rows.append((f"gemm {m}x{k} @ {k}x{n}{' ' + note if note else ''}", t, tn,
-                     f"{fl / t / 1e9:.1f} vs {fl / tn / 1e9:.1f} GFLOP/s"))
+        rows.append(
+            (
+                f"gemm {m}x{k} @ {k}x{n}{' ' + note if note else ''}",
+                t,
+                tn,
+                f"{fl / t / 1e9:.1f} vs {fl / tn / 1e9:.1f} GFLOP/s",
+            )
+        )
 
     def unary(name, shape, kfn, nfn):
         xv = rng.standard_normal(shape).astype("float32")
@@ -187,8 +201,14 @@ def cmd_ops(a):
         t = k_timed(f, [xv])
         tn = np_timed(lambda: nfn(xv))
         n = int(np.prod(shape))
-        rows.append((f"{name} {'x'.join(map(str, shape))}", t, tn,
-                     f"{t / n * 1e9:.2f} vs {tn / n * 1e9:.2f} ns/elem"))
+        rows.append(
+            (
+                f"{name} {'x'.join(map(str, shape))}",
+                t,
+                tn,
+                f"{t / n * 1e9:.2f} vs {tn / n * 1e9:.2f} ns/elem",
+            )
+        )
 
     def binary(name, sa, sb, kfn, nfn):
         av = rng.standard_normal(sa).astype("float32")
@@ -198,8 +218,14 @@ def cmd_ops(a):
         t = k_timed(f, [av, bv])
         tn = np_timed(lambda: nfn(av, bv))
         n = int(np.prod(np.broadcast_shapes(sa, sb)))
-        rows.append((f"{name} {'x'.join(map(str, sa))}, {'x'.join(map(str, sb))}", t, tn,
-                     f"{t / n * 1e9:.2f} vs {tn / n * 1e9:.2f} ns/elem"))
+        rows.append(
+            (
+                f"{name} {'x'.join(map(str, sa))}, {'x'.join(map(str, sb))}",
+                t,
+                tn,
+                f"{t / n * 1e9:.2f} vs {tn / n * 1e9:.2f} ns/elem",
+            )
+        )
 
     # the fixed cost every row below includes
     unary("identity (K.function floor)", (1,), lambda x: x * 1.0, lambda x: x * 1.0)
@@ -212,18 +238,38 @@ def cmd_ops(a):
         gemm(B, 512, 512, tb=True, note="(dx = g W^T)")
         unary("relu", (B, 512), K.relu, lambda x: np.maximum(x, 0))
         unary("exp", (B, 512), K.exp, np.exp)
-        unary("softmax", (B, 10), K.softmax,
-              lambda x: np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True))
+        unary(
+            "softmax",
+            (B, 10),
+            K.softmax,
+            lambda x: (
+                np.exp(x - x.max(1, keepdims=True))
+                / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)
+            ),
+        )
         unary("sum axis 0", (B, 512), lambda x: K.sum(x, axis=0), lambda x: x.sum(0))
         binary("bias add", (B, 512), (512,), lambda a, b: a + b, lambda a, b: a + b)
         binary("multiply", (B, 512), (B, 512), lambda a, b: a * b, lambda a, b: a * b)
-        binary("relu grad (select)", (B, 512), (B, 512), lambda x, g: K.switch(x > 0, g, K.zeros_like(g)),
-               lambda x, g: np.where(x > 0, g, 0))
-        binary("rmsprop update", (784, 512), (784, 512),
-               lambda p, g: p - 0.001 * g / (K.sqrt(0.9 * K.square(p) + 0.1 * K.square(g)) + 1e-7),
-               lambda p, g: p - 0.001 * g / (np.sqrt(0.9 * np.square(p) + 0.1 * np.square(g)) + 1e-7))
-        unary("dropout mask (random_uniform)", (B, 512), lambda x: x * K.cast(K.random_uniform((B, 512)) > 0.2, "float32"),
-              lambda x: x * (rng.random((B, 512), dtype="float32") > 0.2))
+        binary(
+            "relu grad (select)",
+            (B, 512),
+            (B, 512),
+            lambda x, g: K.switch(x > 0, g, K.zeros_like(g)),
+            lambda x, g: np.where(x > 0, g, 0),
+        )
+        binary(
+            "rmsprop update",
+            (784, 512),
+            (784, 512),
+            lambda p, g: p - 0.001 * g / (K.sqrt(0.9 * K.square(p) + 0.1 * K.square(g)) + 1e-7),
+            lambda p, g: p - 0.001 * g / (np.sqrt(0.9 * np.square(p) + 0.1 * np.square(g)) + 1e-7),
+        )
+        unary(
+            "dropout mask (random_uniform)",
+            (B, 512),
+            lambda x: x * K.cast(K.random_uniform((B, 512)) > 0.2, "float32"),
+            lambda x: x * (rng.random((B, 512), dtype="float32") > 0.2),
+        )
     else:  # lstm: per time step, batch 64, 32 -> 4*64 gates
         gemm(B, 32, 256, note="(x_t W, per step)")
         gemm(B, 64, 256, note="(h_{t-1} U, per step)")
@@ -233,15 +279,23 @@ def cmd_ops(a):
         binary("multiply", (B, 64), (B, 64), lambda a, b: a * b, lambda a, b: a * b)
         binary("bias add", (B, 256), (256,), lambda a, b: a + b, lambda a, b: a + b)
         unary("slice gate [:, :64]", (B, 256), lambda x: x[:, :64], lambda x: x[:, :64].copy())
-        unary("stack 50 steps (concat)", (50, B, 64), lambda x: K.concatenate([x[i:i + 1] for i in range(50)], axis=0),
-              lambda x: np.concatenate([x[i:i + 1] for i in range(50)], axis=0))
+        unary(
+            "stack 50 steps (concat)",
+            (50, B, 64),
+            lambda x: K.concatenate([x[i : i + 1] for i in range(50)], axis=0),
+            lambda x: np.concatenate([x[i : i + 1] for i in range(50)], axis=0),
+        )
         # one whole LSTM step cell as Keras builds it, forward only, as a K.function
         xv = rng.standard_normal((B, 32)).astype("float32")
         hv = rng.standard_normal((B, 64)).astype("float32")
         W = K.variable(rng.standard_normal((32, 256)).astype("float32") * 0.1)
         U = K.variable(rng.standard_normal((64, 256)).astype("float32") * 0.1)
         bb = K.variable(np.zeros(256, "float32"))
-        px, ph, pc = K.placeholder(shape=(B, 32)), K.placeholder(shape=(B, 64)), K.placeholder(shape=(B, 64))
+        px, ph, pc = (
+            K.placeholder(shape=(B, 32)),
+            K.placeholder(shape=(B, 64)),
+            K.placeholder(shape=(B, 64)),
+        )
         z = K.dot(px, W) + K.dot(ph, U) + bb
         i_, f_, c_, o_ = z[:, :64], z[:, 64:128], z[:, 128:192], z[:, 192:]
         c2 = K.sigmoid(f_) * pc + K.sigmoid(i_) * K.tanh(c_)
@@ -255,10 +309,20 @@ def cmd_ops(a):
             s = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
             cc = s(zz[:, 64:128]) * hv + s(zz[:, :64]) * np.tanh(zz[:, 128:192])
             return s(zz[:, 192:]) * np.tanh(cc), cc
-        rows.append(("one LSTM cell step, fwd (16 ops)", t, np_timed(npcell), f"{getattr(f, 'dispatches', '?')} launches"))
+
+        rows.append(
+            (
+                "one LSTM cell step, fwd (16 ops)",
+                t,
+                np_timed(npcell),
+                f"{getattr(f, 'dispatches', '?')} launches",
+            )
+        )
 
     w = max(len(r[0]) for r in rows)
-    print(f"{'op (ferrokeras via K.function)':{w}}  {'ferrokeras':>11}  {'numpy 1 thr':>9}  rate (ferrokeras vs numpy)")
+    print(
+        f"{'op (ferrokeras via K.function)':{w}}  {'ferrokeras':>11}  {'numpy 1 thr':>9}  rate (ferrokeras vs numpy)"
+    )
     for name, t, tn, rate in rows:
         print(f"{name:{w}}  {t * 1e6:9.1f}us  {tn * 1e6:7.1f}us  {rate}")
 

@@ -38,7 +38,7 @@ def classify(frames):
     except StopIteration:
         py = [f for f in frames if ".py:" in f]
         return "Keras / Python outside the K.function call", clean(py[-1]) if py else "?"
-    inner = frames[i + 1:]
+    inner = frames[i + 1 :]
     if not inner:
         return "ferrokeras Python wrapper (function.py)", clean(frames[i])
     joined = ";".join(inner)
@@ -57,15 +57,20 @@ def classify(frames):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folded")
-    p.add_argument("--focus", default="steady_state_fit (",
-                   help="count only stacks containing this frame text (default: the timed loop)")
+    p.add_argument(
+        "--focus",
+        default="steady_state_fit (",
+        help="count only stacks containing this frame text (default: the timed loop)",
+    )
     p.add_argument("--top", type=int, default=8)
     a = p.parse_args()
     stacks = parse(a.folded)
     kept = {s: n for s, n in stacks.items() if a.focus in s}
     total = sum(kept.values())
-    print(f"{a.folded}: {sum(stacks.values())} samples of the Python thread, {total} in the "
-          f"focus ({a.focus!r})")
+    print(
+        f"{a.folded}: {sum(stacks.values())} samples of the Python thread, {total} in the "
+        f"focus ({a.focus!r})"
+    )
     parts, detail = Counter(), {}
     for s, n in kept.items():
         part, what = classify(s.split(";"))

@@ -25,23 +25,35 @@ def main(epochs=30, batch_size=32):
     digits = load_digits()
     x = (digits.images / 16.0).astype("float32")[..., None]  # 1797 x 8 x 8 x 1
     y = keras.utils.to_categorical(digits.target, 10)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0,
-                                                        stratify=digits.target)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.25, random_state=0, stratify=digits.target
+    )
 
-    model = Sequential([
-        Conv2D(16, (3, 3), padding="same", activation="relu", input_shape=(8, 8, 1)),
-        Conv2D(32, (3, 3), activation="relu"),
-        MaxPooling2D((2, 2)),
-        Dropout(0.25),
-        Flatten(),
-        Dense(64, activation="relu"),
-        Dropout(0.3),
-        Dense(10, activation="softmax"),
-    ])
+    model = Sequential(
+        [
+            Conv2D(16, (3, 3), padding="same", activation="relu", input_shape=(8, 8, 1)),
+            Conv2D(32, (3, 3), activation="relu"),
+            MaxPooling2D((2, 2)),
+            Dropout(0.25),
+            Flatten(),
+            Dense(64, activation="relu"),
+            Dropout(0.3),
+            Dense(10, activation="softmax"),
+        ]
+    )
     model.summary()
     model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
-    model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, validation_split=0.1, verbose=1,
-              callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=6, restore_best_weights=True)])
+    model.fit(
+        x_train,
+        y_train,
+        batch_size=batch_size,
+        epochs=epochs,
+        validation_split=0.1,
+        verbose=1,
+        callbacks=[
+            keras.callbacks.EarlyStopping(monitor="val_loss", patience=6, restore_best_weights=True)
+        ],
+    )
     loss, acc = model.evaluate(x_test, y_test, verbose=0)
     import ferrokeras
 

@@ -25,22 +25,37 @@ def main(epochs=40, batch_size=32):
     digits = load_digits()
     x = (digits.data / 16.0).astype("float32")  # 1797 x 64, pixels in [0, 1]
     y = keras.utils.to_categorical(digits.target, 10)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0,
-                                                        stratify=digits.target)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.25, random_state=0, stratify=digits.target
+    )
 
-    model = Sequential([
-        Dense(128, input_shape=(64,)),
-        Activation("relu"),
-        Dropout(0.2),
-        Dense(64, activation="relu"),
-        Dropout(0.2),
-        Dense(10, activation="softmax"),
-    ])
+    model = Sequential(
+        [
+            Dense(128, input_shape=(64,)),
+            Activation("relu"),
+            Dropout(0.2),
+            Dense(64, activation="relu"),
+            Dropout(0.2),
+            Dense(10, activation="softmax"),
+        ]
+    )
     model.summary()
-    model.compile(optimizer=keras.optimizers.Adam(lr=1e-3), loss="categorical_crossentropy",
-                  metrics=["accuracy"])
-    model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, validation_split=0.1, verbose=2,
-              callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=8, restore_best_weights=True)])
+    model.compile(
+        optimizer=keras.optimizers.Adam(lr=1e-3),
+        loss="categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    model.fit(
+        x_train,
+        y_train,
+        batch_size=batch_size,
+        epochs=epochs,
+        validation_split=0.1,
+        verbose=2,
+        callbacks=[
+            keras.callbacks.EarlyStopping(monitor="val_loss", patience=8, restore_best_weights=True)
+        ],
+    )
     loss, acc = model.evaluate(x_test, y_test, verbose=0)
     print(f"backend: {keras.backend.backend()}")
     print(f"test loss {loss:.4f}, test accuracy {acc:.4f}")

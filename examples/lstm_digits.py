@@ -25,17 +25,33 @@ def main(epochs=40, batch_size=32):
     digits = load_digits()
     x = (digits.images / 16.0).astype("float32")  # 1797 x 8 timesteps x 8 features
     y = digits.target
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.25, random_state=0, stratify=y
+    )
 
-    model = Sequential([
-        LSTM(64, input_shape=(8, 8)),
-        Dense(10, activation="softmax"),
-    ])
+    model = Sequential(
+        [
+            LSTM(64, input_shape=(8, 8)),
+            Dense(10, activation="softmax"),
+        ]
+    )
     model.summary()
-    model.compile(optimizer=keras.optimizers.Adam(lr=3e-3), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
-    model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, validation_split=0.1, verbose=2,
-              callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss", patience=6, restore_best_weights=True)])
+    model.compile(
+        optimizer=keras.optimizers.Adam(lr=3e-3),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    model.fit(
+        x_train,
+        y_train,
+        batch_size=batch_size,
+        epochs=epochs,
+        validation_split=0.1,
+        verbose=2,
+        callbacks=[
+            keras.callbacks.EarlyStopping(monitor="val_loss", patience=6, restore_best_weights=True)
+        ],
+    )
     loss, acc = model.evaluate(x_test, y_test, verbose=0)
     print(f"backend: {keras.backend.backend()}")
     print(f"test loss {loss:.4f}, test accuracy {acc:.4f}")

@@ -70,8 +70,10 @@ def main():
     # parameters as they are now.
     final_loss = float(K.function([x, y], [loss])([x_train, y_train])[0])
     print(f"final loss {final_loss:.5f} (initial {initial_loss:.5f})")
-    print(f"mean time per training step: {1e3 * elapsed / STEPS:.3f} ms "
-          f"({N_SAMPLES} samples, {N_IN}->{N_HIDDEN}->1)")
+    print(
+        f"mean time per training step: {1e3 * elapsed / STEPS:.3f} ms "
+        f"({N_SAMPLES} samples, {N_IN}->{N_HIDDEN}->1)"
+    )
     print(f"first-layer weight norm: {np.linalg.norm(K.get_value(w1)):.4f}")
 
     if not final_loss < 0.5 * initial_loss:

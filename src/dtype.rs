@@ -18,7 +18,15 @@ pub enum DType {
 
 impl DType {
     pub const ALL: [DType; 9] = [
-        DType::F16, DType::F32, DType::F64, DType::I8, DType::I16, DType::I32, DType::I64, DType::U8, DType::Bool,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::Bool,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,7 +67,10 @@ impl DType {
     }
 
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::U8)
+        matches!(
+            self,
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::U8
+        )
     }
 
     pub fn size(self) -> usize {

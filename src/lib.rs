@@ -2,15 +2,15 @@
 //! plans and run on the CPU (and, with the `gpu` feature, through wgpu). The Python facade
 //! `ferrokeras.backend` reaches it through the private `ferrokeras._core` module.
 
-pub mod error;
 pub mod dtype;
+pub mod error;
 pub mod shape;
 #[macro_use]
 pub mod runtime;
-pub mod graph;
-pub mod ops;
 pub mod autodiff;
 pub mod compile;
+pub mod graph;
+pub mod ops;
 
 #[cfg(feature = "python")]
 mod py;

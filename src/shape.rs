@@ -59,7 +59,11 @@ pub fn norm_axis(op: &str, axis: i64, rank: usize) -> Result<usize> {
             -r
         ));
     }
-    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+    Ok(if axis < 0 {
+        (axis + r) as usize
+    } else {
+        axis as usize
+    })
 }
 
 /// Normalises a list of axes; duplicates are an error.
@@ -81,13 +85,23 @@ pub fn broadcast_static(op: &str, a: &Shape, b: &Shape) -> Result<Shape> {
     let r = a.rank().max(b.rank());
     let mut out = vec![None; r];
     for i in 0..r {
-        let da = if i + a.rank() >= r { a.0[i + a.rank() - r] } else { Some(1) };
-        let db = if i + b.rank() >= r { b.0[i + b.rank() - r] } else { Some(1) };
+        let da = if i + a.rank() >= r {
+            a.0[i + a.rank() - r]
+        } else {
+            Some(1)
+        };
+        let db = if i + b.rank() >= r {
+            b.0[i + b.rank() - r]
+        } else {
+            Some(1)
+        };
         out[i] = match (da, db) {
             (Some(1), d) | (d, Some(1)) => d,
             (Some(x), Some(y)) if x == y => Some(x),
             (Some(_), Some(_)) => {
-                return Err(value_err!("{op}: shapes {a} and {b} cannot be broadcast together"))
+                return Err(value_err!(
+                    "{op}: shapes {a} and {b} cannot be broadcast together"
+                ))
             }
             (Some(x), None) | (None, Some(x)) => Some(x),
             (None, None) => None,
@@ -101,14 +115,24 @@ pub fn broadcast_runtime(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize
     let r = a.len().max(b.len());
     let mut out = vec![0; r];
     for i in 0..r {
-        let da = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-        let db = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
             db
         } else {
-            return Err(value_err!("{op}: shapes {a:?} and {b:?} cannot be broadcast together"));
+            return Err(value_err!(
+                "{op}: shapes {a:?} and {b:?} cannot be broadcast together"
+            ));
         };
     }
     Ok(out)

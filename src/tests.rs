@@ -16,12 +16,17 @@ fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
 
 fn vals(shape: &[usize], seed: u64) -> Value {
     let n: usize = shape.iter().product();
-    let data: Vec<f64> = (0..n).map(|i| (((i as u64 * 2654435761 + seed * 97) % 1000) as f64 / 500.0) - 1.0).collect();
+    let data: Vec<f64> = (0..n)
+        .map(|i| (((i as u64 * 2654435761 + seed * 97) % 1000) as f64 / 500.0) - 1.0)
+        .collect();
     Value::from_vec(shape, data).unwrap()
 }
 
 fn run(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> Vec<Value> {
-    Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap().call(vs.to_vec()).unwrap()
+    Function::new(feeds.to_vec(), outs.to_vec(), vec![])
+        .unwrap()
+        .call(vs.to_vec())
+        .unwrap()
 }
 
 /// Checks d sum(f) / d inputs against central differences.
@@ -43,7 +48,10 @@ fn check_grad(inputs: &[Tensor], out: &Tensor, vs: &[Value]) {
                 run(inputs, std::slice::from_ref(&loss), &fed)[0].to_f64_vec()[0]
             };
             let num = (bump(eps) - bump(-eps)) / (2.0 * eps);
-            assert!((num - ai).abs() <= 1e-6 * (1.0 + num.abs()), "input {k} element {i}: analytic {ai}, numeric {num}");
+            assert!(
+                (num - ai).abs() <= 1e-6 * (1.0 + num.abs()),
+                "input {k} element {i}: analytic {ai}, numeric {num}"
+            );
         }
     }
 }
@@ -51,8 +59,14 @@ fn check_grad(inputs: &[Tensor], out: &Tensor, vs: &[Value]) {
 #[test]
 fn broadcasting_rules() {
     let s = |d: &[Option<usize>]| Shape(d.to_vec());
-    assert_eq!(broadcast_static("t", &s(&[None, Some(1)]), &s(&[Some(4)])).unwrap(), s(&[None, Some(4)]));
-    assert_eq!(broadcast_static("t", &s(&[Some(3), Some(1)]), &s(&[Some(1), Some(4)])).unwrap(), s(&[Some(3), Some(4)]));
+    assert_eq!(
+        broadcast_static("t", &s(&[None, Some(1)]), &s(&[Some(4)])).unwrap(),
+        s(&[None, Some(4)])
+    );
+    assert_eq!(
+        broadcast_static("t", &s(&[Some(3), Some(1)]), &s(&[Some(1), Some(4)])).unwrap(),
+        s(&[Some(3), Some(4)])
+    );
     assert!(broadcast_static("t", &s(&[Some(3)]), &s(&[Some(4)])).is_err());
 }
 
@@ -85,7 +99,10 @@ fn constant_subgraphs_fold_and_dead_values_are_freed() {
 fn unfed_placeholder_is_named_in_the_error() {
     let x = ph("my_input", &[Some(2)]);
     let y = mul(&x, &x).unwrap();
-    let err = Function::new(vec![], vec![y], vec![]).unwrap().call(vec![]).unwrap_err();
+    let err = Function::new(vec![], vec![y], vec![])
+        .unwrap()
+        .call(vec![])
+        .unwrap_err();
     assert!(err.to_string().contains("my_input"), "{err}");
 }
 
@@ -93,8 +110,17 @@ fn unfed_placeholder_is_named_in_the_error() {
 fn gradients_of_broadcasting_elementwise_ops() {
     let a = ph("a", &[Some(3), Some(4)]);
     let b = ph("b", &[Some(4)]);
-    let t = binary(BinaryOp::Maximum, &mul(&a, &b).unwrap(), &unary(UnaryOp::Tanh, &b).unwrap()).unwrap();
-    let out = div(&unary(UnaryOp::Sigmoid, &t).unwrap(), &add(&unary(UnaryOp::Square, &b).unwrap(), &scalar_like(&b, 1.0)).unwrap()).unwrap();
+    let t = binary(
+        BinaryOp::Maximum,
+        &mul(&a, &b).unwrap(),
+        &unary(UnaryOp::Tanh, &b).unwrap(),
+    )
+    .unwrap();
+    let out = div(
+        &unary(UnaryOp::Sigmoid, &t).unwrap(),
+        &add(&unary(UnaryOp::Square, &b).unwrap(), &scalar_like(&b, 1.0)).unwrap(),
+    )
+    .unwrap();
     check_grad(&[a, b], &out, &[vals(&[3, 4], 3), vals(&[4], 5)]);
 }
 
@@ -105,8 +131,32 @@ fn gradients_of_matmul_reductions_and_movement() {
     let m = matmul(&a, &w, false, false).unwrap();
     let t = transpose(&m, &[0, 2, 1]).unwrap();
     let r = reduce(ReduceOp::Max, &t, &[2], true).unwrap();
-    let s = slice(&t, &[crate::ops::SliceAxis { start: None, stop: None, step: 1 }, crate::ops::SliceAxis { start: Some(1), stop: None, step: 2 }, crate::ops::SliceAxis { start: None, stop: None, step: -1 }]).unwrap();
-    let out = add(&concat(&[mul(&s, &s).unwrap(), s.clone()], 1).unwrap(), &reduce(ReduceOp::Mean, &r, &[1], true).unwrap()).unwrap();
+    let s = slice(
+        &t,
+        &[
+            crate::ops::SliceAxis {
+                start: None,
+                stop: None,
+                step: 1,
+            },
+            crate::ops::SliceAxis {
+                start: Some(1),
+                stop: None,
+                step: 2,
+            },
+            crate::ops::SliceAxis {
+                start: None,
+                stop: None,
+                step: -1,
+            },
+        ],
+    )
+    .unwrap();
+    let out = add(
+        &concat(&[mul(&s, &s).unwrap(), s.clone()], 1).unwrap(),
+        &reduce(ReduceOp::Mean, &r, &[1], true).unwrap(),
+    )
+    .unwrap();
     check_grad(&[a, w], &out, &[vals(&[2, 3, 4], 7), vals(&[4, 5], 11)]);
 }
 
@@ -115,9 +165,23 @@ fn second_order_gradient() {
     let x = ph("x", &[Some(3)]);
     let y = mul(&unary(UnaryOp::Sin, &x).unwrap(), &x).unwrap();
     let axes = [0];
-    let g = crate::autodiff::gradients(&reduce(ReduceOp::Sum, &y, &axes, false).unwrap(), std::slice::from_ref(&x), None).unwrap()[0].clone().unwrap();
+    let g = crate::autodiff::gradients(
+        &reduce(ReduceOp::Sum, &y, &axes, false).unwrap(),
+        std::slice::from_ref(&x),
+        None,
+    )
+    .unwrap()[0]
+        .clone()
+        .unwrap();
     // d/dx (cos x * x + sin x) = 2 cos x - x sin x
-    let gg = crate::autodiff::gradients(&reduce(ReduceOp::Sum, &g, &axes, false).unwrap(), std::slice::from_ref(&x), None).unwrap()[0].clone().unwrap();
+    let gg = crate::autodiff::gradients(
+        &reduce(ReduceOp::Sum, &g, &axes, false).unwrap(),
+        std::slice::from_ref(&x),
+        None,
+    )
+    .unwrap()[0]
+        .clone()
+        .unwrap();
     let xv = vals(&[3], 13);
     let got = run(&[x], &[gg], &[xv.clone()])[0].to_f64_vec();
     for (g, x) in got.iter().zip(xv.to_f64_vec()) {
@@ -140,12 +204,26 @@ fn matmul_kernel_paths_match_a_plain_loop() {
     ];
     for &(ba, bb, m, k, n) in cases {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let sa: Vec<usize> = ba.iter().copied().chain(if ta { [k, m] } else { [m, k] }).collect();
-            let sb: Vec<usize> = bb.iter().copied().chain(if tb { [n, k] } else { [k, n] }).collect();
+            let sa: Vec<usize> = ba
+                .iter()
+                .copied()
+                .chain(if ta { [k, m] } else { [m, k] })
+                .collect();
+            let sb: Vec<usize> = bb
+                .iter()
+                .copied()
+                .chain(if tb { [n, k] } else { [k, n] })
+                .collect();
             let (a, b) = (vals(&sa, 3), vals(&sb, 5));
             let out = crate::ops::matmul::cpu(ta, tb, &a, &b).unwrap();
             let (av, bv, ov) = (a.to_f64_vec(), b.to_f64_vec(), out.to_f64_vec());
-            let batch = broadcast_static("t", &Shape(ba.iter().map(|&d| Some(d)).collect()), &Shape(bb.iter().map(|&d| Some(d)).collect())).unwrap().0;
+            let batch = broadcast_static(
+                "t",
+                &Shape(ba.iter().map(|&d| Some(d)).collect()),
+                &Shape(bb.iter().map(|&d| Some(d)).collect()),
+            )
+            .unwrap()
+            .0;
             let nb: usize = batch.iter().map(|d| d.unwrap()).product();
             assert_eq!(ov.len(), nb * m * n);
             // Batch index -> flat index into each operand's batch (size-1 dims broadcast).
@@ -177,7 +255,10 @@ fn matmul_kernel_paths_match_a_plain_loop() {
                             })
                             .sum();
                         let got = ov[(bi * m + i) * n + j];
-                        assert!((got - want).abs() < 1e-10 * (1.0 + want.abs()), "{ba:?} {bb:?} {m}x{k}x{n} ta={ta} tb={tb}: {got} vs {want}");
+                        assert!(
+                            (got - want).abs() < 1e-10 * (1.0 + want.abs()),
+                            "{ba:?} {bb:?} {m}x{k}x{n} ta={ta} tb={tb}: {got} vs {want}"
+                        );
                     }
                 }
             }

@@ -29,8 +29,11 @@ def pytest_collectstart(collector):
     # file just before a module of this folder is imported. (Pytest itself removes
     # `conftest` from sys.modules before it imports any further conftest.py.)
     path = getattr(collector, "path", None)
-    if (isinstance(collector, pytest.Module) and path is not None
-            and Path(path).resolve().parent == _TESTS_DIR):
+    if (
+        isinstance(collector, pytest.Module)
+        and path is not None
+        and Path(path).resolve().parent == _TESTS_DIR
+    ):
         sys.modules["conftest"] = _THIS_MODULE
 
 
@@ -62,7 +65,9 @@ def _no_leaked_feeds():
     from ferrokeras import _core
 
     leased, leaked = _core.leased_feeds()
-    assert leaked == 0, f"{leaked} of {leased} feeds read in place were still held when their call ended"
+    assert leaked == 0, (
+        f"{leaked} of {leased} feeds read in place were still held when their call ended"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -138,13 +143,19 @@ def check_grad(fn, arrays, wrt=None, eps=1e-3, rtol=1e-4, atol=1e-6, seed=0):
         assert g.shape == arrays[i].shape, (g.shape, arrays[i].shape)
         num = numeric_grad(scalar, arrays, i, eps)
         np.testing.assert_allclose(
-            g, num, rtol=rtol, atol=atol,
-            err_msg="analytic vs finite-difference gradient w.r.t. input %d" % i)
+            g,
+            num,
+            rtol=rtol,
+            atol=atol,
+            err_msg="analytic vs finite-difference gradient w.r.t. input %d" % i,
+        )
     return analytic
 
 
 def assert_mentions(excinfo, *words):
     """The exception message mentions at least one of `words` (case-insensitive)."""
     msg = str(excinfo.value).lower()
-    assert any(w.lower() in msg for w in words), (
-        "message %r mentions none of %r" % (str(excinfo.value), words))
+    assert any(w.lower() in msg for w in words), "message %r mentions none of %r" % (
+        str(excinfo.value),
+        words,
+    )

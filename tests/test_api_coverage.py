@@ -58,17 +58,23 @@ def test_exported_with_documented_signature(name, sig):
     documented, var_kw = _documented(sig)
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     assert [p.name for p in positional[: len(documented)]] == [n for n, _ in documented], (
-        f"K.{name}{inspect.signature(fn)} does not start with the documented ({sig})")
+        f"K.{name}{inspect.signature(fn)} does not start with the documented ({sig})"
+    )
     for p, (n, default) in zip(positional, documented):
         if default is inspect.Parameter.empty:
             assert p.default is inspect.Parameter.empty, f"K.{name}: {n} should be required"
         else:
             assert p.default == default and type(p.default) is type(default), (
-                f"K.{name}: default of {n} is {p.default!r}, documented {default!r}")
-    for p in positional[len(documented):]:
-        assert p.default is not inspect.Parameter.empty, f"K.{name}: extra parameter {p.name} needs a default"
+                f"K.{name}: default of {n} is {p.default!r}, documented {default!r}"
+            )
+    for p in positional[len(documented) :]:
+        assert p.default is not inspect.Parameter.empty, (
+            f"K.{name}: extra parameter {p.name} needs a default"
+        )
     for p in params:
         if p.kind == p.KEYWORD_ONLY:
-            assert p.default is not inspect.Parameter.empty, f"K.{name}: keyword {p.name} needs a default"
+            assert p.default is not inspect.Parameter.empty, (
+                f"K.{name}: keyword {p.name} needs a default"
+            )
     if var_kw:
         assert any(p.kind == p.VAR_KEYWORD for p in params), f"K.{name} should take **kwargs"

@@ -49,31 +49,52 @@ CONSTRUCTION_CASES = [
     ("batch_dot_axis_mismatch", _batch_dot_axis_mismatch, ("batch_dot", "shape", "axes")),
     ("batch_dot_batch_mismatch", _batch_dot_batch_mismatch, ("batch", "shape")),
     ("broadcast_mismatch", _broadcast_mismatch, ("broadcast", "shape", "add")),
-    ("maximum_broadcast_mismatch", _maximum_broadcast_mismatch,
-     ("broadcast", "shape", "maximum")),
-    ("sum_axis_2_of_rank_2", lambda: K.sum(K.placeholder(shape=(2, 3)), axis=2),
-     ("axis", "dimension", "sum")),
-    ("sum_axis_minus_3", lambda: K.sum(K.placeholder(shape=(2, 3)), axis=-3),
-     ("axis", "dimension", "sum")),
-    ("mean_axes_list", lambda: K.mean(K.placeholder(shape=(2, 3)), axis=[0, 4]),
-     ("axis", "dimension", "mean")),
-    ("max_axis", lambda: K.max(K.variable(np.zeros((2, 3))), axis=3),
-     ("axis", "dimension", "max")),
-    ("argmax_axis", lambda: K.argmax(K.placeholder(shape=(2, 3)), axis=5),
-     ("axis", "dimension", "argmax")),
-    ("cumsum_axis", lambda: K.cumsum(K.placeholder(shape=(2, 3)), axis=2),
-     ("axis", "dimension", "cumsum")),
+    ("maximum_broadcast_mismatch", _maximum_broadcast_mismatch, ("broadcast", "shape", "maximum")),
+    (
+        "sum_axis_2_of_rank_2",
+        lambda: K.sum(K.placeholder(shape=(2, 3)), axis=2),
+        ("axis", "dimension", "sum"),
+    ),
+    (
+        "sum_axis_minus_3",
+        lambda: K.sum(K.placeholder(shape=(2, 3)), axis=-3),
+        ("axis", "dimension", "sum"),
+    ),
+    (
+        "mean_axes_list",
+        lambda: K.mean(K.placeholder(shape=(2, 3)), axis=[0, 4]),
+        ("axis", "dimension", "mean"),
+    ),
+    ("max_axis", lambda: K.max(K.variable(np.zeros((2, 3))), axis=3), ("axis", "dimension", "max")),
+    (
+        "argmax_axis",
+        lambda: K.argmax(K.placeholder(shape=(2, 3)), axis=5),
+        ("axis", "dimension", "argmax"),
+    ),
+    (
+        "cumsum_axis",
+        lambda: K.cumsum(K.placeholder(shape=(2, 3)), axis=2),
+        ("axis", "dimension", "cumsum"),
+    ),
     ("placeholder_dtype", lambda: K.placeholder(shape=(2,), dtype="float13"), ("float13",)),
     ("cast_dtype", lambda: K.cast(K.placeholder(shape=(2,)), "complex512"), ("complex512",)),
     ("variable_dtype", lambda: K.variable([1.0], dtype="floaty"), ("floaty",)),
     ("zeros_dtype", lambda: K.zeros((2,), dtype="nodtype"), ("nodtype",)),
-    ("function_non_list_inputs",
-     lambda: K.function(K.placeholder(shape=(2,)), [K.constant(1.0)]), ("input", "list")),
-    ("function_unknown_kwarg",
-     lambda: K.function([K.placeholder(shape=(2,))], [K.constant(1.0)], bogus_option=3),
-     ("bogus_option",)),
-    ("set_value_wrong_shape",
-     lambda: K.set_value(K.variable(np.zeros((2, 3))), np.zeros((3, 2))), ("shape",)),
+    (
+        "function_non_list_inputs",
+        lambda: K.function(K.placeholder(shape=(2,)), [K.constant(1.0)]),
+        ("input", "list"),
+    ),
+    (
+        "function_unknown_kwarg",
+        lambda: K.function([K.placeholder(shape=(2,))], [K.constant(1.0)], bogus_option=3),
+        ("bogus_option",),
+    ),
+    (
+        "set_value_wrong_shape",
+        lambda: K.set_value(K.variable(np.zeros((2, 3))), np.zeros((3, 2))),
+        ("shape",),
+    ),
 ]
 
 
@@ -90,6 +111,7 @@ def test_unknown_kwarg_is_a_value_error():
 
 # ---- errors when a compiled function is called ----------------------------------------------
 
+
 @pytest.fixture
 def fn():
     x = K.placeholder(shape=(2, 3), name="feed_me")
@@ -103,13 +125,15 @@ CALL_CASES = [
     ("wrong_shape", [np.ones((3, 2), "float32"), GOOD[1]], ("feed_me", "shape")),
     ("wrong_rank", [np.ones((2, 3, 1), "float32"), GOOD[1]], ("feed_me", "shape", "rank")),
     ("wrong_known_dim", [GOOD[0], np.ones((4, 4), "float32")], ("batch_input", "shape")),
-    ("wrong_rank_none_dims", [GOOD[0], np.ones((4,), "float32")],
-     ("batch_input", "shape", "rank")),
+    ("wrong_rank_none_dims", [GOOD[0], np.ones((4,), "float32")], ("batch_input", "shape", "rank")),
     ("too_many_inputs", GOOD + [GOOD[0]], ("input", "expected", "argument")),
     ("too_few_inputs", GOOD[:1], ("input", "expected", "argument")),
     ("no_inputs", [], ("input", "expected", "argument")),
-    ("string_data", [np.array([["a", "b", "c"]] * 2), GOOD[1]],
-     ("feed_me", "dtype", "float", "str", "convert")),
+    (
+        "string_data",
+        [np.array([["a", "b", "c"]] * 2), GOOD[1]],
+        ("feed_me", "dtype", "float", "str", "convert"),
+    ),
 ]
 
 
@@ -146,43 +170,81 @@ def test_many_errors_in_a_row_do_not_break_the_backend():
 
 # ---- a second, independent round of bad inputs (issue 8) ------------------------------------
 
+
 def _conv_int():
-    K.conv1d(K.constant(np.ones((1, 3, 1)), dtype="int32"), K.constant(np.ones((2, 1, 1)), dtype="int32"))
+    K.conv1d(
+        K.constant(np.ones((1, 3, 1)), dtype="int32"), K.constant(np.ones((2, 1, 1)), dtype="int32")
+    )
 
 
 def _conv_mixed():
-    K.conv1d(K.constant(np.ones((1, 3, 1)), dtype="float64"), K.constant(np.ones((2, 1, 1)), dtype="float32"))
+    K.conv1d(
+        K.constant(np.ones((1, 3, 1)), dtype="float64"),
+        K.constant(np.ones((2, 1, 1)), dtype="float32"),
+    )
 
 
 MORE_CONSTRUCTION_CASES = [
     # unknown keyword arguments name the keyword
     ("placeholder_unknown_kwarg", lambda: K.placeholder(shape=(2,), bogus_kw=1), ("bogus_kw",)),
     ("variable_unknown_kwarg", lambda: K.variable(1.0, bogus_kw=1), ("bogus_kw",)),
-    ("gradients_unknown_kwarg", lambda: K.gradients(K.constant(1.0), [K.variable(1.0)], bogus_kw=2), ("bogus_kw",)),
-    ("function_fetches_kwarg", lambda: K.function([], [K.constant(1.0)], fetches=[1]), ("fetches",)),
+    (
+        "gradients_unknown_kwarg",
+        lambda: K.gradients(K.constant(1.0), [K.variable(1.0)], bogus_kw=2),
+        ("bogus_kw",),
+    ),
+    (
+        "function_fetches_kwarg",
+        lambda: K.function([], [K.constant(1.0)], fetches=[1]),
+        ("fetches",),
+    ),
     # a wrong dtype for each op family
     ("elementwise_int", lambda: K.exp(K.placeholder(shape=(3,), dtype="int32")), ("exp", "int32")),
     ("softmax_int", lambda: K.softmax(K.constant([[1, 2]], dtype="int32")), ("softmax", "float")),
-    ("matmul_bool", lambda: K.dot(K.constant([[True]], dtype="bool"), K.constant([[True]], dtype="bool")),
-     ("bool",)),
+    (
+        "matmul_bool",
+        lambda: K.dot(K.constant([[True]], dtype="bool"), K.constant([[True]], dtype="bool")),
+        ("bool",),
+    ),
     ("conv_int", _conv_int, ("float", "int32")),
     ("conv_mixed_float", _conv_mixed, ("float32", "float64")),
-    ("pool_int", lambda: K.pool2d(K.constant(np.ones((1, 2, 2, 1)), dtype="int32"), (2, 2)), ("float", "int32")),
-    ("gather_float_indices", lambda: K.gather(K.ones((3, 2)), K.constant([0.5, 1.0])), ("indices", "integer")),
+    (
+        "pool_int",
+        lambda: K.pool2d(K.constant(np.ones((1, 2, 2, 1)), dtype="int32"), (2, 2)),
+        ("float", "int32"),
+    ),
+    (
+        "gather_float_indices",
+        lambda: K.gather(K.ones((3, 2)), K.constant([0.5, 1.0])),
+        ("indices", "integer"),
+    ),
     ("one_hot_float_indices", lambda: K.one_hot(K.constant([0.0, 1.0]), 3), ("indices", "integer")),
     ("cumsum_bool", lambda: K.cumsum(K.constant([True, False], dtype="bool")), ("bool", "cumsum")),
     # malformed updates
-    ("update_of_a_constant", lambda: K.function([], [], updates=[(K.constant(1.0), K.constant(2.0))]),
-     ("update", "variable")),
-    ("update_not_a_pair", lambda: K.function([], [], updates=[(K.variable(np.zeros(2)),)]), ("update", "pair")),
-    ("update_wrong_static_shape",
-     lambda: K.function([], [], updates=[(K.variable(np.zeros((2, 3))), K.zeros((3, 2)))]), ("shape",)),
+    (
+        "update_of_a_constant",
+        lambda: K.function([], [], updates=[(K.constant(1.0), K.constant(2.0))]),
+        ("update", "variable"),
+    ),
+    (
+        "update_not_a_pair",
+        lambda: K.function([], [], updates=[(K.variable(np.zeros(2)),)]),
+        ("update", "pair"),
+    ),
+    (
+        "update_wrong_static_shape",
+        lambda: K.function([], [], updates=[(K.variable(np.zeros((2, 3))), K.zeros((3, 2)))]),
+        ("shape",),
+    ),
     ("empty_axis_argmax", lambda: K.eval(K.argmax(K.zeros((0, 3)), axis=0)), ("argmax", "empty")),
 ]
 
 
-@pytest.mark.parametrize("name,trigger,words", CONSTRUCTION_CASES + MORE_CONSTRUCTION_CASES,
-                         ids=[c[0] for c in CONSTRUCTION_CASES + MORE_CONSTRUCTION_CASES])
+@pytest.mark.parametrize(
+    "name,trigger,words",
+    CONSTRUCTION_CASES + MORE_CONSTRUCTION_CASES,
+    ids=[c[0] for c in CONSTRUCTION_CASES + MORE_CONSTRUCTION_CASES],
+)
 def test_bad_arguments_raise(name, trigger, words):
     with pytest.raises(BAD) as excinfo:
         trigger()
@@ -193,7 +255,7 @@ def test_bad_arguments_raise(name, trigger, words):
 MORE_CALL_CASES = [
     # (id, dtype of the placeholder, feed, words)
     ("complex_to_float", "float32", np.array([1j, 1, 2]), ("complex",)),
-    ("int64_overflowing_int32", "int32", np.array([1, 2, 2 ** 40]), ("range", "int32")),
+    ("int64_overflowing_int32", "int32", np.array([1, 2, 2**40]), ("range", "int32")),
     ("float_too_big_for_int8", "int8", np.array([1.0, 300.0, 2.0]), ("range", "int8")),
     ("negative_to_uint8", "uint8", np.array([1, -1, 2]), ("range", "uint8")),
     ("inf_to_int", "int32", np.array([1.0, np.inf, 2.0]), ("non-integer", "range")),
@@ -204,7 +266,9 @@ MORE_CALL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,dtype,feed,words", MORE_CALL_CASES, ids=[c[0] for c in MORE_CALL_CASES])
+@pytest.mark.parametrize(
+    "name,dtype,feed,words", MORE_CALL_CASES, ids=[c[0] for c in MORE_CALL_CASES]
+)
 def test_feeds_that_do_not_fit_the_dtype_raise(name, dtype, feed, words):
     """These used to be converted silently (2**40 fed to int32 became 0, complex lost its
     imaginary part); TF refuses them."""
@@ -226,7 +290,9 @@ NON_NUMERIC_VALUES = [
 
 
 @pytest.mark.parametrize("name,make", NON_NUMERIC_VALUES, ids=[c[0] for c in NON_NUMERIC_VALUES])
-@pytest.mark.parametrize("value,words", [([None, 1.0], ("NoneType",)), (["1", "2"], ("str",))], ids=["none", "str"])
+@pytest.mark.parametrize(
+    "value,words", [([None, 1.0], ("NoneType",)), (["1", "2"], ("str",))], ids=["none", "str"]
+)
 def test_non_numeric_values_raise(name, make, value, words):
     """NumPy turns None into NaN (and parses numeric strings) when asked for a float array;
     TF refuses both."""
@@ -239,7 +305,9 @@ def test_non_numeric_values_raise(name, make, value, words):
 def test_object_array_of_numbers_is_fed():
     x = K.placeholder(shape=(3,), dtype="float32")
     f = K.function([x], [x * 2])
-    np.testing.assert_array_equal(f([np.array([1, 2.5, np.float32(3)], dtype=object)])[0], [2, 5, 6])
+    np.testing.assert_array_equal(
+        f([np.array([1, 2.5, np.float32(3)], dtype=object)])[0], [2, 5, 6]
+    )
 
 
 def _unfed_rnn(p):
@@ -270,16 +338,19 @@ def test_unfed_placeholder_inside_a_loop_or_callback_is_named(name, build):
 def test_nan_and_inf_feeds_propagate_as_in_numpy():
     x = K.placeholder(shape=(4,))
     xv = np.array([1.0, np.nan, -np.inf, np.inf], dtype=np.float32)
-    s, m, a, r, c, g = K.function([x], [K.sum(x), K.max(x), K.argmax(x), K.relu(x), K.clip(x, 0.0, 1.0),
-                                        K.sigmoid(x)])([xv])
+    s, m, a, r, c, g = K.function(
+        [x], [K.sum(x), K.max(x), K.argmax(x), K.relu(x), K.clip(x, 0.0, 1.0), K.sigmoid(x)]
+    )([xv])
     assert np.isnan(s) and np.isnan(m)
-    assert int(a) == int(np.argmax(xv))                  # numpy (and TF) pick the NaN
+    assert int(a) == int(np.argmax(xv))  # numpy (and TF) pick the NaN
     np.testing.assert_array_equal(r, [1.0, np.nan, 0.0, np.inf])
     np.testing.assert_array_equal(c, [1.0, np.nan, 0.0, 1.0])
     np.testing.assert_array_equal(g[[1, 2, 3]], [np.nan, 0.0, 1.0])
     # a NaN in one row of a softmax does not leak into the others
     y = K.placeholder(shape=(2, 3))
-    sm = K.function([y], [K.softmax(y)])([np.array([[0.0, np.nan, 1.0], [0.0, 1.0, 2.0]], np.float32)])[0]
+    sm = K.function([y], [K.softmax(y)])(
+        [np.array([[0.0, np.nan, 1.0], [0.0, 1.0, 2.0]], np.float32)]
+    )[0]
     assert np.all(np.isnan(sm[0]))
     e = np.exp([0.0, 1.0, 2.0])
     np.testing.assert_allclose(sm[1], e / e.sum(), rtol=1e-6)
@@ -288,11 +359,18 @@ def test_nan_and_inf_feeds_propagate_as_in_numpy():
 def test_empty_feeds_give_empty_results():
     e = K.placeholder(shape=(None, 3))
     z = np.zeros((0, 3), np.float32)
-    mean, mx, sm, d, bn = K.function([e], [
-        K.mean(e), K.max(e, axis=0), K.softmax(e), K.dot(e, K.ones((3, 2))),
-        K.batch_normalization(e, K.zeros((3,)), K.ones((3,)), K.zeros((3,)), K.ones((3,)))])([z])
-    assert np.isnan(mean)                                # numpy: mean of nothing is NaN
-    np.testing.assert_array_equal(mx, [-np.inf] * 3)     # TF: max over nothing is -inf
+    mean, mx, sm, d, bn = K.function(
+        [e],
+        [
+            K.mean(e),
+            K.max(e, axis=0),
+            K.softmax(e),
+            K.dot(e, K.ones((3, 2))),
+            K.batch_normalization(e, K.zeros((3,)), K.ones((3,)), K.zeros((3,)), K.ones((3,))),
+        ],
+    )([z])
+    assert np.isnan(mean)  # numpy: mean of nothing is NaN
+    np.testing.assert_array_equal(mx, [-np.inf] * 3)  # TF: max over nothing is -inf
     assert sm.shape == (0, 3) and d.shape == (0, 2) and bn.shape == (0, 3)
     g = K.gradients(K.sum(K.dot(e, K.variable(np.ones((3, 2))))), [e])[0]
     assert K.function([e], [g])([z])[0].shape == (0, 3)
@@ -326,16 +404,22 @@ def test_sparse_crossentropy_target_count_is_checked_when_fed():
     with pytest.raises(ValueError) as excinfo:
         f([np.array([0, 1], dtype=np.int32), np.full((1, 2), 0.5, dtype=np.float32)])
     assert "2" in str(excinfo.value) and "1" in str(excinfo.value)
-    np.testing.assert_allclose(f([np.array([0, 1], np.int32), np.full((2, 2), 0.5, np.float32)])[0],
-                               [np.log(2.0)] * 2, rtol=1e-6)
+    np.testing.assert_allclose(
+        f([np.array([0, 1], np.int32), np.full((2, 2), 0.5, np.float32)])[0],
+        [np.log(2.0)] * 2,
+        rtol=1e-6,
+    )
     # the flattening path (targets of rank 2 against a rank-3 output)
     t2 = K.placeholder(shape=(None, None), dtype="int32")
     o3 = K.placeholder(shape=(None, None, 3))
     g = K.function([t2, o3], [K.sparse_categorical_crossentropy(t2, o3)])
     with pytest.raises(ValueError):
         g([np.zeros((2, 3), np.int32), np.full((2, 2, 3), 1 / 3, np.float32)])
-    np.testing.assert_allclose(g([np.zeros((2, 2), np.int32), np.full((2, 2, 3), 1 / 3, np.float32)])[0],
-                               np.full((2, 2), np.log(3.0)), rtol=1e-6)
+    np.testing.assert_allclose(
+        g([np.zeros((2, 2), np.int32), np.full((2, 2, 3), 1 / 3, np.float32)])[0],
+        np.full((2, 2), np.log(3.0)),
+        rtol=1e-6,
+    )
 
 
 def test_update_of_the_wrong_shape_at_run_time_changes_nothing():
@@ -353,10 +437,14 @@ def test_update_of_the_wrong_shape_at_run_time_changes_nothing():
     np.testing.assert_array_equal(K.get_value(w), [1.0, 1.0])
 
 
-@pytest.mark.parametrize("ret,words", [
-    (lambda a: np.ones((5, 5), "float32"), ("shape", "broadcast")),
-    (lambda a: "abc", ("abc", "convert", "float")),
-], ids=["wrong_shape", "string"])
+@pytest.mark.parametrize(
+    "ret,words",
+    [
+        (lambda a: np.ones((5, 5), "float32"), ("shape", "broadcast")),
+        (lambda a: "abc", ("abc", "convert", "float")),
+    ],
+    ids=["wrong_shape", "string"],
+)
 def test_py_function_returning_garbage_raises(ret, words):
     x = K.placeholder(shape=(2,))
     f = K.function([x], [K.py_function(ret, [x], "float32") + x])

@@ -45,7 +45,7 @@ CASES = [
 def _cond(case, rng):
     if case.cond_dtype == "bool":
         return rng.integers(0, 2, size=case.cond_shape).astype(bool)
-    return rng.integers(-1, 2, size=case.cond_shape).astype(case.cond_dtype)   # non-zero is True
+    return rng.integers(-1, 2, size=case.cond_shape).astype(case.cond_dtype)  # non-zero is True
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64"))
@@ -71,8 +71,10 @@ def test_switch(case, dtype, rng):
 def test_switch_gradient(case, rng):
     c = _cond(case, rng)
     cond = K.constant(c, dtype=case.cond_dtype)
-    check_grad(lambda a, b: K.switch(cond, a * a, b * 3.0),
-               [rng.normal(size=case.expr_shape), rng.normal(size=case.expr_shape)])
+    check_grad(
+        lambda a, b: K.switch(cond, a * a, b * 3.0),
+        [rng.normal(size=case.expr_shape), rng.normal(size=case.expr_shape)],
+    )
 
 
 def test_switch_branch_not_taken_does_not_poison_the_gradient():
@@ -88,21 +90,28 @@ def test_switch_python_condition_and_scalar_branches():
     x = K.constant([1.0, 2.0])
     np.testing.assert_array_equal(K.eval(K.switch(True, x, x * 0)), [1.0, 2.0])
     np.testing.assert_array_equal(K.eval(K.switch(0, x, x * 0)), [0.0, 0.0])
-    np.testing.assert_array_equal(K.eval(K.switch(K.constant([True, False], dtype="bool"), x, 0.0)),
-                                  [1.0, 0.0])
+    np.testing.assert_array_equal(
+        K.eval(K.switch(K.constant([True, False], dtype="bool"), x, 0.0)), [1.0, 0.0]
+    )
 
 
 def test_switch_condition_rank_too_high():
     with pytest.raises(ValueError) as excinfo:
-        K.switch(K.placeholder(shape=(2, 3), dtype="bool"), K.placeholder(shape=(2,)),
-                 K.placeholder(shape=(2,)))
+        K.switch(
+            K.placeholder(shape=(2, 3), dtype="bool"),
+            K.placeholder(shape=(2,)),
+            K.placeholder(shape=(2,)),
+        )
     assert_mentions(excinfo, "rank", "condition")
 
 
 def test_switch_dtype_mismatch():
     with pytest.raises(TypeError) as excinfo:
-        K.switch(K.constant(True, dtype="bool"), K.placeholder(shape=(2,)),
-                 K.placeholder(shape=(2,), dtype="float64"))
+        K.switch(
+            K.constant(True, dtype="bool"),
+            K.placeholder(shape=(2,)),
+            K.placeholder(shape=(2,), dtype="float64"),
+        )
     assert_mentions(excinfo, "dtype")
 
 
@@ -132,8 +141,9 @@ def test_phase_with_the_learning_phase_placeholder(name, fn, train_arg, rng):
 
 
 @pytest.mark.parametrize("name,fn,train_arg", PHASE_FUNCS, ids=[p[0] for p in PHASE_FUNCS])
-@pytest.mark.parametrize("training,is_train", [(True, 1), (1, 1), (False, 0), (0, 0), (np.int64(1), 1)],
-                         ids=str)
+@pytest.mark.parametrize(
+    "training,is_train", [(True, 1), (1, 1), (False, 0), (0, 0), (np.int64(1), 1)], ids=str
+)
 def test_phase_with_a_python_flag(name, fn, train_arg, training, is_train):
     # A Python flag picks the expression itself; callables are called.
     x, alt = K.constant([1.0]), K.constant([2.0])

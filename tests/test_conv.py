@@ -35,8 +35,10 @@ def pads_for(mode, sizes, ks, strides, dil):
 
 
 def windows(out_sp, kidx, strides, dil):
-    return tuple(slice(kidx[i] * dil[i], kidx[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i])
-                 for i in range(len(out_sp)))
+    return tuple(
+        slice(kidx[i] * dil[i], kidx[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i])
+        for i in range(len(out_sp))
+    )
 
 
 def ref_conv(x, k, strides, dil, mode, groups=1):
@@ -45,13 +47,18 @@ def ref_conv(x, k, strides, dil, mode, groups=1):
     ks = k.shape[:nsp]
     pads = pads_for(mode, x.shape[1:-1], ks, strides, dil)
     xp = np.pad(x, [(0, 0)] + pads + [(0, 0)])
-    out = [(xp.shape[1 + i] - d * (kk - 1) - 1) // s + 1 for i, (kk, s, d) in enumerate(zip(ks, strides, dil))]
+    out = [
+        (xp.shape[1 + i] - d * (kk - 1) - 1) // s + 1
+        for i, (kk, s, d) in enumerate(zip(ks, strides, dil))
+    ]
     cg, og = k.shape[-2], k.shape[-1] // groups
     y = np.zeros((x.shape[0], *out, k.shape[-1]))
     for kidx in np.ndindex(*ks):
         patch = xp[(slice(None),) + windows(out, kidx, strides, dil)]
         for g in range(groups):
-            y[..., g * og:(g + 1) * og] += patch[..., g * cg:(g + 1) * cg] @ k[kidx][:, g * og:(g + 1) * og]
+            y[..., g * og : (g + 1) * og] += (
+                patch[..., g * cg : (g + 1) * cg] @ k[kidx][:, g * og : (g + 1) * og]
+            )
     return y
 
 
@@ -60,7 +67,11 @@ def ref_conv_transpose(y, k, out_shape, strides, dil, mode):
     nsp = y.ndim - 2
     ks = k.shape[:nsp]
     pads = pads_for(mode, out_shape[1:-1], ks, strides, dil)
-    xp = np.zeros((out_shape[0],) + tuple(n + a + b for n, (a, b) in zip(out_shape[1:-1], pads)) + (out_shape[-1],))
+    xp = np.zeros(
+        (out_shape[0],)
+        + tuple(n + a + b for n, (a, b) in zip(out_shape[1:-1], pads))
+        + (out_shape[-1],)
+    )
     for kidx in np.ndindex(*ks):
         xp[(slice(None),) + windows(y.shape[1:-1], kidx, strides, dil)] += y @ k[kidx].T
     return xp[(slice(None),) + tuple(slice(a, a + n) for n, (a, _) in zip(out_shape[1:-1], pads))]
@@ -69,8 +80,11 @@ def ref_conv_transpose(y, k, out_shape, strides, dil, mode):
 def ref_depthwise(x, dk, strides, dil, mode):
     """Each channel alone (a one-channel ref_conv), output channel c * M + m."""
     c, m = dk.shape[-2:]
-    outs = [ref_conv(x[..., ci:ci + 1], dk[..., ci:ci + 1, mi:mi + 1], strides, dil, mode)
-            for ci in range(c) for mi in range(m)]
+    outs = [
+        ref_conv(x[..., ci : ci + 1], dk[..., ci : ci + 1, mi : mi + 1], strides, dil, mode)
+        for ci in range(c)
+        for mi in range(m)
+    ]
     return np.concatenate(outs, axis=-1)
 
 
@@ -116,10 +130,17 @@ def from_first(a):
 # ---- forward, table-driven ---------------------------------------------------------------
 # (K function, x shape (channels-last), kernel shape(s), kwargs, reference)
 
+
 def _conv_case(fn, nsp):
     def ref(x, ks, kw):
-        return ref_conv(x, ks[0], _tup(kw.get("strides", 1), nsp), _tup(kw.get("dilation_rate", 1), nsp),
-                        kw.get("padding", "valid"))
+        return ref_conv(
+            x,
+            ks[0],
+            _tup(kw.get("strides", 1), nsp),
+            _tup(kw.get("dilation_rate", 1), nsp),
+            kw.get("padding", "valid"),
+        )
+
     return fn, ref
 
 
@@ -128,14 +149,26 @@ def _tup(v, n):
 
 
 def _depthwise_ref(x, ks, kw):
-    return ref_depthwise(x, ks[0], _tup(kw.get("strides", 1), 2), _tup(kw.get("dilation_rate", 1), 2), kw.get("padding", "valid"))
+    return ref_depthwise(
+        x,
+        ks[0],
+        _tup(kw.get("strides", 1), 2),
+        _tup(kw.get("dilation_rate", 1), 2),
+        kw.get("padding", "valid"),
+    )
 
 
 def _separable_ref(nsp):
     def ref(x, ks, kw):
-        d = ref_depthwise(x, ks[0], _tup(kw.get("strides", 1), nsp), _tup(kw.get("dilation_rate", 1), nsp),
-                          kw.get("padding", "valid"))
+        d = ref_depthwise(
+            x,
+            ks[0],
+            _tup(kw.get("strides", 1), nsp),
+            _tup(kw.get("dilation_rate", 1), nsp),
+            kw.get("padding", "valid"),
+        )
         return d @ ks[1].reshape(ks[1].shape[-2:])
+
     return ref
 
 
@@ -167,9 +200,19 @@ CONV_CASES = [
     ("depthwise_conv2d", (2, 8, 7, 2), [(2, 3, 2, 3)], dict(padding="same", dilation_rate=(2, 2))),
     # 16 and 32 channels, one kernel each: the forward sums 16 channels in registers
     ("depthwise_conv2d", (2, 7, 6, 32), [(3, 3, 32, 1)], dict(padding="same", strides=2)),
-    ("depthwise_conv2d", (1, 8, 7, 16), [(3, 2, 16, 1)], dict(padding="same", dilation_rate=(2, 1))),
+    (
+        "depthwise_conv2d",
+        (1, 8, 7, 16),
+        [(3, 2, 16, 1)],
+        dict(padding="same", dilation_rate=(2, 1)),
+    ),
     ("separable_conv2d", (2, 7, 6, 3), [(3, 3, 3, 2), (1, 1, 6, 4)], dict()),
-    ("separable_conv2d", (2, 7, 6, 3), [(3, 3, 3, 1), (1, 1, 3, 5)], dict(padding="same", strides=(2, 1))),
+    (
+        "separable_conv2d",
+        (2, 7, 6, 3),
+        [(3, 3, 3, 1), (1, 1, 3, 5)],
+        dict(padding="same", strides=(2, 1)),
+    ),
     ("separable_conv1d", (2, 9, 3), [(3, 3, 2), (1, 6, 4)], dict(padding="same", dilation_rate=2)),
     ("separable_conv1d", (2, 9, 3), [(2, 3, 1), (1, 3, 2)], dict(strides=2)),
 ]
@@ -206,12 +249,15 @@ def test_conv_forward(case, fmt, rng):
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 2e-2)])
-@pytest.mark.parametrize("name,xshape,kshape,kw", [
-    ("conv2d", (2, 9, 9, 8), (3, 3, 8, 16), dict(padding="same")),
-    ("conv2d", (2, 9, 9, 8), (3, 3, 8, 16), dict(padding="valid", strides=2)),
-    ("depthwise_conv2d", (2, 9, 9, 8), (3, 3, 8, 1), dict(padding="same")),
-    ("conv2d", (2, 9, 11, 32), (3, 3, 32, 24), dict(padding="same")),
-])
+@pytest.mark.parametrize(
+    "name,xshape,kshape,kw",
+    [
+        ("conv2d", (2, 9, 9, 8), (3, 3, 8, 16), dict(padding="same")),
+        ("conv2d", (2, 9, 9, 8), (3, 3, 8, 16), dict(padding="valid", strides=2)),
+        ("depthwise_conv2d", (2, 9, 9, 8), (3, 3, 8, 1), dict(padding="same")),
+        ("conv2d", (2, 9, 11, 32), (3, 3, 32, 24), dict(padding="same")),
+    ],
+)
 def test_conv_low_precision(name, xshape, kshape, kw, dtype, tol, rng):
     x, k = rng.normal(size=xshape), rng.normal(size=kshape) / 4
     ref = REFS[name](x, [k], kw)
@@ -224,15 +270,45 @@ def test_conv_low_precision(name, xshape, kshape, kw, dtype, tol, rng):
 # ---- transposed convolutions ----------------------------------------------------------
 
 TRANSPOSE_CASES = [
-    (K.conv2d_transpose, (2, 3, 3, 4), (3, 3, 2, 4), (2, 6, 6, 2), dict(strides=(2, 2), padding="same")),
-    (K.conv2d_transpose, (2, 3, 3, 4), (3, 3, 2, 4), (2, 7, 7, 2), dict(strides=(2, 2), padding="valid")),
+    (
+        K.conv2d_transpose,
+        (2, 3, 3, 4),
+        (3, 3, 2, 4),
+        (2, 6, 6, 2),
+        dict(strides=(2, 2), padding="same"),
+    ),
+    (
+        K.conv2d_transpose,
+        (2, 3, 3, 4),
+        (3, 3, 2, 4),
+        (2, 7, 7, 2),
+        dict(strides=(2, 2), padding="valid"),
+    ),
     (K.conv2d_transpose, (2, 4, 3, 3), (2, 3, 2, 3), (2, 5, 5, 2), dict(padding="valid")),
     (K.conv2d_transpose, (2, 4, 4, 3), (3, 3, 5, 3), (2, 4, 4, 5), dict(padding="same")),
-    (K.conv2d_transpose, (1, 4, 4, 3), (3, 3, 2, 3), (1, 8, 8, 2), dict(padding="valid", dilation_rate=2)),
-    (K.conv2d_transpose, (2, 3, 4, 3), (2, 3, 2, 3), (2, 9, 8, 2), dict(strides=(3, 2), padding="same")),
+    (
+        K.conv2d_transpose,
+        (1, 4, 4, 3),
+        (3, 3, 2, 3),
+        (1, 8, 8, 2),
+        dict(padding="valid", dilation_rate=2),
+    ),
+    (
+        K.conv2d_transpose,
+        (2, 3, 4, 3),
+        (2, 3, 2, 3),
+        (2, 9, 8, 2),
+        dict(strides=(3, 2), padding="same"),
+    ),
     (K.conv2d_transpose, (2, 5, 6, 16), (3, 3, 20, 16), (2, 5, 6, 20), dict(padding="same")),
     (K.conv2d_transpose, (1, 3, 4, 18), (3, 3, 16, 18), (1, 5, 6, 16), dict(padding="valid")),
-    (K.conv3d_transpose, (1, 2, 3, 2, 3), (2, 2, 2, 2, 3), (1, 4, 6, 4, 2), dict(strides=(2, 2, 2), padding="same")),
+    (
+        K.conv3d_transpose,
+        (1, 2, 3, 2, 3),
+        (2, 2, 2, 2, 3),
+        (1, 4, 6, 4, 2),
+        dict(strides=(2, 2, 2), padding="same"),
+    ),
     (K.conv3d_transpose, (2, 2, 2, 2, 2), (2, 3, 2, 3, 2), (2, 3, 4, 3, 3), dict()),
 ]
 
@@ -256,10 +332,18 @@ def test_conv_transpose_forward(fn, xshape, kshape, oshape, kw, fmt, rng):
 
 def test_conv_transpose_is_adjoint_of_conv(rng):
     # <conv2d(x, k), y> == <x, conv2d_transpose(y, k)>: the defining property.
-    x, k, y = rng.normal(size=(2, 7, 7, 3)), rng.normal(size=(3, 3, 3, 4)), rng.normal(size=(2, 4, 4, 4))
+    x, k, y = (
+        rng.normal(size=(2, 7, 7, 3)),
+        rng.normal(size=(3, 3, 3, 4)),
+        rng.normal(size=(2, 4, 4, 4)),
+    )
     kc = K.constant(k, dtype="float64")
     fwd = K.eval(K.conv2d(K.constant(x, dtype="float64"), kc, strides=2, padding="same"))
-    back = K.eval(K.conv2d_transpose(K.constant(y, dtype="float64"), kc, (2, 7, 7, 3), strides=2, padding="same"))
+    back = K.eval(
+        K.conv2d_transpose(
+            K.constant(y, dtype="float64"), kc, (2, 7, 7, 3), strides=2, padding="same"
+        )
+    )
     assert np.isclose(np.sum(fwd * y), np.sum(x * back), rtol=1e-12)
 
 
@@ -271,14 +355,19 @@ def test_winograd_gradient_matches_direct(rng):
     xv = K.variable(x, dtype="float64")
     y = K.conv2d(xv, K.constant(k, dtype="float64"), padding="same")
     dx = K.eval(K.gradients(K.sum(y * K.constant(g, dtype="float64")), [xv])[0])
-    np.testing.assert_allclose(dx, ref_conv_transpose(g, k, x.shape, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        dx, ref_conv_transpose(g, k, x.shape, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10
+    )
 
 
-@pytest.mark.parametrize("xshape,kshape,padding", [
-    ((2, 7, 9, 16), (3, 3, 16, 17), "same"),  # odd sizes: partial 2x2 tiles at the edges
-    ((1, 8, 5, 17), (3, 3, 17, 16), "valid"),
-    ((3, 6, 6, 20), (3, 3, 20, 16), "same"),
-])
+@pytest.mark.parametrize(
+    "xshape,kshape,padding",
+    [
+        ((2, 7, 9, 16), (3, 3, 16, 17), "same"),  # odd sizes: partial 2x2 tiles at the edges
+        ((1, 8, 5, 17), (3, 3, 17, 16), "valid"),
+        ((3, 6, 6, 20), (3, 3, 20, 16), "same"),
+    ],
+)
 def test_winograd_kernel_gradient_matches_direct(xshape, kshape, padding, rng):
     # The kernel gradient of a 3x3 stride-1 convolution with 16+ channels is summed in the
     # Winograd domain; its float64 result must match the direct sum over output pixels.
@@ -290,16 +379,38 @@ def test_winograd_kernel_gradient_matches_direct(xshape, kshape, padding, rng):
     y = K.conv2d(K.constant(x, dtype="float64"), kv, padding=padding)
     dk = K.eval(K.gradients(K.sum(y * K.constant(g, dtype="float64")), [kv])[0])
     xp = np.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
-    ref = np.stack([np.stack([np.einsum("nhwc,nhwo->co", xp[:, i:i + oh, j:j + ow], g) for j in range(3)]) for i in range(3)])
+    ref = np.stack(
+        [
+            np.stack(
+                [np.einsum("nhwc,nhwo->co", xp[:, i : i + oh, j : j + ow], g) for j in range(3)]
+            )
+            for i in range(3)
+        ]
+    )
     np.testing.assert_allclose(dk, ref, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("xshape,kshape,strides,dil,padding", [
-    ((2, 48, 47, 64), (3, 3, 64, 4), (2, 2), (1, 1), "same"),  # strided: 576 pixels, two column tiles
-    ((1, 40, 41, 8), (5, 5, 8, 4), (1, 1), (1, 1), "same"),  # 8 input channels: col2im input gradient
-    ((2, 23, 21, 3), (5, 4, 3, 6), (2, 3), (1, 1), "valid"),
-    ((1, 30, 29, 5), (3, 3, 5, 7), (1, 1), (2, 3), "same"),  # dilated, col2im input gradient
-])
+@pytest.mark.parametrize(
+    "xshape,kshape,strides,dil,padding",
+    [
+        (
+            (2, 48, 47, 64),
+            (3, 3, 64, 4),
+            (2, 2),
+            (1, 1),
+            "same",
+        ),  # strided: 576 pixels, two column tiles
+        (
+            (1, 40, 41, 8),
+            (5, 5, 8, 4),
+            (1, 1),
+            (1, 1),
+            "same",
+        ),  # 8 input channels: col2im input gradient
+        ((2, 23, 21, 3), (5, 4, 3, 6), (2, 3), (1, 1), "valid"),
+        ((1, 30, 29, 5), (3, 3, 5, 7), (1, 1), (2, 3), "same"),  # dilated, col2im input gradient
+    ],
+)
 def test_strided_and_narrow_gradients_match_direct(xshape, kshape, strides, dil, padding, rng):
     # The kernel gradient at stride > 1 sums column tiles (colsᵀ · gy); the input gradient at
     # stride > 1 or with fewer than 16 input channels adds gy · wᵀ back along the windows
@@ -309,33 +420,46 @@ def test_strided_and_narrow_gradients_match_direct(xshape, kshape, strides, dil,
     y = K.conv2d(xv, kv, strides=strides, padding=padding, dilation_rate=dil)
     g = rng.normal(size=K.int_shape(y))
     dx, dk = K.batch_get_value(K.gradients(K.sum(y * K.constant(g, dtype="float64")), [xv, kv]))
-    np.testing.assert_allclose(dx, ref_conv_transpose(g, k, x.shape, strides, dil, padding), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        dx, ref_conv_transpose(g, k, x.shape, strides, dil, padding), rtol=1e-10, atol=1e-10
+    )
     xp = np.pad(x, [(0, 0)] + pads_for(padding, x.shape[1:3], kshape[:2], strides, dil) + [(0, 0)])
     ref = np.zeros(kshape)
     for kidx in np.ndindex(*kshape[:2]):
-        ref[kidx] = np.einsum("nhwc,nhwo->co", xp[(slice(None),) + windows(g.shape[1:3], kidx, strides, dil)], g)
+        ref[kidx] = np.einsum(
+            "nhwc,nhwo->co", xp[(slice(None),) + windows(g.shape[1:3], kidx, strides, dil)], g
+        )
     np.testing.assert_allclose(dk, ref, rtol=1e-10, atol=1e-10)
 
 
 def test_conv_transpose_output_shape_tensor(rng):
-    x, k = rng.normal(size=(2, 3, 3, 4)).astype("float32"), rng.normal(size=(3, 3, 2, 4)).astype("float32")
+    x, k = (
+        rng.normal(size=(2, 3, 3, 4)).astype("float32"),
+        rng.normal(size=(3, 3, 2, 4)).astype("float32"),
+    )
     ph = K.placeholder(shape=(None, 3, 3, 4))
     osh = K.concatenate([K.shape(ph)[0:1], K.constant(np.array([6, 6, 2]), dtype="int32")])
     out = K.conv2d_transpose(ph, K.constant(k), osh, strides=(2, 2), padding="same")
     got = run([ph], [out], [x])[0]
-    ref = ref_conv_transpose(x.astype(np.float64), k.astype(np.float64), (2, 6, 6, 2), (2, 2), (1, 1), "same")
+    ref = ref_conv_transpose(
+        x.astype(np.float64), k.astype(np.float64), (2, 6, 6, 2), (2, 2), (1, 1), "same"
+    )
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
 # ---- locally connected ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
-@pytest.mark.parametrize("xshape,ks,strides,filters", [
-    ((2, 7, 3), (2,), (2,), 4),
-    ((2, 6, 2), (3,), (1,), 3),
-    ((2, 5, 6, 3), (2, 3), (1, 2), 4),
-    ((2, 6, 5, 2), (3, 2), (2, 1), 3),
-])
+@pytest.mark.parametrize(
+    "xshape,ks,strides,filters",
+    [
+        ((2, 7, 3), (2,), (2,), 4),
+        ((2, 6, 2), (3,), (1,), 3),
+        ((2, 5, 6, 3), (2, 3), (1, 2), 4),
+        ((2, 6, 5, 2), (3, 2), (2, 1), 3),
+    ],
+)
 def test_local_conv(xshape, ks, strides, filters, fmt, rng):
     nsp = len(ks)
     x = rng.normal(size=xshape)
@@ -375,7 +499,9 @@ def test_pool(xshape, window, strides, padding, pool_mode, fmt, rng):
     ph = K.placeholder(shape=(None,) + xin.shape[1:], dtype="float64")
     out = fn(ph, window, strides=strides, padding=padding, data_format=fmt, pool_mode=pool_mode)
     got = run([ph], [out], [xin])[0]
-    np.testing.assert_allclose(from_first(got) if fmt == "channels_first" else got, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        from_first(got) if fmt == "channels_first" else got, ref, rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -392,46 +518,125 @@ def test_pool_low_precision(dtype, rng):
 
 GRAD_CASES = [
     ("conv1d", lambda x, k: K.conv1d(x, k, strides=2, padding="same"), (2, 7, 2), (3, 2, 3)),
-    ("conv1d causal", lambda x, k: K.conv1d(x, k, padding="causal", dilation_rate=2), (2, 7, 2), (2, 2, 3)),
+    (
+        "conv1d causal",
+        lambda x, k: K.conv1d(x, k, padding="causal", dilation_rate=2),
+        (2, 7, 2),
+        (2, 2, 3),
+    ),
     ("conv2d same", lambda x, k: K.conv2d(x, k, padding="same"), (2, 5, 4, 2), (3, 3, 2, 3)),
-    ("conv2d strided", lambda x, k: K.conv2d(x, k, strides=(2, 1), padding="valid"), (2, 5, 5, 2), (3, 2, 2, 2)),
-    ("conv2d dilated cf", lambda x, k: K.conv2d(x, k, padding="same", dilation_rate=2, data_format="channels_first"),
-     (2, 2, 5, 5), (2, 2, 2, 2)),
-    ("conv3d", lambda x, k: K.conv3d(x, k, strides=(1, 2, 1), padding="same"), (1, 3, 4, 3, 2), (2, 2, 2, 2, 2)),
-    ("depthwise", lambda x, k: K.depthwise_conv2d(x, k, strides=2, padding="same"), (2, 5, 5, 3), (3, 3, 3, 2)),
-    ("depthwise s1", lambda x, k: K.depthwise_conv2d(x, k, padding="valid"), (1, 4, 5, 2), (2, 2, 2, 1)),
-    ("depthwise 16", lambda x, k: K.depthwise_conv2d(x, k, padding="same"), (1, 4, 3, 16), (3, 3, 16, 1)),
-    ("conv2d_transpose", lambda x, k: K.conv2d_transpose(x, k, (2, 6, 5, 2), strides=2, padding="same"),
-     (2, 3, 3, 3), (3, 3, 2, 3)),
-    ("conv2d_transpose s1", lambda x, k: K.conv2d_transpose(x, k, (1, 5, 5, 2), padding="valid"), (1, 3, 4, 3), (3, 2, 2, 3)),
-    ("local_conv2d", lambda x, k: K.local_conv2d(x, k, (2, 2), (1, 1), (2, 3)), (2, 3, 4, 2), (6, 8, 2)),
-    ("local_conv1d cf", lambda x, k: K.local_conv1d(x, k, (2,), (2,), data_format="channels_first"), (2, 2, 6), (3, 4, 2)),
+    (
+        "conv2d strided",
+        lambda x, k: K.conv2d(x, k, strides=(2, 1), padding="valid"),
+        (2, 5, 5, 2),
+        (3, 2, 2, 2),
+    ),
+    (
+        "conv2d dilated cf",
+        lambda x, k: K.conv2d(x, k, padding="same", dilation_rate=2, data_format="channels_first"),
+        (2, 2, 5, 5),
+        (2, 2, 2, 2),
+    ),
+    (
+        "conv3d",
+        lambda x, k: K.conv3d(x, k, strides=(1, 2, 1), padding="same"),
+        (1, 3, 4, 3, 2),
+        (2, 2, 2, 2, 2),
+    ),
+    (
+        "depthwise",
+        lambda x, k: K.depthwise_conv2d(x, k, strides=2, padding="same"),
+        (2, 5, 5, 3),
+        (3, 3, 3, 2),
+    ),
+    (
+        "depthwise s1",
+        lambda x, k: K.depthwise_conv2d(x, k, padding="valid"),
+        (1, 4, 5, 2),
+        (2, 2, 2, 1),
+    ),
+    (
+        "depthwise 16",
+        lambda x, k: K.depthwise_conv2d(x, k, padding="same"),
+        (1, 4, 3, 16),
+        (3, 3, 16, 1),
+    ),
+    (
+        "conv2d_transpose",
+        lambda x, k: K.conv2d_transpose(x, k, (2, 6, 5, 2), strides=2, padding="same"),
+        (2, 3, 3, 3),
+        (3, 3, 2, 3),
+    ),
+    (
+        "conv2d_transpose s1",
+        lambda x, k: K.conv2d_transpose(x, k, (1, 5, 5, 2), padding="valid"),
+        (1, 3, 4, 3),
+        (3, 2, 2, 3),
+    ),
+    (
+        "local_conv2d",
+        lambda x, k: K.local_conv2d(x, k, (2, 2), (1, 1), (2, 3)),
+        (2, 3, 4, 2),
+        (6, 8, 2),
+    ),
+    (
+        "local_conv1d cf",
+        lambda x, k: K.local_conv1d(x, k, (2,), (2,), data_format="channels_first"),
+        (2, 2, 6),
+        (3, 4, 2),
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,fn,xshape,kshape", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
 def test_conv_gradients(name, fn, xshape, kshape, rng):
-    check_grad(fn, [rng.normal(size=xshape), rng.normal(size=kshape)], eps=1e-6, rtol=1e-6, atol=1e-8)
+    check_grad(
+        fn, [rng.normal(size=xshape), rng.normal(size=kshape)], eps=1e-6, rtol=1e-6, atol=1e-8
+    )
 
 
 def test_separable_gradients(rng):
     fn = lambda x, d, p: K.separable_conv2d(x, d, p, padding="same", strides=(1, 2))  # noqa: E731
-    check_grad(fn, [rng.normal(size=(2, 4, 5, 2)), rng.normal(size=(3, 3, 2, 2)), rng.normal(size=(1, 1, 4, 3))],
-               eps=1e-6, rtol=1e-6, atol=1e-8)
+    check_grad(
+        fn,
+        [
+            rng.normal(size=(2, 4, 5, 2)),
+            rng.normal(size=(3, 3, 2, 2)),
+            rng.normal(size=(1, 1, 4, 3)),
+        ],
+        eps=1e-6,
+        rtol=1e-6,
+        atol=1e-8,
+    )
 
 
 @pytest.mark.parametrize("pool_mode", ["max", "avg"])
-@pytest.mark.parametrize("window,strides,padding", [((2, 2), (2, 2), "valid"), ((3, 3), (2, 2), "same"), ((3, 2), (1, 1), "same")])
+@pytest.mark.parametrize(
+    "window,strides,padding",
+    [((2, 2), (2, 2), "valid"), ((3, 3), (2, 2), "same"), ((3, 2), (1, 1), "same")],
+)
 def test_pool_gradients(window, strides, padding, pool_mode, rng):
     # Distinct values (a shuffled range) keep every max away from a tie within eps.
     x = rng.permutation(2 * 5 * 5 * 2).reshape(2, 5, 5, 2) / 10.0
-    check_grad(lambda t: K.pool2d(t, window, strides, padding, pool_mode=pool_mode), [x], eps=1e-6, rtol=1e-6, atol=1e-8)
+    check_grad(
+        lambda t: K.pool2d(t, window, strides, padding, pool_mode=pool_mode),
+        [x],
+        eps=1e-6,
+        rtol=1e-6,
+        atol=1e-8,
+    )
 
 
 def test_pool3d_gradients(rng):
     x = rng.permutation(1 * 4 * 3 * 4 * 2).reshape(1, 4, 3, 4, 2) / 10.0
     for mode in ("max", "avg"):
-        check_grad(lambda t: K.pool3d(t, (2, 2, 2), (1, 2, 2), "same", pool_mode=mode), [x], eps=1e-6, rtol=1e-6, atol=1e-8)
+        check_grad(
+            lambda t: K.pool3d(t, (2, 2, 2), (1, 2, 2), "same", pool_mode=mode),
+            [x],
+            eps=1e-6,
+            rtol=1e-6,
+            atol=1e-8,
+        )
 
 
 @pytest.mark.parametrize("strides,padding", [((1, 1), "same"), ((2, 2), "same"), ((2, 1), "valid")])
@@ -442,8 +647,13 @@ def test_conv_second_order(strides, padding, rng):
 
     def grad_of(x, k, i):
         y = K.conv2d(x, k, strides=strides, padding=padding)
-        return K.gradients(K.sum(K.square(y) * K.reshape(proj[: int(np.prod(K.int_shape(y)[1:]))], K.int_shape(y)[1:])),
-                           [x, k])[i]
+        return K.gradients(
+            K.sum(
+                K.square(y)
+                * K.reshape(proj[: int(np.prod(K.int_shape(y)[1:]))], K.int_shape(y)[1:])
+            ),
+            [x, k],
+        )[i]
 
     arrays = [rng.normal(size=(1, 4, 4, 2)), rng.normal(size=(2, 2, 2, 2))]
     check_grad(lambda x, k: grad_of(x, k, 0), arrays, eps=1e-5, rtol=1e-5, atol=1e-7)
@@ -457,8 +667,17 @@ def test_pool_second_order(pool_mode, rng):
     w = rng.uniform(0.5, 1.5, size=(1, 6, 6, 1))
 
     def fn(t):
-        return K.gradients(K.sum(K.square(K.pool2d(t * K.constant(w, dtype="float64"), (2, 2), (2, 2),
-                                                   pool_mode=pool_mode))), [t])[0]
+        return K.gradients(
+            K.sum(
+                K.square(
+                    K.pool2d(
+                        t * K.constant(w, dtype="float64"), (2, 2), (2, 2), pool_mode=pool_mode
+                    )
+                )
+            ),
+            [t],
+        )[0]
+
     check_grad(fn, [x], eps=1e-6, rtol=1e-6, atol=1e-8)
 
 
@@ -466,12 +685,20 @@ def test_gradients_flow_through_unknown_batch(rng):
     x = rng.normal(size=(3, 6, 6, 2))
     k = K.variable(rng.normal(size=(3, 3, 2, 4)), dtype="float64")
     ph = K.placeholder(shape=(None, None, None, 2), dtype="float64")
-    y = K.pool2d(K.conv2d(ph, k, strides=2, padding="same"), (2, 2), padding="same", pool_mode="avg")
+    y = K.pool2d(
+        K.conv2d(ph, k, strides=2, padding="same"), (2, 2), padding="same", pool_mode="avg"
+    )
     assert K.int_shape(y) == (None, None, None, 4)
     g = K.gradients(K.sum(y), [k])[0]
     got_y, got_g = run([ph], [y, g], [x])
-    np.testing.assert_allclose(got_y, ref_pool(ref_conv(x, K.get_value(k), (2, 2), (1, 1), "same"), (2, 2), (1, 1), "same", "avg"),
-                               rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        got_y,
+        ref_pool(
+            ref_conv(x, K.get_value(k), (2, 2), (1, 1), "same"), (2, 2), (1, 1), "same", "avg"
+        ),
+        rtol=1e-10,
+        atol=1e-10,
+    )
     assert got_g.shape == (3, 3, 2, 4)
 
 
@@ -482,23 +709,51 @@ BAD = [
     (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 4))), ("kernel", "rank")),
     (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), padding="full"), ("padding",)),
     (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), padding="causal"), ("padding",)),
-    (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), data_format="nchw"), ("data_format",)),
-    (lambda: K.conv2d(K.ones((1, 9, 9, 3)), K.ones((3, 3, 3, 4)), strides=2, dilation_rate=2), ("strides", "dilation")),
+    (
+        lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), data_format="nchw"),
+        ("data_format",),
+    ),
+    (
+        lambda: K.conv2d(K.ones((1, 9, 9, 3)), K.ones((3, 3, 3, 4)), strides=2, dilation_rate=2),
+        ("strides", "dilation"),
+    ),
     (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), strides=(1, 1, 1)), ("strides",)),
     (lambda: K.conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 4)), strides=0), ("strides",)),
     (lambda: K.conv2d(K.ones((1, 2, 2, 3)), K.ones((3, 3, 3, 4))), ("kernel", "size")),
     (lambda: K.conv1d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 4))), ("rank",)),
-    (lambda: K.depthwise_conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 2, 1))), ("channels", "depthwise_kernel")),
-    (lambda: K.separable_conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 1)), K.ones((1, 1, 4, 2))), ("pointwise_kernel",)),
-    (lambda: K.conv2d_transpose(K.ones((1, 3, 3, 4)), K.ones((3, 3, 2, 4)), (1, 9, 9, 2), strides=2, padding="same"),
-     ("output_shape",)),
-    (lambda: K.conv2d_transpose(K.ones((1, 3, 3, 4)), K.ones((3, 3, 2, 5)), (1, 6, 6, 2), strides=2, padding="same"),
-     ("channels",)),
+    (
+        lambda: K.depthwise_conv2d(K.ones((1, 5, 5, 3)), K.ones((3, 3, 2, 1))),
+        ("channels", "depthwise_kernel"),
+    ),
+    (
+        lambda: K.separable_conv2d(
+            K.ones((1, 5, 5, 3)), K.ones((3, 3, 3, 1)), K.ones((1, 1, 4, 2))
+        ),
+        ("pointwise_kernel",),
+    ),
+    (
+        lambda: K.conv2d_transpose(
+            K.ones((1, 3, 3, 4)), K.ones((3, 3, 2, 4)), (1, 9, 9, 2), strides=2, padding="same"
+        ),
+        ("output_shape",),
+    ),
+    (
+        lambda: K.conv2d_transpose(
+            K.ones((1, 3, 3, 4)), K.ones((3, 3, 2, 5)), (1, 6, 6, 2), strides=2, padding="same"
+        ),
+        ("channels",),
+    ),
     (lambda: K.pool2d(K.ones((1, 5, 5, 3)), (2, 2), pool_mode="min"), ("pool_mode",)),
     (lambda: K.pool2d(K.ones((1, 5, 5, 3)), (2, 2), padding="causal"), ("padding",)),
-    (lambda: K.pool2d(K.ones((1, 5, 5, 3)), (2, 2), data_format="channels_middle"), ("data_format",)),
+    (
+        lambda: K.pool2d(K.ones((1, 5, 5, 3)), (2, 2), data_format="channels_middle"),
+        ("data_format",),
+    ),
     (lambda: K.pool3d(K.ones((1, 5, 5, 3)), (2, 2, 2)), ("rank",)),
-    (lambda: K.local_conv2d(K.ones((1, 4, 4, 3)), K.ones((9, 10, 5)), (2, 2), (1, 1), (3, 3)), ("feature_dim",)),
+    (
+        lambda: K.local_conv2d(K.ones((1, 4, 4, 3)), K.ones((9, 10, 5)), (2, 2), (1, 1), (3, 3)),
+        ("feature_dim",),
+    ),
 ]
 
 
@@ -523,8 +778,20 @@ def test_runtime_shape_mismatch_raises_value_error(rng):
 
 
 def test_all_functions_exported():
-    names = ["conv1d", "conv2d", "conv3d", "depthwise_conv2d", "separable_conv1d", "separable_conv2d",
-             "conv2d_transpose", "conv3d_transpose", "local_conv1d", "local_conv2d", "pool2d", "pool3d"]
+    names = [
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "depthwise_conv2d",
+        "separable_conv1d",
+        "separable_conv2d",
+        "conv2d_transpose",
+        "conv3d_transpose",
+        "local_conv1d",
+        "local_conv2d",
+        "pool2d",
+        "pool3d",
+    ]
     for n in names:
         assert callable(getattr(K, n)), n
         assert getattr(K, n).__doc__ and "Example" in getattr(K, n).__doc__, n
@@ -535,9 +802,14 @@ def test_many_images_run_in_parallel_and_agree(rng):
     # parallel path. Both must agree with the reference.
     x, k = rng.normal(size=(5, 12, 11, 6)), rng.normal(size=(3, 3, 6, 7))
     for xs in (x, x[:1]):
-        got = K.eval(K.conv2d(K.constant(xs, dtype="float64"), K.constant(k, dtype="float64"), padding="same"))
-        np.testing.assert_allclose(got, ref_conv(xs, k, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10)
-
+        got = K.eval(
+            K.conv2d(
+                K.constant(xs, dtype="float64"), K.constant(k, dtype="float64"), padding="same"
+            )
+        )
+        np.testing.assert_allclose(
+            got, ref_conv(xs, k, (1, 1), (1, 1), "same"), rtol=1e-10, atol=1e-10
+        )
 
 
 def test_docstring_examples_run():
@@ -578,15 +850,19 @@ def ref_max_pool_grad(x, gy, window, strides, padding):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("xshape,window,strides,padding", [
-    ((3, 6, 8, 5), (2, 2), (2, 2), "valid"),       # windows cover the image exactly
-    ((2, 7, 5, 3), (2, 2), (2, 2), "valid"),       # a remainder row and column in no window
-    ((2, 7, 5, 17), (2, 2), (2, 2), "same"),       # padding (windows cut at the edge)
-    ((2, 8, 9, 4), (2, 3), (3, 4), "valid"),       # gaps between windows
-    ((2, 9, 3), (3,), (3,), "valid"),              # 1-D (as 2-D with a unit dim)
-    ((1, 4, 5, 6, 2), (2, 2, 2), (2, 3, 2), "same"),  # 3-D
-    ((0, 4, 4, 2), (2, 2), (2, 2), "valid"),       # no images
-], ids=str)
+@pytest.mark.parametrize(
+    "xshape,window,strides,padding",
+    [
+        ((3, 6, 8, 5), (2, 2), (2, 2), "valid"),  # windows cover the image exactly
+        ((2, 7, 5, 3), (2, 2), (2, 2), "valid"),  # a remainder row and column in no window
+        ((2, 7, 5, 17), (2, 2), (2, 2), "same"),  # padding (windows cut at the edge)
+        ((2, 8, 9, 4), (2, 3), (3, 4), "valid"),  # gaps between windows
+        ((2, 9, 3), (3,), (3,), "valid"),  # 1-D (as 2-D with a unit dim)
+        ((1, 4, 5, 6, 2), (2, 2, 2), (2, 3, 2), "same"),  # 3-D
+        ((0, 4, 4, 2), (2, 2), (2, 2), "valid"),  # no images
+    ],
+    ids=str,
+)
 def test_max_pool_grad_disjoint_windows(xshape, window, strides, padding, dtype, rng):
     # Values from a small set, so many windows hold ties (the first maximum takes it all).
     x = rng.integers(0, 4, size=xshape).astype(dtype)

@@ -48,7 +48,11 @@ def batch(rng):
 
 def test_loss_matches_brute_force(batch):
     y_pred, labels, il, ll = batch
-    loss = K.eval(K.ctc_batch_cost(K.constant(labels), K.constant(y_pred, dtype="float64"), K.constant(il), K.constant(ll)))
+    loss = K.eval(
+        K.ctc_batch_cost(
+            K.constant(labels), K.constant(y_pred, dtype="float64"), K.constant(il), K.constant(ll)
+        )
+    )
     assert loss.shape == (3, 1)
     eps = K.epsilon()
     for i in range(3):
@@ -91,21 +95,36 @@ def test_gradient_matches_finite_differences(batch):
 def test_labels_longer_than_input_raise(batch):
     y_pred, labels, il, ll = batch
     with pytest.raises(ValueError, match="longer than the input"):
-        K.eval(K.ctc_batch_cost(K.constant(labels), K.constant(y_pred), K.constant([[2], [4], [5]]), K.constant(ll)))
+        K.eval(
+            K.ctc_batch_cost(
+                K.constant(labels), K.constant(y_pred), K.constant([[2], [4], [5]]), K.constant(ll)
+            )
+        )
     with pytest.raises(ValueError, match="label"):
-        K.eval(K.ctc_batch_cost(K.constant([[7, 0, 0]] * 3), K.constant(y_pred), K.constant(il), K.constant(ll)))
+        K.eval(
+            K.ctc_batch_cost(
+                K.constant([[7, 0, 0]] * 3), K.constant(y_pred), K.constant(il), K.constant(ll)
+            )
+        )
     with pytest.raises(ValueError):
         K.ctc_batch_cost(K.constant(labels), K.constant(y_pred[0]), K.constant(il), K.constant(ll))
 
 
 def test_greedy_decode(rng):
-    p = np.array([[[0.1, 0.8, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.8, 0.1, 0.1]],
-                  [[0.1, 0.1, 0.8], [0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.7, 0.2, 0.1]]])
+    p = np.array(
+        [
+            [[0.1, 0.8, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.8, 0.1, 0.1]],
+            [[0.1, 0.1, 0.8], [0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.7, 0.2, 0.1]],
+        ]
+    )
     decoded, log_prob = K.ctc_decode(K.constant(p, dtype="float64"), K.constant([4, 3]))
     d = K.eval(decoded[0])
     # sample 0: 1 1 _ 0 -> [1, 0]; sample 1 (3 steps): _ 0 _ -> [0], padded with -1
     np.testing.assert_array_equal(d, [[1, 0], [0, -1]])
-    want = [-np.log(np.array([0.8, 0.8, 0.8, 0.8]) + K.epsilon()).sum(), -np.log(np.array([0.8, 0.7, 0.8]) + K.epsilon()).sum()]
+    want = [
+        -np.log(np.array([0.8, 0.8, 0.8, 0.8]) + K.epsilon()).sum(),
+        -np.log(np.array([0.8, 0.7, 0.8]) + K.epsilon()).sum(),
+    ]
     # TensorFlow reports the negative sum of the best log-probabilities
     np.testing.assert_allclose(K.eval(log_prob)[:, 0], np.array(want), rtol=1e-10)
 
@@ -122,11 +141,15 @@ def brute_force_best(probs, top):
 def test_beam_search_finds_the_most_probable_labelings(rng):
     B, T, C = 2, 4, 3
     p = softmax(rng.normal(size=(B, T, C)) * 2)
-    decoded, log_prob = K.ctc_decode(K.constant(p, dtype="float64"), K.constant([T, T]), greedy=False, beam_width=20, top_paths=3)
+    decoded, log_prob = K.ctc_decode(
+        K.constant(p, dtype="float64"), K.constant([T, T]), greedy=False, beam_width=20, top_paths=3
+    )
     assert len(decoded) == 3
     lp = K.eval(log_prob)
     for i in range(B):
-        want = brute_force_best((p[i] + K.epsilon()) / (p[i] + K.epsilon()).sum(-1, keepdims=True), 3)
+        want = brute_force_best(
+            (p[i] + K.epsilon()) / (p[i] + K.epsilon()).sum(-1, keepdims=True), 3
+        )
         for k, (lab, pr) in enumerate(want):
             row = K.eval(decoded[k])[i]
             assert tuple(row[row >= 0]) == lab
@@ -142,7 +165,9 @@ def test_decode_bad_arguments():
 
 
 def test_dense_to_sparse():
-    st = K.ctc_label_dense_to_sparse(K.constant([[1, 2, 0], [3, 0, 0]], dtype="int32"), K.constant([2, 1], dtype="int32"))
+    st = K.ctc_label_dense_to_sparse(
+        K.constant([[1, 2, 0], [3, 0, 0]], dtype="int32"), K.constant([2, 1], dtype="int32")
+    )
     np.testing.assert_array_equal(K.eval(st.indices), [[0, 0], [0, 1], [1, 0]])
     np.testing.assert_array_equal(K.eval(st.values), [1, 2, 3])
     np.testing.assert_array_equal(K.eval(st.dense_shape), [2, 3])

@@ -20,14 +20,17 @@ SHAPE = (2, 3, 4)
 
 # ---- input domains: sampler(rng, shape) -> float64 array --------------------------
 
+
 def uniform(lo, hi):
     def sample(rng, shape):
         return rng.uniform(lo, hi, size=shape)
+
     return sample
 
 
 def away_from(lo, hi, kinks, gap=0.05):
     """Uniform on [lo, hi] but at least `gap` from every kink (for non-smooth points)."""
+
     def sample(rng, shape):
         x = rng.uniform(lo, hi, size=shape)
         for _ in range(100):
@@ -38,22 +41,28 @@ def away_from(lo, hi, kinks, gap=0.05):
                 return x
             x = np.where(bad, rng.uniform(lo, hi, size=shape), x)
         raise AssertionError("sampler did not converge")
+
     return sample
 
 
 def grid(lo, hi, step, offset):
     """Values offset + k*step in [lo, hi]: two grids with different offsets never tie."""
+
     def sample(rng, shape):
-        k = rng.integers(int(np.ceil((lo - offset) / step)),
-                         int(np.floor((hi - offset) / step)) + 1, size=shape)
+        k = rng.integers(
+            int(np.ceil((lo - offset) / step)), int(np.floor((hi - offset) / step)) + 1, size=shape
+        )
         return offset + k * step
+
     return sample
 
 
 def small_ints(lo, hi):
     """Integer-valued floats, so that equality cases occur often."""
+
     def sample(rng, shape):
         return rng.integers(lo, hi + 1, size=shape).astype(np.float64)
+
     return sample
 
 
@@ -63,6 +72,7 @@ def with_zeros(base):
         flat = x.reshape(-1)
         flat[::5] = 0.0
         return flat.reshape(shape)
+
     return sample
 
 
@@ -77,15 +87,16 @@ def with_halves(rng, shape):
 
 # ---- op records ---------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Op:
     name: str
-    k: Callable            # takes K tensors, returns a K tensor
-    ref: Callable          # NumPy reference, takes float64 arrays
+    k: Callable  # takes K tensors, returns a K tensor
+    ref: Callable  # NumPy reference, takes float64 arrays
     arity: int = 1
-    domain: Tuple[Callable, ...] = (uniform(-3, 3),)   # one sampler per input
+    domain: Tuple[Callable, ...] = (uniform(-3, 3),)  # one sampler per input
     dtypes: Tuple[str, ...] = FLOATS
-    tol32: Tuple[float, float] = (1e-5, 1e-6)           # (rtol, atol) for float32
+    tol32: Tuple[float, float] = (1e-5, 1e-6)  # (rtol, atol) for float32
     grad: bool = True
     boolean: bool = False  # result is a bool tensor (comparisons)
 
@@ -113,50 +124,102 @@ UNARY = [
     # 'half to even'", which is what np.round does.
     Op("round", K.round, np.round, domain=(with_halves,), grad=False),
     Op("pow2", lambda x: K.pow(x, 2), lambda x: np.power(x, 2)),
-    Op("pow3_negative_base", lambda x: K.pow(x, 3), lambda x: np.power(x, 3),
-       tol32=TRANSCENDENTAL),
-    Op("pow_half", lambda x: K.pow(x, 0.5), lambda x: np.power(x, 0.5),
-       domain=(uniform(0.1, 4),), tol32=TRANSCENDENTAL),
-    Op("pow_minus1", lambda x: K.pow(x, -1), lambda x: np.power(x, -1.0),
-       domain=(uniform(0.5, 3),), tol32=TRANSCENDENTAL),
-    Op("pow_1p5", lambda x: K.pow(x, 1.5), lambda x: np.power(x, 1.5),
-       domain=(uniform(0.1, 3),), tol32=TRANSCENDENTAL),
-    Op("clip", lambda x: K.clip(x, -0.5, 0.7), lambda x: np.clip(x, -0.5, 0.7),
-       domain=(away_from(-2, 2, [-0.5, 0.7]),)),
-    Op("clip_int_bounds", lambda x: K.clip(x, 0, 1), lambda x: np.clip(x, 0, 1),
-       domain=(away_from(-2, 2, [0.0, 1.0]),)),
+    Op("pow3_negative_base", lambda x: K.pow(x, 3), lambda x: np.power(x, 3), tol32=TRANSCENDENTAL),
+    Op(
+        "pow_half",
+        lambda x: K.pow(x, 0.5),
+        lambda x: np.power(x, 0.5),
+        domain=(uniform(0.1, 4),),
+        tol32=TRANSCENDENTAL,
+    ),
+    Op(
+        "pow_minus1",
+        lambda x: K.pow(x, -1),
+        lambda x: np.power(x, -1.0),
+        domain=(uniform(0.5, 3),),
+        tol32=TRANSCENDENTAL,
+    ),
+    Op(
+        "pow_1p5",
+        lambda x: K.pow(x, 1.5),
+        lambda x: np.power(x, 1.5),
+        domain=(uniform(0.1, 3),),
+        tol32=TRANSCENDENTAL,
+    ),
+    Op(
+        "clip",
+        lambda x: K.clip(x, -0.5, 0.7),
+        lambda x: np.clip(x, -0.5, 0.7),
+        domain=(away_from(-2, 2, [-0.5, 0.7]),),
+    ),
+    Op(
+        "clip_int_bounds",
+        lambda x: K.clip(x, 0, 1),
+        lambda x: np.clip(x, 0, 1),
+        domain=(away_from(-2, 2, [0.0, 1.0]),),
+    ),
     Op("sin", K.sin, np.sin, tol32=TRIG),
     Op("cos", K.cos, np.cos, tol32=TRIG),
     Op("tanh", K.tanh, np.tanh, tol32=TRANSCENDENTAL),
-    Op("sigmoid", K.sigmoid, lambda x: 1.0 / (1.0 + np.exp(-x)), domain=(uniform(-6, 6),),
-       tol32=TRANSCENDENTAL),
+    Op(
+        "sigmoid",
+        K.sigmoid,
+        lambda x: 1.0 / (1.0 + np.exp(-x)),
+        domain=(uniform(-6, 6),),
+        tol32=TRANSCENDENTAL,
+    ),
     Op("neg", lambda x: -x, np.negative),
     Op("scalar_rsub", lambda x: 2 - x, lambda x: 2 - x),
     Op("scalar_rdiv", lambda x: 1 / x, lambda x: 1 / x, domain=(away_from(-3, 3, [0.0], 0.3),)),
     Op("scalar_radd", lambda x: 3 + x, lambda x: 3 + x),
     Op("scalar_rmul", lambda x: 2.5 * x, lambda x: 2.5 * x),
-    Op("scalar_rpow", lambda x: 2 ** x, lambda x: np.power(2.0, x), tol32=TRANSCENDENTAL),
+    Op("scalar_rpow", lambda x: 2**x, lambda x: np.power(2.0, x), tol32=TRANSCENDENTAL),
     Op("scalar_sub", lambda x: x - 2, lambda x: x - 2),
     Op("scalar_div", lambda x: x / 4, lambda x: x / 4),
-    Op("scalar_pow", lambda x: x ** 2, lambda x: x ** 2),
-    Op("scalar_pow_int3", lambda x: x ** 3, lambda x: x ** 3, tol32=TRANSCENDENTAL),
-    Op("scalar_maximum", lambda x: K.maximum(x, 0.5), lambda x: np.maximum(x, 0.5),
-       domain=(away_from(-3, 3, [0.5]),)),
-    Op("scalar_minimum", lambda x: K.minimum(x, 0.5), lambda x: np.minimum(x, 0.5),
-       domain=(away_from(-3, 3, [0.5]),)),
+    Op("scalar_pow", lambda x: x**2, lambda x: x**2),
+    Op("scalar_pow_int3", lambda x: x**3, lambda x: x**3, tol32=TRANSCENDENTAL),
+    Op(
+        "scalar_maximum",
+        lambda x: K.maximum(x, 0.5),
+        lambda x: np.maximum(x, 0.5),
+        domain=(away_from(-3, 3, [0.5]),),
+    ),
+    Op(
+        "scalar_minimum",
+        lambda x: K.minimum(x, 0.5),
+        lambda x: np.minimum(x, 0.5),
+        domain=(away_from(-3, 3, [0.5]),),
+    ),
     Op("scalar_greater", lambda x: x > 0.5, lambda x: x > 0.5, grad=False, boolean=True),
-    Op("scalar_less_equal", lambda x: x <= 1.0, lambda x: x <= 1.0,
-       domain=(small_ints(-2, 2),), grad=False, boolean=True),
-    Op("scalar_reflected_less", lambda x: 0.5 < x, lambda x: 0.5 < x, grad=False,
-       boolean=True),
-    Op("K_equal_scalar", lambda x: K.equal(x, 1.0), lambda x: x == 1.0,
-       domain=(small_ints(-2, 2),), grad=False, boolean=True),
-    Op("K_greater_scalar", lambda x: K.greater(x, 0.0), lambda x: x > 0.0,
-       domain=(small_ints(-2, 2),), grad=False, boolean=True),
+    Op(
+        "scalar_less_equal",
+        lambda x: x <= 1.0,
+        lambda x: x <= 1.0,
+        domain=(small_ints(-2, 2),),
+        grad=False,
+        boolean=True,
+    ),
+    Op("scalar_reflected_less", lambda x: 0.5 < x, lambda x: 0.5 < x, grad=False, boolean=True),
+    Op(
+        "K_equal_scalar",
+        lambda x: K.equal(x, 1.0),
+        lambda x: x == 1.0,
+        domain=(small_ints(-2, 2),),
+        grad=False,
+        boolean=True,
+    ),
+    Op(
+        "K_greater_scalar",
+        lambda x: K.greater(x, 0.0),
+        lambda x: x > 0.0,
+        domain=(small_ints(-2, 2),),
+        grad=False,
+        boolean=True,
+    ),
 ]
 
-TIES = (small_ints(-2, 2),)                      # comparisons: many equal pairs
-NO_TIES = (grid(-3, 3, 0.2, 0.05), grid(-3, 3, 0.2, 0.15))   # |x - y| >= 0.1 always
+TIES = (small_ints(-2, 2),)  # comparisons: many equal pairs
+NO_TIES = (grid(-3, 3, 0.2, 0.05), grid(-3, 3, 0.2, 0.15))  # |x - y| >= 0.1 always
 NONZERO = (uniform(-3, 3), away_from(-3, 3, [0.0], 0.3))
 POSITIVE_BASE = (uniform(0.5, 2.0), uniform(-2, 2))
 
@@ -165,27 +228,42 @@ BINARY = [
     Op("sub", lambda x, y: x - y, np.subtract, arity=2),
     Op("mul", lambda x, y: x * y, np.multiply, arity=2),
     Op("truediv", lambda x, y: x / y, np.divide, arity=2, domain=NONZERO),
-    Op("pow_tensor", lambda x, y: x ** y, np.power, arity=2, domain=POSITIVE_BASE,
-       tol32=TRANSCENDENTAL),
+    Op(
+        "pow_tensor",
+        lambda x, y: x**y,
+        np.power,
+        arity=2,
+        domain=POSITIVE_BASE,
+        tol32=TRANSCENDENTAL,
+    ),
     Op("maximum", K.maximum, np.maximum, arity=2, domain=NO_TIES),
     Op("minimum", K.minimum, np.minimum, arity=2, domain=NO_TIES),
     Op("equal", K.equal, np.equal, arity=2, domain=TIES, grad=False, boolean=True),
-    Op("not_equal", K.not_equal, np.not_equal, arity=2, domain=TIES, grad=False,
-       boolean=True),
+    Op("not_equal", K.not_equal, np.not_equal, arity=2, domain=TIES, grad=False, boolean=True),
     Op("greater", K.greater, np.greater, arity=2, domain=TIES, grad=False, boolean=True),
-    Op("greater_equal", K.greater_equal, np.greater_equal, arity=2, domain=TIES,
-       grad=False, boolean=True),
+    Op(
+        "greater_equal",
+        K.greater_equal,
+        np.greater_equal,
+        arity=2,
+        domain=TIES,
+        grad=False,
+        boolean=True,
+    ),
     Op("less", K.less, np.less, arity=2, domain=TIES, grad=False, boolean=True),
-    Op("less_equal", K.less_equal, np.less_equal, arity=2, domain=TIES, grad=False,
-       boolean=True),
-    Op("op_lt", lambda x, y: x < y, np.less, arity=2, domain=TIES, grad=False,
-       boolean=True),
-    Op("op_le", lambda x, y: x <= y, np.less_equal, arity=2, domain=TIES, grad=False,
-       boolean=True),
-    Op("op_gt", lambda x, y: x > y, np.greater, arity=2, domain=TIES, grad=False,
-       boolean=True),
-    Op("op_ge", lambda x, y: x >= y, np.greater_equal, arity=2, domain=TIES, grad=False,
-       boolean=True),
+    Op("less_equal", K.less_equal, np.less_equal, arity=2, domain=TIES, grad=False, boolean=True),
+    Op("op_lt", lambda x, y: x < y, np.less, arity=2, domain=TIES, grad=False, boolean=True),
+    Op("op_le", lambda x, y: x <= y, np.less_equal, arity=2, domain=TIES, grad=False, boolean=True),
+    Op("op_gt", lambda x, y: x > y, np.greater, arity=2, domain=TIES, grad=False, boolean=True),
+    Op(
+        "op_ge",
+        lambda x, y: x >= y,
+        np.greater_equal,
+        arity=2,
+        domain=TIES,
+        grad=False,
+        boolean=True,
+    ),
 ]
 
 ALL = UNARY + BINARY
@@ -237,7 +315,7 @@ NUMPY_SCALAR_OPS = [
     ("radd", lambda s, x: s + x),
     ("rmul", lambda s, x: s * x),
     ("rdiv", lambda s, x: s / x),
-    ("rpow", lambda s, x: s ** x),
+    ("rpow", lambda s, x: s**x),
 ]
 
 
@@ -260,6 +338,7 @@ def test_numpy_scalar_on_the_left_stays_symbolic(name, f, dtype, rng):
 
 # ---- matmul operator -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_matmul_operator(dtype, rng):
     a = rng.normal(size=(2, 3)).astype(dtype)
@@ -271,8 +350,9 @@ def test_matmul_operator(dtype, rng):
     value = run([pa, pb], [out], [a, b])[0]
     assert value.dtype == np.dtype(dtype)
     rtol, atol = tolerances(dtype)
-    np.testing.assert_allclose(value, a.astype(np.float64) @ b.astype(np.float64),
-                               rtol=rtol, atol=atol)
+    np.testing.assert_allclose(
+        value, a.astype(np.float64) @ b.astype(np.float64), rtol=rtol, atol=atol
+    )
 
 
 def test_matmul_operator_gradient(rng):
@@ -289,9 +369,23 @@ BROADCAST_SHAPES = [
     ((), (3,)),
     ((2, 1, 4), (3, 1)),
 ]
-BROADCAST_OPS = [o for o in BINARY if o.name in (
-    "add", "sub", "mul", "truediv", "pow_tensor", "maximum", "minimum", "equal",
-    "greater", "less_equal")]
+BROADCAST_OPS = [
+    o
+    for o in BINARY
+    if o.name
+    in (
+        "add",
+        "sub",
+        "mul",
+        "truediv",
+        "pow_tensor",
+        "maximum",
+        "minimum",
+        "equal",
+        "greater",
+        "less_equal",
+    )
+]
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -340,6 +434,5 @@ def test_chained_expression_matches_numpy(rng):
     out = K.tanh(pa * pb + 1.0) - K.exp(-K.square(pa)) / pb + K.sigmoid(pa) ** 2
     value = run([pa, pb], [out], [a, b])[0]
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    ref = (np.tanh(a64 * b64 + 1.0) - np.exp(-a64 ** 2) / b64
-           + (1 / (1 + np.exp(-a64))) ** 2)
+    ref = np.tanh(a64 * b64 + 1.0) - np.exp(-(a64**2)) / b64 + (1 / (1 + np.exp(-a64))) ** 2
     np.testing.assert_allclose(value, ref, rtol=2e-5, atol=2e-5)

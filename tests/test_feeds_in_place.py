@@ -67,7 +67,9 @@ def test_small_strided_and_misaligned_feeds_are_copied_and_still_right():
         np.testing.assert_allclose(out, np.asarray(v) * 3, rtol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("view", ["identity", "reshape", "transpose", "slice", "expand_dims", "stop_gradient"])
+@pytest.mark.parametrize(
+    "view", ["identity", "reshape", "transpose", "slice", "expand_dims", "stop_gradient"]
+)
 def test_an_output_that_is_the_feed_or_a_view_of_it_is_a_copy(view):
     x = K.placeholder(shape=BIG)
     y = {
@@ -102,7 +104,11 @@ def test_an_output_that_is_the_feed_or_a_view_of_it_is_a_copy(view):
 def test_a_variable_assigned_from_a_feed_keeps_its_value_after_the_call(how):
     x = K.placeholder(shape=BIG)
     v = K.variable(np.zeros(BIG, np.float32))
-    new = {"feed": lambda: x, "reshape": lambda: K.reshape(K.reshape(x, (-1,)), BIG), "add": lambda: v + x}[how]()
+    new = {
+        "feed": lambda: x,
+        "reshape": lambda: K.reshape(K.reshape(x, (-1,)), BIG),
+        "add": lambda: v + x,
+    }[how]()
     f = K.function([x], [K.sum(x)], updates=[K.update(v, new)])
     xv = _data()
     expect = xv.copy()
@@ -110,7 +116,9 @@ def test_a_variable_assigned_from_a_feed_keeps_its_value_after_the_call(how):
     xv[...] = 7.0
     np.testing.assert_array_equal(K.get_value(v), expect)
     f([xv])  # a second call reads the variable it assigned and the new feed
-    np.testing.assert_array_equal(K.get_value(v), np.full(BIG, 7.0, np.float32) if how != "add" else expect + 7.0)
+    np.testing.assert_array_equal(
+        K.get_value(v), np.full(BIG, 7.0, np.float32) if how != "add" else expect + 7.0
+    )
 
 
 def test_a_feed_cast_to_the_placeholder_dtype_and_one_array_fed_twice():

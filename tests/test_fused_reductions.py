@@ -139,7 +139,9 @@ def test_large_input_splits_across_tasks_in_whole_rows(rng):
     # Rows of 37 and columns of 37: tasks and tiles must not cut a row or a column block.
     xv = rng.standard_normal((4099, 37)).astype("float32")
     x = K.placeholder(shape=(None, 37))
-    f = K.function([x], [K.sum(x * x + 1.0, axis=0), K.sum(x * x + 1.0, axis=1), K.sum(x * x + 1.0)])
+    f = K.function(
+        [x], [K.sum(x * x + 1.0, axis=0), K.sum(x * x + 1.0, axis=1), K.sum(x * x + 1.0)]
+    )
     cols, rows, total = f([xv])
     xd = xv.astype("float64")
     close(cols, (xd * xd + 1).sum(0))
@@ -178,7 +180,7 @@ def test_convolution_epilogue_with_folded_mean(rng):
     ref = np.zeros((8, 12, 12, 16))
     for i in range(3):
         for j in range(3):
-            ref += np.einsum("nhwc,cd->nhwd", pad[:, i:i + 12, j:j + 12], wv[i, j])
+            ref += np.einsum("nhwc,cd->nhwd", pad[:, i : i + 12, j : j + 12], wv[i, j])
     ref += bv
     close(m, ref.mean((0, 1, 2)), rtol=1e-4)
     close(r, np.maximum(ref, 0), rtol=1e-4)

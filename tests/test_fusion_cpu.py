@@ -59,9 +59,14 @@ def test_rmsprop_chain_is_one_pass(monkeypatch, rng):
     p, g, acc = (x.astype("float64") for x in feeds)
     ref_acc = 0.9 * acc + 0.1 * g * g
     np.testing.assert_allclose(new_acc, ref_acc, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(new_p, p - 0.001 * g / (np.sqrt(ref_acc) + 1e-7), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        new_p, p - 0.001 * g / (np.sqrt(ref_acc) + 1e-7), rtol=1e-5, atol=1e-6
+    )
     if on_cpu():
-        assert fused.dispatches == 1 and unfused.dispatches > 5, (fused.dispatches, unfused.dispatches)
+        assert fused.dispatches == 1 and unfused.dispatches > 5, (
+            fused.dispatches,
+            unfused.dispatches,
+        )
 
 
 @pytest.mark.parametrize("bshape", [(6,), (1, 6), (4, 1, 6), (4, 5, 1), (1, 5, 1), (), (4, 5, 6)])
@@ -87,17 +92,24 @@ def test_nan_inf_and_transcendentals_match_numpy(monkeypatch, rng):
     x = specials(rng, (3000,))
     x[:8] = [np.nan, np.inf, -np.inf, 0.0, 89.0, -104.0, 1e-42, -1e-42]
     fns = {
-        "exp": (K.exp, np.exp), "log": (K.log, np.log), "tanh": (K.tanh, np.tanh),
+        "exp": (K.exp, np.exp),
+        "log": (K.log, np.log),
+        "tanh": (K.tanh, np.tanh),
         "sigmoid": (K.sigmoid, lambda v: 1 / (1 + np.exp(-v))),
         "softplus": (K.softplus, lambda v: np.logaddexp(0, v)),
         # 1 + t rounds to float32 first, as in the graph.
-        "log(1+x)": (lambda t: K.log(1 + t), lambda v: np.log((1 + v.astype("float32")).astype("float64"))),
+        "log(1+x)": (
+            lambda t: K.log(1 + t),
+            lambda v: np.log((1 + v.astype("float32")).astype("float64")),
+        ),
     }
     with np.errstate(all="ignore"):
         for name, (kf, nf) in fns.items():
+
             def build(kf=kf):
                 p = K.placeholder(shape=x.shape)
                 return [p], [kf(p)]
+
             (y,), _ = both(monkeypatch, build, [x])
             ref = nf(x.astype("float64")).astype("float32")
             if on_cpu():
@@ -106,7 +118,9 @@ def test_nan_inf_and_transcendentals_match_numpy(monkeypatch, rng):
                 # WGSL allows log an absolute error of 2^-21 near 1 and lets a device
                 # flush subnormal inputs to zero: those are left out on a GPU.
                 normal = ~((x != 0) & (np.abs(x) < np.finfo(np.float32).tiny))
-                np.testing.assert_allclose(y[normal], ref[normal], rtol=1e-5, atol=2e-6, err_msg=name)
+                np.testing.assert_allclose(
+                    y[normal], ref[normal], rtol=1e-5, atol=2e-6, err_msg=name
+                )
 
 
 def test_zero_size_and_rank_0(monkeypatch):
@@ -181,4 +195,6 @@ def test_other_dtypes_unchanged(monkeypatch, rng, dtype):
         return [p], [K.maximum(p * 2 - 1, K.zeros_like(p))]
 
     (y,), _ = both(monkeypatch, build, [x])
-    np.testing.assert_allclose(y.astype("float64"), np.maximum(x.astype("float64") * 2 - 1, 0), rtol=1e-3)
+    np.testing.assert_allclose(
+        y.astype("float64"), np.maximum(x.astype("float64") * 2 - 1, 0), rtol=1e-3
+    )

@@ -150,7 +150,7 @@ def test_mixed_float64_and_float32(gpu, rng):
     z = K.cast(y, "float64") / 7.0
     xv = rng.standard_normal(6)
     out = K.function([x], [z])([xv])[0]
-    ref = ((xv ** 2).astype(np.float32) * np.float32(3) + np.float32(1)).astype(np.float64) / 7.0
+    ref = ((xv**2).astype(np.float32) * np.float32(3) + np.float32(1)).astype(np.float64) / 7.0
     np.testing.assert_allclose(out, ref, rtol=1e-7)
 
 
@@ -204,7 +204,7 @@ def test_shader_compile_failure_is_a_python_exception(gpu):
 
 
 def test_matmul_shapes_against_numpy(gpu, rng):
-    for (m, k, n) in [(1, 1, 1), (3, 70, 5), (65, 17, 130), (128, 64, 64)]:
+    for m, k, n in [(1, 1, 1), (3, 70, 5), (65, 17, 130), (128, 64, 64)]:
         a = K.placeholder(shape=(m, k))
         b = K.placeholder(shape=(n, k))
         f = K.function([a, b], [K.dot(a, K.transpose(b))])
@@ -215,8 +215,9 @@ def test_matmul_shapes_against_numpy(gpu, rng):
     b = K.placeholder(shape=(3, 5, 6))
     av = rng.standard_normal((2, 3, 4, 5)).astype("float32")
     bv = rng.standard_normal((3, 5, 6)).astype("float32")
-    np.testing.assert_allclose(K.function([a, b], [_matmul(a, b)])([av, bv])[0],
-                               av @ bv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        K.function([a, b], [_matmul(a, b)])([av, bv])[0], av @ bv, rtol=1e-5, atol=1e-5
+    )
 
 
 def _matmul(a, b):
@@ -263,7 +264,9 @@ ferrokeras.set_device("cpu")
 print("CPU", float(f([np.zeros((300, 300), "float32")])[0].sum()))
 """
     env = dict(os.environ, FERROKERAS_GPU_MAX_BINDING="65536")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert "ERR" in r.stdout and "limit" in r.stdout and "(300, 300)" in r.stdout, r.stdout
     assert "CPU 180000.0" in r.stdout, r.stdout
@@ -275,6 +278,7 @@ print("CPU", float(f([np.zeros((300, 300), "float32")])[0].sum()))
 # (whose kernels the rest of the suite checks against NumPy), over the dtypes the GPU
 # stores in 32-bit words: float32, float16 (rounded after each op), int32, int16, int8,
 # uint8 and bool (wrapped / 0-1 after each op).
+
 
 def _inputs(dtype, shape, rng, lo=-3.0, hi=3.0):
     if dtype == "bool":
@@ -310,7 +314,9 @@ def _same(gpu_out, cpu_out, rtol=2e-5, atol=1e-5):
         assert g.dtype == c.dtype and g.shape == c.shape, (g.dtype, c.dtype, g.shape, c.shape)
         if g.dtype.kind == "f":
             tol = (2e-3, 1e-3) if g.dtype == np.float16 else (rtol, atol)
-            np.testing.assert_allclose(g.astype(np.float64), c.astype(np.float64), rtol=tol[0], atol=tol[1], equal_nan=True)
+            np.testing.assert_allclose(
+                g.astype(np.float64), c.astype(np.float64), rtol=tol[0], atol=tol[1], equal_nan=True
+            )
         else:
             np.testing.assert_array_equal(g, c)
 
@@ -324,7 +330,13 @@ def test_parity_unary(gpu, rng, dtype):
     for name in names:
         if name == "logical_not":
             continue
-        lo, hi = (0.1, 3.0) if name in ("sqrt", "rsqrt", "log", "reciprocal") else (-1.0, 1.0) if name == "tan" else (-3.0, 3.0)
+        lo, hi = (
+            (0.1, 3.0)
+            if name in ("sqrt", "rsqrt", "log", "reciprocal")
+            else (-1.0, 1.0)
+            if name == "tan"
+            else (-3.0, 3.0)
+        )
         x = _inputs(dtype, (5, 7), rng, lo, hi)
         g, c, _ = _on_both(lambda p, name=name: _core.unary(name, p), [x])
         _same(g, c)
@@ -373,13 +385,24 @@ def test_parity_reductions(gpu, rng, dtype):
     big = _inputs(dtype, (2, 3000), rng, 0.5, 1.5)
     ops = ["max", "min"] if dtype == "bool" else ["sum", "prod", "max", "min", "mean"]
     for name in ops:
-        for arr, axes in [(x, [1]), (x, [0, 2]), (x, [3]), (x, [1, 3]), (x, [0, 1, 2, 3]), (big, [1])]:
+        for arr, axes in [
+            (x, [1]),
+            (x, [0, 2]),
+            (x, [3]),
+            (x, [1, 3]),
+            (x, [0, 1, 2, 3]),
+            (big, [1]),
+        ]:
             if name == "prod" and arr is big:
                 continue
-            g, c, f = _on_both(lambda p, name=name, axes=axes: _core.reduce(name, p, axes, True), [arr])
+            g, c, f = _on_both(
+                lambda p, name=name, axes=axes: _core.reduce(name, p, axes, True), [arr]
+            )
             _same(g, c, rtol=1e-4, atol=1e-4)
             # Integer means run on the CPU path (an i32 sum could wrap where int64 does not).
-            assert f.submits == (0 if (name == "mean" and dtype != "float32" and dtype != "float16") else 1)
+            assert f.submits == (
+                0 if (name == "mean" and dtype != "float32" and dtype != "float16") else 1
+            )
     if dtype != "bool":
         for name in ("argmax", "argmin"):
             _same(*_on_both(lambda p, name=name: _core.arg(name, p, 1), [x])[:2])
@@ -387,7 +410,9 @@ def test_parity_reductions(gpu, rng, dtype):
             for excl in (False, True):
                 for rev in (False, True):
                     v = _inputs(dtype, (3, 6, 2), rng, 0.5, 1.5)
-                    g, c, _ = _on_both(lambda p, name=name, e=excl, r=rev: _core.scan(name, p, 1, e, r), [v])
+                    g, c, _ = _on_both(
+                        lambda p, name=name, e=excl, r=rev: _core.scan(name, p, 1, e, r), [v]
+                    )
                     _same(g, c, rtol=1e-4, atol=1e-4)
 
 
@@ -412,11 +437,19 @@ def test_parity_gradients_of_movement(gpu, rng):
     idx = _core.constant(np.array([3, 0, 3, 1], "int32"))
 
     def build(p):
-        y = _core.concat([_core.slice(p, [(None, None, 2), (1, 4, 1), (None, None, -1)]),
-                          _core.slice(p, [(None, None, 2), (0, 3, 1), (None, None, 1)])], 1)
+        y = _core.concat(
+            [
+                _core.slice(p, [(None, None, 2), (1, 4, 1), (None, None, -1)]),
+                _core.slice(p, [(None, None, 2), (0, 3, 1), (None, None, 1)]),
+            ],
+            1,
+        )
         z = _core.gather(p, idx, 1)
-        s = _core.binary("add", _core.reduce("sum", _core.unary("square", y), [0, 1, 2], False),
-                         _core.reduce("sum", _core.unary("exp", z), [0, 1, 2], False))
+        s = _core.binary(
+            "add",
+            _core.reduce("sum", _core.unary("square", y), [0, 1, 2], False),
+            _core.reduce("sum", _core.unary("exp", z), [0, 1, 2], False),
+        )
         return _core.gradients(s, [p])
 
     g, c, f = _on_both(build, [x])
@@ -481,11 +514,15 @@ def _conv_arrays(rng, xs, ws, strides, dilation, padding, groups, dtype):
     x = _inputs(dtype, xs, rng, -1, 1)
     w = _inputs(dtype, ws, rng, -1, 1)
     ph = [_core.placeholder("x", list(xs), dtype), _core.placeholder("w", list(ws), dtype)]
-    yshape = _core.Function(ph, [_core.conv(*ph, strides, dilation, padding, groups)], [])([x, w])[0].shape
+    yshape = _core.Function(ph, [_core.conv(*ph, strides, dilation, padding, groups)], [])([x, w])[
+        0
+    ].shape
     return x, w, _inputs(dtype, yshape, rng, -1, 1)
 
 
-@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "x%s_w%s_s%s_d%s_g%d" % (c[0], c[1], c[2], c[3], c[5]))
+@pytest.mark.parametrize(
+    "case", CONV_CASES, ids=lambda c: "x%s_w%s_s%s_d%s_g%d" % (c[0], c[1], c[2], c[3], c[5])
+)
 def test_parity_conv_and_its_gradients(gpu, rng, case):
     xs, ws, strides, dilation, padding, groups = case
     x, w, u = _conv_arrays(rng, xs, ws, strides, dilation, padding, groups, "float32")
@@ -496,7 +533,9 @@ def test_parity_conv_and_its_gradients(gpu, rng, case):
 
 # Tiled and direct kernels, and kernel gradients split into chunks (6, 7), whose f32
 # partial sums are rounded to f16 once, as the CPU rounds its f32 accumulation.
-@pytest.mark.parametrize("case", [CONV_CASES[k] for k in (0, 1, 4, 6, 7, 9)], ids=lambda c: "x%s_w%s" % (c[0], c[1]))
+@pytest.mark.parametrize(
+    "case", [CONV_CASES[k] for k in (0, 1, 4, 6, 7, 9)], ids=lambda c: "x%s_w%s" % (c[0], c[1])
+)
 def test_parity_conv_float16(gpu, rng, case):
     xs, ws, strides, dilation, padding, groups = case
     x, w, u = _conv_arrays(rng, xs, ws, strides, dilation, padding, groups, "float16")
@@ -505,16 +544,20 @@ def test_parity_conv_float16(gpu, rng, case):
         assert a.dtype == b.dtype == np.float16 and a.shape == b.shape
         # f32 accumulation in a different order, then one rounding to f16: one f16 ulp.
         scale = max(1.0, float(np.abs(b.astype(np.float32)).max()))
-        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=2e-3, atol=2e-3 * scale)
+        np.testing.assert_allclose(
+            a.astype(np.float32), b.astype(np.float32), rtol=2e-3, atol=2e-3 * scale
+        )
     assert f.host_nodes == 0
 
 
 def test_parity_conv_transpose_primitive(gpu, rng):
     # conv_transpose as K.conv2d_transpose builds it: the input-gradient primitive alone,
     # its target shape a constant.
-    for xs, ws, strides, padding, groups in [((2, 6, 5, 16), (3, 3, 8, 16), [2, 2], "same", 2),
-                                               ((2, 6, 5, 3), (4, 4, 5, 3), [2, 3], [(1, 2), (0, 0)], 1),
-                                               ((1, 4, 4, 4, 16), (2, 2, 2, 24, 16), [2, 2, 2], "same", 1)]:
+    for xs, ws, strides, padding, groups in [
+        ((2, 6, 5, 16), (3, 3, 8, 16), [2, 2], "same", 2),
+        ((2, 6, 5, 3), (4, 4, 5, 3), [2, 3], [(1, 2), (0, 0)], 1),
+        ((1, 4, 4, 4, 16), (2, 2, 2, 24, 16), [2, 2, 2], "same", 1),
+    ]:
         gshape = xs
         xshape = [gshape[0]] + [d * s for d, s in zip(gshape[1:-1], strides)] + [ws[-2] * groups]
         if padding != "same":
@@ -522,8 +565,9 @@ def test_parity_conv_transpose_primitive(gpu, rng):
         gv = _inputs("float32", gshape, rng, -1, 1)
         wv = _inputs("float32", ws, rng, -1, 1)
         target = _core.constant(np.array(xshape, "int32"))
-        build = (lambda p, q, target=target, strides=strides, padding=padding, groups=groups:
-                 _core.conv_transpose(p, q, target, strides, [1] * len(strides), padding, groups))
+        build = lambda p, q, target=target, strides=strides, padding=padding, groups=groups: (
+            _core.conv_transpose(p, q, target, strides, [1] * len(strides), padding, groups)
+        )
         g, c, f = _on_both(build, [gv, wv])
         assert list(g[0].shape) == xshape
         _same(g, c, rtol=1e-4, atol=1e-4)
@@ -561,11 +605,15 @@ def _pool_with_grads(mode, window, strides, padding):
 def _pool_arrays(rng, mode, xs, window, strides, padding, ties=False):
     x = (rng.integers(0, 3, size=xs) if ties else rng.uniform(-2, 2, size=xs)).astype("float32")
     ph = _core.placeholder("x", list(xs), "float32")
-    yshape = _core.Function([ph], [_core.pool(ph, mode, window, strides, padding)], [])([x])[0].shape
+    yshape = _core.Function([ph], [_core.pool(ph, mode, window, strides, padding)], [])([x])[
+        0
+    ].shape
     return x, _inputs("float32", yshape, rng, -1, 1), _inputs("float32", xs, rng, -1, 1)
 
 
-@pytest.mark.parametrize("case", POOL_CASES, ids=lambda c: "%s_x%s_k%s_s%s" % (c[0], c[1], c[2], c[3]))
+@pytest.mark.parametrize(
+    "case", POOL_CASES, ids=lambda c: "%s_x%s_k%s_s%s" % (c[0], c[1], c[2], c[3])
+)
 def test_parity_pool_and_its_gradients(gpu, rng, case):
     mode, xs, window, strides, padding = case
     g, c, f = _on_both(_pool_with_grads(mode, window, strides, padding), _pool_arrays(rng, *case))
@@ -573,7 +621,9 @@ def test_parity_pool_and_its_gradients(gpu, rng, case):
     assert f.host_nodes == 0 and f.submits == 1, (f.host_nodes, f.submits)
 
 
-@pytest.mark.parametrize("case", [c for c in POOL_CASES if c[0] == "max"][:4], ids=lambda c: "x%s_k%s" % (c[1], c[2]))
+@pytest.mark.parametrize(
+    "case", [c for c in POOL_CASES if c[0] == "max"][:4], ids=lambda c: "x%s_k%s" % (c[1], c[2])
+)
 def test_max_pool_ties_route_to_the_first_maximum_as_on_the_cpu(gpu, rng, case):
     _, xs, window, strides, padding = case
     arrays = _pool_arrays(rng, *case, ties=True)
@@ -584,7 +634,10 @@ def test_max_pool_ties_route_to_the_first_maximum_as_on_the_cpu(gpu, rng, case):
 
 def test_pool_float16(gpu, rng):
     for mode in ("max", "avg"):
-        x, u, v = (a.astype("float16") for a in _pool_arrays(rng, mode, (2, 9, 8, 5), [3, 3], [2, 2], "same"))
+        x, u, v = (
+            a.astype("float16")
+            for a in _pool_arrays(rng, mode, (2, 9, 8, 5), [3, 3], [2, 2], "same")
+        )
         g, c, f = _on_both(_pool_with_grads(mode, [3, 3], [2, 2], "same"), [x, u, v])
         _same(g, c)
         assert f.host_nodes == 0

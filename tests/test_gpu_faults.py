@@ -51,9 +51,18 @@ def gpu():
 def _script(code, **env):
     """Runs `code` in a fresh interpreter; returns its stdout (asserting exit status 0)."""
     _need_gpu()
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, **env))
-    assert r.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (r.returncode, r.stdout, r.stderr)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, **env),
+    )
+    assert r.returncode == 0, "exit %d\nstdout:\n%s\nstderr:\n%s" % (
+        r.returncode,
+        r.stdout,
+        r.stderr,
+    )
     return r.stdout
 
 
@@ -67,8 +76,17 @@ def _scale_fn(n):
 
 def test_pool_stats_shape(gpu):
     st = _core.gpu_pool_stats()
-    for k in ("pooled_bytes", "pooled_buffers", "live_bytes", "allocated_bytes", "allocations",
-              "reuses", "released", "max_idle_bytes", "max_idle_submits"):
+    for k in (
+        "pooled_bytes",
+        "pooled_buffers",
+        "live_bytes",
+        "allocated_bytes",
+        "allocations",
+        "reuses",
+        "released",
+        "max_idle_bytes",
+        "max_idle_submits",
+    ):
         assert isinstance(st[k], int) and st[k] >= 0, (k, st)
     assert st["device"] == gpu
     assert st["allocated_bytes"] >= st["pooled_bytes"] + st["live_bytes"]
@@ -77,8 +95,8 @@ def test_pool_stats_shape(gpu):
 
 
 def test_steady_state_calls_allocate_no_buffers(gpu, rng):
-    gc.collect()                                    # buffers of earlier tests' garbage go back
-    _core.gpu_pool_clear()                          # no idle buffers of earlier tests ageing out
+    gc.collect()  # buffers of earlier tests' garbage go back
+    _core.gpu_pool_clear()  # no idle buffers of earlier tests ageing out
     f = _scale_fn(1000)
     xv = rng.standard_normal(1000).astype("float32")
     for _ in range(3):
@@ -100,7 +118,7 @@ def test_steady_state_calls_allocate_no_buffers(gpu, rng):
 
 def test_idle_buffers_of_a_big_call_are_released_after_small_calls(gpu, rng):
     _core.gpu_pool_limits(max_idle_bytes=256 * MIB, max_idle_submits=40)
-    big = _scale_fn(1 << 20)                       # 4 MiB per tensor
+    big = _scale_fn(1 << 20)  # 4 MiB per tensor
     big([np.ones(1 << 20, "float32")])
     st_big = _core.gpu_pool_stats()
     assert st_big["pooled_bytes"] >= 8 * MIB, st_big
@@ -132,7 +150,8 @@ def test_idle_bytes_stay_under_the_bound(gpu):
 
 
 def test_pool_bound_from_the_environment():
-    out = _script("""
+    out = _script(
+        """
         import numpy as np, ferrokeras
         from ferrokeras import _core, backend as K
         ferrokeras.set_device("gpu")
@@ -141,7 +160,10 @@ def test_pool_bound_from_the_environment():
         x = K.placeholder(shape=(1 << 21,))
         K.function([x], [x * 2.0, x + 1.0])([np.ones(1 << 21, "float32")])
         print("POOLED", _core.gpu_pool_stats()["pooled_bytes"])
-    """, FERROKERAS_GPU_POOL_MAX_IDLE_MB="3", FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS="77")
+    """,
+        FERROKERAS_GPU_POOL_MAX_IDLE_MB="3",
+        FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS="77",
+    )
     assert "BOUNDS %d 77" % (3 * MIB) in out, out
     pooled = int(out.split("POOLED")[1])
     assert pooled <= 3 * MIB, out
@@ -160,7 +182,7 @@ def test_clear_session_empties_the_pool_and_keeps_held_variables(gpu, rng):
     K.clear_session()
     st = _core.gpu_pool_stats()
     assert st["pooled_buffers"] == 0 and st["pooled_bytes"] == 0, st
-    assert st["live_bytes"] >= init.nbytes            # the variable's buffer is still held
+    assert st["live_bytes"] >= init.nbytes  # the variable's buffer is still held
     np.testing.assert_allclose(K.get_value(v), init * 2.0, rtol=1e-6)
     step([])
     np.testing.assert_allclose(K.get_value(v), init * 4.0, rtol=1e-6)
@@ -174,7 +196,7 @@ def test_tensor_over_the_device_limits_is_a_device_error(gpu):
     """No host array is involved: the tensor is made on the device, so only the device's
     limit can refuse it. The message names the size, the tensor and the way out."""
     n = 1 << 16
-    huge = K.random_uniform((n, n), seed=1)        # 16 GiB of float32
+    huge = K.random_uniform((n, n), seed=1)  # 16 GiB of float32
     with pytest.raises(ferrokeras.DeviceError) as e:
         K.eval(K.sum(huge))
     msg = str(e.value)
@@ -189,7 +211,8 @@ def test_tensor_over_the_device_limits_is_a_device_error(gpu):
 
 
 def test_feed_over_the_binding_limit_is_a_device_error():
-    out = _script("""
+    out = _script(
+        """
         import numpy as np, ferrokeras
         from ferrokeras import backend as K
         ferrokeras.set_device("gpu")
@@ -203,7 +226,9 @@ def test_feed_over_the_binding_limit_is_a_device_error():
         print("SMALL", float(f([np.ones((10, 1000), "float32")])[0]))
         ferrokeras.set_device("cpu")
         print("CPU", float(f([np.ones((600, 1000), "float32")])[0]))
-    """, FERROKERAS_GPU_MAX_BINDING=str(1 << 21))
+    """,
+        FERROKERAS_GPU_MAX_BINDING=str(1 << 21),
+    )
     assert "ERR" in out and "2400000-byte" in out and "big_feed" in out, out
     assert "SMALL 20000.0" in out and "CPU 1200000.0" in out, out
 
@@ -256,8 +281,12 @@ BAD_WGSL = [
     # (case, source, words of the naga message)
     ("syntax", "@compute @workgroup_size(1) fn main() { let x: u32 = -; }", ("expected", "-")),
     ("types", "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }", ("u32", "abstract")),
-    ("binding", "@group(0) @binding(0) var<storage, read_write> b: array<f32>;\n"
-                "@compute @workgroup_size(1) fn main() { b[0] = undefined_name; }", ("undefined_name",)),
+    (
+        "binding",
+        "@group(0) @binding(0) var<storage, read_write> b: array<f32>;\n"
+        "@compute @workgroup_size(1) fn main() { b[0] = undefined_name; }",
+        ("undefined_name",),
+    ),
     ("entry", "// entry case\n@compute @workgroup_size(1) fn main() { }", ("not_there",)),
 ]
 
@@ -266,7 +295,7 @@ BAD_WGSL = [
 def test_shader_compile_failure_is_a_device_error_with_the_naga_message(gpu, case, src, words):
     entry = "not_there" if case == "entry" else "main"
     compiled = _core.device_stats()[2]
-    for _ in range(2):                              # a failure is not cached as a pipeline
+    for _ in range(2):  # a failure is not cached as a pipeline
         with pytest.raises(ferrokeras.DeviceError) as e:
             _core.compile_wgsl(src, entry)
         msg = str(e.value)
@@ -276,7 +305,9 @@ def test_shader_compile_failure_is_a_device_error_with_the_naga_message(gpu, cas
     _core.compile_wgsl("// after %s\n@compute @workgroup_size(1) fn main() { }" % case, "main")
     assert _core.device_stats()[2] == compiled + 1
     x = K.placeholder(shape=(3,))
-    np.testing.assert_allclose(K.function([x], [K.tanh(x) * 2.0])([np.zeros(3, "float32")])[0], [0, 0, 0])
+    np.testing.assert_allclose(
+        K.function([x], [K.tanh(x) * 2.0])([np.zeros(3, "float32")])[0], [0, 0, 0]
+    )
 
 
 # ---------------------------------------------------------------- concurrency

@@ -78,7 +78,7 @@ def _adam(params, grads, lr=0.01, b1=0.9, b2=0.999, eps=1e-7):
 def _adam_numpy(ps, gs, slots, step, lr=0.01, b1=0.9, b2=0.999, eps=1e-7):
     n = len(ps)
     ms, vs = slots[:n], slots[n:]
-    lr_t = lr * np.sqrt(1.0 - b2 ** step) / (1.0 - b1 ** step)
+    lr_t = lr * np.sqrt(1.0 - b2**step) / (1.0 - b1**step)
     ms = [b1 * m + (1.0 - b1) * g for m, g in zip(ms, gs)]
     vs = [b2 * v + (1.0 - b2) * g * g for v, g in zip(vs, gs)]
     ps = [p - lr_t * m / (np.sqrt(v) + eps) for p, m, v in zip(ps, ms, vs)]
@@ -145,7 +145,7 @@ def test_readers_on_other_threads_never_see_a_half_written_variable(on_cpu):
                 lo, hi = span([])
                 a = K.get_value(v)
                 seen.append((float(lo), float(hi), float(a[0]), float(a[-1])))
-        except BaseException as e:   # reported in the main thread
+        except BaseException as e:  # reported in the main thread
             errors.append(e)
 
     readers = [threading.Thread(target=read) for _ in range(2)]
@@ -213,8 +213,10 @@ def test_keras_training_is_bitwise_the_same_with_and_without_in_place_updates():
     runs = {}
     for flag in ("0", "1"):
         env = dict(os.environ, FERROKERAS_CPU_INPLACE=flag)
-        r = subprocess.run([sys.executable, "-c", _KERAS_RUN], env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", _KERAS_RUN], env=env, capture_output=True, text=True, timeout=300
+        )
         assert r.returncode == 0, r.stderr[-2000:]
-        runs[flag] = [float(v) for v in r.stdout.split()[-(8 * (2 + 8) + 2 + 5):]]
+        runs[flag] = [float(v) for v in r.stdout.split()[-(8 * (2 + 8) + 2 + 5) :]]
     assert all(np.isfinite(runs["1"])), runs["1"]
     assert runs["0"] == runs["1"]

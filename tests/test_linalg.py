@@ -16,8 +16,9 @@ def np_batch_dot(x, y, axes):
     remaining axes then y's (seed 004, `batch_dot`, "Shape inference"). A rank-1 result
     is reshaped to (batch, 1).
     """
-    out = np.stack([np.tensordot(x[b], y[b], axes=(axes[0] - 1, axes[1] - 1))
-                    for b in range(x.shape[0])])
+    out = np.stack(
+        [np.tensordot(x[b], y[b], axes=(axes[0] - 1, axes[1] - 1)) for b in range(x.shape[0])]
+    )
     if out.ndim == 1:
         out = out[:, None]
     return out
@@ -35,7 +36,7 @@ def _feed_and_compare(shapes, build, ref_fn, dtype, rng, expected_shape=None):
     out = build(*phs)
     ref = ref_fn(*[a.astype(np.float64) for a in arrays])
     if expected_shape is not None:
-        assert ref.shape == expected_shape   # the reference agrees with the documented rule
+        assert ref.shape == expected_shape  # the reference agrees with the documented rule
     assert K.int_shape(out) == ref.shape
     value = run(phs, [out], arrays)[0]
     assert value.dtype == np.dtype(dtype)
@@ -46,14 +47,14 @@ def _feed_and_compare(shapes, build, ref_fn, dtype, rng, expected_shape=None):
 # ---- dot ----------------------------------------------------------------------------------
 
 DOT_CASES = [
-    ((2, 3), (3, 4), (2, 4)),            # seed 004 `dot` example 1
+    ((2, 3), (3, 4), (2, 4)),  # seed 004 `dot` example 1
     ((1, 3), (3, 1), (1, 1)),
-    ((4, 1), (1, 5), (4, 5)),            # outer product
+    ((4, 1), (1, 5), (4, 5)),  # outer product
     ((32, 28, 3), (3, 4), (32, 28, 4)),  # seed 004 `dot` example 2
-    ((2, 3), (4, 3, 5), (2, 4, 5)),      # seed 004: "(2, 3) * (4, 3, 5) -> (2, 4, 5)"
+    ((2, 3), (4, 3, 5), (2, 4, 5)),  # seed 004: "(2, 3) * (4, 3, 5) -> (2, 4, 5)"
     ((2, 3, 4), (5, 4, 6), (2, 3, 5, 6)),
     ((2, 3, 4), (4, 5), (2, 3, 5)),
-    ((17, 33), (33, 9), (17, 9)),        # sizes that are not multiples of a tile
+    ((17, 33), (33, 9), (17, 9)),  # sizes that are not multiples of a tile
 ]
 
 
@@ -73,20 +74,23 @@ def test_dot_with_unknown_batch_dim(rng):
     f = K.function([x], [out])
     for batch in (1, 3):
         a = rng.normal(size=(batch, 28, 3)).astype("float32")
-        np.testing.assert_allclose(f([a])[0], np.dot(a.astype(np.float64), w),
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(f([a])[0], np.dot(a.astype(np.float64), w), rtol=1e-5, atol=1e-5)
 
 
 def test_dot_on_variables_with_eval(rng):
     a = rng.normal(size=(3, 5))
     b = rng.normal(size=(5, 2))
     value = K.eval(K.dot(K.variable(a), K.constant(b)))
-    np.testing.assert_allclose(value, np.dot(a.astype(np.float32), b.astype(np.float32)),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        value, np.dot(a.astype(np.float32), b.astype(np.float32)), rtol=1e-5, atol=1e-5
+    )
 
 
-@pytest.mark.parametrize("xs,ys", [((2, 3), (3, 4)), ((2, 3), (4, 3, 5)),
-                                   ((2, 3, 4), (4, 2)), ((2, 2, 3), (2, 3, 2))], ids=str)
+@pytest.mark.parametrize(
+    "xs,ys",
+    [((2, 3), (3, 4)), ((2, 3), (4, 3, 5)), ((2, 3, 4), (4, 2)), ((2, 2, 3), (2, 3, 2))],
+    ids=str,
+)
 def test_dot_gradient(xs, ys, rng):
     check_grad(K.dot, [rng.normal(size=xs), rng.normal(size=ys)])
 
@@ -95,13 +99,13 @@ def test_dot_gradient(xs, ys, rng):
 
 BATCH_DOT_CASES = [
     # (x shape, y shape, axes, expected shape, where the expectation comes from)
-    ((32, 20, 1), (32, 30, 20), (1, 2), (32, 1, 30)),   # seed 004 `batch_dot` example
+    ((32, 20, 1), (32, 30, 20), (1, 2), (32, 1, 30)),  # seed 004 `batch_dot` example
     ((32, 20, 1), (32, 30, 20), [1, 2], (32, 1, 30)),
-    ((10, 20), (10, 30, 20), (1, 2), (10, 30)),           # seed 004 "Shape inference"
-    ((4, 3), (4, 3), 1, (4, 1)),                          # 2-D inputs -> (batch, 1)
+    ((10, 20), (10, 30, 20), (1, 2), (10, 30)),  # seed 004 "Shape inference"
+    ((4, 3), (4, 3), 1, (4, 1)),  # 2-D inputs -> (batch, 1)
     ((4, 3), (4, 3), None, (4, 1)),
-    ((4, 2, 3), (4, 3, 5), None, (4, 2, 5)),              # axes=None: batched matmul
-    ((4, 2, 3), (4, 5, 3), 2, (4, 2, 5)),                 # int axes: same axis in both
+    ((4, 2, 3), (4, 3, 5), None, (4, 2, 5)),  # axes=None: batched matmul
+    ((4, 2, 3), (4, 5, 3), 2, (4, 2, 5)),  # int axes: same axis in both
     ((4, 3), (4, 3, 5), None, (4, 5)),
     ((4, 2, 3), (4, 3), None, (4, 2)),
     ((4, 3, 2), (4, 3, 5), (1, 1), (4, 2, 5)),
@@ -121,8 +125,14 @@ def _axes_pair(axes, x_ndim, y_ndim):
 @pytest.mark.parametrize("xs,ys,axes,expected", BATCH_DOT_CASES, ids=str)
 def test_batch_dot(xs, ys, axes, expected, dtype, rng):
     pair = _axes_pair(axes, len(xs), len(ys))
-    _feed_and_compare([xs, ys], lambda x, y: K.batch_dot(x, y, axes=axes),
-                      lambda x, y: np_batch_dot(x, y, pair), dtype, rng, expected)
+    _feed_and_compare(
+        [xs, ys],
+        lambda x, y: K.batch_dot(x, y, axes=axes),
+        lambda x, y: np_batch_dot(x, y, pair),
+        dtype,
+        rng,
+        expected,
+    )
 
 
 def test_batch_dot_doc_values():
@@ -144,21 +154,31 @@ def test_batch_dot_unknown_batch_dim(rng):
     a = rng.normal(size=(3, 20, 1)).astype("float32")
     b = rng.normal(size=(3, 30, 20)).astype("float32")
     value = run([x, y], [out], [a, b])[0]
-    np.testing.assert_allclose(value, np_batch_dot(a.astype(np.float64), b.astype(np.float64),
-                                                   (1, 2)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        value,
+        np_batch_dot(a.astype(np.float64), b.astype(np.float64), (1, 2)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
-@pytest.mark.parametrize("xs,ys,axes", [
-    ((3, 4, 2), (3, 2, 5), None),
-    ((3, 4), (3, 4), 1),
-    ((3, 5, 2), (3, 4, 5), (1, 2)),
-], ids=str)
+@pytest.mark.parametrize(
+    "xs,ys,axes",
+    [
+        ((3, 4, 2), (3, 2, 5), None),
+        ((3, 4), (3, 4), 1),
+        ((3, 5, 2), (3, 4, 5), (1, 2)),
+    ],
+    ids=str,
+)
 def test_batch_dot_gradient(xs, ys, axes, rng):
-    check_grad(lambda x, y: K.batch_dot(x, y, axes=axes),
-               [rng.normal(size=xs), rng.normal(size=ys)])
+    check_grad(
+        lambda x, y: K.batch_dot(x, y, axes=axes), [rng.normal(size=xs), rng.normal(size=ys)]
+    )
 
 
 # ---- transpose ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("shape", [(2, 3), (5,), (2, 3, 4), (1, 4, 1, 2)], ids=str)
@@ -185,25 +205,25 @@ from ferrokeras.tensor import wrap  # noqa: E402
 MATMUL_PATHS = [
     # (batch of a, batch of b, m, k, n)
     ((), (), 1, 1, 1),
-    ((), (), 5, 0, 3),          # k = 0: zeros
-    ((), (), 0, 4, 3),          # empty result
+    ((), (), 5, 0, 3),  # k = 0: zeros
+    ((), (), 0, 4, 3),  # empty result
     ((), (), 3, 4, 0),
-    ((), (), 7, 5, 1),          # n = 1
-    ((), (), 1, 9, 6),          # m = 1
-    ((), (), 3, 9, 6),          # m below the transposed-copy threshold
-    ((), (), 33, 17, 10),       # skinny n (the MLP's output layer)
-    ((), (), 130, 70, 16),      # the skinny limit
+    ((), (), 7, 5, 1),  # n = 1
+    ((), (), 1, 9, 6),  # m = 1
+    ((), (), 3, 9, 6),  # m below the transposed-copy threshold
+    ((), (), 33, 17, 10),  # skinny n (the MLP's output layer)
+    ((), (), 130, 70, 16),  # the skinny limit
     ((), (), 40, 3, 17),
-    ((), (), 160, 130, 110),    # above the threading threshold
+    ((), (), 160, 130, 110),  # above the threading threshold
     ((4,), (4,), 6, 5, 7),
     ((3, 1), (1, 4), 5, 6, 3),  # broadcast batch dims
-    ((2,), (), 20, 8, 12),      # one b shared by the batch
+    ((2,), (), 20, 8, 12),  # one b shared by the batch
     ((), (3,), 20, 8, 12),
-    ((5,), (5,), 20, 8, 3),     # batched, skinny
+    ((5,), (5,), 20, 8, 3),  # batched, skinny
     ((64,), (64,), 16, 32, 32),  # many small matrices, several per task
     ((0,), (0,), 4, 4, 4),
-    ((), (), 9, 2100, 130),     # small result, long k: split along k across threads
-    ((), (), 17, 40, 3300),     # A·Bᵀ with long n: column panels (the last one short)
+    ((), (), 9, 2100, 130),  # small result, long k: split along k across threads
+    ((), (), 17, 40, 3300),  # A·Bᵀ with long n: column panels (the last one short)
 ]
 
 
@@ -216,13 +236,17 @@ def test_matmul_paths(ba, bb, m, k, n, ta, tb, dtype, rng):
     pa, pb = K.placeholder(shape=a.shape, dtype=dtype), K.placeholder(shape=b.shape, dtype=dtype)
     out = run([pa, pb], [wrap(_core.matmul(pa._core, pb._core, ta, tb))], [a, b])[0]
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    ref = np.matmul(np.swapaxes(a64, -1, -2) if ta else a64, np.swapaxes(b64, -1, -2) if tb else b64)
+    ref = np.matmul(
+        np.swapaxes(a64, -1, -2) if ta else a64, np.swapaxes(b64, -1, -2) if tb else b64
+    )
     assert out.shape == ref.shape and out.dtype == np.dtype(dtype)
     tol = {"float16": 2e-2, "float32": 2e-5, "float64": 1e-12}[dtype] * max(1.0, np.sqrt(k))
     np.testing.assert_allclose(out, ref, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("xs,ys", [((6, 5), (5, 3)), ((9, 20), (20, 12)), ((4, 6, 5), (5, 2))], ids=str)
+@pytest.mark.parametrize(
+    "xs,ys", [((6, 5), (5, 3)), ((9, 20), (20, 12)), ((4, 6, 5), (5, 2))], ids=str
+)
 def test_dot_gradient_through_transposed_paths(xs, ys, rng):
     # dx = g·yᵀ and dy = xᵀ·g take the transposed-copy and skinny routes.
     check_grad(K.dot, [rng.normal(size=xs), rng.normal(size=ys)])

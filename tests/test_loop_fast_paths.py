@@ -74,7 +74,9 @@ def test_second_order_through_tiled_slice_gradients(rng):
     """Finite differences of a gradient whose slice gradients became a concatenation."""
 
     def f(z):
-        loss = K.sum(K.sin(z[:, :2]) * z[:, :2]) + K.sum(K.exp(z[:, 2:5]) * 0.5) + K.sum(z[:, 5:] ** 3)
+        loss = (
+            K.sum(K.sin(z[:, :2]) * z[:, :2]) + K.sum(K.exp(z[:, 2:5]) * 0.5) + K.sum(z[:, 5:] ** 3)
+        )
         return K.gradients(loss, [z])[0]
 
     check_grad(f, [rng.normal(size=(3, 7))], eps=1e-5, rtol=1e-6, atol=1e-8)
@@ -86,8 +88,12 @@ def _lstm(x, h0, W, U, b, unroll):
     def step(x_t, states):
         h, c = states
         z = K.dot(x_t, W) + K.dot(h, U) + b
-        i, f, g, o = (K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H]), K.tanh(z[:, 2 * H:3 * H]),
-                      K.sigmoid(z[:, 3 * H:]))
+        i, f, g, o = (
+            K.sigmoid(z[:, :H]),
+            K.sigmoid(z[:, H : 2 * H]),
+            K.tanh(z[:, 2 * H : 3 * H]),
+            K.sigmoid(z[:, 3 * H :]),
+        )
         c2 = f * c + i * g
         h2 = o * K.tanh(c2)
         return h2, [h2, c2]
@@ -175,8 +181,12 @@ def test_loop_kernels_split_with_the_helper_thread(rng, dtype):
     def step(x_t, states):
         h, c = states
         z = K.dot(x_t, W) + K.dot(h, U)
-        i, f, g, o = (K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H]), K.tanh(z[:, 2 * H:3 * H]),
-                      K.sigmoid(z[:, 3 * H:]))
+        i, f, g, o = (
+            K.sigmoid(z[:, :H]),
+            K.sigmoid(z[:, H : 2 * H]),
+            K.tanh(z[:, 2 * H : 3 * H]),
+            K.sigmoid(z[:, 3 * H :]),
+        )
         c2 = f * c + i * g
         h2 = o * K.tanh(c2)
         # [16, 4H]: few rows, split by columns; [batch, 24] and the rest: by rows.
@@ -188,7 +198,10 @@ def test_loop_kernels_split_with_the_helper_thread(rng, dtype):
         last, outs, (h, c) = K.rnn(step, x, [h0, h0 * 0.5], unroll=unroll)
         loss = K.sum(outs * outs) + K.sum(K.tanh(c))
         fns[unroll] = K.function([x, h0], [outs, c] + K.gradients(loss, [W, U, V, Q, h0]))
-    feeds = [rng.normal(size=(batch, T, D)).astype(dtype), rng.normal(size=(batch, H)).astype(dtype)]
+    feeds = [
+        rng.normal(size=(batch, T, D)).astype(dtype),
+        rng.normal(size=(batch, H)).astype(dtype),
+    ]
     tol = dict(rtol=2e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1e-11, atol=1e-12)
     for _ in range(3):
         got, want = fns[False](feeds), fns[True](feeds)

@@ -49,7 +49,10 @@ def test_variable_and_fed_accumulators_are_not_written(rng):
     f = K.function([acc, a, b], [v + K.dot(a, b), acc + K.dot(a, b)])
     accs = rng.standard_normal((32, 48)).astype("float32")
     keep = accs.copy()
-    as_, bs = rng.standard_normal((32, 16)).astype("float32"), rng.standard_normal((16, 48)).astype("float32")
+    as_, bs = (
+        rng.standard_normal((32, 16)).astype("float32"),
+        rng.standard_normal((16, 48)).astype("float32"),
+    )
     for _ in range(3):
         r1, r2 = f([accs, as_, bs])
         prod = as_.astype(np.float64) @ bs
@@ -63,11 +66,14 @@ def test_accumulator_that_is_also_an_output_or_an_operand(rng):
     a = K.placeholder(shape=(24, 24))
     w = K.placeholder(shape=(24, 24))
     h = K.relu(a)
-    s = h + K.dot(h, w)          # acc is an operand of the product
+    s = h + K.dot(h, w)  # acc is an operand of the product
     t = K.sigmoid(a)
-    u = t + K.dot(t, w)          # acc is also returned
+    u = t + K.dot(t, w)  # acc is also returned
     f = K.function([a, w], [s, t, u])
-    as_, ws = rng.standard_normal((24, 24)).astype("float32"), rng.standard_normal((24, 24)).astype("float32")
+    as_, ws = (
+        rng.standard_normal((24, 24)).astype("float32"),
+        rng.standard_normal((24, 24)).astype("float32"),
+    )
     sv, tv, uv = f([as_, ws])
     h64 = np.maximum(as_.astype(np.float64), 0)
     t64 = 1 / (1 + np.exp(-as_.astype(np.float64)))
@@ -81,9 +87,9 @@ def test_transposed_operands_broadcasting_and_two_products(rng):
     g = K.placeholder(shape=(None, 20))
     c = K.placeholder(shape=(12, 20))
     row = K.placeholder(shape=(1, 20))
-    r1 = K.square(c) + K.dot(K.transpose(a), g)       # aᵀ·g, a gradient-style product
-    r2 = K.exp(row * 0.1) + K.dot(a, c)               # acc broadcasts over the rows
-    r3 = K.dot(a, c) + K.dot(a, K.exp(c * 0.1))       # both operands are products
+    r1 = K.square(c) + K.dot(K.transpose(a), g)  # aᵀ·g, a gradient-style product
+    r2 = K.exp(row * 0.1) + K.dot(a, c)  # acc broadcasts over the rows
+    r3 = K.dot(a, c) + K.dot(a, K.exp(c * 0.1))  # both operands are products
     r4 = K.abs(g) + K.dot(a, K.transpose(K.transpose(c)))
     f = K.function([a, g, c, row], [r1, r2, r3, r4])
     as_ = rng.standard_normal((9, 12)).astype("float32")
@@ -92,7 +98,7 @@ def test_transposed_operands_broadcasting_and_two_products(rng):
     rows = rng.standard_normal((1, 20)).astype("float32")
     v1, v2, v3, v4 = f([as_, gs, cs, rows])
     a64, c64 = as_.astype(np.float64), cs.astype(np.float64)
-    close(v1, c64 ** 2 + a64.T @ gs)
+    close(v1, c64**2 + a64.T @ gs)
     close(v2, np.exp(rows * 0.1) + a64 @ c64)
     close(v3, a64 @ c64 + a64 @ np.exp(c64 * 0.1))
     close(v4, np.abs(gs) + a64 @ c64)
@@ -132,7 +138,9 @@ def test_rnn_gradient_accumulators(rng):
             p, q = base.astype(np.float64).copy(), base.astype(np.float64).copy()
             p[idx] += eps
             q[idx] -= eps
-            args = lambda z: (z, u0.astype(np.float64)) if which == 0 else (w0.astype(np.float64), z)
+            args = lambda z: (
+                (z, u0.astype(np.float64)) if which == 0 else (w0.astype(np.float64), z)
+            )
             num[idx] = (numpy_loss(*args(p)) - numpy_loss(*args(q))) / (2 * eps)
         np.testing.assert_allclose(got, num, rtol=1e-3, atol=1e-3)
 
@@ -144,6 +152,11 @@ def test_one_launch_for_product_and_add(rng):
     b = K.placeholder(shape=(8, 16))
     x = K.placeholder(shape=(16, 16))
     f = K.function([a, b, x], [K.cumsum(x, axis=0) + K.dot(a, b)])
-    f([rng.standard_normal((16, 8)).astype("float32"), rng.standard_normal((8, 16)).astype("float32"),
-       rng.standard_normal((16, 16)).astype("float32")])
+    f(
+        [
+            rng.standard_normal((16, 8)).astype("float32"),
+            rng.standard_normal((8, 16)).astype("float32"),
+            rng.standard_normal((16, 16)).astype("float32"),
+        ]
+    )
     assert f.dispatches == 2, f.dispatches  # cumsum, then the product added into its buffer

@@ -24,6 +24,7 @@ EPS = 1e-7  # K.epsilon()
 
 # ---- input domains: sampler(rng, shape) -> float64 array -----------------------------------------
 
+
 def normal(scale=1.0):
     return lambda rng, shape: rng.normal(scale=scale, size=shape)
 
@@ -39,14 +40,17 @@ def away_from(lo, hi, kinks, gap=0.05):
                 return x
             x = np.where(bad, rng.uniform(lo, hi, size=shape), x)
         raise AssertionError("sampler did not converge")
+
     return sample
 
 
 def probs(axis=-1):
     """Rows that sum to 1 along `axis`, every entry well inside (eps, 1 - eps)."""
+
     def sample(rng, shape):
         e = np.exp(rng.normal(scale=0.3, size=shape))
         return e / e.sum(axis=axis, keepdims=True)
+
     return sample
 
 
@@ -55,6 +59,7 @@ def uniform(lo, hi):
 
 
 # ---- NumPy references ----------------------------------------------------------------------------
+
 
 def np_relu(x, alpha=0.0, max_value=None, threshold=0.0):
     # Keras doc: max_value for x >= max_value; x for threshold <= x < max_value;
@@ -149,7 +154,9 @@ class Rec:
     grad: bool = True
 
     def sample(self, rng):
-        doms = self.domain if len(self.domain) == len(self.shapes) else self.domain * len(self.shapes)
+        doms = (
+            self.domain if len(self.domain) == len(self.shapes) else self.domain * len(self.shapes)
+        )
         return [d(rng, s) for d, s in zip(doms, self.shapes)]
 
     def __repr__(self):
@@ -161,128 +168,350 @@ TR = (2e-5, 1e-5)  # transcendental chains in float32
 
 ACTIVATIONS = [
     Rec("relu", K.relu, np_relu, (S,), (away_from(-3, 3, [0.0]),)),
-    Rec("relu_alpha", lambda x: K.relu(x, alpha=0.2), lambda x: np_relu(x, 0.2), (S,),
-        (away_from(-3, 3, [0.0]),)),
-    Rec("relu_max_value", lambda x: K.relu(x, max_value=1.5), lambda x: np_relu(x, max_value=1.5),
-        (S,), (away_from(-3, 3, [0.0, 1.5]),)),
-    Rec("relu_max_value_6", lambda x: K.relu(x, max_value=6.0), lambda x: np_relu(x, max_value=6.0),
-        (S,), (away_from(-8, 8, [0.0, 6.0]),)),
-    Rec("relu_threshold", lambda x: K.relu(x, threshold=0.5), lambda x: np_relu(x, threshold=0.5),
-        (S,), (away_from(-3, 3, [0.5]),)),
-    Rec("relu_all", lambda x: K.relu(x, alpha=0.1, max_value=2.0, threshold=-0.5),
-        lambda x: np_relu(x, 0.1, 2.0, -0.5), (S,), (away_from(-3, 3, [-0.5, 2.0]),)),
-    Rec("relu_positional", lambda x: K.relu(x, 0.3, 1.0), lambda x: np_relu(x, 0.3, 1.0), (S,),
-        (away_from(-3, 3, [0.0, 1.0]),)),
-    Rec("elu", K.elu, lambda x: np.where(x > 0, x, np.expm1(x)), (S,), (away_from(-3, 3, [0.0]),), TR),
-    Rec("elu_alpha", lambda x: K.elu(x, 0.5), lambda x: np.where(x > 0, x, 0.5 * np.expm1(x)), (S,),
-        (away_from(-3, 3, [0.0]),), TR),
+    Rec(
+        "relu_alpha",
+        lambda x: K.relu(x, alpha=0.2),
+        lambda x: np_relu(x, 0.2),
+        (S,),
+        (away_from(-3, 3, [0.0]),),
+    ),
+    Rec(
+        "relu_max_value",
+        lambda x: K.relu(x, max_value=1.5),
+        lambda x: np_relu(x, max_value=1.5),
+        (S,),
+        (away_from(-3, 3, [0.0, 1.5]),),
+    ),
+    Rec(
+        "relu_max_value_6",
+        lambda x: K.relu(x, max_value=6.0),
+        lambda x: np_relu(x, max_value=6.0),
+        (S,),
+        (away_from(-8, 8, [0.0, 6.0]),),
+    ),
+    Rec(
+        "relu_threshold",
+        lambda x: K.relu(x, threshold=0.5),
+        lambda x: np_relu(x, threshold=0.5),
+        (S,),
+        (away_from(-3, 3, [0.5]),),
+    ),
+    Rec(
+        "relu_all",
+        lambda x: K.relu(x, alpha=0.1, max_value=2.0, threshold=-0.5),
+        lambda x: np_relu(x, 0.1, 2.0, -0.5),
+        (S,),
+        (away_from(-3, 3, [-0.5, 2.0]),),
+    ),
+    Rec(
+        "relu_positional",
+        lambda x: K.relu(x, 0.3, 1.0),
+        lambda x: np_relu(x, 0.3, 1.0),
+        (S,),
+        (away_from(-3, 3, [0.0, 1.0]),),
+    ),
+    Rec(
+        "elu",
+        K.elu,
+        lambda x: np.where(x > 0, x, np.expm1(x)),
+        (S,),
+        (away_from(-3, 3, [0.0]),),
+        TR,
+    ),
+    Rec(
+        "elu_alpha",
+        lambda x: K.elu(x, 0.5),
+        lambda x: np.where(x > 0, x, 0.5 * np.expm1(x)),
+        (S,),
+        (away_from(-3, 3, [0.0]),),
+        TR,
+    ),
     Rec("softmax", K.softmax, np_softmax, (S,), (normal(2.0),), TR),
-    Rec("softmax_axis0", lambda x: K.softmax(x, axis=0), lambda x: np_softmax(x, 0), (S,), (normal(),), TR),
-    Rec("softmax_axis1", lambda x: K.softmax(x, 1), lambda x: np_softmax(x, 1), (S,), (normal(),), TR),
+    Rec(
+        "softmax_axis0",
+        lambda x: K.softmax(x, axis=0),
+        lambda x: np_softmax(x, 0),
+        (S,),
+        (normal(),),
+        TR,
+    ),
+    Rec(
+        "softmax_axis1",
+        lambda x: K.softmax(x, 1),
+        lambda x: np_softmax(x, 1),
+        (S,),
+        (normal(),),
+        TR,
+    ),
     Rec("softplus", K.softplus, lambda x: np.logaddexp(0, x), (S,), (normal(3.0),), TR),
     Rec("softsign", K.softsign, lambda x: x / (1 + np.abs(x)), (S,), (away_from(-3, 3, [0.0]),)),
-    Rec("hard_sigmoid", K.hard_sigmoid, lambda x: np.clip(0.2 * x + 0.5, 0, 1), (S,),
-        (away_from(-4, 4, [-2.5, 2.5]),)),
+    Rec(
+        "hard_sigmoid",
+        K.hard_sigmoid,
+        lambda x: np.clip(0.2 * x + 0.5, 0, 1),
+        (S,),
+        (away_from(-4, 4, [-2.5, 2.5]),),
+    ),
     Rec("sigmoid", K.sigmoid, lambda x: 1 / (1 + np.exp(-x)), (S,), (normal(3.0),), TR),
     Rec("tanh", K.tanh, np.tanh, (S,), (normal(),), TR),
 ]
 
 LOSSES = [
-    Rec("categorical_crossentropy_onehot", lambda p: K.categorical_crossentropy(ONEHOT_3x4, p),
-        lambda p: np_cce(ONEHOT_3x4, p), ((3, 4),), (probs(),), TR),
-    Rec("categorical_crossentropy_soft_unnormalised", lambda p: K.categorical_crossentropy(SOFT_3x4, p),
-        lambda p: np_cce(SOFT_3x4, p), ((3, 4),), (uniform(0.1, 2.0),), TR),
-    Rec("categorical_crossentropy_target_grad", lambda t, p: K.categorical_crossentropy(t, p),
-        np_cce, ((3, 4), (3, 4)), (probs(), probs()), TR),
-    Rec("categorical_crossentropy_logits", lambda z: K.categorical_crossentropy(SOFT_3x4, z, from_logits=True),
-        lambda z: np_cce_logits(SOFT_3x4, z), ((3, 4),), (normal(3.0),), TR),
-    Rec("categorical_crossentropy_axis1", lambda p: K.categorical_crossentropy(ONEHOT_2x3x4_AXIS1, p, axis=1),
-        lambda p: np_cce(ONEHOT_2x3x4_AXIS1, p, 1), ((2, 3, 4),), (probs(1),), TR),
-    Rec("categorical_crossentropy_logits_axis1",
+    Rec(
+        "categorical_crossentropy_onehot",
+        lambda p: K.categorical_crossentropy(ONEHOT_3x4, p),
+        lambda p: np_cce(ONEHOT_3x4, p),
+        ((3, 4),),
+        (probs(),),
+        TR,
+    ),
+    Rec(
+        "categorical_crossentropy_soft_unnormalised",
+        lambda p: K.categorical_crossentropy(SOFT_3x4, p),
+        lambda p: np_cce(SOFT_3x4, p),
+        ((3, 4),),
+        (uniform(0.1, 2.0),),
+        TR,
+    ),
+    Rec(
+        "categorical_crossentropy_target_grad",
+        lambda t, p: K.categorical_crossentropy(t, p),
+        np_cce,
+        ((3, 4), (3, 4)),
+        (probs(), probs()),
+        TR,
+    ),
+    Rec(
+        "categorical_crossentropy_logits",
+        lambda z: K.categorical_crossentropy(SOFT_3x4, z, from_logits=True),
+        lambda z: np_cce_logits(SOFT_3x4, z),
+        ((3, 4),),
+        (normal(3.0),),
+        TR,
+    ),
+    Rec(
+        "categorical_crossentropy_axis1",
+        lambda p: K.categorical_crossentropy(ONEHOT_2x3x4_AXIS1, p, axis=1),
+        lambda p: np_cce(ONEHOT_2x3x4_AXIS1, p, 1),
+        ((2, 3, 4),),
+        (probs(1),),
+        TR,
+    ),
+    Rec(
+        "categorical_crossentropy_logits_axis1",
         lambda z: K.categorical_crossentropy(ONEHOT_2x3x4_AXIS1, z, from_logits=True, axis=1),
-        lambda z: np_cce_logits(ONEHOT_2x3x4_AXIS1, z, 1), ((2, 3, 4),), (normal(),), TR),
-    Rec("categorical_crossentropy_of_softmax", lambda z: K.categorical_crossentropy(SOFT_3x4, K.softmax(z)),
-        lambda z: np_cce_logits(SOFT_3x4, z), ((3, 4),), (normal(),), TR),
-    Rec("sparse_categorical_crossentropy", lambda p: K.sparse_categorical_crossentropy(INT_3, p),
-        lambda p: np_scce(INT_3, p), ((3, 4),), (probs(),), TR),
-    Rec("sparse_categorical_crossentropy_unnormalised",
+        lambda z: np_cce_logits(ONEHOT_2x3x4_AXIS1, z, 1),
+        ((2, 3, 4),),
+        (normal(),),
+        TR,
+    ),
+    Rec(
+        "categorical_crossentropy_of_softmax",
+        lambda z: K.categorical_crossentropy(SOFT_3x4, K.softmax(z)),
+        lambda z: np_cce_logits(SOFT_3x4, z),
+        ((3, 4),),
+        (normal(),),
+        TR,
+    ),
+    Rec(
+        "sparse_categorical_crossentropy",
         lambda p: K.sparse_categorical_crossentropy(INT_3, p),
-        lambda p: np_scce(INT_3, p), ((3, 4),), (uniform(0.1, 0.9),), TR),
-    Rec("sparse_categorical_crossentropy_float_target",
+        lambda p: np_scce(INT_3, p),
+        ((3, 4),),
+        (probs(),),
+        TR,
+    ),
+    Rec(
+        "sparse_categorical_crossentropy_unnormalised",
+        lambda p: K.sparse_categorical_crossentropy(INT_3, p),
+        lambda p: np_scce(INT_3, p),
+        ((3, 4),),
+        (uniform(0.1, 0.9),),
+        TR,
+    ),
+    Rec(
+        "sparse_categorical_crossentropy_float_target",
         lambda p: K.sparse_categorical_crossentropy(INT_3.astype(float), p),
-        lambda p: np_scce(INT_3, p), ((3, 4),), (probs(),), TR),
-    Rec("sparse_categorical_crossentropy_target_n1",
+        lambda p: np_scce(INT_3, p),
+        ((3, 4),),
+        (probs(),),
+        TR,
+    ),
+    Rec(
+        "sparse_categorical_crossentropy_target_n1",
         lambda p: K.sparse_categorical_crossentropy(INT_3[:, None], p),
-        lambda p: np_scce(INT_3[:, None], p), ((3, 4),), (probs(),), TR),
-    Rec("sparse_categorical_crossentropy_logits",
+        lambda p: np_scce(INT_3[:, None], p),
+        ((3, 4),),
+        (probs(),),
+        TR,
+    ),
+    Rec(
+        "sparse_categorical_crossentropy_logits",
         lambda z: K.sparse_categorical_crossentropy(INT_2x3, z, from_logits=True),
-        lambda z: np_scce(INT_2x3, z, from_logits=True), ((2, 3, 4),), (normal(2.0),), TR),
-    Rec("sparse_categorical_crossentropy_axis1",
+        lambda z: np_scce(INT_2x3, z, from_logits=True),
+        ((2, 3, 4),),
+        (normal(2.0),),
+        TR,
+    ),
+    Rec(
+        "sparse_categorical_crossentropy_axis1",
         lambda p: K.sparse_categorical_crossentropy(INT_2x4, p, axis=1),
-        lambda p: np_scce(INT_2x4, p, axis=1), ((2, 3, 4),), (probs(1),), TR),
-    Rec("sparse_categorical_crossentropy_logits_axis1",
+        lambda p: np_scce(INT_2x4, p, axis=1),
+        ((2, 3, 4),),
+        (probs(1),),
+        TR,
+    ),
+    Rec(
+        "sparse_categorical_crossentropy_logits_axis1",
         lambda z: K.sparse_categorical_crossentropy(INT_2x4, z, True, 1),
-        lambda z: np_scce(INT_2x4, z, axis=1, from_logits=True), ((2, 3, 4),), (normal(),), TR),
-    Rec("sparse_categorical_crossentropy_of_softmax",
+        lambda z: np_scce(INT_2x4, z, axis=1, from_logits=True),
+        ((2, 3, 4),),
+        (normal(),),
+        TR,
+    ),
+    Rec(
+        "sparse_categorical_crossentropy_of_softmax",
         lambda z: K.sparse_categorical_crossentropy(INT_3, K.softmax(z)),
-        lambda z: np_scce(INT_3, z, from_logits=True), ((3, 4),), (normal(),), TR),
-    Rec("binary_crossentropy", lambda p: K.binary_crossentropy(BIN_2x3, p), lambda p: np_bce(BIN_2x3, p),
-        ((2, 3),), (uniform(0.05, 0.95),), TR),
-    Rec("binary_crossentropy_soft", lambda t, p: K.binary_crossentropy(t, p), np_bce,
-        ((2, 3), (2, 3)), (uniform(0, 1), uniform(0.05, 0.95)), TR),
-    Rec("binary_crossentropy_logits", lambda z: K.binary_crossentropy(SOFTBIN_2x3, z, from_logits=True),
-        lambda z: np_bce_logits(SOFTBIN_2x3, z), ((2, 3),), (normal(3.0),), TR),
-    Rec("binary_crossentropy_logits_target_grad", lambda t, z: K.binary_crossentropy(t, z, True),
-        np_bce_logits, ((2, 3), (2, 3)), (uniform(0, 1), normal(3.0)), TR),
-    Rec("binary_crossentropy_of_sigmoid", lambda z: K.binary_crossentropy(SOFTBIN_2x3, K.sigmoid(z)),
-        lambda z: np_bce_logits(SOFTBIN_2x3, z), ((2, 3),), (normal(3.0),), TR),
+        lambda z: np_scce(INT_3, z, from_logits=True),
+        ((3, 4),),
+        (normal(),),
+        TR,
+    ),
+    Rec(
+        "binary_crossentropy",
+        lambda p: K.binary_crossentropy(BIN_2x3, p),
+        lambda p: np_bce(BIN_2x3, p),
+        ((2, 3),),
+        (uniform(0.05, 0.95),),
+        TR,
+    ),
+    Rec(
+        "binary_crossentropy_soft",
+        lambda t, p: K.binary_crossentropy(t, p),
+        np_bce,
+        ((2, 3), (2, 3)),
+        (uniform(0, 1), uniform(0.05, 0.95)),
+        TR,
+    ),
+    Rec(
+        "binary_crossentropy_logits",
+        lambda z: K.binary_crossentropy(SOFTBIN_2x3, z, from_logits=True),
+        lambda z: np_bce_logits(SOFTBIN_2x3, z),
+        ((2, 3),),
+        (normal(3.0),),
+        TR,
+    ),
+    Rec(
+        "binary_crossentropy_logits_target_grad",
+        lambda t, z: K.binary_crossentropy(t, z, True),
+        np_bce_logits,
+        ((2, 3), (2, 3)),
+        (uniform(0, 1), normal(3.0)),
+        TR,
+    ),
+    Rec(
+        "binary_crossentropy_of_sigmoid",
+        lambda z: K.binary_crossentropy(SOFTBIN_2x3, K.sigmoid(z)),
+        lambda z: np_bce_logits(SOFTBIN_2x3, z),
+        ((2, 3),),
+        (normal(3.0),),
+        TR,
+    ),
 ]
 
 _G = np.random.default_rng(11)
 VAR3 = _G.uniform(0.5, 2.0, size=3)
 MEAN3 = _G.normal(size=3)
 
-NORMS = [
-    Rec("l2_normalize_all", K.l2_normalize, np_l2_normalize, (S,)),
-    Rec("l2_normalize_axis1", lambda x: K.l2_normalize(x, axis=1), lambda x: np_l2_normalize(x, 1), (S,)),
-    Rec("l2_normalize_axis_minus1", lambda x: K.l2_normalize(x, -1), lambda x: np_l2_normalize(x, -1), (S,)),
-    Rec("l2_normalize_axes_list", lambda x: K.l2_normalize(x, [0, 2]),
-        lambda x: np_l2_normalize(x, (0, 2)), (S,)),
-    Rec("batch_normalization_last_axis", lambda x, m, v, b, g: K.batch_normalization(x, m, v, b, g, epsilon=1e-3),
-        lambda x, m, v, b, g: np_bn(x, m, v, b, g, 1e-3), ((2, 3, 4), (4,), (4,), (4,), (4,)),
-        (normal(), normal(), uniform(0.5, 2), normal(), normal())),
-    Rec("batch_normalization_axis1_4d",
-        lambda x, m, v, b, g: K.batch_normalization(x, m, v, b, g, axis=1),
-        lambda x, m, v, b, g: np_bn(x, along(m, 1, 4), along(v, 1, 4), along(b, 1, 4), along(g, 1, 4), 1e-3),
-        ((2, 3, 2, 2), (3,), (3,), (3,), (3,)), (normal(), normal(), uniform(0.5, 2), normal(), normal())),
-    Rec("batch_normalization_broadcast_params",
-        lambda x, m, v, b, g: K.batch_normalization(x, m, v, b, g, 0.01),
-        lambda x, m, v, b, g: np_bn(x, m, v, b, g, 0.01),
-        ((2, 3, 4), (1, 3, 1), (1, 3, 1), (1, 3, 1), (1, 3, 1)),
-        (normal(), normal(), uniform(0.5, 2), normal(), normal())),
-    Rec("batch_normalization_no_beta_gamma",
-        lambda x: K.batch_normalization(x, K.constant(MEAN3, dtype=x.dtype), K.constant(VAR3, dtype=x.dtype),
-                                        None, None),
-        lambda x: np_bn(x, MEAN3, VAR3, None, None, 1e-3), ((4, 3),)),
-    Rec("bias_add_2d", lambda x, b: K.bias_add(x, b), lambda x, b: x + b, ((3, 4), (4,))),
-    Rec("bias_add_2d_channels_first", lambda x, b: K.bias_add(x, b, "channels_first"),
-        lambda x, b: x + b, ((3, 4), (4,))),
-] + [
-    Rec(f"bias_add_{len(s)}d_{fmt}_vector", (lambda fmt: lambda x, b: K.bias_add(x, b, data_format=fmt))(fmt),
-        (lambda fmt, r: lambda x, b: x + (along(b, 1, r) if fmt == "channels_first" else b))(fmt, len(s)),
-        (s, (s[1] if fmt == "channels_first" else s[-1],)))
-    for s in [(2, 3, 4), (2, 3, 2, 4), (1, 2, 3, 2, 2)]
-    for fmt in ("channels_last", "channels_first")
-] + [
-    # A bias of rank ndim(x) - 1 is reshaped (not transposed) to (1, b[-1]) + b[:-1] for
-    # channels_first, as in tf.keras.backend.bias_add and Keras 2.3.1's backends.
-    Rec(f"bias_add_{len(s)}d_{fmt}_full", (lambda fmt: lambda x, b: K.bias_add(x, b, data_format=fmt))(fmt),
-        (lambda fmt, cs: lambda x, b: x + (b.reshape((1,) + cs) if fmt == "channels_first"
-                                          else b[None]))(fmt, s[1:]),
-        (s, s[1:] if fmt == "channels_last" else s[2:] + s[1:2]))
-    for s in [(2, 3, 4), (2, 2, 3, 4), (1, 2, 2, 3, 2)]
-    for fmt in ("channels_last", "channels_first")
-]
+NORMS = (
+    [
+        Rec("l2_normalize_all", K.l2_normalize, np_l2_normalize, (S,)),
+        Rec(
+            "l2_normalize_axis1",
+            lambda x: K.l2_normalize(x, axis=1),
+            lambda x: np_l2_normalize(x, 1),
+            (S,),
+        ),
+        Rec(
+            "l2_normalize_axis_minus1",
+            lambda x: K.l2_normalize(x, -1),
+            lambda x: np_l2_normalize(x, -1),
+            (S,),
+        ),
+        Rec(
+            "l2_normalize_axes_list",
+            lambda x: K.l2_normalize(x, [0, 2]),
+            lambda x: np_l2_normalize(x, (0, 2)),
+            (S,),
+        ),
+        Rec(
+            "batch_normalization_last_axis",
+            lambda x, m, v, b, g: K.batch_normalization(x, m, v, b, g, epsilon=1e-3),
+            lambda x, m, v, b, g: np_bn(x, m, v, b, g, 1e-3),
+            ((2, 3, 4), (4,), (4,), (4,), (4,)),
+            (normal(), normal(), uniform(0.5, 2), normal(), normal()),
+        ),
+        Rec(
+            "batch_normalization_axis1_4d",
+            lambda x, m, v, b, g: K.batch_normalization(x, m, v, b, g, axis=1),
+            lambda x, m, v, b, g: np_bn(
+                x, along(m, 1, 4), along(v, 1, 4), along(b, 1, 4), along(g, 1, 4), 1e-3
+            ),
+            ((2, 3, 2, 2), (3,), (3,), (3,), (3,)),
+            (normal(), normal(), uniform(0.5, 2), normal(), normal()),
+        ),
+        Rec(
+            "batch_normalization_broadcast_params",
+            lambda x, m, v, b, g: K.batch_normalization(x, m, v, b, g, 0.01),
+            lambda x, m, v, b, g: np_bn(x, m, v, b, g, 0.01),
+            ((2, 3, 4), (1, 3, 1), (1, 3, 1), (1, 3, 1), (1, 3, 1)),
+            (normal(), normal(), uniform(0.5, 2), normal(), normal()),
+        ),
+        Rec(
+            "batch_normalization_no_beta_gamma",
+            lambda x: K.batch_normalization(
+                x, K.constant(MEAN3, dtype=x.dtype), K.constant(VAR3, dtype=x.dtype), None, None
+            ),
+            lambda x: np_bn(x, MEAN3, VAR3, None, None, 1e-3),
+            ((4, 3),),
+        ),
+        Rec("bias_add_2d", lambda x, b: K.bias_add(x, b), lambda x, b: x + b, ((3, 4), (4,))),
+        Rec(
+            "bias_add_2d_channels_first",
+            lambda x, b: K.bias_add(x, b, "channels_first"),
+            lambda x, b: x + b,
+            ((3, 4), (4,)),
+        ),
+    ]
+    + [
+        Rec(
+            f"bias_add_{len(s)}d_{fmt}_vector",
+            (lambda fmt: lambda x, b: K.bias_add(x, b, data_format=fmt))(fmt),
+            (lambda fmt, r: lambda x, b: x + (along(b, 1, r) if fmt == "channels_first" else b))(
+                fmt, len(s)
+            ),
+            (s, (s[1] if fmt == "channels_first" else s[-1],)),
+        )
+        for s in [(2, 3, 4), (2, 3, 2, 4), (1, 2, 3, 2, 2)]
+        for fmt in ("channels_last", "channels_first")
+    ]
+    + [
+        # A bias of rank ndim(x) - 1 is reshaped (not transposed) to (1, b[-1]) + b[:-1] for
+        # channels_first, as in tf.keras.backend.bias_add and Keras 2.3.1's backends.
+        Rec(
+            f"bias_add_{len(s)}d_{fmt}_full",
+            (lambda fmt: lambda x, b: K.bias_add(x, b, data_format=fmt))(fmt),
+            (
+                lambda fmt, cs: (
+                    lambda x, b: x + (b.reshape((1,) + cs) if fmt == "channels_first" else b[None])
+                )
+            )(fmt, s[1:]),
+            (s, s[1:] if fmt == "channels_last" else s[2:] + s[1:2]),
+        )
+        for s in [(2, 3, 4), (2, 2, 3, 4), (1, 2, 2, 3, 2)]
+        for fmt in ("channels_last", "channels_first")
+    ]
+)
 
 RECS = ACTIVATIONS + LOSSES + NORMS
 
@@ -314,8 +543,10 @@ def test_forward_on_variables_and_unknown_batch(rng):
     np.testing.assert_allclose(K.eval(K.softmax(v)), np_softmax(z), rtol=1e-12)
     logits = K.placeholder(shape=(None, 4), dtype="float64")
     target = K.placeholder(shape=(None,), dtype="int32")
-    losses = [K.sparse_categorical_crossentropy(target, logits, from_logits=True),
-              K.categorical_crossentropy(K.one_hot(target, 4), K.softmax(logits))]
+    losses = [
+        K.sparse_categorical_crossentropy(target, logits, from_logits=True),
+        K.categorical_crossentropy(K.one_hot(target, 4), K.softmax(logits)),
+    ]
     assert K.int_shape(losses[0]) == (None,)
     values = run([logits, target], losses, [z, INT_3])
     for value in values:
@@ -344,7 +575,10 @@ def test_large_logits_are_finite_and_exact(dtype):
         (K.categorical_crossentropy(t, K.softmax(z)), np_cce_logits(BIG_T, BIG)),
         (K.sparse_categorical_crossentropy(ti, z, from_logits=True), np_cce_logits(BIG_T, BIG)),
         (K.sparse_categorical_crossentropy(ti, K.softmax(z)), np_cce_logits(BIG_T, BIG)),
-        (K.binary_crossentropy(bt, z, from_logits=True), np_bce_logits((BIG > 0).astype(float), BIG)),
+        (
+            K.binary_crossentropy(bt, z, from_logits=True),
+            np_bce_logits((BIG > 0).astype(float), BIG),
+        ),
         (K.binary_crossentropy(bt, K.sigmoid(z)), np_bce_logits((BIG > 0).astype(float), BIG)),
         (K.l2_normalize(z, 1), np_l2_normalize(BIG, 1)),
     ]
@@ -361,8 +595,10 @@ def test_large_logits_gradients_are_finite_and_exact():
     pairs = [
         (K.sum(K.categorical_crossentropy(BIG_T, z, from_logits=True)), np_softmax(BIG) - BIG_T),
         (K.sum(K.categorical_crossentropy(BIG_T, K.softmax(z))), np_softmax(BIG) - BIG_T),
-        (K.sum(K.sparse_categorical_crossentropy(np.array([1, 2, 0]), z, from_logits=True)),
-         np_softmax(BIG) - BIG_T),
+        (
+            K.sum(K.sparse_categorical_crossentropy(np.array([1, 2, 0]), z, from_logits=True)),
+            np_softmax(BIG) - BIG_T,
+        ),
         (K.sum(K.binary_crossentropy(bt, z, from_logits=True)), 0.5 * (1 + np.tanh(BIG / 2)) - bt),
         (K.sum(K.binary_crossentropy(bt, K.sigmoid(z))), 0.5 * (1 + np.tanh(BIG / 2)) - bt),
         (K.sum(K.softplus(z)), 0.5 * (1 + np.tanh(BIG / 2))),
@@ -413,8 +649,9 @@ def test_crossentropies_at_the_clipping_edges(dtype):
 
 
 def test_sparse_crossentropy_out_of_range_target_is_nan():
-    out = K.sparse_categorical_crossentropy(K.constant([0, 3, -1], dtype="int32"),
-                                            K.constant(np.full((3, 3), 1 / 3)))
+    out = K.sparse_categorical_crossentropy(
+        K.constant([0, 3, -1], dtype="int32"), K.constant(np.full((3, 3), 1 / 3))
+    )
     v = K.eval(out)
     np.testing.assert_allclose(v[0], np.log(3), rtol=1e-6)
     assert np.isnan(v[1]) and np.isnan(v[2])
@@ -436,7 +673,7 @@ NBT_CASES = [
     # (x shape, reduction_axes, gamma/beta shape or None)
     ((4, 3), [0], (3,)),
     ((2, 3, 4), [0, 1], (4,)),
-    ((2, 3, 2, 2), [0, 2, 3], (3,)),       # channels_first batch norm: broadcast path
+    ((2, 3, 2, 2), [0, 2, 3], (3,)),  # channels_first batch norm: broadcast path
     ((2, 2, 2, 3), (0, 1, 2), (3,)),
     ((3, 4), [0], None),
     ((2, 3, 4), [0, 2], (1, 3, 1)),
@@ -461,10 +698,19 @@ def test_normalize_batch_in_training(xs, axes, ps, dtype, rng):
     b = None if ps is None else rng.normal(size=ps).astype(dtype)
     px = K.placeholder(shape=xs, dtype=dtype)
     normed, mean, var = K.normalize_batch_in_training(
-        px, None if g is None else K.constant(g, dtype=dtype), None if b is None else K.constant(b, dtype=dtype),
-        axes, epsilon=1e-3)
-    refs = np_nbt(x.astype(np.float64), None if g is None else g.astype(np.float64),
-                  None if b is None else b.astype(np.float64), axes, 1e-3)
+        px,
+        None if g is None else K.constant(g, dtype=dtype),
+        None if b is None else K.constant(b, dtype=dtype),
+        axes,
+        epsilon=1e-3,
+    )
+    refs = np_nbt(
+        x.astype(np.float64),
+        None if g is None else g.astype(np.float64),
+        None if b is None else b.astype(np.float64),
+        axes,
+        1e-3,
+    )
     values = run([px], [normed, mean, var], [x])
     rtol, atol = tolerances(dtype, 2e-5, 2e-5)
     for v, r in zip(values, refs):
@@ -474,22 +720,28 @@ def test_normalize_batch_in_training(xs, axes, ps, dtype, rng):
 
 @pytest.mark.parametrize("xs,axes,ps", [c for c in NBT_CASES if c[2] is not None], ids=str)
 def test_normalize_batch_in_training_gradient(xs, axes, ps, rng):
-    check_grad(lambda x, g, b: K.normalize_batch_in_training(x, g, b, axes, epsilon=0.01)[0],
-               [rng.normal(size=xs), rng.uniform(0.5, 1.5, size=ps), rng.normal(size=ps)])
-    check_grad(lambda x: K.normalize_batch_in_training(x, None, None, axes)[2], [rng.normal(size=xs)])
+    check_grad(
+        lambda x, g, b: K.normalize_batch_in_training(x, g, b, axes, epsilon=0.01)[0],
+        [rng.normal(size=xs), rng.uniform(0.5, 1.5, size=ps), rng.normal(size=ps)],
+    )
+    check_grad(
+        lambda x: K.normalize_batch_in_training(x, None, None, axes)[2], [rng.normal(size=xs)]
+    )
 
 
 def test_normalize_batch_in_training_unknown_batch(rng):
     x = rng.normal(size=(5, 3))
     px = K.placeholder(shape=(None, 3), dtype="float64")
-    normed, mean, var = K.normalize_batch_in_training(px, K.ones((3,), dtype="float64"),
-                                                      K.zeros((3,), dtype="float64"), [0])
+    normed, mean, var = K.normalize_batch_in_training(
+        px, K.ones((3,), dtype="float64"), K.zeros((3,), dtype="float64"), [0]
+    )
     refs = np_nbt(x, np.ones(3), np.zeros(3), [0], 1e-3)
     for v, r in zip(run([px], [normed, mean, var], [x]), refs):
         np.testing.assert_allclose(v, r, rtol=1e-12)
 
 
 # ---- in_top_k ----------------------------------------------------------------------------------------
+
 
 def np_in_top_k(pred, targets, k):
     # tf.math.in_top_k: target's prediction finite, and fewer than k classes strictly
@@ -503,18 +755,22 @@ def np_in_top_k(pred, targets, k):
     return np.array(out)
 
 
-TOPK_PRED = np.array([
-    [0.1, 0.7, 0.2, 0.0],
-    [0.3, 0.3, 0.3, 0.1],       # a three-way tie
-    [0.5, np.nan, 0.2, 0.3],
-    [np.inf, 1.0, 2.0, 3.0],
-    [0.0, 0.0, 0.0, 0.0],
-    [-1.0, -2.0, -3.0, -4.0],
-])
+TOPK_PRED = np.array(
+    [
+        [0.1, 0.7, 0.2, 0.0],
+        [0.3, 0.3, 0.3, 0.1],  # a three-way tie
+        [0.5, np.nan, 0.2, 0.3],
+        [np.inf, 1.0, 2.0, 3.0],
+        [0.0, 0.0, 0.0, 0.0],
+        [-1.0, -2.0, -3.0, -4.0],
+    ]
+)
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 5])
-@pytest.mark.parametrize("targets", [[1, 3, 1, 0, 2, 3], [2, 0, 0, 3, 0, 0], [0, 2, 2, 1, 4, -1]], ids=str)
+@pytest.mark.parametrize(
+    "targets", [[1, 3, 1, 0, 2, 3], [2, 0, 0, 3, 0, 0], [0, 2, 2, 1, 4, -1]], ids=str
+)
 def test_in_top_k(targets, k):
     p = K.placeholder(shape=(None, 4))
     t = K.placeholder(shape=(None,), dtype="int32")
@@ -525,7 +781,7 @@ def test_in_top_k(targets, k):
 
 
 def test_in_top_k_random_against_reference(rng):
-    pred = rng.integers(0, 5, size=(20, 6)).astype(np.float64)   # many ties
+    pred = rng.integers(0, 5, size=(20, 6)).astype(np.float64)  # many ties
     targets = rng.integers(0, 6, size=20)
     for k in (1, 2, 4):
         v = K.eval(K.in_top_k(K.constant(pred), targets.astype(np.int64), k))
@@ -533,6 +789,7 @@ def test_in_top_k_random_against_reference(rng):
 
 
 # ---- bad input -------------------------------------------------------------------------------------
+
 
 def _ph(*shape, dtype=None):
     return K.placeholder(shape=shape, dtype=dtype)
@@ -546,29 +803,73 @@ BAD = [
     ("softmax_scalar", lambda: K.softmax(K.constant(1.0)), ("axis",)),
     ("cce_shapes", lambda: K.categorical_crossentropy(_ph(2, 3), _ph(2, 4)), ("shape",)),
     ("cce_axis", lambda: K.categorical_crossentropy(_ph(2, 3), _ph(2, 3), axis=2), ("axis",)),
-    ("cce_int_output", lambda: K.categorical_crossentropy(_ph(2, 3), _ph(2, 3, dtype="int32")), ("output",)),
-    ("scce_axis", lambda: K.sparse_categorical_crossentropy(_ph(2, dtype="int32"), _ph(2, 3), axis=-3),
-     ("axis",)),
-    ("scce_target_shape", lambda: K.sparse_categorical_crossentropy(_ph(3, dtype="int32"), _ph(2, 3)),
-     ("target", "shape")),
-    ("scce_bool_target", lambda: K.sparse_categorical_crossentropy(_ph(2, dtype="bool"), _ph(2, 3)),
-     ("target",)),
+    (
+        "cce_int_output",
+        lambda: K.categorical_crossentropy(_ph(2, 3), _ph(2, 3, dtype="int32")),
+        ("output",),
+    ),
+    (
+        "scce_axis",
+        lambda: K.sparse_categorical_crossentropy(_ph(2, dtype="int32"), _ph(2, 3), axis=-3),
+        ("axis",),
+    ),
+    (
+        "scce_target_shape",
+        lambda: K.sparse_categorical_crossentropy(_ph(3, dtype="int32"), _ph(2, 3)),
+        ("target", "shape"),
+    ),
+    (
+        "scce_bool_target",
+        lambda: K.sparse_categorical_crossentropy(_ph(2, dtype="bool"), _ph(2, 3)),
+        ("target",),
+    ),
     ("bce_shapes", lambda: K.binary_crossentropy(_ph(2, 3), _ph(3, 2)), ("shape",)),
     ("l2_normalize_axis", lambda: K.l2_normalize(_ph(2, 3), axis=3), ("axis",)),
     ("in_top_k_rank", lambda: K.in_top_k(_ph(2, 3, 4), [0, 1], 1), ("predictions",)),
     ("in_top_k_targets_float", lambda: K.in_top_k(_ph(2, 3), _ph(2), 1), ("targets",)),
-    ("in_top_k_targets_rank", lambda: K.in_top_k(_ph(2, 3), np.zeros((2, 1), dtype=int), 1), ("targets",)),
+    (
+        "in_top_k_targets_rank",
+        lambda: K.in_top_k(_ph(2, 3), np.zeros((2, 1), dtype=int), 1),
+        ("targets",),
+    ),
     ("in_top_k_k", lambda: K.in_top_k(_ph(2, 3), [0, 1], 1.5), ("k",)),
-    ("bn_channels", lambda: K.batch_normalization(_ph(2, 3), _ph(4), _ph(4), None, None), ("mean", "entries")),
-    ("bn_axis", lambda: K.batch_normalization(_ph(2, 3), _ph(3), _ph(3), None, None, axis=2), ("axis",)),
-    ("nbt_axes_empty", lambda: K.normalize_batch_in_training(_ph(2, 3), None, None, []), ("reduction_axes",)),
-    ("nbt_axes_range", lambda: K.normalize_batch_in_training(_ph(2, 3), None, None, [2]), ("reduction_axes",)),
-    ("nbt_axes_repeat", lambda: K.normalize_batch_in_training(_ph(2, 3), None, None, [0, -2]),
-     ("reduction_axes",)),
-    ("bias_add_format", lambda: K.bias_add(_ph(2, 3), _ph(3), data_format="NHWC"), ("data_format",)),
+    (
+        "bn_channels",
+        lambda: K.batch_normalization(_ph(2, 3), _ph(4), _ph(4), None, None),
+        ("mean", "entries"),
+    ),
+    (
+        "bn_axis",
+        lambda: K.batch_normalization(_ph(2, 3), _ph(3), _ph(3), None, None, axis=2),
+        ("axis",),
+    ),
+    (
+        "nbt_axes_empty",
+        lambda: K.normalize_batch_in_training(_ph(2, 3), None, None, []),
+        ("reduction_axes",),
+    ),
+    (
+        "nbt_axes_range",
+        lambda: K.normalize_batch_in_training(_ph(2, 3), None, None, [2]),
+        ("reduction_axes",),
+    ),
+    (
+        "nbt_axes_repeat",
+        lambda: K.normalize_batch_in_training(_ph(2, 3), None, None, [0, -2]),
+        ("reduction_axes",),
+    ),
+    (
+        "bias_add_format",
+        lambda: K.bias_add(_ph(2, 3), _ph(3), data_format="NHWC"),
+        ("data_format",),
+    ),
     ("bias_add_rank", lambda: K.bias_add(_ph(2, 3, 4), _ph(3, 4, 1)), ("bias",)),
     ("bias_add_length", lambda: K.bias_add(_ph(2, 3, 4), _ph(3)), ("bias", "channels")),
-    ("bias_add_length_cf", lambda: K.bias_add(_ph(2, 3, 4), _ph(4), "channels_first"), ("bias", "channels")),
+    (
+        "bias_add_length_cf",
+        lambda: K.bias_add(_ph(2, 3, 4), _ph(4), "channels_first"),
+        ("bias", "channels"),
+    ),
     ("bias_add_x_rank", lambda: K.bias_add(_ph(3), _ph(3)), ("x",)),
 ]
 

@@ -8,8 +8,8 @@ from ferrokeras import backend as K
 
 def log_huber(x, m):
     if K.abs(x) <= m:
-        return x ** 2
-    return m ** 2 * (1 - 2 * K.log(m) + K.log(x ** 2))
+        return x**2
+    return m**2 * (1 - 2 * K.log(m) + K.log(x**2))
 
 
 def test_log_huber_spec_example():
@@ -31,10 +31,13 @@ def test_log_huber_both_branches_match_numpy(xv):
     got = K.function([x, m], [y, gx, gm])([xv, 2.0])
     mv = 2.0
     if abs(xv) <= mv:
-        want = (xv ** 2, 2 * xv, 0.0)
+        want = (xv**2, 2 * xv, 0.0)
     else:
-        want = (mv ** 2 * (1 - 2 * np.log(mv) + np.log(xv ** 2)), mv ** 2 * 2 / xv,
-                2 * mv * (1 - 2 * np.log(mv) + np.log(xv ** 2)) - 2 * mv)
+        want = (
+            mv**2 * (1 - 2 * np.log(mv) + np.log(xv**2)),
+            mv**2 * 2 / xv,
+            2 * mv * (1 - 2 * np.log(mv) + np.log(xv**2)) - 2 * mv,
+        )
     np.testing.assert_allclose([float(g) for g in got], want, rtol=1e-12)
 
 

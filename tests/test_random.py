@@ -27,9 +27,9 @@ KS_MAX = np.sqrt(-np.log(1e-4 / 2) / (2 * N))
 @dataclass(frozen=True)
 class Dist:
     name: str
-    k: Callable          # (shape, dtype, seed) -> K tensor
-    cdf: Callable        # reference CDF (scipy.stats), None for discrete
-    lo: float            # support
+    k: Callable  # (shape, dtype, seed) -> K tensor
+    cdf: Callable  # reference CDF (scipy.stats), None for discrete
+    lo: float  # support
     hi: float
 
     def __repr__(self):
@@ -37,18 +37,48 @@ class Dist:
 
 
 DISTS = [
-    Dist("random_normal_default", lambda s, d, seed: K.random_normal(s, dtype=d, seed=seed),
-         stats.norm().cdf, -np.inf, np.inf),
-    Dist("random_normal_mean_stddev", lambda s, d, seed: K.random_normal(s, 1.5, 0.5, d, seed),
-         stats.norm(1.5, 0.5).cdf, -np.inf, np.inf),
-    Dist("random_uniform_default", lambda s, d, seed: K.random_uniform(s, dtype=d, seed=seed),
-         stats.uniform(0, 1).cdf, 0.0, 1.0),
-    Dist("random_uniform_range", lambda s, d, seed: K.random_uniform(s, -2.0, 3.0, d, seed),
-         stats.uniform(-2, 5).cdf, -2.0, 3.0),
-    Dist("truncated_normal_default", lambda s, d, seed: K.truncated_normal(s, dtype=d, seed=seed),
-         stats.truncnorm(-2, 2).cdf, -2.0, 2.0),
-    Dist("truncated_normal_mean_stddev", lambda s, d, seed: K.truncated_normal(s, -1.0, 2.0, d, seed),
-         stats.truncnorm(-2, 2, loc=-1, scale=2).cdf, -5.0, 3.0),
+    Dist(
+        "random_normal_default",
+        lambda s, d, seed: K.random_normal(s, dtype=d, seed=seed),
+        stats.norm().cdf,
+        -np.inf,
+        np.inf,
+    ),
+    Dist(
+        "random_normal_mean_stddev",
+        lambda s, d, seed: K.random_normal(s, 1.5, 0.5, d, seed),
+        stats.norm(1.5, 0.5).cdf,
+        -np.inf,
+        np.inf,
+    ),
+    Dist(
+        "random_uniform_default",
+        lambda s, d, seed: K.random_uniform(s, dtype=d, seed=seed),
+        stats.uniform(0, 1).cdf,
+        0.0,
+        1.0,
+    ),
+    Dist(
+        "random_uniform_range",
+        lambda s, d, seed: K.random_uniform(s, -2.0, 3.0, d, seed),
+        stats.uniform(-2, 5).cdf,
+        -2.0,
+        3.0,
+    ),
+    Dist(
+        "truncated_normal_default",
+        lambda s, d, seed: K.truncated_normal(s, dtype=d, seed=seed),
+        stats.truncnorm(-2, 2).cdf,
+        -2.0,
+        2.0,
+    ),
+    Dist(
+        "truncated_normal_mean_stddev",
+        lambda s, d, seed: K.truncated_normal(s, -1.0, 2.0, d, seed),
+        stats.truncnorm(-2, 2, loc=-1, scale=2).cdf,
+        -5.0,
+        3.0,
+    ),
 ]
 
 
@@ -61,7 +91,7 @@ def test_continuous_distributions(dist, dtype):
     assert v.dtype == np.dtype(dtype) and v.shape == (100, N // 100)
     assert v.min() >= dist.lo and v.max() <= dist.hi
     if dist.hi == 1.0:
-        assert v.max() < 1.0                    # uniform: [minval, maxval)
+        assert v.max() < 1.0  # uniform: [minval, maxval)
     d = stats.kstest(v.ravel().astype(np.float64), dist.cdf).statistic
     assert d < KS_MAX, (d, KS_MAX)
 
@@ -85,17 +115,23 @@ def test_random_uniform_integers(dtype):
     v = K.eval(K.random_uniform((N,), minval=2, maxval=7, dtype=dtype, seed=9))
     assert v.dtype == np.dtype(dtype)
     counts = np.array([(v == k).sum() for k in range(2, 7)])
-    assert counts.sum() == N                     # every value in [2, 7)
+    assert counts.sum() == N  # every value in [2, 7)
     assert stats.chisquare(counts).pvalue > 1e-4
 
 
 def test_tensor_mean_and_stddev():
     m = K.placeholder(shape=())
     s = K.placeholder(shape=())
-    v = run([m, s], [K.random_normal((N,), mean=m, stddev=s, seed=3)], [np.float32(-3.0), np.float32(0.25)])[0]
+    v = run(
+        [m, s],
+        [K.random_normal((N,), mean=m, stddev=s, seed=3)],
+        [np.float32(-3.0), np.float32(0.25)],
+    )[0]
     assert stats.kstest(v.astype(np.float64), stats.norm(-3.0, 0.25).cdf).statistic < KS_MAX
     lo, hi = K.placeholder(shape=()), K.placeholder(shape=())
-    u = run([lo, hi], [K.random_uniform((N,), lo, hi, seed=3)], [np.float32(4.0), np.float32(6.0)])[0]
+    u = run([lo, hi], [K.random_uniform((N,), lo, hi, seed=3)], [np.float32(4.0), np.float32(6.0)])[
+        0
+    ]
     assert u.min() >= 4.0 and u.max() < 6.0
 
 
@@ -110,8 +146,11 @@ SHAPE_FORMS = [
 
 
 @pytest.mark.parametrize("name,shape,expected", SHAPE_FORMS, ids=[s[0] for s in SHAPE_FORMS])
-@pytest.mark.parametrize("fn", [K.random_normal, K.random_uniform, K.truncated_normal, K.random_binomial],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "fn",
+    [K.random_normal, K.random_uniform, K.truncated_normal, K.random_binomial],
+    ids=lambda f: f.__name__,
+)
 def test_shape_argument_forms(fn, name, shape, expected):
     x = K.placeholder(shape=(None, 3))
     out = fn(shape(x))
@@ -156,9 +195,13 @@ def test_unseeded_ops_differ_from_each_other():
 
 
 def test_seeded_draws_are_reproducible_across_processes():
-    code = ("import numpy as np; from ferrokeras import backend as K; "
-            "print(repr(K.eval(K.random_normal((6,), seed=2024)).tolist()))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import numpy as np; from ferrokeras import backend as K; "
+        "print(repr(K.eval(K.random_normal((6,), seed=2024)).tolist()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     np.testing.assert_array_equal(np.array(eval(out)), K.eval(K.random_normal((6,), seed=2024)))
 
 
@@ -195,7 +238,7 @@ def test_dropout(shape, level, noise_shape, const_axes, dtype, rng):
         n_draws = mask.size // int(np.prod([shape[a] for a in const_axes]))
         sd = np.sqrt(level * (1 - level) / n_draws)
         assert abs(mask.mean() - (1 - level)) <= 5 * sd
-    assert not np.array_equal(v1 != 0, v2 != 0)        # a new mask every call
+    assert not np.array_equal(v1 != 0, v2 != 0)  # a new mask every call
 
 
 def test_dropout_gradient_is_the_scaled_mask(rng):
@@ -203,7 +246,7 @@ def test_dropout_gradient_is_the_scaled_mask(rng):
     ph = K.placeholder(shape=x.shape, dtype="float64")
     out = K.dropout(ph, 0.4)
     g = K.gradients(K.sum(out), [ph])[0]
-    v, gv = run([ph], [out, g], [x])                   # one call: one mask for both
+    v, gv = run([ph], [out, g], [x])  # one call: one mask for both
     np.testing.assert_allclose(gv, (v != 0) / 0.6, rtol=1e-12)
 
 
@@ -234,15 +277,26 @@ BAD = [
     ("dropout_level_one", lambda: K.dropout(K.ones((2,)), 1.0), ("level",)),
     ("dropout_level_negative", lambda: K.dropout(K.ones((2,)), -0.1), ("level",)),
     ("dropout_level_type", lambda: K.dropout(K.ones((2,)), "half"), ("level",)),
-    ("dropout_noise_shape_rank", lambda: K.dropout(K.ones((2, 3)), 0.5, noise_shape=(2,)), ("noise_shape",)),
-    ("dropout_noise_shape_mismatch", lambda: K.dropout(K.ones((2, 3)), 0.5, noise_shape=(2, 2)),
-     ("noise_shape",)),
+    (
+        "dropout_noise_shape_rank",
+        lambda: K.dropout(K.ones((2, 3)), 0.5, noise_shape=(2,)),
+        ("noise_shape",),
+    ),
+    (
+        "dropout_noise_shape_mismatch",
+        lambda: K.dropout(K.ones((2, 3)), 0.5, noise_shape=(2, 2)),
+        ("noise_shape",),
+    ),
     ("dropout_int_x", lambda: K.dropout(K.constant([1, 2], dtype="int32"), 0.5), ("float",)),
     ("binomial_p_range", lambda: K.random_binomial((2,), p=1.5), ("p",)),
     ("binomial_p_type", lambda: K.random_binomial((2,), p="x"), ("p",)),
     ("normal_int_dtype", lambda: K.random_normal((2,), dtype="int32"), ("dtype",)),
     ("truncated_bool_dtype", lambda: K.truncated_normal((2,), dtype="bool"), ("dtype",)),
-    ("uniform_int_range", lambda: K.random_uniform((2,), 3, 3, dtype="int32"), ("maxval", "minval")),
+    (
+        "uniform_int_range",
+        lambda: K.random_uniform((2,), 3, 3, dtype="int32"),
+        ("maxval", "minval"),
+    ),
     ("uniform_bad_dtype", lambda: K.random_uniform((2,), dtype="float13"), ("float13",)),
     ("shape_negative", lambda: K.random_normal((2, -1)), ("shape",)),
     ("shape_float", lambda: K.random_normal((2.5,)), ("shape",)),

@@ -58,7 +58,7 @@ REDUCTIONS = [
     Red("max", K.max, np.max),
     Red("min", K.min, np.min),
     Red("mean", K.mean, np.mean),
-    Red("var", K.var, np.var),          # population variance (ddof=0), as TF
+    Red("var", K.var, np.var),  # population variance (ddof=0), as TF
     Red("std", K.std, np.std),
     Red("logsumexp", K.logsumexp, np_logsumexp, tol32=(2e-5, 2e-5)),
 ]
@@ -91,8 +91,9 @@ def test_reduction_on_variable_default_axis(red, rng):
     v = K.variable(x)
     value = K.eval(red.k(v))
     assert value.shape == ()
-    np.testing.assert_allclose(value, red.ref(x.astype(np.float32).astype(np.float64)),
-                               rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(
+        value, red.ref(x.astype(np.float32).astype(np.float64)), rtol=2e-5, atol=2e-5
+    )
 
 
 @pytest.mark.parametrize("keepdims", [False, True])
@@ -113,10 +114,18 @@ def test_prod_gradient_with_a_zero(rng):
 
 # ---- None (runtime) dimensions ------------------------------------------------------------
 
-@pytest.mark.parametrize("name,kfn,nfn", [
-    ("sum", K.sum, np.sum), ("mean", K.mean, np.mean), ("var", K.var, np.var),
-    ("std", K.std, np.std), ("max", K.max, np.max), ("logsumexp", K.logsumexp, np_logsumexp),
-])
+
+@pytest.mark.parametrize(
+    "name,kfn,nfn",
+    [
+        ("sum", K.sum, np.sum),
+        ("mean", K.mean, np.mean),
+        ("var", K.var, np.var),
+        ("std", K.std, np.std),
+        ("max", K.max, np.max),
+        ("logsumexp", K.logsumexp, np_logsumexp),
+    ],
+)
 def test_reduction_over_unknown_batch_dim(name, kfn, nfn, rng):
     # The divisor of mean/var/std over a None axis is the runtime size.
     ph = K.placeholder(shape=(None, 3))
@@ -132,6 +141,7 @@ def test_reduction_over_unknown_batch_dim(name, kfn, nfn, rng):
 
 
 # ---- any / all ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("keepdims", [False, True])
 @pytest.mark.parametrize("axis", AXES, ids=str)
@@ -162,15 +172,17 @@ def test_any_all_on_bool_tensor(name, kfn, nfn, rng):
 
 # ---- argmax / argmin --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("axis", [None, 0, 1, 2, -1, -2], ids=str)
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("name,kfn,nfn", [("argmax", K.argmax, np.argmax),
-                                          ("argmin", K.argmin, np.argmin)])
+@pytest.mark.parametrize(
+    "name,kfn,nfn", [("argmax", K.argmax, np.argmax), ("argmin", K.argmin, np.argmin)]
+)
 def test_argmax_argmin(name, kfn, nfn, dtype, axis, rng):
     x = distinct(rng, SHAPE).astype(dtype)
     ph = K.placeholder(shape=SHAPE, dtype=dtype)
     if axis is None:
-        out, ref = kfn(ph), nfn(x, axis=-1)          # default axis=-1
+        out, ref = kfn(ph), nfn(x, axis=-1)  # default axis=-1
     else:
         out, ref = kfn(ph, axis=axis), nfn(x, axis=axis)
     assert K.int_shape(out) == ref.shape
@@ -181,17 +193,21 @@ def test_argmax_argmin(name, kfn, nfn, dtype, axis, rng):
 
 # ---- cumsum / cumprod --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("axis", [None, 0, 1, 2, -1, -2], ids=str)
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("name,kfn,nfn,domain", [
-    ("cumsum", K.cumsum, np.cumsum, distinct),
-    ("cumprod", K.cumprod, np.cumprod, signed_near_one),
-])
+@pytest.mark.parametrize(
+    "name,kfn,nfn,domain",
+    [
+        ("cumsum", K.cumsum, np.cumsum, distinct),
+        ("cumprod", K.cumprod, np.cumprod, signed_near_one),
+    ],
+)
 def test_cumulative(name, kfn, nfn, domain, dtype, axis, rng):
     x = domain(rng, SHAPE).astype(dtype)
     ph = K.placeholder(shape=SHAPE, dtype=dtype)
     if axis is None:
-        out, ref = kfn(ph), nfn(x.astype(np.float64), axis=0)   # default axis=0
+        out, ref = kfn(ph), nfn(x.astype(np.float64), axis=0)  # default axis=0
     else:
         out, ref = kfn(ph, axis=axis), nfn(x.astype(np.float64), axis=axis)
     assert K.int_shape(out) == SHAPE
@@ -202,15 +218,19 @@ def test_cumulative(name, kfn, nfn, domain, dtype, axis, rng):
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
-@pytest.mark.parametrize("name,kfn,domain", [
-    ("cumsum", K.cumsum, distinct),
-    ("cumprod", K.cumprod, signed_near_one),
-])
+@pytest.mark.parametrize(
+    "name,kfn,domain",
+    [
+        ("cumsum", K.cumsum, distinct),
+        ("cumprod", K.cumprod, signed_near_one),
+    ],
+)
 def test_cumulative_gradient(name, kfn, domain, axis, rng):
     check_grad(lambda t: kfn(t, axis=axis), [domain(rng, SHAPE)])
 
 
 # ---- logsumexp stability -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("offset", [1e4, -1e4])
@@ -220,8 +240,7 @@ def test_logsumexp_is_stable_for_large_magnitudes(offset, dtype, rng):
     outs = [K.logsumexp(ph, axis=1), K.logsumexp(ph), K.logsumexp(ph, axis=0, keepdims=True)]
     values = run([ph], outs, [x])
     x64 = x.astype(np.float64)
-    refs = [np_logsumexp(x64, axis=1), np_logsumexp(x64),
-            np_logsumexp(x64, axis=0, keepdims=True)]
+    refs = [np_logsumexp(x64, axis=1), np_logsumexp(x64), np_logsumexp(x64, axis=0, keepdims=True)]
     for v, r in zip(values, refs):
         assert np.all(np.isfinite(v)), v
         np.testing.assert_allclose(v, r, rtol=1e-6, atol=0)
@@ -234,8 +253,7 @@ def test_logsumexp_gradient_is_stable_for_large_magnitudes(rng):
     g = K.gradients(K.sum(K.logsumexp(ph, axis=1)), [ph])[0]
     value = run([ph], [g], [x])[0]
     e = np.exp(x - x.max(axis=1, keepdims=True))
-    np.testing.assert_allclose(value, e / e.sum(axis=1, keepdims=True), rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(value, e / e.sum(axis=1, keepdims=True), rtol=1e-10, atol=1e-12)
 
 
 # ---- kernel paths over leading and middle axes ------------------------------------------
@@ -256,13 +274,17 @@ def near_one(rng, shape):
 
 @pytest.mark.parametrize("axis", ALL_AXES, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("name,kfn,nfn,domain", [
-    ("sum", K.sum, np.sum, distinct),
-    ("mean", K.mean, np.mean, distinct),
-    ("max", K.max, np.max, distinct),
-    ("min", K.min, np.min, distinct),
-    ("prod", K.prod, np.prod, near_one),
-], ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "name,kfn,nfn,domain",
+    [
+        ("sum", K.sum, np.sum, distinct),
+        ("mean", K.mean, np.mean, distinct),
+        ("max", K.max, np.max, distinct),
+        ("min", K.min, np.min, distinct),
+        ("prod", K.prod, np.prod, near_one),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
 @pytest.mark.parametrize("shape", [BIG_SHAPE, ODD_STRIPS_SHAPE], ids=str)
 def test_reduction_every_axis_set_large(name, kfn, nfn, domain, dtype, axis, shape, rng):
     x = domain(rng, shape).astype(dtype)
@@ -272,21 +294,31 @@ def test_reduction_every_axis_set_large(name, kfn, nfn, domain, dtype, axis, sha
     eps, count = np.finfo(dtype).eps, x.size / np.size(ref)
     if name in ("sum", "mean"):
         # compensated: within a few ulps of the float64 sum of magnitudes (/count for mean)
-        bound = 4 * eps * np.sum(np.abs(x.astype(np.float64)), axis=axis) / (count if name == "mean" else 1)
+        bound = (
+            4
+            * eps
+            * np.sum(np.abs(x.astype(np.float64)), axis=axis)
+            / (count if name == "mean" else 1)
+        )
     elif name == "prod":
         bound = count * eps * np.abs(ref)
     else:
-        bound = 0 * ref   # max/min pick an element: exact
-    assert np.all(np.abs(value - ref) <= bound), f"max error {np.max(np.abs(value - ref) - bound)} over the bound"
+        bound = 0 * ref  # max/min pick an element: exact
+    assert np.all(np.abs(value - ref) <= bound), (
+        f"max error {np.max(np.abs(value - ref) - bound)} over the bound"
+    )
 
 
-@pytest.mark.parametrize("shape,axis", [
-    ((100_000, 3), 0),          # one block of many narrow rows: split across threads
-    ((400, 9, 40), (0, 1)),     # a bias gradient's shape family
-    ((64, 24, 24, 64), (0, 1, 2)),
-    ((3, 20_000, 5), 1),        # several blocks
-    ((50, 5000), 0),            # wide rows: split by columns
-])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [
+        ((100_000, 3), 0),  # one block of many narrow rows: split across threads
+        ((400, 9, 40), (0, 1)),  # a bias gradient's shape family
+        ((64, 24, 24, 64), (0, 1, 2)),
+        ((3, 20_000, 5), 1),  # several blocks
+        ((50, 5000), 0),  # wide rows: split by columns
+    ],
+)
 def test_column_sums_of_offset_float32_stay_accurate(shape, axis, rng):
     # Documented bound (README, "Reliability guarantees"): rtol 1e-6 of the float64 sum.
     x = (1000 + rng.uniform(0, 1, size=shape)).astype(np.float32)
@@ -303,7 +335,7 @@ def test_column_sums_with_infinities_and_nans():
     x[7, 1], x[9, 1] = np.inf, -np.inf
     x[11, 2] = np.nan
     x[13, 3] = np.float32(3e38)
-    x[14, 3] = np.float32(3e38)   # overflows to inf
+    x[14, 3] = np.float32(3e38)  # overflows to inf
     ph = K.placeholder(shape=x.shape)
     s, mx = run([ph], [K.sum(ph, axis=0), K.max(ph, axis=0)], [x])
     with np.errstate(over="ignore", invalid="ignore"):

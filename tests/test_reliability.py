@@ -27,8 +27,11 @@ from ferrokeras import backend as K
 
 def _vars():
     """Three variables of different dtypes and shapes, with their initial values."""
-    vals = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(7, dtype=np.int32),
-            np.linspace(-1, 1, 4)]
+    vals = [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.array(7, dtype=np.int32),
+        np.linspace(-1, 1, 4),
+    ]
     return [K.variable(v, dtype=v.dtype.name) for v in vals], vals
 
 
@@ -49,8 +52,13 @@ def test_bad_feed_shape_changes_no_variable():
     vs, vals = _vars()
     x = K.placeholder(shape=(None, 3), name="atomic_feed")
     f = K.function([x], [K.sum(x)], updates=_updates(vs, x))
-    for bad in ([np.ones((2, 4), np.float32)], [np.ones((3,), np.float32)],
-                [np.array([["a", "b", "c"]])], [np.ones((1, 3)), np.ones((1, 3))], []):
+    for bad in (
+        [np.ones((2, 4), np.float32)],
+        [np.ones((3,), np.float32)],
+        [np.array([["a", "b", "c"]])],
+        [np.ones((1, 3)), np.ones((1, 3))],
+        [],
+    ):
         with pytest.raises((ValueError, TypeError)):
             f(bad)
         _assert_unchanged(vs, vals)
@@ -92,7 +100,7 @@ def test_exception_in_py_function_changes_no_variable(where):
 def test_runtime_reshape_error_changes_no_variable():
     vs, vals = _vars()
     x = K.placeholder(shape=(None, 3))
-    bad = K.reshape(x, (-1, 4))       # fine for 4 or 8 rows, an error for 3
+    bad = K.reshape(x, (-1, 4))  # fine for 4 or 8 rows, an error for 3
     f = K.function([x], [K.sum(bad)], updates=_updates(vs, x))
     with pytest.raises(ValueError, match="reshape"):
         f([np.ones((3, 3), np.float32)])
@@ -108,7 +116,7 @@ def test_runtime_error_in_an_update_value_changes_no_variable():
     x = K.placeholder(shape=(None,))
     ups = _updates(vs, x)
     w = K.variable(np.zeros(4, np.float32))
-    ups.append(K.update(w, x))                         # shape (None,) against (4,)
+    ups.append(K.update(w, x))  # shape (None,) against (4,)
     f = K.function([x], [], updates=ups)
     with pytest.raises(ValueError):
         f([np.ones(3, np.float32)])
@@ -121,7 +129,7 @@ def test_failed_eval_of_an_update_changes_nothing():
     v = K.variable(np.ones(3))
     p = K.placeholder(shape=(3,))
     with pytest.raises(ValueError, match="placeholder|fed|feed"):
-        K.eval(K.update_add(v, p))     # unfed placeholder
+        K.eval(K.update_add(v, p))  # unfed placeholder
     np.testing.assert_array_equal(K.get_value(v), np.ones(3))
 
 
@@ -136,7 +144,7 @@ def _run_threads(target, n=N_THREADS):
     def wrapped(i):
         try:
             target(i)
-        except BaseException as e:   # reported in the main thread
+        except BaseException as e:  # reported in the main thread
             errors.append(e)
 
     ts = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
@@ -163,7 +171,9 @@ def test_one_function_from_four_threads_checks_every_result():
             a = rng.normal(size=(1 + (k + i) % 7, 5)).astype(np.float32)
             y, s = f([a])
             np.testing.assert_allclose(y, a.astype(np.float64) @ wv + 1.0, rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(s, np.sum(a.astype(np.float64) ** 2, axis=1), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                s, np.sum(a.astype(np.float64) ** 2, axis=1), rtol=1e-5, atol=1e-5
+            )
             done[i] += 1
 
     _run_threads(work)
@@ -191,7 +201,7 @@ def test_the_gil_is_released_while_a_plan_runs():
     for _ in range(12):
         prod = K.dot(prod, a) * (1.0 / n)
     f = K.function([], [K.sum(prod)])
-    f([])                                       # compile and warm up
+    f([])  # compile and warm up
     t0 = time.perf_counter()
     f([])
     one_call = time.perf_counter() - t0
@@ -222,7 +232,9 @@ def test_concurrent_update_add_loses_no_increment():
     v = K.variable(0.0)
     f = K.function([], [], updates=[K.update_add(v, 1.0)])
     w = K.variable(np.zeros(3, dtype=np.int64), dtype="int64")
-    g = K.function([], [], updates=[K.update_add(w, K.constant(np.ones(3, np.int64), dtype="int64"))])
+    g = K.function(
+        [], [], updates=[K.update_add(w, K.constant(np.ones(3, np.int64), dtype="int64"))]
+    )
 
     def work(i):
         for _ in range(500):
@@ -246,10 +258,11 @@ def test_a_py_function_body_may_call_an_updating_function():
         return np.asarray(t) * 2
 
     f = K.function([x], [K.py_function(body, [x], "float32")], updates=[K.update_add(w, 1.0)])
-    K.set_value(v, 0.0)   # py_function ran the body once to find its result shapes
+    K.set_value(v, 0.0)  # py_function ran the body once to find its result shapes
     results = []
-    t = threading.Thread(target=lambda: results.extend(f([np.float32(3)]) for _ in range(3)),
-                         daemon=True)
+    t = threading.Thread(
+        target=lambda: results.extend(f([np.float32(3)]) for _ in range(3)), daemon=True
+    )
     t.start()
     t.join(timeout=60)
     assert not t.is_alive(), "deadlock: a py_function body calling an updating function"
@@ -285,11 +298,12 @@ def test_concurrent_set_value_and_reads_see_whole_values():
 
 def _rss_mb():
     with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-pytestmark_memory = pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
-                                       reason="needs Linux /proc/self/statm")
+pytestmark_memory = pytest.mark.skipif(
+    not os.path.exists("/proc/self/statm"), reason="needs Linux /proc/self/statm"
+)
 
 
 def _growth(step, n, warmup):
@@ -307,8 +321,10 @@ def _growth(step, n, warmup):
 def test_100k_function_calls_keep_rss_flat():
     x = K.placeholder(shape=(None, 16))
     v = K.variable(np.zeros(16, dtype=np.float32))
-    f = K.function([x], [K.sum(x * 2.0, axis=0) + v], updates=[K.update_add(v, K.mean(x, axis=0) * 0)])
-    feed = [np.ones((32, 16), np.float32)]      # 2 KiB in, 64 B out per call
+    f = K.function(
+        [x], [K.sum(x * 2.0, axis=0) + v], updates=[K.update_add(v, K.mean(x, axis=0) * 0)]
+    )
+    feed = [np.ones((32, 16), np.float32)]  # 2 KiB in, 64 B out per call
 
     def step(i):
         f(feed)
@@ -339,6 +355,7 @@ def test_10k_graph_constructions_and_drops_keep_rss_flat():
 def test_dropping_variables_and_graphs_releases_their_buffers():
     """A "model" of 8 MB of weights, built, trained one step and dropped 40 times: if the
     buffers were kept the resident set would grow by 320 MB."""
+
     def model_step(i):
         ws = [K.variable(np.full((512, 512), 0.01 * (i + 1), dtype=np.float32)) for _ in range(8)]
         x = K.placeholder(shape=(None, 512))
@@ -364,7 +381,7 @@ def test_clear_session_releases_memory_and_keeps_held_variables():
     gc.collect()
     before = _rss_mb()
     for _ in range(5):
-        big = [K.variable(np.ones((1024, 1024), np.float32)) for _ in range(4)]   # 16 MB
+        big = [K.variable(np.ones((1024, 1024), np.float32)) for _ in range(4)]  # 16 MB
         f = K.function([], [K.sum(big[0] + big[1])])
         assert f([])[0] == 2 * 1024 * 1024
         del big, f
@@ -418,7 +435,9 @@ def test_float32_reductions_of_1e6_elements(big, kind, name, layout):
     else:
         bound = tol * np.abs(ref)
     worst = float(np.max(err / bound))
-    assert worst <= 1, f"{name} of {x.size} float32 ({kind}, {layout}): error {worst:.2f} x the tolerance"
+    assert worst <= 1, (
+        f"{name} of {x.size} float32 ({kind}, {layout}): error {worst:.2f} x the tolerance"
+    )
 
 
 LARGE = np.array([[1e4, -1e4, 0.0, 5e3], [-1e4, -1e4, -1e4, -1e4], [1e4, 1e4 - 1, 1e4, -3e3]])
@@ -435,10 +454,12 @@ def _np_logsumexp(z, axis=-1):
 
 
 def _np_sigmoid(z):
-    return np.where(z >= 0, 1 / (1 + np.exp(-np.abs(z))), np.exp(-np.abs(z)) / (1 + np.exp(-np.abs(z))))
+    return np.where(
+        z >= 0, 1 / (1 + np.exp(-np.abs(z))), np.exp(-np.abs(z)) / (1 + np.exp(-np.abs(z)))
+    )
 
 
-EPS = 1e-7   # K.epsilon()
+EPS = 1e-7  # K.epsilon()
 
 
 def _onehot_targets():
@@ -452,28 +473,55 @@ STABLE = {
     "sigmoid": (lambda z: K.sigmoid(z), _np_sigmoid),
     "softplus": (lambda z: K.softplus(z), lambda z: np.logaddexp(0, z)),
     "cce_logits": (
-        lambda z: K.categorical_crossentropy(K.constant(_onehot_targets(), dtype=z.dtype), z, from_logits=True),
-        lambda z: -(_onehot_targets() * (z - _np_logsumexp(z)[:, None])).sum(-1)),
+        lambda z: K.categorical_crossentropy(
+            K.constant(_onehot_targets(), dtype=z.dtype), z, from_logits=True
+        ),
+        lambda z: -(_onehot_targets() * (z - _np_logsumexp(z)[:, None])).sum(-1),
+    ),
     "cce_softmax": (
-        lambda z: K.categorical_crossentropy(K.constant(_onehot_targets(), dtype=z.dtype), K.softmax(z)),
-        lambda z: -(_onehot_targets() * (z - _np_logsumexp(z)[:, None])).sum(-1)),
+        lambda z: K.categorical_crossentropy(
+            K.constant(_onehot_targets(), dtype=z.dtype), K.softmax(z)
+        ),
+        lambda z: -(_onehot_targets() * (z - _np_logsumexp(z)[:, None])).sum(-1),
+    ),
     "cce_probs": (
-        lambda z: K.categorical_crossentropy(K.constant(_onehot_targets(), dtype=z.dtype),
-                                             K.softmax(z) * 1.0),   # not read as logits
-        lambda z: -(_onehot_targets() * np.log(np.clip(_np_softmax(z), EPS, 1 - EPS))).sum(-1)),
+        lambda z: K.categorical_crossentropy(
+            K.constant(_onehot_targets(), dtype=z.dtype), K.softmax(z) * 1.0
+        ),  # not read as logits
+        lambda z: -(_onehot_targets() * np.log(np.clip(_np_softmax(z), EPS, 1 - EPS))).sum(-1),
+    ),
     "scce_logits": (
-        lambda z: K.sparse_categorical_crossentropy(K.constant([1, 0, 3], dtype="int32"), z, from_logits=True),
-        lambda z: -(z - _np_logsumexp(z)[:, None])[np.arange(3), [1, 0, 3]]),
+        lambda z: K.sparse_categorical_crossentropy(
+            K.constant([1, 0, 3], dtype="int32"), z, from_logits=True
+        ),
+        lambda z: -(z - _np_logsumexp(z)[:, None])[np.arange(3), [1, 0, 3]],
+    ),
     "scce_softmax": (
-        lambda z: K.sparse_categorical_crossentropy(K.constant([1, 0, 3], dtype="int32"), K.softmax(z)),
-        lambda z: -(z - _np_logsumexp(z)[:, None])[np.arange(3), [1, 0, 3]]),
+        lambda z: K.sparse_categorical_crossentropy(
+            K.constant([1, 0, 3], dtype="int32"), K.softmax(z)
+        ),
+        lambda z: -(z - _np_logsumexp(z)[:, None])[np.arange(3), [1, 0, 3]],
+    ),
     "bce_logits": (
-        lambda z: K.binary_crossentropy(K.constant(np.abs(np.sign(LARGE)) * 0.5 + 0.25, dtype=z.dtype), z,
-                                        from_logits=True),
-        lambda z: np.maximum(z, 0) - z * (np.abs(np.sign(LARGE)) * 0.5 + 0.25) + np.log1p(np.exp(-np.abs(z)))),
+        lambda z: K.binary_crossentropy(
+            K.constant(np.abs(np.sign(LARGE)) * 0.5 + 0.25, dtype=z.dtype), z, from_logits=True
+        ),
+        lambda z: (
+            np.maximum(z, 0)
+            - z * (np.abs(np.sign(LARGE)) * 0.5 + 0.25)
+            + np.log1p(np.exp(-np.abs(z)))
+        ),
+    ),
     "bce_sigmoid": (
-        lambda z: K.binary_crossentropy(K.constant(np.abs(np.sign(LARGE)) * 0.5 + 0.25, dtype=z.dtype), K.sigmoid(z)),
-        lambda z: np.maximum(z, 0) - z * (np.abs(np.sign(LARGE)) * 0.5 + 0.25) + np.log1p(np.exp(-np.abs(z)))),
+        lambda z: K.binary_crossentropy(
+            K.constant(np.abs(np.sign(LARGE)) * 0.5 + 0.25, dtype=z.dtype), K.sigmoid(z)
+        ),
+        lambda z: (
+            np.maximum(z, 0)
+            - z * (np.abs(np.sign(LARGE)) * 0.5 + 0.25)
+            + np.log1p(np.exp(-np.abs(z)))
+        ),
+    ),
 }
 
 # the sigmoid/softmax forms are read as logits (as TF 2 does for its own activations): exact;
@@ -497,8 +545,10 @@ def test_no_overflow_or_nan_for_inputs_of_magnitude_1e4(name, dtype):
     assert np.all(np.isfinite(gv)), f"gradient of {name}: {gv}"
 
 
-@pytest.mark.parametrize("name", ["softmax", "logsumexp", "sigmoid", "softplus", "cce_logits",
-                                  "scce_logits", "bce_logits"])
+@pytest.mark.parametrize(
+    "name",
+    ["softmax", "logsumexp", "sigmoid", "softplus", "cce_logits", "scce_logits", "bce_logits"],
+)
 def test_stable_functions_at_the_float32_limits(name):
     """Inputs of magnitude 1e30 and the float32 maximum: still no NaN (where the value is finite)."""
     k_fn, ref_fn = STABLE[name]

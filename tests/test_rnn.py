@@ -62,7 +62,9 @@ def test_rnn_matches_numpy_loop(data, unroll, go_backwards, masked):
     ins = [x, h0] + ([m] if masked else [])
     feeds = [d["x"], d["h0"]] + ([d["mask"]] if masked else [])
     got = K.function(ins, [last, outs, states[0]])(feeds)
-    want = _np_rnn(d["x"], d["h0"], d["W"], d["U"], d["b"], d["mask"] if masked else None, go_backwards)
+    want = _np_rnn(
+        d["x"], d["h0"], d["W"], d["U"], d["b"], d["mask"] if masked else None, go_backwards
+    )
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
     assert K.int_shape(outs) == (None,) + d["x"].shape[1:2] + (d["h0"].shape[1],)
@@ -84,7 +86,14 @@ def test_rnn_masked_gradients(data):
     mask = K.constant(d["mask"], dtype="float64")
 
     def f(x, W, U):
-        last, outs, states = _k_rnn(x, K.constant(d["h0"], dtype="float64"), W, U, K.constant(d["b"], dtype="float64"), mask=mask)
+        last, outs, states = _k_rnn(
+            x,
+            K.constant(d["h0"], dtype="float64"),
+            W,
+            U,
+            K.constant(d["b"], dtype="float64"),
+            mask=mask,
+        )
         return outs + K.expand_dims(states[0], 1)
 
     check_grad(f, [d["x"], d["W"], d["U"]], eps=1e-5, rtol=1e-6, atol=1e-8)
@@ -106,7 +115,12 @@ def test_rnn_several_states_and_constants(rng):
         outs = []
         for t in range(T):
             z = x[:, t] @ W + h @ U + bias
-            i, f, g, o = sig(z[:, :H]), sig(z[:, H:2 * H]), np.tanh(z[:, 2 * H:3 * H]), sig(z[:, 3 * H:])
+            i, f, g, o = (
+                sig(z[:, :H]),
+                sig(z[:, H : 2 * H]),
+                np.tanh(z[:, 2 * H : 3 * H]),
+                sig(z[:, 3 * H :]),
+            )
             c = f * c + i * g
             h = o * np.tanh(c)
             outs.append(h)
@@ -117,13 +131,23 @@ def test_rnn_several_states_and_constants(rng):
     def step(x_t, states):
         h, c, b = states
         z = K.dot(x_t, Wk) + K.dot(h, Uk) + b
-        i, f, g, o = K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H]), K.tanh(z[:, 2 * H:3 * H]), K.sigmoid(z[:, 3 * H:])
+        i, f, g, o = (
+            K.sigmoid(z[:, :H]),
+            K.sigmoid(z[:, H : 2 * H]),
+            K.tanh(z[:, 2 * H : 3 * H]),
+            K.sigmoid(z[:, 3 * H :]),
+        )
         c2 = f * c + i * g
         h2 = o * K.tanh(c2)
         return h2, [h2, c2]
 
     z0 = K.constant(np.zeros((B, H)), dtype="float64")
-    last, outs, (h, c) = K.rnn(step, K.constant(x, dtype="float64"), [z0, z0], constants=[K.constant(bias, dtype="float64")])
+    last, outs, (h, c) = K.rnn(
+        step,
+        K.constant(x, dtype="float64"),
+        [z0, z0],
+        constants=[K.constant(bias, dtype="float64")],
+    )
     got = K.batch_get_value([last, outs, c])
     want = np_lstm()
     for g, w in zip(got, want):
@@ -149,11 +173,19 @@ def test_second_order_through_loop():
 def test_map_fn_foldl_foldr(rng):
     v = rng.normal(size=(6, 3))
     x = K.constant(v, dtype="float64")
-    np.testing.assert_allclose(K.eval(K.map_fn(lambda r: K.sum(r * r), x)), (v * v).sum(1), rtol=1e-12)
-    np.testing.assert_allclose(K.eval(K.foldl(lambda a, r: a * 0.5 + r, x)), _np_fold(v, False), rtol=1e-12)
-    np.testing.assert_allclose(K.eval(K.foldr(lambda a, r: a * 0.5 + r, x)), _np_fold(v, True), rtol=1e-12)
+    np.testing.assert_allclose(
+        K.eval(K.map_fn(lambda r: K.sum(r * r), x)), (v * v).sum(1), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        K.eval(K.foldl(lambda a, r: a * 0.5 + r, x)), _np_fold(v, False), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        K.eval(K.foldr(lambda a, r: a * 0.5 + r, x)), _np_fold(v, True), rtol=1e-12
+    )
     init = K.constant(np.ones(3), dtype="float64")
-    np.testing.assert_allclose(K.eval(K.foldl(lambda a, r: a + r, x, initializer=init)), 1 + v.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(
+        K.eval(K.foldl(lambda a, r: a + r, x, initializer=init)), 1 + v.sum(0), rtol=1e-12
+    )
     assert K.eval(K.map_fn(lambda r: K.sum(r), x, dtype="float32")).dtype == np.float32
 
 
@@ -196,7 +228,12 @@ def test_long_sequence_graph_does_not_grow():
     def step(x_t, states):
         h, c = states
         z = K.dot(x_t, W) + K.dot(h, U)
-        i, f, o, g = K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H]), K.sigmoid(z[:, 2 * H:3 * H]), K.tanh(z[:, 3 * H:])
+        i, f, o, g = (
+            K.sigmoid(z[:, :H]),
+            K.sigmoid(z[:, H : 2 * H]),
+            K.sigmoid(z[:, 2 * H : 3 * H]),
+            K.tanh(z[:, 3 * H :]),
+        )
         c2 = f * c + i * g
         h2 = o * K.tanh(c2)
         return h2, [h2, c2]
@@ -251,12 +288,19 @@ def _lstm_values(d, masked, go_backwards, state_dependent_matmul):
         z = K.dot(x_t, W) + K.dot(h, U) + bias
         if state_dependent_matmul:
             z = z + K.dot(x_t * h[:, :D], V)
-        i, f, g, o = K.sigmoid(z[:, :H]), K.sigmoid(z[:, H:2 * H]), K.tanh(z[:, 2 * H:3 * H]), K.sigmoid(z[:, 3 * H:])
+        i, f, g, o = (
+            K.sigmoid(z[:, :H]),
+            K.sigmoid(z[:, H : 2 * H]),
+            K.tanh(z[:, 2 * H : 3 * H]),
+            K.sigmoid(z[:, 3 * H :]),
+        )
         c2 = f * c + i * g
         h2 = o * K.tanh(c2)
         return h2, [h2, c2]
 
-    last, outs, (h, c) = K.rnn(step, x, [h0, h0 * 0.5], constants=[b], mask=m, go_backwards=go_backwards)
+    last, outs, (h, c) = K.rnn(
+        step, x, [h0, h0 * 0.5], constants=[b], mask=m, go_backwards=go_backwards
+    )
     loss = K.sum(outs * outs) + K.sum(c) + K.sum(last)
     grads = K.gradients(loss, [x, h0, W, U, V, b] if state_dependent_matmul else [x, h0, W, U, b])
     return K.function([x, h0], [last, outs, h, c] + grads)([d["x"], d["h0"]])
@@ -265,7 +309,9 @@ def _lstm_values(d, masked, go_backwards, state_dependent_matmul):
 @pytest.mark.parametrize("state_dependent_matmul", [False, True])
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_loop_rewrites_match_the_plain_loop(monkeypatch, rng, masked, go_backwards, state_dependent_matmul):
+def test_loop_rewrites_match_the_plain_loop(
+    monkeypatch, rng, masked, go_backwards, state_dependent_matmul
+):
     d = _lstm_data(rng)
     got = {}
     for opt in LOOP_OPTS:
@@ -273,7 +319,9 @@ def test_loop_rewrites_match_the_plain_loop(monkeypatch, rng, masked, go_backwar
         got[opt] = _lstm_values(d, masked, go_backwards, state_dependent_matmul)
     for opt in LOOP_OPTS[1:]:
         for g, w in zip(got[opt], got["0"]):
-            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=f"FERROKERAS_LOOP_OPT={opt}")
+            np.testing.assert_allclose(
+                g, w, rtol=1e-10, atol=1e-12, err_msg=f"FERROKERAS_LOOP_OPT={opt}"
+            )
 
 
 @pytest.mark.parametrize("opt", LOOP_OPTS)
@@ -290,8 +338,17 @@ def test_loop_rewrites_gradients(monkeypatch, rng, opt):
 
         return K.rnn(step, x, [K.zeros((B, H), dtype="float64")])[1]
 
-    check_grad(f, [rng.normal(size=(B, T, D)), rng.normal(size=(D, 2 * H)) * 0.5, rng.normal(size=(H, 2 * H)) * 0.5],
-               eps=1e-5, rtol=1e-6, atol=1e-8)
+    check_grad(
+        f,
+        [
+            rng.normal(size=(B, T, D)),
+            rng.normal(size=(D, 2 * H)) * 0.5,
+            rng.normal(size=(H, 2 * H)) * 0.5,
+        ],
+        eps=1e-5,
+        rtol=1e-6,
+        atol=1e-8,
+    )
 
 
 @pytest.mark.parametrize("opt", LOOP_OPTS)
@@ -312,7 +369,9 @@ def test_second_order_through_a_hoisted_matmul(monkeypatch, opt):
     t = np.tanh(xs.ravel() * 0.7)
     s2 = 1 - t * t
     np.testing.assert_allclose(K.eval(g).ravel(), [np.sum(2 * t * xs.ravel() * s2)], rtol=1e-12)
-    np.testing.assert_allclose(K.eval(gg).ravel(), [np.sum(2 * xs.ravel() ** 2 * s2 * (s2 - 2 * t * t))], rtol=1e-10)
+    np.testing.assert_allclose(
+        K.eval(gg).ravel(), [np.sum(2 * xs.ravel() ** 2 * s2 * (s2 - 2 * t * t))], rtol=1e-10
+    )
 
 
 @pytest.mark.parametrize("opt", LOOP_OPTS)

@@ -78,7 +78,7 @@ def test_sparse_through_to_dense_and_elementwise(fmt, rng):
 
 def test_sparse_matrix_dtype_is_converted_to_the_placeholder_dtype(rng):
     ints = sp.csr_matrix(rng.integers(0, 3, size=(4, 4)))
-    x = K.placeholder(shape=(4, 4), sparse=True)            # floatx
+    x = K.placeholder(shape=(4, 4), sparse=True)  # floatx
     value = run([x], [x * 1.5], [ints])[0]
     assert value.dtype == np.float32
     np.testing.assert_allclose(value, ints.toarray() * 1.5)
@@ -106,5 +106,6 @@ def test_sparse_feed_of_the_wrong_shape_is_rejected(rng):
 def test_variable_and_constant_from_a_sparse_matrix(rng):
     m, dense = sparse_matrix(rng, (3, 3), "csr")
     np.testing.assert_allclose(K.eval(K.variable(m)), dense.astype(np.float32))
-    np.testing.assert_allclose(K.eval(K.dot(K.variable(m), K.constant(np.eye(3)))),
-                               dense.astype(np.float32), rtol=1e-6)
+    np.testing.assert_allclose(
+        K.eval(K.dot(K.variable(m), K.constant(np.eye(3)))), dense.astype(np.float32), rtol=1e-6
+    )

@@ -16,6 +16,7 @@ from ferrokeras import backend as K
 
 # ---- seed 004, "Using the abstract Keras backend to write new code" -------------------------
 
+
 def test_intro_placeholders():
     inputs = K.placeholder(shape=(2, 4, 5))
     assert K.int_shape(inputs) == (2, 4, 5)
@@ -52,15 +53,16 @@ def test_intro_tensor_arithmetic():
     np.testing.assert_allclose(K.eval(a2), vb.sum(axis=1), rtol=1e-5, atol=1e-6)
     a3 = K.softmax(b)
     e = np.exp(vb - vb.max(axis=-1, keepdims=True))
-    np.testing.assert_allclose(K.eval(a3), e / e.sum(axis=-1, keepdims=True), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(K.eval(a3), e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-6)
     a4 = K.concatenate([b, c2], axis=-1)
     assert K.int_shape(a4) == (3, 7)
-    np.testing.assert_allclose(K.eval(a4), np.concatenate([vb, va @ vb.T], axis=-1),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        K.eval(a4), np.concatenate([vb, va @ vb.T], axis=-1), rtol=1e-5, atol=1e-5
+    )
 
 
 # ---- seed 004, function by function ----------------------------------------------------------
+
 
 def test_is_sparse_dense_placeholder():
     a = K.placeholder((2, 2), sparse=False)
@@ -71,15 +73,15 @@ def test_variable_example():
     val = np.array([[1, 2], [3, 4]])
     kvar = K.variable(value=val, dtype="float64", name="example_var")
     assert K.dtype(kvar) == "float64"
-    assert "example_var" in str(kvar.name)        # doc: print(kvar) -> example_var
-    value = kvar.eval()                           # doc: kvar.eval()
+    assert "example_var" in str(kvar.name)  # doc: print(kvar) -> example_var
+    value = kvar.eval()  # doc: kvar.eval()
     assert value.dtype == np.float64
     np.testing.assert_array_equal(value, [[1.0, 2.0], [3.0, 4.0]])
 
 
 def test_is_keras_tensor_example():
     np_var = np.array([1, 2])
-    with pytest.raises(ValueError):               # "A numpy array is not a symbolic tensor."
+    with pytest.raises(ValueError):  # "A numpy array is not a symbolic tensor."
         K.is_keras_tensor(np_var)
     keras_var = K.variable(np_var)
     assert K.is_keras_tensor(keras_var) is False
@@ -102,7 +104,7 @@ def test_shape_example():
     assert K.int_shape(K.shape(inputs)) == (3,)
     s = K.eval(K.shape(kvar))
     np.testing.assert_array_equal(s, [2, 2])
-    assert s.dtype == np.int32                     # doc: array([2, 2], dtype=int32)
+    assert s.dtype == np.int32  # doc: array([2, 2], dtype=int32)
     # A fully known static shape evaluates without feeding the placeholder.
     np.testing.assert_array_equal(K.eval(K.shape(inputs)), [2, 4, 5])
 
@@ -168,7 +170,7 @@ def test_zeros_like_ones_like_example():
 
 def test_random_uniform_variable_example():
     kvar = K.random_uniform_variable((2, 3), 0, 1)
-    value = K.eval(kvar)                            # the doc's numbers are random
+    value = K.eval(kvar)  # the doc's numbers are random
     assert value.shape == (2, 3) and value.dtype == np.float32
     assert np.all((value >= 0) & (value <= 1))
 
@@ -188,7 +190,7 @@ def test_count_params_example():
 def test_cast_example():
     inp = K.placeholder((2, 3), dtype="float32")
     assert K.dtype(K.cast(inp, dtype="float16")) == "float16"
-    assert K.dtype(inp) == "float32"               # "It doesn't work in-place"
+    assert K.dtype(inp) == "float32"  # "It doesn't work in-place"
     inp = K.cast(inp, dtype="float16")
     assert K.dtype(inp) == "float16"
     assert K.int_shape(inp) == (2, 3)
@@ -206,8 +208,9 @@ def test_dot_examples():
     y = K.ones((4, 3, 5))
     xy = K.dot(x, y)
     assert K.int_shape(xy) == (2, 4, 5)
-    np.testing.assert_allclose(K.eval(xy), np.dot(K.eval(x).astype(np.float64),
-                                                  np.ones((4, 3, 5))), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        K.eval(xy), np.dot(K.eval(x).astype(np.float64), np.ones((4, 3, 5))), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_batch_dot_examples():
@@ -219,8 +222,9 @@ def test_batch_dot_examples():
     np.testing.assert_array_equal(value.ravel(), [17, 53])
     assert value.shape == (2, 1)
     # Shape inference: (100, 20) . (100, 30, 20) with axes (1, 2) -> (100, 30)
-    out = K.batch_dot(K.placeholder(shape=(100, 20)), K.placeholder(shape=(100, 30, 20)),
-                      axes=(1, 2))
+    out = K.batch_dot(
+        K.placeholder(shape=(100, 20)), K.placeholder(shape=(100, 30, 20)), axes=(1, 2)
+    )
     assert K.int_shape(out) == (100, 30)
     x_batch = K.ones(shape=(32, 20, 1))
     y_batch = K.ones(shape=(32, 30, 20))
@@ -288,6 +292,7 @@ def test_image_data_format_examples():
 
 # ---- seed 000: tf.keras.backend.function ---------------------------------------------------------
 
+
 def test_function_returns_numpy_arrays_and_rejects_invalid_kwargs():
     # "Returns: Output values as Numpy arrays." / "Raises: ValueError: if invalid kwargs
     # are passed in".
@@ -301,6 +306,7 @@ def test_function_returns_numpy_arrays_and_rejects_invalid_kwargs():
 
 
 # ---- seed 002: the K.function walk-through, written with backend ops instead of layers ------
+
 
 def test_function_walkthrough_shapes_and_dtype():
     # The seed feeds x_val of shape (1, 1, 20) to an Input(shape=(None, 20)) followed by

@@ -98,7 +98,14 @@ def test_sum_to_that_reduces_for_some_shapes(rng, order):
     z = K.exp(x * 0.1) * y + x
     loss = K.sum(z * z)
     f = K.function([x, y], K.gradients(loss, [x, y]) + [z])
-    sets = [((4, 3), (4, 3)), ((1, 3), (4, 3)), ((4, 3), (1, 3)), ((2, 3), (2, 3)), ((1, 3), (1, 3)), ((5, 3), (1, 3))]
+    sets = [
+        ((4, 3), (4, 3)),
+        ((1, 3), (4, 3)),
+        ((4, 3), (1, 3)),
+        ((2, 3), (2, 3)),
+        ((1, 3), (1, 3)),
+        ((5, 3), (1, 3)),
+    ]
     if order:
         sets = sets[::-1]
     for sx, sy in sets + sets:
@@ -174,7 +181,10 @@ def _bn_step(rng):
     x = K.placeholder(shape=(None, 6))
     gamma = K.variable(rng.uniform(0.5, 1.5, 6).astype("float32"))
     beta = K.variable(rng.standard_normal(6).astype("float32"))
-    mm, mv = K.variable(rng.standard_normal(6).astype("float32")), K.variable(rng.uniform(0.5, 2, 6).astype("float32"))
+    mm, mv = (
+        K.variable(rng.standard_normal(6).astype("float32")),
+        K.variable(rng.uniform(0.5, 2, 6).astype("float32")),
+    )
 
     def train():
         return K.normalize_batch_in_training(x, gamma, beta, [0], epsilon=1e-3)[0]

@@ -16,8 +16,9 @@ from ferrokeras import backend as K
 
 # ---- variable / constant / placeholder -----------------------------------------------------
 
+
 def test_variable_defaults_to_floatx_and_keeps_value():
-    val = np.array([[1, 2], [3, 4]])           # an int array becomes floatx
+    val = np.array([[1, 2], [3, 4]])  # an int array becomes floatx
     v = K.variable(val)
     assert K.dtype(v) == "float32"
     value = K.eval(v)
@@ -68,7 +69,7 @@ def test_placeholder_shapes_and_dtypes(rng):
     assert K.dtype(p) == "float32"
     q = K.placeholder(ndim=3)
     assert K.int_shape(q) == (None, None, None)
-    r = K.placeholder(shape=(2, 3), ndim=5)           # shape wins over ndim (seed 004)
+    r = K.placeholder(shape=(2, 3), ndim=5)  # shape wins over ndim (seed 004)
     assert K.int_shape(r) == (2, 3)
     d = K.placeholder(shape=(2,), dtype="float64", name="my_input")
     assert K.dtype(d) == "float64"
@@ -82,8 +83,9 @@ def test_placeholder_with_none_dims_accepts_any_size(rng):
     f = K.function([p], [K.sum(p, axis=1) * 2.0])
     for shape in [(3, 4), (1, 7), (5, 1)]:
         a = rng.normal(size=shape).astype("float32")
-        np.testing.assert_allclose(f([a])[0], a.astype(np.float64).sum(axis=1) * 2.0,
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            f([a])[0], a.astype(np.float64).sum(axis=1) * 2.0, rtol=1e-5, atol=1e-5
+        )
 
 
 def test_is_placeholder():
@@ -104,6 +106,7 @@ def test_is_keras_tensor():
 
 
 # ---- filled / random variables ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [None, "float32", "float64"])
 def test_zeros_ones_eye(dtype):
@@ -187,10 +190,14 @@ def test_random_normal_variable_statistics(dtype):
     assert abs(inside - 0.6827) < 0.02
 
 
-@pytest.mark.parametrize("make", [
-    lambda seed: K.random_uniform_variable((4, 5), 0, 1, seed=seed),
-    lambda seed: K.random_normal_variable((4, 5), 0, 1, seed=seed),
-], ids=["uniform", "normal"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda seed: K.random_uniform_variable((4, 5), 0, 1, seed=seed),
+        lambda seed: K.random_normal_variable((4, 5), 0, 1, seed=seed),
+    ],
+    ids=["uniform", "normal"],
+)
 def test_random_variable_seeds(make):
     a = K.eval(make(123))
     b = K.eval(make(123))
@@ -202,6 +209,7 @@ def test_random_variable_seeds(make):
 
 
 # ---- shape functions, dtype, cast ----------------------------------------------------------
+
 
 def test_count_params_int_shape_ndim():
     v = K.zeros((2, 3))
@@ -232,7 +240,7 @@ def test_cast(rng):
     p = K.placeholder(shape=(6,))
     outs = [K.cast(p, "float64"), K.cast(p, "float16"), K.cast(p, "int32")]
     assert [K.dtype(t) for t in outs] == ["float64", "float16", "int32"]
-    assert K.dtype(p) == "float32"                        # cast is not in place
+    assert K.dtype(p) == "float32"  # cast is not in place
     v64, v16, vi = run([p], outs, [a])
     assert v64.dtype == np.float64 and v16.dtype == np.float16 and vi.dtype == np.int32
     np.testing.assert_array_equal(v64, a.astype(np.float64))
@@ -240,8 +248,9 @@ def test_cast(rng):
     np.testing.assert_array_equal(vi, a.astype(np.int32))  # truncation toward zero
     ip = K.placeholder(shape=(3,), dtype="int32")
     out = K.cast(ip, "float32") * 0.5
-    np.testing.assert_array_equal(run([ip], [out], [np.array([1, 2, -3], np.int32)])[0],
-                                  [0.5, 1.0, -1.5])
+    np.testing.assert_array_equal(
+        run([ip], [out], [np.array([1, 2, -3], np.int32)])[0], [0.5, 1.0, -1.5]
+    )
     b = K.cast(K.greater(p, 0.0), "float32")
     np.testing.assert_array_equal(run([p], [b], [a])[0], (a > 0).astype(np.float32))
 
@@ -256,9 +265,10 @@ def test_cast_of_variable_is_a_tensor_with_the_values():
 
 # ---- eval / get_value / set_value ------------------------------------------------------------
 
+
 def test_get_set_value(rng):
     v = K.variable(np.zeros((2, 3)))
-    new = rng.normal(size=(2, 3))                           # float64 into a float32 variable
+    new = rng.normal(size=(2, 3))  # float64 into a float32 variable
     K.set_value(v, new)
     assert K.dtype(v) == "float32"
     value = K.get_value(v)
@@ -294,6 +304,7 @@ def test_np_asarray_of_tensors(rng):
 
 
 # ---- configuration ----------------------------------------------------------------------------
+
 
 def test_config_defaults():
     # keras.json defaults in seed 004: floatx float32, epsilon 1e-07, channels_last.
@@ -358,8 +369,8 @@ def test_clear_session_keeps_user_variables(rng):
     v = K.variable(a)
     K.get_uid("layer")
     K.clear_session()
-    assert K.get_uid("layer") == 1                        # uid counters are reset
-    np.testing.assert_array_equal(K.get_value(v), a)      # held variables still work
+    assert K.get_uid("layer") == 1  # uid counters are reset
+    np.testing.assert_array_equal(K.get_value(v), a)  # held variables still work
     np.testing.assert_array_equal(K.eval(v * 2.0), 2.0 * a)
 
 
@@ -376,6 +387,7 @@ def test_manual_variable_initialization():
 
 
 # ---- K.function ---------------------------------------------------------------------------------
+
 
 def test_function_returns_list_of_numpy_arrays(rng):
     x = K.placeholder(shape=(None, 3))
@@ -399,11 +411,11 @@ def test_function_converts_fed_arrays_to_the_placeholder_dtype(rng):
     x = K.placeholder(shape=(None, 2))
     s = K.placeholder(shape=())
     f = K.function([x, s], [x * s])
-    a = rng.normal(size=(3, 2))                       # float64
+    a = rng.normal(size=(3, 2))  # float64
     out = f([a, 2])[0]
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, a.astype(np.float32) * 2, rtol=1e-6)
-    out = f([np.array([[1, 2], [3, 4]]), np.float64(0.5)])[0]   # int64 data
+    out = f([np.array([[1, 2], [3, 4]]), np.float64(0.5)])[0]  # int64 data
     np.testing.assert_array_equal(out, [[0.5, 1.0], [1.5, 2.0]])
 
 
@@ -420,10 +432,10 @@ def test_function_updates_use_pre_call_values():
     b = K.variable(np.array([10.0, 20.0]))
     f = K.function([], [a, b, a + b], updates=[(a, b), (b, a)])
     out = f([])
-    np.testing.assert_array_equal(out[0], [1.0, 2.0])       # outputs see old values
+    np.testing.assert_array_equal(out[0], [1.0, 2.0])  # outputs see old values
     np.testing.assert_array_equal(out[1], [10.0, 20.0])
     np.testing.assert_array_equal(out[2], [11.0, 22.0])
-    np.testing.assert_array_equal(K.get_value(a), [10.0, 20.0])   # swapped
+    np.testing.assert_array_equal(K.get_value(a), [10.0, 20.0])  # swapped
     np.testing.assert_array_equal(K.get_value(b), [1.0, 2.0])
     f([])
     np.testing.assert_array_equal(K.get_value(a), [1.0, 2.0])
@@ -450,8 +462,12 @@ def test_update_ops_in_function():
     it = K.variable(0.0)
     # increments given as a NumPy array, a tensor and a Python int (Keras optimizers
     # write `K.update_add(self.iterations, 1)`)
-    ops = [K.update(v, v * 10.0), K.update_add(w, np.array([1.0, 2.0])),
-           K.update_sub(u, K.constant([3.0, 4.0])), K.update_add(it, 1)]
+    ops = [
+        K.update(v, v * 10.0),
+        K.update_add(w, np.array([1.0, 2.0])),
+        K.update_sub(u, K.constant([3.0, 4.0])),
+        K.update_add(it, 1),
+    ]
     # graph mode: building an update op does not assign anything yet
     np.testing.assert_array_equal(K.get_value(v), [1.0, 2.0])
     np.testing.assert_array_equal(K.get_value(w), [5.0, 5.0])
@@ -499,11 +515,12 @@ def test_function_rejects_non_list_inputs():
 
 # ---- learning phase ------------------------------------------------------------------------------
 
+
 def test_learning_phase_defaults_to_zero_and_can_be_fed(rng):
     x = K.placeholder(shape=(3,))
     out = K.in_train_phase(x * 2.0, x * 3.0)
     a = np.array([1.0, 2.0, 3.0], dtype="float32")
-    np.testing.assert_allclose(run([x], [out], [a])[0], a * 3.0)     # not fed: test phase
+    np.testing.assert_allclose(run([x], [out], [a])[0], a * 3.0)  # not fed: test phase
     lp = K.learning_phase()
     f = K.function([x, lp], [out])
     np.testing.assert_allclose(f([a, 1])[0], a * 2.0)
@@ -518,7 +535,7 @@ def test_set_learning_phase_fixes_it():
         out = K.in_train_phase(x + 1.0, x - 1.0)
         np.testing.assert_allclose(run([x], [out], [a])[0], a + 1.0)
         with pytest.raises(ValueError):
-            K.set_learning_phase(2)           # seed 004: neither 0 nor 1 -> ValueError
+            K.set_learning_phase(2)  # seed 004: neither 0 nor 1 -> ValueError
     finally:
         K.clear_session()
     # As in TF, clear_session makes the learning phase a default-0 input again.
@@ -529,6 +546,7 @@ def test_set_learning_phase_fixes_it():
 
 # ---- gradients --------------------------------------------------------------------------------
 
+
 def test_gradients_of_variables_and_none_for_unconnected(rng):
     a0, b0 = rng.normal(size=(3,)), rng.normal(size=(2,))
     a = K.variable(a0, dtype="float64")
@@ -536,7 +554,7 @@ def test_gradients_of_variables_and_none_for_unconnected(rng):
     loss = K.sum(K.square(a)) * 3.0
     grads = K.gradients(loss, [a, b])
     assert isinstance(grads, list) and len(grads) == 2
-    assert grads[1] is None                            # TF: None for an unconnected input
+    assert grads[1] is None  # TF: None for an unconnected input
     np.testing.assert_allclose(K.eval(grads[0]), 6.0 * a0, rtol=1e-12)
     f = K.function([], [grads[0]])
     np.testing.assert_allclose(f([])[0], 6.0 * a0, rtol=1e-12)
@@ -562,11 +580,11 @@ def test_gradient_descent_step_with_function_updates(rng):
 def test_stop_gradient(rng):
     x0 = rng.normal(size=(4,))
     x = K.placeholder(shape=(4,), dtype="float64")
-    y = K.sum(x * K.stop_gradient(x))          # d/dx = x, not 2x
+    y = K.sum(x * K.stop_gradient(x))  # d/dx = x, not 2x
     g = K.gradients(y, [x])[0]
     np.testing.assert_allclose(run([x], [g, y], [x0])[0], x0, rtol=1e-12)
     np.testing.assert_allclose(run([x], [y], [x0])[0], np.sum(x0 * x0), rtol=1e-12)
-    both = list(K.stop_gradient([x, x * 2.0]))     # a list in, a list out
+    both = list(K.stop_gradient([x, x * 2.0]))  # a list in, a list out
     assert len(both) == 2
     np.testing.assert_allclose(run([x], [both[1]], [x0])[0], 2 * x0, rtol=1e-12)
 
@@ -574,10 +592,10 @@ def test_stop_gradient(rng):
 def test_second_order_gradient(rng):
     x0 = rng.uniform(-2, 2, size=(5,))
     x = K.placeholder(shape=(5,), dtype="float64")
-    g = K.gradients(K.sum(x ** 3), [x])[0]         # 3 x^2
-    gg = K.gradients(K.sum(g), [x])[0]             # 6 x
+    g = K.gradients(K.sum(x**3), [x])[0]  # 3 x^2
+    gg = K.gradients(K.sum(g), [x])[0]  # 6 x
     v_g, v_gg = run([x], [g, gg], [x0])
-    np.testing.assert_allclose(v_g, 3 * x0 ** 2, rtol=1e-10)
+    np.testing.assert_allclose(v_g, 3 * x0**2, rtol=1e-10)
     np.testing.assert_allclose(v_gg, 6 * x0, rtol=1e-10)
 
 
@@ -588,7 +606,7 @@ def test_second_order_gradient_of_composite(rng):
     g = K.gradients(K.sum(K.tanh(x) * x), [x])[0]
     hv = K.gradients(K.sum(g * K.constant(v0, dtype="float64")), [x])[0]
     th = np.tanh(x0)
-    sech2 = 1 - th ** 2
+    sech2 = 1 - th**2
     # d2/dx2 [x tanh x] = 2 sech^2 x - 2 x tanh x sech^2 x
     expected = (2 * sech2 - 2 * x0 * th * sech2) * v0
     np.testing.assert_allclose(run([x], [hv], [x0])[0], expected, rtol=1e-10)
@@ -610,10 +628,22 @@ def test_unfed_placeholder_error_names_it():
 
 E = Ellipsis
 SLICES = [
-    1, -1, slice(1, 3), slice(None, None, 2), slice(None, None, -1), slice(3, 0, -2),
-    (slice(None), 1), (slice(None), slice(-2, None)), (E, 0), None,
-    (slice(None), None, slice(2, 4)), (1, E, slice(None, None, 2)), (0, 1, 2),
-    (slice(1, -1), slice(None, None, 3), -1), (E, None), slice(-3, -1),
+    1,
+    -1,
+    slice(1, 3),
+    slice(None, None, 2),
+    slice(None, None, -1),
+    slice(3, 0, -2),
+    (slice(None), 1),
+    (slice(None), slice(-2, None)),
+    (E, 0),
+    None,
+    (slice(None), None, slice(2, 4)),
+    (1, E, slice(None, None, 2)),
+    (0, 1, 2),
+    (slice(1, -1), slice(None, None, 3), -1),
+    (E, None),
+    slice(-3, -1),
     (slice(None), slice(None, None, -2), slice(1, 5, 2)),
 ]
 
@@ -630,10 +660,18 @@ def test_slicing_matches_numpy(index, rng):
     np.testing.assert_array_equal(K.eval(K.variable(a)[index]), ref)
 
 
-@pytest.mark.parametrize("index", [1, slice(None, None, -1), (slice(None), 1),
-                                   (1, E, slice(None, None, 2)), (slice(1, -1), None, -1),
-                                   (slice(None), slice(None, None, -2), slice(1, 5, 2))],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "index",
+    [
+        1,
+        slice(None, None, -1),
+        (slice(None), 1),
+        (1, E, slice(None, None, 2)),
+        (slice(1, -1), None, -1),
+        (slice(None), slice(None, None, -2), slice(1, 5, 2)),
+    ],
+    ids=repr,
+)
 def test_slicing_gradient(index, rng):
     check_grad(lambda t: t[index], [rng.normal(size=(4, 5, 6))])
 

@@ -56,8 +56,15 @@ def devices():
     """
     out = [{"device": "cpu", "name": "cpu", "backend": "host", "type": "cpu", "software": False}]
     for index, name, backend, kind, software in _core.gpu_adapters():
-        out.append({"device": "gpu:%d" % index, "name": name, "backend": backend, "type": kind,
-                    "software": software})
+        out.append(
+            {
+                "device": "gpu:%d" % index,
+                "name": name,
+                "backend": backend,
+                "type": kind,
+                "software": software,
+            }
+        )
     return out
 
 

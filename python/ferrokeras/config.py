@@ -69,7 +69,9 @@ def set_floatx(floatx):
     """
     global _FLOATX
     if floatx not in _FLOAT_TYPES:
-        raise ValueError(f"set_floatx: unknown floatx type {floatx!r}, expected one of {_FLOAT_TYPES}")
+        raise ValueError(
+            f"set_floatx: unknown floatx type {floatx!r}, expected one of {_FLOAT_TYPES}"
+        )
     _FLOATX = str(floatx)
 
 
@@ -125,7 +127,9 @@ def set_image_data_format(data_format):
     """
     global _IMAGE_DATA_FORMAT
     if data_format not in _DATA_FORMATS:
-        raise ValueError(f"set_image_data_format: unknown data_format {data_format!r}, expected one of {_DATA_FORMATS}")
+        raise ValueError(
+            f"set_image_data_format: unknown data_format {data_format!r}, expected one of {_DATA_FORMATS}"
+        )
     _IMAGE_DATA_FORMAT = str(data_format)
 
 

@@ -8,11 +8,14 @@ import numpy as np
 from . import _core
 from . import config
 
+
 def non_numeric(arr):
     """The non-numeric types an array holds ('NoneType', 'str', ...), or None when every
     element is a number. NumPy would turn None into NaN and parse strings; TF refuses both."""
     if arr.dtype.kind == "O":
-        kinds = sorted({type(x).__name__ for x in arr.flat if not isinstance(x, (int, float, np.number))})
+        kinds = sorted(
+            {type(x).__name__ for x in arr.flat if not isinstance(x, (int, float, np.number))}
+        )
         return "/".join(kinds) or None
     return {"S": "bytes", "U": "str", "V": "void"}.get(arr.dtype.kind)
 
@@ -23,7 +26,9 @@ def check_numeric(where, value, dtype):
     if not (isinstance(value, np.ndarray) and value.dtype.kind not in "OSUV"):
         bad = non_numeric(np.asarray(value))
         if bad:
-            raise TypeError(f"{where}: cannot convert values of type {bad} to {np.dtype(dtype).name}")
+            raise TypeError(
+                f"{where}: cannot convert values of type {bad} to {np.dtype(dtype).name}"
+            )
 
 
 # Names of the enclosing `K.name_scope` blocks; variables created inside get them as prefix.
@@ -69,7 +74,11 @@ class Tensor:
 
     def __init__(self, core, name=None):
         self._core = core
-        self.name = name if name is not None else f"{_node_prefix(core)}_{config.get_uid(_node_prefix(core))}"
+        self.name = (
+            name
+            if name is not None
+            else f"{_node_prefix(core)}_{config.get_uid(_node_prefix(core))}"
+        )
         self._uses_learning_phase = False
 
     # ------------------------------------------------------------ introspection
@@ -122,12 +131,16 @@ class Tensor:
     def __index__(self):
         if EAGER.depth and self.dtype in ("int8", "int16", "int32", "int64", "uint8"):
             return int(self.__array__())
-        raise TypeError(f"tensor '{self.name}' cannot be used as a Python index outside py_function")
+        raise TypeError(
+            f"tensor '{self.name}' cannot be used as a Python index outside py_function"
+        )
 
     def __len__(self):
         d = self._core.shape[0] if self._core.shape else None
         if d is None:
-            raise TypeError(f"len() of tensor '{self.name}' with shape {tuple(self.shape)} is not known statically")
+            raise TypeError(
+                f"len() of tensor '{self.name}' with shape {tuple(self.shape)} is not known statically"
+            )
         return d
 
     def __iter__(self):
@@ -301,8 +314,14 @@ def convert(x, like=None, dtype=None):
     if dtype is None and like is not None:
         dtype = like.dtype
         arr = np.asarray(x)
-        if arr.dtype.kind == "f" and np.dtype(dtype).kind in "iub" and not np.all(np.mod(arr, 1) == 0):
-            raise TypeError(f"cannot combine the non-integer value {x!r} with a {dtype} tensor; cast the tensor first")
+        if (
+            arr.dtype.kind == "f"
+            and np.dtype(dtype).kind in "iub"
+            and not np.all(np.mod(arr, 1) == 0)
+        ):
+            raise TypeError(
+                f"cannot combine the non-integer value {x!r} with a {dtype} tensor; cast the tensor first"
+            )
     if hasattr(x, "toarray"):  # scipy.sparse
         x = x.toarray()
     arr = np.asarray(x)
@@ -326,16 +345,22 @@ def convert(x, like=None, dtype=None):
 
 
 def _holds_tensor(xs):
-    return any(isinstance(e, Tensor) or (isinstance(e, (list, tuple)) and _holds_tensor(e)) for e in xs)
+    return any(
+        isinstance(e, Tensor) or (isinstance(e, (list, tuple)) and _holds_tensor(e)) for e in xs
+    )
 
 
 def _pack(xs, like, dtype):
-    first = next(e for e in xs if isinstance(e, Tensor) or isinstance(e, (list, tuple)) and _holds_tensor(e))
+    first = next(
+        e for e in xs if isinstance(e, Tensor) or isinstance(e, (list, tuple)) and _holds_tensor(e)
+    )
     first = convert(first, like=like, dtype=dtype)
     parts = [convert(e, like=first) for e in xs]
     for p in parts:
         if p.dtype != first.dtype:
-            raise TypeError(f"cannot pack tensors of dtypes {first.dtype} and {p.dtype} into one tensor")
+            raise TypeError(
+                f"cannot pack tensors of dtypes {first.dtype} and {p.dtype} into one tensor"
+            )
     return wrap(_core.concat([_core.expand_dims(p._core, [0]) for p in parts], 0))
 
 
@@ -385,7 +410,13 @@ def getitem(x, key):
             step = 1 if k.step is None else _int_index(k.step)
             if step == 0:
                 raise ValueError("slice step cannot be zero")
-            spec.append((None if k.start is None else _int_index(k.start), None if k.stop is None else _int_index(k.stop), step))
+            spec.append(
+                (
+                    None if k.start is None else _int_index(k.start),
+                    None if k.stop is None else _int_index(k.stop),
+                    step,
+                )
+            )
             out_axis += 1
             continue
         i = _int_index(k)

@@ -21,12 +21,22 @@ pub fn gradients_at_leaves(y: &Tensor, xs: &[Tensor]) -> Result<Vec<Option<Tenso
     grads_impl(y, xs, None, true)
 }
 
-fn grads_impl(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>, stop_at_xs: bool) -> Result<Vec<Option<Tensor>>> {
+fn grads_impl(
+    y: &Tensor,
+    xs: &[Tensor],
+    gy: Option<Tensor>,
+    stop_at_xs: bool,
+) -> Result<Vec<Option<Tensor>>> {
     if !y.dtype().is_float() {
-        return Err(Error::Type(format!("gradients: the loss must be a float tensor, got {}", y.dtype())));
+        return Err(Error::Type(format!(
+            "gradients: the loss must be a float tensor, got {}",
+            y.dtype()
+        )));
     }
     let targets: HashSet<u64> = xs.iter().map(|x| x.id()).collect();
-    let order = topo_order(std::slice::from_ref(y), &|t| stop_at_xs && targets.contains(&t.id()));
+    let order = topo_order(std::slice::from_ref(y), &|t| {
+        stop_at_xs && targets.contains(&t.id())
+    });
 
     // Which nodes lie on a path from some x to y.
     let mut depends: HashSet<u64> = HashSet::new();
@@ -52,14 +62,22 @@ fn grads_impl(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>, stop_at_xs: bool) -
         }
         let gs = if matches!(t.op(), Op::Loop(_) | Op::HostCall(_) | Op::CtcDecode(_)) {
             // A multi-result node: gather the gradients its `TupleGet` users received.
-            let Some(tg) = tuple_grads.remove(&t.id()) else { continue };
-            let wanted: Vec<bool> = t.inputs().iter().map(|i| depends.contains(&i.id()) && i.dtype().is_float()).collect();
+            let Some(tg) = tuple_grads.remove(&t.id()) else {
+                continue;
+            };
+            let wanted: Vec<bool> = t
+                .inputs()
+                .iter()
+                .map(|i| depends.contains(&i.id()) && i.dtype().is_float())
+                .collect();
             match multi_result_vjp(t, tg, &wanted)? {
                 Some(gs) => gs,
                 None => continue,
             }
         } else {
-            let Some(g) = summed(&mut grads, t.id())? else { continue };
+            let Some(g) = summed(&mut grads, t.id())? else {
+                continue;
+            };
             if let Op::TupleGet(k) = t.op() {
                 let src = t.input(0);
                 let slot = tuple_grads.entry(src.id()).or_default();
@@ -90,7 +108,9 @@ fn grads_impl(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>, stop_at_xs: bool) -
 
 /// The total gradient of node `id`: its contributions summed (and kept as one).
 fn summed(grads: &mut HashMap<u64, Vec<Tensor>>, id: u64) -> Result<Option<Tensor>> {
-    let Some(parts) = grads.get_mut(&id) else { return Ok(None) };
+    let Some(parts) = grads.get_mut(&id) else {
+        return Ok(None);
+    };
     if parts.len() > 1 {
         let total = sum_parts(std::mem::take(parts))?;
         parts.push(total);
@@ -124,19 +144,26 @@ fn tiling_slice_grads(parts: &[Tensor]) -> Result<Option<(Vec<usize>, Tensor)>> 
     // (part, like, axis, start, len)
     let mut pieces: Vec<(usize, u64, usize, usize, usize)> = Vec::new();
     for (k, p) in parts.iter().enumerate() {
-        let Op::SliceGrad(spec) = p.op() else { continue };
+        let Op::SliceGrad(spec) = p.op() else {
+            continue;
+        };
         let like = p.input(1);
         let full = |s: &SliceAxis| s.start.is_none() && s.stop.is_none() && s.step == 1;
         let mut cut = spec.iter().enumerate().filter(|(_, s)| !full(s));
-        let (Some((axis, s)), None) = (cut.next(), cut.next()) else { continue };
-        let Some(n) = like.shape().dims()[axis] else { continue };
+        let (Some((axis, s)), None) = (cut.next(), cut.next()) else {
+            continue;
+        };
+        let Some(n) = like.shape().dims()[axis] else {
+            continue;
+        };
         let (start, _, step, len) = resolve_slice(s, n);
         if step == 1 && spec.len() == like.rank() && p.input(0).dtype() == like.dtype() {
             pieces.push((k, like.id(), axis, start as usize, len));
         }
     }
     while let Some(&(_, like, axis, _, _)) = pieces.first() {
-        let (mut group, rest): (Vec<_>, Vec<_>) = pieces.into_iter().partition(|p| p.1 == like && p.2 == axis);
+        let (mut group, rest): (Vec<_>, Vec<_>) =
+            pieces.into_iter().partition(|p| p.1 == like && p.2 == axis);
         pieces = rest;
         group.sort_by_key(|p| p.3);
         let n = parts[group[0].0].input(1).shape().dims()[axis].expect("static, checked");
@@ -161,7 +188,11 @@ fn tiling_slice_grads(parts: &[Tensor]) -> Result<Option<(Vec<usize>, Tensor)>> 
 /// The VJP of a multi-result node, given the gradient of each result read so far (`None`
 /// when the node is not differentiable, as CTC decoding).
 /// `wanted[i]`: whether a gradient of input `i` is needed (the loop VJP skips the others).
-fn multi_result_vjp(t: &Tensor, mut gs: Vec<Option<Tensor>>, wanted: &[bool]) -> Result<Option<Vec<Option<Tensor>>>> {
+fn multi_result_vjp(
+    t: &Tensor,
+    mut gs: Vec<Option<Tensor>>,
+    wanted: &[bool],
+) -> Result<Option<Vec<Option<Tensor>>>> {
     Ok(Some(match t.op() {
         Op::Loop(body) => {
             gs.resize(body.n_results(), None);
@@ -172,6 +203,11 @@ fn multi_result_vjp(t: &Tensor, mut gs: Vec<Option<Tensor>>, wanted: &[bool]) ->
             crate::ops::host::vjp(t, &gs)?
         }
         Op::CtcDecode(_) => return Ok(None),
-        other => return Err(crate::error::Error::Runtime(format!("{} has a single result", other.name()))),
+        other => {
+            return Err(crate::error::Error::Runtime(format!(
+                "{} has a single result",
+                other.name()
+            )))
+        }
     }))
 }

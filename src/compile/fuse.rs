@@ -40,7 +40,11 @@ pub enum Item {
     /// the product is added into `acc`'s buffer by `gemm` (taken when `acc` dies here and
     /// nothing else holds it, else copied) instead of written out and read back
     /// (`accumulations`).
-    MatAcc { mm: usize, add: usize, acc: usize },
+    MatAcc {
+        mm: usize,
+        add: usize,
+        acc: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -97,7 +101,9 @@ fn fusible(plan: &Plan, i: usize) -> bool {
     }
     let node = &plan.nodes[i];
     let reg = |d: DType| matches!(d, DType::F32 | DType::Bool);
-    matches!(node.op().gpu_kind(), GpuKind::Fused(_)) && reg(node.dtype()) && data_inputs(plan, i).all(|j| reg(plan.nodes[j].dtype()))
+    matches!(node.op().gpu_kind(), GpuKind::Fused(_))
+        && reg(node.dtype())
+        && data_inputs(plan, i).all(|j| reg(plan.nodes[j].dtype()))
 }
 
 /// Whether node `i` is a slice the CPU fusion kernel can read as a strided view of its
@@ -114,12 +120,20 @@ pub fn view(plan: &Plan, i: usize) -> bool {
 /// Input slots of node `i` that carry data (not target shapes).
 pub fn data_inputs(plan: &Plan, i: usize) -> impl Iterator<Item = usize> + '_ {
     let h = plan.nodes[i].op().host_args();
-    plan.inputs[i].iter().enumerate().filter(move |(p, _)| !h.contains(p)).map(|(_, &j)| j)
+    plan.inputs[i]
+        .iter()
+        .enumerate()
+        .filter(move |(p, _)| !h.contains(p))
+        .map(|(_, &j)| j)
 }
 
 /// Same rank and equal where both dims are known.
 fn compatible(a: &Shape, b: &Shape) -> bool {
-    a.rank() == b.rank() && a.dims().iter().zip(b.dims()).all(|(x, y)| x.is_none() || y.is_none() || x == y)
+    a.rank() == b.rank()
+        && a.dims()
+            .iter()
+            .zip(b.dims())
+            .all(|(x, y)| x.is_none() || y.is_none() || x == y)
 }
 
 fn cost(op: &Op) -> usize {
@@ -167,13 +181,22 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         let ok = |cs: &[usize]| {
             cs.iter().map(|&g| groups[g].len()).sum::<usize>() < MAX_MEMBERS
                 && cs.iter().all(|&g| {
-                    groups[g].iter().all(|&m| users[m].iter().all(|&u| u >= i || group[u].is_some_and(|h| cs.contains(&h))))
+                    groups[g].iter().all(|&m| {
+                        users[m]
+                            .iter()
+                            .all(|&u| u >= i || group[u].is_some_and(|h| cs.contains(&h)))
+                    })
                 })
         };
         let chosen: Vec<usize> = if ok(&cands) {
             cands
         } else {
-            cands.iter().copied().find(|&g| ok(&[g])).into_iter().collect()
+            cands
+                .iter()
+                .copied()
+                .find(|&g| ok(&[g]))
+                .into_iter()
+                .collect()
         };
         match chosen.split_first() {
             None => {
@@ -221,7 +244,11 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             continue;
         }
         let inside = |j: usize| group[j] == Some(g);
-        let outputs: Vec<usize> = members.iter().copied().filter(|&m| is_output[m] || users[m].iter().any(|&u| !inside(u))).collect();
+        let outputs: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|&m| is_output[m] || users[m].iter().any(|&u| !inside(u)))
+            .collect();
         let mut ext: Vec<usize> = Vec::new();
         for &m in &members {
             for j in data_inputs(plan, m) {
@@ -230,9 +257,23 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
                 }
             }
         }
-        let cost = members.iter().map(|&m| cost(plan.nodes[m].op())).sum::<usize>().max(1);
+        let cost = members
+            .iter()
+            .map(|&m| cost(plan.nodes[m].op()))
+            .sum::<usize>()
+            .max(1);
         dispatches += 1;
-        items.push(Item::Group(Group { members, outputs, ext, frees: Vec::new(), cost, first: None, folds: Vec::new(), hidden: Vec::new(), programs: Default::default() }));
+        items.push(Item::Group(Group {
+            members,
+            outputs,
+            ext,
+            frees: Vec::new(),
+            cost,
+            first: None,
+            folds: Vec::new(),
+            hidden: Vec::new(),
+            programs: Default::default(),
+        }));
     }
     if fuse {
         epilogues(plan, &users, &is_output, &mut items);
@@ -243,17 +284,26 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     // cannot fail run last, in order: the run may then overwrite variables in place there
     // (`tail`). Keras places each parameter's update right after its gradient.
     let unread = |item: &Item| match item {
-        Item::Group(g) => g.folds.is_empty() && g.outputs.iter().all(|&o| users[o].iter().all(|u| g.members.contains(u))),
+        Item::Group(g) => {
+            g.folds.is_empty()
+                && g.outputs
+                    .iter()
+                    .all(|&o| users[o].iter().all(|u| g.members.contains(u)))
+        }
         Item::Node(_) | Item::MatAcc { .. } => false,
     };
-    let (last_items, mut items): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|item| unread(item) && infallible(plan, item));
+    let (last_items, mut items): (Vec<Item>, Vec<Item>) = items
+        .into_iter()
+        .partition(|item| unread(item) && infallible(plan, item));
     items.extend(last_items);
     // A group runs later than its first members, so last uses are recounted by item.
     let mut last: Vec<Option<usize>> = vec![None; n];
     let reads = |item: &Item| -> Vec<usize> {
         match item {
             Item::Node(i) => plan.inputs[*i].clone(),
-            Item::MatAcc { mm, acc, .. } => plan.inputs[*mm].iter().copied().chain([*acc]).collect(),
+            Item::MatAcc { mm, acc, .. } => {
+                plan.inputs[*mm].iter().copied().chain([*acc]).collect()
+            }
             Item::Group(g) => g
                 .members
                 .iter()
@@ -283,8 +333,18 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             g.frees = f.clone();
         }
     }
-    let tail = items.iter().rposition(|item| !infallible(plan, item)).map_or(0, |t| t + 1);
-    Schedule { items, frees, dispatches, has_host, last_run_ns: Default::default(), tail }
+    let tail = items
+        .iter()
+        .rposition(|item| !infallible(plan, item))
+        .map_or(0, |t| t + 1);
+    Schedule {
+        items,
+        frees,
+        dispatches,
+        has_host,
+        last_run_ns: Default::default(),
+        tail,
+    }
 }
 
 /// Hands each f32 forward convolution, pooling or pooling gradient that one fused group of
@@ -302,12 +362,17 @@ fn epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut 
         let shape = plan.nodes[g.outputs[0]].shape();
         let last = *g.members.last().expect("a group has members");
         let fits = |j: usize| {
-            matches!(plan.nodes[j].op(), Op::Conv(_) | Op::Pool(_) | Op::PoolGrad(_))
-                && matches!(plan.steps[j], Step::Compute)
+            matches!(
+                plan.nodes[j].op(),
+                Op::Conv(_) | Op::Pool(_) | Op::PoolGrad(_)
+            ) && matches!(plan.steps[j], Step::Compute)
                 && plan.nodes[j].dtype() == DType::F32
                 && compatible(plan.nodes[j].shape(), shape)
                 && !is_output[j]
-                && users[j].iter().all(|&u| g.members.contains(&u) || (matches!(plan.nodes[u].op(), Op::ShapeOf) && u > last))
+                && users[j].iter().all(|&u| {
+                    g.members.contains(&u)
+                        || (matches!(plan.nodes[u].op(), Op::ShapeOf) && u > last)
+                })
         };
         g.first = g.ext.iter().copied().find(|&j| fits(j));
         taken.extend(g.first);
@@ -321,7 +386,12 @@ fn epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut 
 /// VJP body adds `xᵀ·dz` and `hᵀ·dz` into its gradient accumulators at every step (its
 /// forward body's `x·W + h·U` joins the bias add's group and stays as it is). Returns the
 /// launches saved.
-fn accumulations(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) -> usize {
+fn accumulations(
+    plan: &Plan,
+    users: &[Vec<usize>],
+    is_output: &[bool],
+    items: &mut Vec<Item>,
+) -> usize {
     let product = |j: usize| {
         matches!(plan.nodes[j].op(), Op::MatMul { tb: false, .. })
             && matches!(plan.steps[j], Step::Compute)
@@ -334,11 +404,18 @@ fn accumulations(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &
     let mut moved = Vec::new();
     for item in items.iter_mut() {
         let Item::Group(g) = item else { continue };
-        let &[add] = g.members.as_slice() else { continue };
-        if g.first.is_some() || !matches!(plan.nodes[add].op(), Op::Binary(crate::ops::BinaryOp::Add)) || plan.nodes[add].dtype() != DType::F32 {
+        let &[add] = g.members.as_slice() else {
+            continue;
+        };
+        if g.first.is_some()
+            || !matches!(plan.nodes[add].op(), Op::Binary(crate::ops::BinaryOp::Add))
+            || plan.nodes[add].dtype() != DType::F32
+        {
             continue;
         }
-        let &[p, q] = plan.inputs[add].as_slice() else { continue };
+        let &[p, q] = plan.inputs[add].as_slice() else {
+            continue;
+        };
         let shape = plan.nodes[add].shape();
         let pick = [(q, p), (p, q)].into_iter().find(|&(mm, acc)| {
             mm != acc
@@ -382,8 +459,13 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
         }
     }
     let reducible = |r: usize| {
-        matches!(plan.nodes[r].op(), Op::Reduce { op: crate::ops::ReduceOp::Sum | crate::ops::ReduceOp::Mean, .. } | Op::SumTo)
-            && matches!(plan.steps[r], Step::Compute)
+        matches!(
+            plan.nodes[r].op(),
+            Op::Reduce {
+                op: crate::ops::ReduceOp::Sum | crate::ops::ReduceOp::Mean,
+                ..
+            } | Op::SumTo
+        ) && matches!(plan.steps[r], Step::Compute)
             && plan.nodes[r].dtype() == DType::F32
     };
     // Whether input `j` of a fold is computed before item `t` runs: folded or fed, placed
@@ -392,7 +474,8 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
     let ready = |pos: &[usize], j: usize, t: usize| {
         matches!(plan.steps[j], Step::Folded(_) | Step::Fed(_))
             || pos[j] < t
-            || (matches!(plan.nodes[j].op(), Op::ShapeOf) && plan.inputs[j].iter().all(|&k| pos[k] < t))
+            || (matches!(plan.nodes[j].op(), Op::ShapeOf)
+                && plan.inputs[j].iter().all(|&k| pos[k] < t))
     };
     let mut moved = Vec::new();
     for r in 0..n {
@@ -401,7 +484,9 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
         }
         let m = plan.inputs[r][0];
         let t = pos[m];
-        let Some(Item::Group(g)) = items.get_mut(t) else { continue };
+        let Some(Item::Group(g)) = items.get_mut(t) else {
+            continue;
+        };
         let shape = plan.nodes[g.written().next().unwrap_or(m)].shape().clone();
         let ok = g.members.contains(&m)
             && g.folds.len() < MAX_FOLDS
@@ -441,7 +526,9 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
         }
         let inside = |u: usize| g.members.contains(&u) || g.fold_nodes().any(|r| r == u);
         let reduced: Vec<usize> = g.folds.iter().map(|f| f.member).collect();
-        let kept = |o: usize| !reduced.contains(&o) || is_output[o] || users[o].iter().any(|&u| !inside(u));
+        let kept = |o: usize| {
+            !reduced.contains(&o) || is_output[o] || users[o].iter().any(|&u| !inside(u))
+        };
         let (outputs, hidden): (Vec<usize>, Vec<usize>) = g.outputs.iter().partition(|&&o| kept(o));
         g.outputs = outputs;
         g.hidden = hidden;
@@ -455,13 +542,23 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
 /// static shape (broadcasting was checked when the graph was built; the kernels report
 /// nothing else), the groups' outputs of one shape (so the fusion kernel runs them).
 fn infallible(plan: &Plan, item: &Item) -> bool {
-    let fixed = |j: usize| plan.nodes[j].shape().to_known().is_some_and(|s| s.len() <= 16);
-    let elementwise = |i: usize| matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_)) && fixed(i) && data_inputs(plan, i).all(fixed);
+    let fixed = |j: usize| {
+        plan.nodes[j]
+            .shape()
+            .to_known()
+            .is_some_and(|s| s.len() <= 16)
+    };
+    let elementwise = |i: usize| {
+        matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_))
+            && fixed(i)
+            && data_inputs(plan, i).all(fixed)
+    };
     match item {
         Item::Group(g) if g.first.is_some() || !g.folds.is_empty() => false,
         Item::Group(g) => {
             let shape = |o: &usize| plan.nodes[*o].shape().to_known();
-            g.members.iter().all(|&m| elementwise(m)) && g.outputs.iter().all(|o| shape(o) == shape(&g.outputs[0]))
+            g.members.iter().all(|&m| elementwise(m))
+                && g.outputs.iter().all(|o| shape(o) == shape(&g.outputs[0]))
         }
         Item::Node(i) => match plan.steps[*i] {
             Step::Folded(_) | Step::Fed(_) => true,

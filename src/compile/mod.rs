@@ -37,9 +37,11 @@ pub struct Plan {
 impl Plan {
     /// Orders and folds the subgraph `targets` need, treating `feeds` as leaves.
     pub fn new(feeds: &[Tensor], targets: &[Tensor]) -> Result<Plan> {
-        let feed_index: HashMap<u64, usize> = feeds.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
+        let feed_index: HashMap<u64, usize> =
+            feeds.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
         let nodes = topo_order(targets, &|t| feed_index.contains_key(&t.id()));
-        let slot: HashMap<u64, usize> = nodes.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
+        let slot: HashMap<u64, usize> =
+            nodes.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
         let mut steps = Vec::with_capacity(nodes.len());
         let mut inputs = Vec::with_capacity(nodes.len());
         let mut foldable = vec![false; nodes.len()];
@@ -93,7 +95,13 @@ impl Plan {
 
     /// Drops what the outputs do not need (inputs of folded nodes), turns folded nodes
     /// into `Step::Folded` and records the last use of every slot.
-    fn assemble(nodes: Vec<Tensor>, mut steps: Vec<Step>, mut inputs: Vec<Vec<usize>>, folded: Vec<Option<Value>>, outputs: Vec<usize>) -> Plan {
+    fn assemble(
+        nodes: Vec<Tensor>,
+        mut steps: Vec<Step>,
+        mut inputs: Vec<Vec<usize>>,
+        folded: Vec<Option<Value>>,
+        outputs: Vec<usize>,
+    ) -> Plan {
         // A folded node whose users are all folded needs no slot at run time.
         let mut needed = vec![false; nodes.len()];
         for &o in &outputs {
@@ -141,7 +149,14 @@ impl Plan {
                 }
             }
         }
-        Plan { nodes: nodes_k, steps: steps_k, inputs: inputs_k, frees, outputs, cpu: OnceLock::new() }
+        Plan {
+            nodes: nodes_k,
+            steps: steps_k,
+            inputs: inputs_k,
+            frees,
+            outputs,
+            cpu: OnceLock::new(),
+        }
     }
 
     /// This plan for one set of runtime shapes, `shapes[i]` the shape of slot `i` in a run
@@ -159,13 +174,22 @@ impl Plan {
         let n = self.nodes.len();
         let mut alias: Vec<usize> = (0..n).collect();
         let mut folded: Vec<Option<Value>> = vec![None; n];
-        let mut sw = Switches { zero: vec![false; n] };
+        let mut sw = Switches {
+            zero: vec![false; n],
+        };
         let mut steps = Vec::with_capacity(n);
         let mut inputs: Vec<Vec<usize>> = Vec::with_capacity(n);
         // Shapes the run did not record (the values a fused group kept in registers, the
         // tail that updates variables) where the graph knows them whole.
-        let shapes: Vec<Option<Vec<usize>>> =
-            (0..n).map(|j| shapes.get(j).cloned().flatten().or_else(|| self.nodes[j].shape().to_known())).collect();
+        let shapes: Vec<Option<Vec<usize>>> = (0..n)
+            .map(|j| {
+                shapes
+                    .get(j)
+                    .cloned()
+                    .flatten()
+                    .or_else(|| self.nodes[j].shape().to_known())
+            })
+            .collect();
         for i in 0..n {
             let ins: Vec<usize> = self.inputs[i].iter().map(|&j| alias[j]).collect();
             let step = match &self.steps[i] {
@@ -182,12 +206,22 @@ impl Plan {
             if matches!(step, Step::Compute) && folded[i].is_none() {
                 let known = |j: usize| shapes.get(j).and_then(|s| s.as_ref());
                 match self.nodes[i].op() {
-                    Op::ShapeOf => folded[i] = known(ins[0]).map(|s| crate::ops::movement::shape_value(s)),
-                    Op::SumTo | Op::BroadcastTo if known(ins[0]).is_some() && known(ins[0]) == known(i) => {
+                    Op::ShapeOf => {
+                        folded[i] = known(ins[0]).map(|s| crate::ops::movement::shape_value(s))
+                    }
+                    Op::SumTo | Op::BroadcastTo
+                        if known(ins[0]).is_some() && known(ins[0]) == known(i) =>
+                    {
                         alias[i] = ins[0];
                     }
-                    op if pure(op) && !ins.is_empty() && ins.iter().all(|&j| folded[j].is_some()) => {
-                        let args: Vec<&Value> = ins.iter().map(|&j| folded[j].as_ref().expect("checked")).collect();
+                    op if pure(op)
+                        && !ins.is_empty()
+                        && ins.iter().all(|&j| folded[j].is_some()) =>
+                    {
+                        let args: Vec<&Value> = ins
+                            .iter()
+                            .map(|&j| folded[j].as_ref().expect("checked"))
+                            .collect();
                         folded[i] = op.cpu(&args).ok();
                     }
                     op if !values.is_empty() => {
@@ -254,7 +288,9 @@ impl Plan {
                 Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) => Some(2),
                 _ => None,
             };
-            if matches!(self.steps[i], Step::Compute) && shape_operand.is_some_and(|k| ins.get(k).is_some_and(|&j| !from_shapes[j])) {
+            if matches!(self.steps[i], Step::Compute)
+                && shape_operand.is_some_and(|k| ins.get(k).is_some_and(|&j| !from_shapes[j]))
+            {
                 return false;
             }
         }
@@ -280,20 +316,35 @@ struct Switches {
 impl Switches {
     /// For node `i` (op `op`, aliased inputs `ins`): the slot it can be replaced by, if
     /// any, noting in `zero` whether it is a zero of an untaken branch.
-    fn node<'s>(&mut self, op: &Op, i: usize, ins: &[usize], folded: &[Option<Value>], known: &dyn Fn(usize) -> Option<&'s Vec<usize>>) -> Option<usize> {
+    fn node<'s>(
+        &mut self,
+        op: &Op,
+        i: usize,
+        ins: &[usize],
+        folded: &[Option<Value>],
+        known: &dyn Fn(usize) -> Option<&'s Vec<usize>>,
+    ) -> Option<usize> {
         use crate::ops::{BinaryOp, UnaryOp};
         let same = |j: usize| known(j).is_some() && known(j) == known(i);
         let z = |k: usize| self.zero[ins[k]];
         match op {
             Op::Select => {
                 let taken = match folded[ins[0]].as_ref().filter(|c| c.len() == 1) {
-                    Some(c) => if c.to_f64_vec()[0] != 0.0 { ins[1] } else { ins[2] },
+                    Some(c) => {
+                        if c.to_f64_vec()[0] != 0.0 {
+                            ins[1]
+                        } else {
+                            ins[2]
+                        }
+                    }
                     None => {
                         self.zero[i] = z(1) && z(2);
                         return None;
                     }
                 };
-                let zero_value = folded[taken].as_ref().is_some_and(|v| v.len() <= 64 && v.to_f64_vec().iter().all(|&x| x == 0.0));
+                let zero_value = folded[taken]
+                    .as_ref()
+                    .is_some_and(|v| v.len() <= 64 && v.to_f64_vec().iter().all(|&x| x == 0.0));
                 if zero_value || self.zero[taken] {
                     self.zero[i] = true;
                     return None;
@@ -319,9 +370,10 @@ impl Switches {
             | Op::ExpandDims(_)
             | Op::Squeeze(_)
             | Op::Transpose(_)
-            | Op::Reduce { op: crate::ops::ReduceOp::Sum | crate::ops::ReduceOp::Mean, .. }
-                if z(0) =>
-            {
+            | Op::Reduce {
+                op: crate::ops::ReduceOp::Sum | crate::ops::ReduceOp::Mean,
+                ..
+            } if z(0) => {
                 self.zero[i] = true;
                 None
             }
@@ -334,12 +386,22 @@ impl Switches {
 /// elimination: the op itself, for ops whose value follows from their inputs (not feeds,
 /// variables, random draws, callbacks or loops; constants are folded instead).
 fn cse_key(op: &Op) -> Option<String> {
-    (matches!(op, Op::TupleGet(_)) || (pure(op) && !matches!(op, Op::Constant(_)))).then(|| format!("{op:?}"))
+    (matches!(op, Op::TupleGet(_)) || (pure(op) && !matches!(op, Op::Constant(_))))
+        .then(|| format!("{op:?}"))
 }
 
 /// Whether a node's value depends on its inputs alone, so it can be computed at compile time.
 fn pure(op: &Op) -> bool {
-    !matches!(op, Op::Placeholder(_) | Op::Variable(_) | Op::Random(_) | Op::HostCall(_) | Op::CtcDecode(_) | Op::Loop(_) | Op::TupleGet(_))
+    !matches!(
+        op,
+        Op::Placeholder(_)
+            | Op::Variable(_)
+            | Op::Random(_)
+            | Op::HostCall(_)
+            | Op::CtcDecode(_)
+            | Op::Loop(_)
+            | Op::TupleGet(_)
+    )
 }
 
 /// A compiled `K.function`: feeds, outputs and variable updates. Every output and every
@@ -396,21 +458,35 @@ struct Specialised {
 const MAX_SPECIALISED: usize = 4;
 
 impl Function {
-    pub fn new(feeds: Vec<Tensor>, outputs: Vec<Tensor>, updates: Vec<(Tensor, Tensor)>) -> Result<Function> {
+    pub fn new(
+        feeds: Vec<Tensor>,
+        outputs: Vec<Tensor>,
+        updates: Vec<(Tensor, Tensor)>,
+    ) -> Result<Function> {
         let mut targets = outputs.clone();
         let mut cells = Vec::with_capacity(updates.len());
         for (var, val) in &updates {
             let Op::Variable(cell) = var.op() else {
-                return Err(Error::Type(format!("function: an update target must be a variable, got {}", var.op().name())));
+                return Err(Error::Type(format!(
+                    "function: an update target must be a variable, got {}",
+                    var.op().name()
+                )));
             };
             if val.dtype() != cell.dtype {
                 return Err(Error::Type(format!(
                     "function: the update of variable '{}' ({}) has dtype {}",
-                    cell.name, cell.dtype, val.dtype()
+                    cell.name,
+                    cell.dtype,
+                    val.dtype()
                 )));
             }
             let ok = val.rank() == cell.shape.len()
-                && val.shape().dims().iter().zip(&cell.shape).all(|(d, &s)| d.is_none_or(|d| d == s));
+                && val
+                    .shape()
+                    .dims()
+                    .iter()
+                    .zip(&cell.shape)
+                    .all(|(d, &s)| d.is_none_or(|d| d == s));
             if !ok {
                 return Err(Error::Value(format!(
                     "function: the update of variable '{}' has shape {}, the variable has shape {:?}",
@@ -421,9 +497,13 @@ impl Function {
             targets.push(val.clone());
         }
         let plan = Plan::new(&feeds, &targets)?;
-        let fixed_updates = updates.iter().zip(&cells).all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
+        let fixed_updates = updates
+            .iter()
+            .zip(&cells)
+            .all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
         let lend = lending(&plan, outputs.len(), &cells, fixed_updates);
-        let specialises = specialising() && plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
+        let specialises =
+            specialising() && plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
         let switches = switch_feeds(&plan);
         Ok(Function {
             feeds,
@@ -452,22 +532,50 @@ impl Function {
         use crate::runtime::{cpu, device, host_results};
         let on_cpu = self.specialises && matches!(device::current()?, device::Device::Cpu);
         let key = Key {
-            shapes: if on_cpu { feeds.iter().map(|v| v.shape().to_vec()).collect() } else { Vec::new() },
-            values: if on_cpu { self.switches.iter().map(|&f| feeds[f].to_f64_vec()[0]).collect() } else { Vec::new() },
+            shapes: if on_cpu {
+                feeds.iter().map(|v| v.shape().to_vec()).collect()
+            } else {
+                Vec::new()
+            },
+            values: if on_cpu {
+                self.switches
+                    .iter()
+                    .map(|&f| feeds[f].to_f64_vec()[0])
+                    .collect()
+            } else {
+                Vec::new()
+            },
         };
-        let special = if on_cpu { self.specialised_for(&key) } else { None };
+        let special = if on_cpu {
+            self.specialised_for(&key)
+        } else {
+            None
+        };
         loop {
             let r = match &special {
-                Some(sp) => cpu::run(&sp.plan, feeds.clone(), sp.lend.as_ref()).map(|v| host_results(v, &sp.plan)),
+                Some(sp) => cpu::run(&sp.plan, feeds.clone(), sp.lend.as_ref())
+                    .map(|v| host_results(v, &sp.plan)),
                 None if on_cpu && self.seen_before(&key) => {
                     let mut shapes = cpu::SlotShapes::new();
-                    let r = cpu::run_shaped(&self.plan, feeds.clone(), self.lend.as_ref(), Some(&mut shapes)).map(|v| host_results(v, &self.plan));
+                    let r = cpu::run_shaped(
+                        &self.plan,
+                        feeds.clone(),
+                        self.lend.as_ref(),
+                        Some(&mut shapes),
+                    )
+                    .map(|v| host_results(v, &self.plan));
                     if r.is_ok() {
                         self.remember(key.clone(), &shapes, &feeds);
                     }
                     r
                 }
-                None => crate::runtime::run(&self.plan, feeds.clone(), self.n_outputs, &self.gpu, self.lend.as_ref()),
+                None => crate::runtime::run(
+                    &self.plan,
+                    feeds.clone(),
+                    self.n_outputs,
+                    &self.gpu,
+                    self.lend.as_ref(),
+                ),
             };
             match r {
                 Err(Error::Lent(_)) => crate::ops::source::wait_for_lent_variables(),
@@ -498,7 +606,11 @@ impl Function {
     /// Specialises the plan to the slot shapes a run with feeds of shapes `key` recorded
     /// and the values of its switch feeds.
     fn remember(&self, key: Key, shapes: &crate::runtime::cpu::SlotShapes, feeds: &[Value]) {
-        let values: Vec<(usize, Value)> = self.switches.iter().map(|&f| (f, feeds[f].clone())).collect();
+        let values: Vec<(usize, Value)> = self
+            .switches
+            .iter()
+            .map(|&f| (f, feeds[f].clone()))
+            .collect();
         let plan = self.plan.specialize(shapes, &values);
         let lend = lending(&plan, self.n_outputs, &self.updates, self.fixed_updates);
         let mut cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
@@ -551,7 +663,12 @@ fn switch_feeds(plan: &Plan) -> Vec<usize> {
     let mut out = Vec::new();
     for i in 0..plan.nodes.len() {
         fed[i] = match (&plan.steps[i], plan.nodes[i].op()) {
-            (Step::Fed(f), _) if plan.nodes[i].rank() == 0 && plan.nodes[i].dtype() != crate::dtype::DType::I64 => Some(*f),
+            (Step::Fed(f), _)
+                if plan.nodes[i].rank() == 0
+                    && plan.nodes[i].dtype() != crate::dtype::DType::I64 =>
+            {
+                Some(*f)
+            }
             (Step::Compute, Op::Cast(_)) => fed[plan.inputs[i][0]],
             _ => None,
         };
@@ -594,25 +711,40 @@ fn loops_keep_shapes(plan: &Plan) -> bool {
 /// each variable is assigned once and read at one slot (a second read would wait for its
 /// own run).
 /// `FERROKERAS_CPU_INPLACE=0` (read once per process) turns this off.
-fn lending(plan: &Plan, n_outputs: usize, cells: &[Arc<VarCell>], fixed: bool) -> Option<crate::runtime::cpu::Lend> {
+fn lending(
+    plan: &Plan,
+    n_outputs: usize,
+    cells: &[Arc<VarCell>],
+    fixed: bool,
+) -> Option<crate::runtime::cpu::Lend> {
     static ON: OnceLock<bool> = OnceLock::new();
     if !*ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_INPLACE").is_none_or(|v| v != "0")) {
         return None;
     }
-    let once = cells.iter().enumerate().all(|(k, c)| cells[..k].iter().all(|d| d.id != c.id));
+    let once = cells
+        .iter()
+        .enumerate()
+        .all(|(k, c)| cells[..k].iter().all(|d| d.id != c.id));
     if cells.is_empty() || !fixed || !once {
         return None;
     }
     let n = plan.nodes.len();
-    let mut lend = crate::runtime::cpu::Lend { cells: vec![None; n], donor: vec![None; n], assign: Vec::new() };
+    let mut lend = crate::runtime::cpu::Lend {
+        cells: vec![None; n],
+        donor: vec![None; n],
+        assign: Vec::new(),
+    };
     for (k, cell) in cells.iter().enumerate() {
-        let reads: Vec<usize> = (0..n).filter(|&i| matches!(plan.nodes[i].op(), Op::Variable(c) if c.id == cell.id)).collect();
+        let reads: Vec<usize> = (0..n)
+            .filter(|&i| matches!(plan.nodes[i].op(), Op::Variable(c) if c.id == cell.id))
+            .collect();
         match reads.as_slice() {
             [] => {}
             [j] => {
                 lend.cells[*j] = Some(cell.clone());
                 lend.donor[plan.outputs[n_outputs + k]] = Some(*j);
-                lend.assign.push((cell.clone(), plan.outputs[n_outputs + k]));
+                lend.assign
+                    .push((cell.clone(), plan.outputs[n_outputs + k]));
             }
             _ => return None,
         }
@@ -627,7 +759,12 @@ pub fn check_feed(t: &Tensor, v: Value) -> Result<Value> {
         other => other.name(),
     };
     let s = v.shape();
-    let ok = s.len() == t.rank() && t.shape().dims().iter().zip(s).all(|(d, &n)| d.is_none_or(|d| d == n));
+    let ok = s.len() == t.rank()
+        && t.shape()
+            .dims()
+            .iter()
+            .zip(s)
+            .all(|(d, &n)| d.is_none_or(|d| d == n));
     if !ok {
         return Err(Error::Value(format!(
             "cannot feed a value of shape {s:?} to '{name}', which has shape {}",
@@ -659,7 +796,11 @@ mod specialize_tests {
     use crate::shape::Shape;
 
     fn count(plan: &Plan, pred: impl Fn(&Op) -> bool) -> usize {
-        plan.nodes.iter().zip(&plan.steps).filter(|(n, s)| matches!(s, Step::Compute) && pred(n.op())).count()
+        plan.nodes
+            .iter()
+            .zip(&plan.steps)
+            .filter(|(n, s)| matches!(s, Step::Compute) && pred(n.op()))
+            .count()
     }
 
     /// `y = sum_to(x * w, shape(x)) + sum_to(x * w, shape(w))`, `w` of shape `[1, 3]`:
@@ -674,13 +815,26 @@ mod specialize_tests {
         let plan = Plan::new(&[x.clone(), w.clone()], &[a, b]).unwrap();
         let wv = Value::from_vec(&[1, 3], vec![0.5f32, -2.0, 3.0]).unwrap();
         for batch in [1usize, 4] {
-            let xv = Value::from_vec(&[batch, 3], (0..3 * batch).map(|i| i as f32 - 2.5).collect::<Vec<f32>>()).unwrap();
+            let xv = Value::from_vec(
+                &[batch, 3],
+                (0..3 * batch).map(|i| i as f32 - 2.5).collect::<Vec<f32>>(),
+            )
+            .unwrap();
             let mut shapes = SlotShapes::new();
-            let want = run_recording(&plan, vec![xv.clone(), wv.clone()], Some(&mut shapes)).unwrap();
+            let want =
+                run_recording(&plan, vec![xv.clone(), wv.clone()], Some(&mut shapes)).unwrap();
             let special = plan.specialize(&shapes, &[]);
-            assert_eq!(count(&special, |op| matches!(op, Op::ShapeOf)), 0, "shapes are folded");
+            assert_eq!(
+                count(&special, |op| matches!(op, Op::ShapeOf)),
+                0,
+                "shapes are folded"
+            );
             let sums = count(&special, |op| matches!(op, Op::SumTo));
-            assert_eq!(sums, if batch == 1 { 0 } else { 1 }, "only the identity sum_to is dropped (batch {batch})");
+            assert_eq!(
+                sums,
+                if batch == 1 { 0 } else { 1 },
+                "only the identity sum_to is dropped (batch {batch})"
+            );
             let got = run_recording(&special, vec![xv, wv.clone()], None).unwrap();
             for (g, w) in got.iter().zip(&want) {
                 assert_eq!(g.shape(), w.shape());

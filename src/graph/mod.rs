@@ -30,7 +30,13 @@ impl Tensor {
     /// Builds a node after checking `inputs` against the op's shape and dtype rule.
     pub fn new(op: Op, inputs: Vec<Tensor>) -> Result<Tensor> {
         let (shape, dtype) = op.infer(&inputs)?;
-        Ok(Tensor(Arc::new(Node { id: fresh_id(), op, inputs, shape, dtype })))
+        Ok(Tensor(Arc::new(Node {
+            id: fresh_id(),
+            op,
+            inputs,
+            shape,
+            dtype,
+        })))
     }
 
     pub fn id(&self) -> u64 {

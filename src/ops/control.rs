@@ -60,7 +60,10 @@ impl LoopBody {
     }
 
     pub fn hidden(&self) -> Vec<Tensor> {
-        self.hidden.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.hidden
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn plan(&self) -> Arc<Plan> {
@@ -70,7 +73,10 @@ impl LoopBody {
     /// The specialised plan for feeds of shapes `key`, if one was made from `plan`.
     fn specialised(&self, plan: &Arc<Plan>, key: &[Vec<usize>]) -> Option<Arc<Plan>> {
         let cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
-        cache.iter().find(|(k, p, _)| k.as_slice() == key && Arc::ptr_eq(p, plan)).map(|(_, _, s)| s.clone())
+        cache
+            .iter()
+            .find(|(k, p, _)| k.as_slice() == key && Arc::ptr_eq(p, plan))
+            .map(|(_, _, s)| s.clone())
     }
 
     fn remember(&self, key: Vec<Vec<usize>>, plan: Arc<Plan>, special: Arc<Plan>) {
@@ -82,7 +88,12 @@ impl LoopBody {
     }
 
     fn feeds(&self) -> Vec<Tensor> {
-        self.seq_phs.iter().chain(&self.state_phs).chain(&self.captured).cloned().collect()
+        self.seq_phs
+            .iter()
+            .chain(&self.state_phs)
+            .chain(&self.captured)
+            .cloned()
+            .collect()
     }
 
     /// Result index of body node `r` stacked per step, saving it as a residual if it is
@@ -96,7 +107,13 @@ impl LoopBody {
         if let Some(j) = hidden.iter().position(|h| h.id() == r.id()) {
             return Ok(base + j);
         }
-        let mut targets: Vec<Tensor> = self.outputs.iter().chain(&self.new_states).chain(hidden.iter()).cloned().collect();
+        let mut targets: Vec<Tensor> = self
+            .outputs
+            .iter()
+            .chain(&self.new_states)
+            .chain(hidden.iter())
+            .cloned()
+            .collect();
         targets.push(r.clone());
         let plan = Plan::new(&self.feeds(), &targets)?;
         hidden.push(r.clone());
@@ -138,9 +155,14 @@ pub fn build_loop(
     reverse: bool,
 ) -> Result<Tensor> {
     if seqs.is_empty() {
-        return Err(value_err!("loop: needs at least one sequence to iterate over"));
+        return Err(value_err!(
+            "loop: needs at least one sequence to iterate over"
+        ));
     }
-    if seqs.len() != seq_phs.len() || init.len() != state_phs.len() || new_states.len() != state_phs.len() {
+    if seqs.len() != seq_phs.len()
+        || init.len() != state_phs.len()
+        || new_states.len() != state_phs.len()
+    {
         return Err(value_err!(
             "loop: {} sequences for {} step inputs, {} initial states and {} new states for {} states",
             seqs.len(),
@@ -152,7 +174,11 @@ pub fn build_loop(
     }
     for (i, (s, ns)) in state_phs.iter().zip(&new_states).enumerate() {
         let compatible = s.rank() == ns.rank()
-            && s.shape().dims().iter().zip(ns.shape().dims()).all(|(a, b)| a.is_none() || b.is_none() || a == b);
+            && s.shape()
+                .dims()
+                .iter()
+                .zip(ns.shape().dims())
+                .all(|(a, b)| a.is_none() || b.is_none() || a == b);
         if !compatible || s.dtype() != ns.dtype() {
             return Err(value_err!(
                 "rnn: the step function returns state {i} with shape {} and dtype {}, but the state has shape {} and dtype {}; states must keep their shape between steps",
@@ -166,7 +192,9 @@ pub fn build_loop(
     let (mut seqs, mut seq_phs) = (seqs.to_vec(), seq_phs);
     if super::loop_opt::switches().hoist {
         let roots: Vec<Tensor> = outputs.iter().chain(&new_states).cloned().collect();
-        for (s, node) in super::loop_opt::hoist_sequence_matmuls(&seqs, &seq_phs, &state_phs, &roots)? {
+        for (s, node) in
+            super::loop_opt::hoist_sequence_matmuls(&seqs, &seq_phs, &state_phs, &roots)?
+        {
             seqs.push(s);
             seq_phs.push(node);
         }
@@ -176,13 +204,34 @@ pub fn build_loop(
     let feeds: Vec<Tensor> = leaves.iter().chain(&captured).cloned().collect();
     let targets: Vec<Tensor> = outputs.iter().chain(&new_states).cloned().collect();
     if std::env::var("FERROKERAS_LOOP_DEBUG").is_ok() {
-        let names = |v: &[Tensor]| v.iter().map(|t| t.op().name()).collect::<Vec<_>>().join(", ");
-        eprintln!("build_loop: seqs [{}] phs [{}] states [{}] captured [{}]", names(&seqs), names(&seq_phs), names(&state_phs), names(&captured));
+        let names = |v: &[Tensor]| {
+            v.iter()
+                .map(|t| t.op().name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        eprintln!(
+            "build_loop: seqs [{}] phs [{}] states [{}] captured [{}]",
+            names(&seqs),
+            names(&seq_phs),
+            names(&state_phs),
+            names(&captured)
+        );
     }
     let plan = RwLock::new(Arc::new(Plan::new(&feeds, &targets)?));
     let hidden = RwLock::new(Vec::new());
     let specialised = Mutex::new(Vec::new());
-    let body = LoopBody { seq_phs, state_phs, captured: captured.clone(), outputs, new_states, reverse, hidden, plan, specialised };
+    let body = LoopBody {
+        seq_phs,
+        state_phs,
+        captured: captured.clone(),
+        outputs,
+        new_states,
+        reverse,
+        hidden,
+        plan,
+        specialised,
+    };
     let mut inputs = seqs;
     inputs.extend(init.iter().cloned());
     inputs.extend(captured);
@@ -204,7 +253,8 @@ fn captures(leaves: &[Tensor], outputs: &[Tensor], new_states: &[Tensor]) -> Vec
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     let mut take = |t: &Tensor| {
-        if !dependent.contains(&t.id()) && !matches!(t.op(), Op::Constant(_)) && seen.insert(t.id()) {
+        if !dependent.contains(&t.id()) && !matches!(t.op(), Op::Constant(_)) && seen.insert(t.id())
+        {
             out.push(t.clone());
         }
     };
@@ -229,11 +279,17 @@ pub fn infer_loop(body: &LoopBody, inputs: &[Tensor]) -> Result<(Shape, DType)> 
     let mut t: Option<usize> = None;
     for (s, ph) in inputs[..ns].iter().zip(&body.seq_phs) {
         if s.rank() != ph.rank() + 1 {
-            return Err(value_err!("loop: a sequence of shape {} does not match the step input {}", s.shape(), ph.shape()));
+            return Err(value_err!(
+                "loop: a sequence of shape {} does not match the step input {}",
+                s.shape(),
+                ph.shape()
+            ));
         }
         if let (Some(a), Some(b)) = (t, s.shape().dims()[0]) {
             if a != b {
-                return Err(value_err!("loop: sequences have different lengths {a} and {b}"));
+                return Err(value_err!(
+                    "loop: sequences have different lengths {a} and {b}"
+                ));
             }
         }
         t = t.or(s.shape().dims()[0]);
@@ -249,14 +305,20 @@ pub fn infer_tuple_get(k: usize, x: &Tensor) -> Result<(Shape, DType)> {
     match x.op() {
         Op::Loop(body) => {
             if k >= body.n_results() {
-                return Err(value_err!("tuple_get: index {k} out of range for a loop with {} results", body.n_results()));
+                return Err(value_err!(
+                    "tuple_get: index {k} out of range for a loop with {} results",
+                    body.n_results()
+                ));
             }
             let t = x.inputs()[0].shape().dims()[0];
             Ok(body.result_spec(k, t))
         }
         Op::HostCall(h) => super::host::result_spec(h, k),
         Op::CtcDecode(d) => super::ctc::decode_result_spec(*d, x, k),
-        other => Err(Error::Type(format!("tuple_get: {} has a single result", other.name()))),
+        other => Err(Error::Type(format!(
+            "tuple_get: {} has a single result",
+            other.name()
+        ))),
     }
 }
 
@@ -280,11 +342,17 @@ pub fn run(
     let t_len = seqs[0].shape()[0];
     for s in seqs {
         if s.shape()[0] != t_len {
-            return Err(value_err!("loop: sequences have different lengths {t_len} and {}", s.shape()[0]));
+            return Err(value_err!(
+                "loop: sequences have different lengths {t_len} and {}",
+                s.shape()[0]
+            ));
         }
     }
     if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
-        eprintln!("loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals", generic.dispatches());
+        eprintln!(
+            "loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals",
+            generic.dispatches()
+        );
     }
     let mut states: Vec<Value> = args[nq..nq + ns].iter().map(|v| (*v).clone()).collect();
     let captured = &args[nq + ns..];
@@ -300,21 +368,37 @@ pub fn run(
         }
         let all = v.to_i64_vec();
         let first = &all[..sh[1]];
-        all.chunks(sh[1]).all(|r| r == first).then(|| first.iter().map(|&x| x as usize).collect())
+        all.chunks(sh[1])
+            .all(|r| r == first)
+            .then(|| first.iter().map(|&x| x as usize).collect())
     };
     let mut key: Vec<Vec<usize>> = seqs
         .iter()
         .map(|s| &s.shape()[1..])
-        .chain(states.iter().chain(captured.iter().copied()).map(|v| v.shape()))
+        .chain(
+            states
+                .iter()
+                .chain(captured.iter().copied())
+                .map(|v| v.shape()),
+        )
         .map(<[usize]>::to_vec)
         .collect();
     // (Each such row keyed with its sequence's index, so different sets never collide.)
     let seq_fixed: Vec<bool> = seqs
         .iter()
         .enumerate()
-        .map(|(f, s)| fixed_rows(s).map(|r| key.push([vec![usize::MAX - f], r].concat())).is_some())
+        .map(|(f, s)| {
+            fixed_rows(s)
+                .map(|r| key.push([vec![usize::MAX - f], r].concat()))
+                .is_some()
+        })
         .collect();
-    key.extend(captured.iter().filter(|v| shape_like(v)).map(|v| v.to_i64_vec().iter().map(|&x| x as usize).collect()));
+    key.extend(
+        captured
+            .iter()
+            .filter(|v| shape_like(v))
+            .map(|v| v.to_i64_vec().iter().map(|&x| x as usize).collect()),
+    );
     // Which feeds (of `[step rows.., states.., captured..]`) the key holds by value.
     let keyed = |f: usize| {
         if f < nq {
@@ -327,9 +411,12 @@ pub fn run(
     let mut record = special.is_none() && generic.shapes_follow_feeds(&keyed);
     let mut plan = special.unwrap_or_else(|| generic.clone());
     let is_read = |k: usize| read.get(k).copied().unwrap_or(true);
-    let mut outs: Vec<Stacked> =
-        (0..no + nh).map(|k| Stacked::new(t_len, is_read(if k < no { k } else { k + 2 * ns }))).collect();
-    let mut hist: Vec<Stacked> = (0..ns).map(|k| Stacked::new(t_len, is_read(no + ns + k))).collect();
+    let mut outs: Vec<Stacked> = (0..no + nh)
+        .map(|k| Stacked::new(t_len, is_read(if k < no { k } else { k + 2 * ns })))
+        .collect();
+    let mut hist: Vec<Stacked> = (0..ns)
+        .map(|k| Stacked::new(t_len, is_read(no + ns + k)))
+        .collect();
     let state_shapes: Vec<Vec<usize>> = states.iter().map(|s| s.shape().to_vec()).collect();
     for i in 0..t_len {
         let t = if body.reverse { t_len - 1 - i } else { i };
@@ -346,7 +433,10 @@ pub fn run(
             plan = Arc::new(generic.specialize(&shapes, &[]));
             body.remember(key.clone(), generic.clone(), plan.clone());
             if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
-                eprintln!("loop: specialised to its shapes, {} launches per step", plan.cpu_schedule().dispatches);
+                eprintln!(
+                    "loop: specialised to its shapes, {} launches per step",
+                    plan.cpu_schedule().dispatches
+                );
             }
             record = false;
             res
@@ -389,8 +479,13 @@ const SPLIT_PUT_BYTES: usize = 32 << 10;
 
 /// Puts each value of step `t` into its stacked result, in two halves (balanced by bytes)
 /// on the loop's team when there are enough bytes.
-fn put_rows<'a>(outs: &mut [Stacked], t: usize, vals: impl Iterator<Item = &'a Value>) -> Result<()> {
-    let rows: Vec<(&mut Stacked, &Value)> = outs.iter_mut().zip(vals).filter(|(o, _)| o.read).collect();
+fn put_rows<'a>(
+    outs: &mut [Stacked],
+    t: usize,
+    vals: impl Iterator<Item = &'a Value>,
+) -> Result<()> {
+    let rows: Vec<(&mut Stacked, &Value)> =
+        outs.iter_mut().zip(vals).filter(|(o, _)| o.read).collect();
     let bytes = |v: &Value| v.len() * v.dtype().size();
     let total: usize = rows.iter().map(|(_, v)| bytes(v)).sum();
     if rows.len() < 2 || total < SPLIT_PUT_BYTES || !crate::runtime::cpu::team::available() {
@@ -408,12 +503,18 @@ fn put_rows<'a>(outs: &mut [Stacked], t: usize, vals: impl Iterator<Item = &'a V
         let mut half = halves[part].lock().unwrap_or_else(|e| e.into_inner());
         for (o, v) in half.iter_mut() {
             if let Err(e) = o.put(t, v) {
-                failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(e);
                 return;
             }
         }
     });
-    failed.into_inner().unwrap_or_else(|e| e.into_inner()).map_or(Ok(()), Err)
+    failed
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .map_or(Ok(()), Err)
 }
 
 /// Row `t` of a sequence: a view sharing the sequence's buffer.
@@ -432,7 +533,11 @@ struct Stacked {
 
 impl Stacked {
     fn new(t_len: usize, read: bool) -> Stacked {
-        Stacked { read, t_len, buf: None }
+        Stacked {
+            read,
+            t_len,
+            buf: None,
+        }
     }
 
     fn put(&mut self, t: usize, v: &Value) -> Result<()> {
@@ -440,7 +545,9 @@ impl Stacked {
             return Ok(());
         }
         let t_len = self.t_len;
-        let buf = self.buf.get_or_insert_with(|| crate::dispatch_dtype!(v.dtype(), T => Box::new(RowBuf::<T>::new(t_len, v.shape()))));
+        let buf = self.buf.get_or_insert_with(
+            || crate::dispatch_dtype!(v.dtype(), T => Box::new(RowBuf::<T>::new(t_len, v.shape()))),
+        );
         buf.put(t, v)
     }
 
@@ -475,7 +582,11 @@ struct RowBuf<T> {
 impl<T: crate::runtime::value::Elem> RowBuf<T> {
     fn new(t_len: usize, row: &[usize]) -> RowBuf<T> {
         let n: usize = row.iter().product();
-        RowBuf { data: Vec::with_capacity(t_len * n), row: row.to_vec(), written: vec![false; t_len] }
+        RowBuf {
+            data: Vec::with_capacity(t_len * n),
+            row: row.to_vec(),
+            written: vec![false; t_len],
+        }
     }
 }
 
@@ -495,7 +606,9 @@ impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
         match src.as_slice() {
             // SAFETY: `dst` is `n` elements of spare capacity, `s` holds `n` elements,
             // and the two cannot overlap (one is owned by this buffer).
-            Some(s) => unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), dst.as_mut_ptr().cast::<T>(), n) },
+            Some(s) => unsafe {
+                std::ptr::copy_nonoverlapping(s.as_ptr(), dst.as_mut_ptr().cast::<T>(), n)
+            },
             None => dst.iter_mut().zip(src.iter()).for_each(|(d, x)| {
                 d.write(*x);
             }),
@@ -506,7 +619,9 @@ impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
 
     fn finish(mut self: Box<Self>) -> Result<Value> {
         if !self.written.iter().all(|&w| w) {
-            return Err(crate::error::Error::Runtime("loop: a stacked result is missing a step".into()));
+            return Err(crate::error::Error::Runtime(
+                "loop: a stacked result is missing a step".into(),
+            ));
         }
         let len = self.written.len() * self.row.iter().product::<usize>();
         // SAFETY: each of the `written.len()` rows of the capacity has been written by `put`.
@@ -514,7 +629,10 @@ impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
         let mut shape = vec![self.written.len()];
         shape.extend_from_slice(&self.row);
         let data = std::mem::take(&mut self.data);
-        Ok(T::wrap(crate::runtime::value::Arr::from_shape_vec(ndarray::IxDyn(&shape), data).expect("rows fill the shape")))
+        Ok(T::wrap(
+            crate::runtime::value::Arr::from_shape_vec(ndarray::IxDyn(&shape), data)
+                .expect("rows fill the shape"),
+        ))
     }
 }
 
@@ -524,9 +642,20 @@ impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
 /// `gs[k]` is the gradient flowing into result `k` (None where nothing flows); `wanted[i]`
 /// whether the gradient of input `i` is asked for (the gradient of a Keras RNN's input
 /// sequence, a placeholder, is not: its per-step `dx` matmul is not built).
-pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result<Vec<Option<Tensor>>> {
-    let Op::Loop(body) = node.op() else { unreachable!("vjp_loop on a loop node") };
-    let (nq, ns, no, nc) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len(), body.captured.len());
+pub fn vjp_loop(
+    node: &Tensor,
+    gs: &[Option<Tensor>],
+    wanted: &[bool],
+) -> Result<Vec<Option<Tensor>>> {
+    let Op::Loop(body) = node.op() else {
+        unreachable!("vjp_loop on a loop node")
+    };
+    let (nq, ns, no, nc) = (
+        body.seq_phs.len(),
+        body.state_phs.len(),
+        body.outputs.len(),
+        body.captured.len(),
+    );
     let ins = node.inputs();
     // Per-step results with an incoming gradient: outputs, and residuals saved for an
     // earlier VJP (a second-order gradient flows into those).
@@ -535,39 +664,82 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result
         .iter()
         .cloned()
         .enumerate()
-        .chain(body.hidden().into_iter().enumerate().map(|(j, h)| (no + 2 * ns + j, h)))
+        .chain(
+            body.hidden()
+                .into_iter()
+                .enumerate()
+                .map(|(j, h)| (no + 2 * ns + j, h)),
+        )
         .filter(|(k, t)| gs.get(*k).is_some_and(|g| g.is_some()) && t.dtype().is_float())
         .collect();
     // Gradient placeholders for the body's results at one step.
     let mk = |t: &Tensor, what: &str, i: usize| {
-        super::source::placeholder(&format!("loop_grad_{what}_{i}"), t.shape().clone(), t.dtype(), None)
+        super::source::placeholder(
+            &format!("loop_grad_{what}_{i}"),
+            t.shape().clone(),
+            t.dtype(),
+            None,
+        )
     };
-    let gout_phs: Vec<Tensor> = per_step.iter().map(|(k, t)| mk(t, "out", *k)).collect::<Result<_>>()?;
-    let gstate_phs: Vec<Tensor> = body.state_phs.iter().enumerate().map(|(i, t)| mk(t, "state", i)).collect::<Result<_>>()?;
+    let gout_phs: Vec<Tensor> = per_step
+        .iter()
+        .map(|(k, t)| mk(t, "out", *k))
+        .collect::<Result<_>>()?;
+    let gstate_phs: Vec<Tensor> = body
+        .state_phs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| mk(t, "state", i))
+        .collect::<Result<_>>()?;
     // y = sum(out * g_out) + sum(new_state * g_state): its gradients are the body's VJP.
     let mut terms = Vec::new();
-    let pairs = per_step.iter().map(|(_, t)| t).zip(&gout_phs).chain(body.new_states.iter().zip(&gstate_phs));
+    let pairs = per_step
+        .iter()
+        .map(|(_, t)| t)
+        .zip(&gout_phs)
+        .chain(body.new_states.iter().zip(&gstate_phs));
     for (o, g) in pairs {
         if o.dtype().is_float() {
-            terms.push(reduce(super::ReduceOp::Sum, &mul(o, g)?, &(0..o.rank()).collect::<Vec<_>>(), false)?);
+            terms.push(reduce(
+                super::ReduceOp::Sum,
+                &mul(o, g)?,
+                &(0..o.rank()).collect::<Vec<_>>(),
+                false,
+            )?);
         }
     }
-    let wrt: Vec<Tensor> = body.seq_phs.iter().chain(&body.state_phs).chain(&body.captured).cloned().collect();
+    let wrt: Vec<Tensor> = body
+        .seq_phs
+        .iter()
+        .chain(&body.state_phs)
+        .chain(&body.captured)
+        .cloned()
+        .collect();
     let mut grads: Vec<Option<Tensor>> = vec![None; wrt.len()];
     if let Some(first) = terms.first() {
         let mut y = first.clone();
         for t in &terms[1..] {
             y = add(&y, &cast(t, y.dtype())?)?;
         }
-        grads = super::loop_opt::with_invariant(&body.captured, || crate::autodiff::gradients_at_leaves(&y, &wrt))?;
+        grads = super::loop_opt::with_invariant(&body.captured, || {
+            crate::autodiff::gradients_at_leaves(&y, &wrt)
+        })?;
     }
     // Float step inputs and captured tensors the body's result depends on get a gradient:
     // stacked per step for step inputs, summed over the steps (a state) for captured.
-    let float = |i: usize| wrt[i].dtype().is_float() && grads[i].is_some() && wanted.get(i).copied().unwrap_or(true);
+    let float = |i: usize| {
+        wrt[i].dtype().is_float() && grads[i].is_some() && wanted.get(i).copied().unwrap_or(true)
+    };
     let seq_g: Vec<usize> = (0..nq).filter(|&i| float(i)).collect();
     let cap_g: Vec<usize> = (0..nc).filter(|&i| float(nq + ns + i)).collect();
-    let acc_phs: Vec<Tensor> = cap_g.iter().map(|&i| mk(&body.captured[i], "acc", i)).collect::<Result<_>>()?;
-    let b_outputs: Vec<Tensor> = seq_g.iter().map(|&i| grads[i].clone().expect("filtered")).collect();
+    let acc_phs: Vec<Tensor> = cap_g
+        .iter()
+        .map(|&i| mk(&body.captured[i], "acc", i))
+        .collect::<Result<_>>()?;
+    let b_outputs: Vec<Tensor> = seq_g
+        .iter()
+        .map(|&i| grads[i].clone().expect("filtered"))
+        .collect();
     let mut b_new_states = Vec::with_capacity(ns + cap_g.len());
     for i in 0..ns {
         b_new_states.push(match &grads[nq + i] {
@@ -580,16 +752,38 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result
     }
     // Step inputs of the backward loop: the forward step inputs and state histories it
     // reads, the saved residuals, and the gradients of the per-step results.
-    let fwd_leaves: Vec<Tensor> = body.seq_phs.iter().chain(&body.state_phs).cloned().collect();
-    let grad_leaves: Vec<Tensor> = gout_phs.iter().chain(&gstate_phs).chain(&acc_phs).cloned().collect();
+    let fwd_leaves: Vec<Tensor> = body
+        .seq_phs
+        .iter()
+        .chain(&body.state_phs)
+        .cloned()
+        .collect();
+    let grad_leaves: Vec<Tensor> = gout_phs
+        .iter()
+        .chain(&gstate_phs)
+        .chain(&acc_phs)
+        .cloned()
+        .collect();
     let targets: Vec<Tensor> = b_outputs.iter().chain(&b_new_states).cloned().collect();
     let saved = if super::loop_opt::switches().save {
         let r = super::loop_opt::residuals(&fwd_leaves, &grad_leaves, &body.captured, &targets);
         // Only what the forward plan can compute from its own feeds.
-        let mut roots: Vec<Tensor> = body.outputs.iter().chain(&body.new_states).cloned().collect();
+        let mut roots: Vec<Tensor> = body
+            .outputs
+            .iter()
+            .chain(&body.new_states)
+            .cloned()
+            .collect();
         roots.extend(r.iter().cloned());
         let caps: HashSet<u64> = body.captured.iter().map(|t| t.id()).collect();
-        if captures(&fwd_leaves, &roots, &[]).iter().all(|t| caps.contains(&t.id())) { r } else { Vec::new() }
+        if captures(&fwd_leaves, &roots, &[])
+            .iter()
+            .all(|t| caps.contains(&t.id()))
+        {
+            r
+        } else {
+            Vec::new()
+        }
     } else {
         Vec::new()
     };
@@ -600,7 +794,11 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result
     let mut b_seq_phs = Vec::new();
     for (i, ph) in fwd_leaves.iter().enumerate() {
         if used.contains(&ph.id()) {
-            b_seqs.push(if i < nq { ins[i].clone() } else { tuple_get(node, no + ns + (i - nq))? });
+            b_seqs.push(if i < nq {
+                ins[i].clone()
+            } else {
+                tuple_get(node, no + ns + (i - nq))?
+            });
             b_seq_phs.push(ph.clone());
         }
     }
@@ -629,7 +827,15 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result
     }
     let mut b_state_phs: Vec<Tensor> = gstate_phs.clone();
     b_state_phs.extend(acc_phs.iter().cloned());
-    let bnode = build_loop(&b_seqs, &b_init, b_seq_phs, b_state_phs, b_outputs, b_new_states, !body.reverse)?;
+    let bnode = build_loop(
+        &b_seqs,
+        &b_init,
+        b_seq_phs,
+        b_state_phs,
+        b_outputs,
+        b_new_states,
+        !body.reverse,
+    )?;
     let mut out: Vec<Option<Tensor>> = vec![None; ins.len()];
     for (j, &i) in seq_g.iter().enumerate() {
         out[i] = Some(tuple_get(&bnode, j)?);
@@ -654,5 +860,9 @@ pub fn vjp_loop(node: &Tensor, gs: &[Option<Tensor>], wanted: &[bool]) -> Result
 fn read_leaves(leaves: &[Tensor], stop: &[Tensor], targets: &[Tensor]) -> HashSet<u64> {
     let ids: HashSet<u64> = leaves.iter().chain(stop).map(|t| t.id()).collect();
     let leaf_ids: HashSet<u64> = leaves.iter().map(|t| t.id()).collect();
-    topo_order(targets, &|t| ids.contains(&t.id())).iter().map(|t| t.id()).filter(|i| leaf_ids.contains(i)).collect()
+    topo_order(targets, &|t| ids.contains(&t.id()))
+        .iter()
+        .map(|t| t.id())
+        .filter(|i| leaf_ids.contains(i))
+        .collect()
 }

@@ -48,7 +48,11 @@ struct Sample<'a> {
 
 impl Sample<'_> {
     fn ext(&self, s: usize) -> usize {
-        if s % 2 == 0 { self.c - 1 } else { self.labels[s / 2] as usize }
+        if s % 2 == 0 {
+            self.c - 1
+        } else {
+            self.labels[s / 2] as usize
+        }
     }
     fn can_skip(&self, s: usize) -> bool {
         s >= 2 && s % 2 == 1 && self.ext(s) != self.ext(s - 2)
@@ -87,7 +91,8 @@ impl Sample<'_> {
         }
         for t in (0..t_len - 1).rev() {
             for s in 0..s_len {
-                let nxt = |s2: usize| beta[(t + 1) * s_len + s2] + self.lp[(t + 1) * c + self.ext(s2)];
+                let nxt =
+                    |s2: usize| beta[(t + 1) * s_len + s2] + self.lp[(t + 1) * c + self.ext(s2)];
                 let mut b = nxt(s);
                 if s + 1 < s_len {
                     b = lse(b, nxt(s + 1));
@@ -121,15 +126,23 @@ fn batch(args: &[&Value]) -> Result<Batch> {
     let (x, lab, il, ll) = (args[0], args[1], args[2], args[3]);
     let s = x.shape();
     if s.len() != 3 {
-        return Err(value_err!("ctc: y_pred must have shape (samples, time, classes), got {s:?}"));
+        return Err(value_err!(
+            "ctc: y_pred must have shape (samples, time, classes), got {s:?}"
+        ));
     }
     let (b, t, c) = (s[0], s[1], s[2]);
     if lab.shape().len() != 2 || lab.shape()[0] != b {
-        return Err(value_err!("ctc: labels must have shape ({b}, max_label_length), got {:?}", lab.shape()));
+        return Err(value_err!(
+            "ctc: labels must have shape ({b}, max_label_length), got {:?}",
+            lab.shape()
+        ));
     }
     let lens = |v: &Value, what: &str, max: usize| -> Result<Vec<usize>> {
         if v.len() != b {
-            return Err(value_err!("ctc: {what} must have one entry per sample ({b}), got shape {:?}", v.shape()));
+            return Err(value_err!(
+                "ctc: {what} must have one entry per sample ({b}), got shape {:?}",
+                v.shape()
+            ));
         }
         v.to_i64_vec()
             .into_iter()
@@ -148,8 +161,15 @@ fn batch(args: &[&Value]) -> Result<Batch> {
     let labels = lab.to_i64_vec();
     for i in 0..b {
         let row = &labels[i * l_max..i * l_max + lab_len[i]];
-        if let Some(&bad) = row.iter().find(|&&v| v < 0 || v as usize >= c.saturating_sub(1)) {
-            return Err(value_err!("ctc: label {bad} of sample {i} is out of range [0, {}) (class {} is the blank)", c - 1, c - 1));
+        if let Some(&bad) = row
+            .iter()
+            .find(|&&v| v < 0 || v as usize >= c.saturating_sub(1))
+        {
+            return Err(value_err!(
+                "ctc: label {bad} of sample {i} is out of range [0, {}) (class {} is the blank)",
+                c - 1,
+                c - 1
+            ));
         }
         let repeats = row.windows(2).filter(|w| w[0] == w[1]).count();
         if row.len() + repeats > in_len[i] {
@@ -161,7 +181,16 @@ fn batch(args: &[&Value]) -> Result<Batch> {
             ));
         }
     }
-    Ok(Batch { b, t, c, logits: x.to_f64_vec(), labels, l_max, in_len, lab_len })
+    Ok(Batch {
+        b,
+        t,
+        c,
+        logits: x.to_f64_vec(),
+        labels,
+        l_max,
+        in_len,
+        lab_len,
+    })
 }
 
 impl Batch {
@@ -172,22 +201,51 @@ impl Batch {
             let off = (i * self.t + k) * c;
             log_softmax_row(&self.logits[off..off + c], &mut lp[k * c..(k + 1) * c]);
         }
-        Sample { lp, t, c, labels: &self.labels[i * self.l_max..i * self.l_max + self.lab_len[i]] }
+        Sample {
+            lp,
+            t,
+            c,
+            labels: &self.labels[i * self.l_max..i * self.l_max + self.lab_len[i]],
+        }
     }
 }
 
-pub fn ctc(op: CtcOp, logits: &Tensor, labels: &Tensor, in_len: &Tensor, lab_len: &Tensor) -> Result<Tensor> {
-    Tensor::new(Op::Ctc(op), vec![logits.clone(), labels.clone(), in_len.clone(), lab_len.clone()])
+pub fn ctc(
+    op: CtcOp,
+    logits: &Tensor,
+    labels: &Tensor,
+    in_len: &Tensor,
+    lab_len: &Tensor,
+) -> Result<Tensor> {
+    Tensor::new(
+        Op::Ctc(op),
+        vec![
+            logits.clone(),
+            labels.clone(),
+            in_len.clone(),
+            lab_len.clone(),
+        ],
+    )
 }
 
 pub fn infer(op: CtcOp, ins: &[Tensor]) -> Result<(Shape, DType)> {
     let x = &ins[0];
     if !x.dtype().is_float() || x.rank() != 3 {
-        return Err(Error::Type(format!("ctc: y_pred must be a float tensor (samples, time, classes), got {} {}", x.dtype(), x.shape())));
+        return Err(Error::Type(format!(
+            "ctc: y_pred must be a float tensor (samples, time, classes), got {} {}",
+            x.dtype(),
+            x.shape()
+        )));
     }
-    for (t, what) in ins[1..].iter().zip(["labels", "input_length", "label_length"]) {
+    for (t, what) in ins[1..]
+        .iter()
+        .zip(["labels", "input_length", "label_length"])
+    {
         if !t.dtype().is_int() {
-            return Err(Error::Type(format!("ctc: {what} must be integers, got {}", t.dtype())));
+            return Err(Error::Type(format!(
+                "ctc: {what} must be integers, got {}",
+                t.dtype()
+            )));
         }
     }
     Ok(match op {
@@ -202,9 +260,16 @@ pub fn vjp(op: CtcOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> 
         CtcOp::Loss => {
             let i = node.inputs();
             let grad = ctc(CtcOp::Grad, &i[0], &i[1], &i[2], &i[3])?;
-            Ok(vec![Some(mul(&grad, &expand_dims(g, &[1, 2])?)?), None, None, None])
+            Ok(vec![
+                Some(mul(&grad, &expand_dims(g, &[1, 2])?)?),
+                None,
+                None,
+                None,
+            ])
         }
-        CtcOp::Grad => Err(Error::Unsupported("ctc: the gradient of the CTC loss is not differentiable again".into())),
+        CtcOp::Grad => Err(Error::Unsupported(
+            "ctc: the gradient of the CTC loss is not differentiable again".into(),
+        )),
     }
 }
 
@@ -213,34 +278,39 @@ pub fn cpu(op: CtcOp, args: &[&Value]) -> Result<Value> {
     let dtype = args[0].dtype();
     match op {
         CtcOp::Loss => {
-            let loss: Vec<f64> = (0..bt.b).into_par_iter().map(|i| -bt.sample(i).forward_backward().2).collect();
+            let loss: Vec<f64> = (0..bt.b)
+                .into_par_iter()
+                .map(|i| -bt.sample(i).forward_backward().2)
+                .collect();
             Ok(Value::from_vec(&[bt.b], loss)?.cast(dtype))
         }
         CtcOp::Grad => {
             let (t_all, c) = (bt.t, bt.c);
             let mut grad = vec![0.0f64; bt.b * t_all * c];
-            grad.par_chunks_mut(t_all * c).enumerate().for_each(|(i, gi)| {
-                let smp = bt.sample(i);
-                let (alpha, beta, logp) = smp.forward_backward();
-                if !logp.is_finite() {
-                    return;
-                }
-                let s_len = 2 * smp.labels.len() + 1;
-                for t in 0..smp.t {
-                    let row = &mut gi[t * c..(t + 1) * c];
-                    let mut occ: HashMap<usize, f64> = HashMap::new();
-                    for s in 0..s_len {
-                        let v = alpha[t * s_len + s] + beta[t * s_len + s];
-                        let e = occ.entry(smp.ext(s)).or_insert(f64::NEG_INFINITY);
-                        *e = lse(*e, v);
+            grad.par_chunks_mut(t_all * c)
+                .enumerate()
+                .for_each(|(i, gi)| {
+                    let smp = bt.sample(i);
+                    let (alpha, beta, logp) = smp.forward_backward();
+                    if !logp.is_finite() {
+                        return;
                     }
-                    for k in 0..c {
-                        let p = smp.lp[t * c + k].exp();
-                        let gamma = occ.get(&k).map_or(0.0, |&v| (v - logp).exp());
-                        row[k] = p - gamma;
+                    let s_len = 2 * smp.labels.len() + 1;
+                    for t in 0..smp.t {
+                        let row = &mut gi[t * c..(t + 1) * c];
+                        let mut occ: HashMap<usize, f64> = HashMap::new();
+                        for s in 0..s_len {
+                            let v = alpha[t * s_len + s] + beta[t * s_len + s];
+                            let e = occ.entry(smp.ext(s)).or_insert(f64::NEG_INFINITY);
+                            *e = lse(*e, v);
+                        }
+                        for k in 0..c {
+                            let p = smp.lp[t * c + k].exp();
+                            let gamma = occ.get(&k).map_or(0.0, |&v| (v - logp).exp());
+                            row[k] = p - gamma;
+                        }
                     }
-                }
-            });
+                });
             Ok(Value::from_vec(&[bt.b, t_all, c], grad)?.cast(dtype))
         }
     }
@@ -259,7 +329,11 @@ pub struct Decode {
 /// decoded (B, max_len) int64 matrix padded with -1 per path, then log-probs (B, top_paths).
 pub fn decode(d: Decode, x: &Tensor, in_len: &Tensor) -> Result<Vec<Tensor>> {
     if d.top_paths == 0 || d.beam_width == 0 || (!d.greedy && d.top_paths > d.beam_width) {
-        return Err(value_err!("ctc_decode: need 1 <= top_paths <= beam_width, got top_paths={} beam_width={}", d.top_paths, d.beam_width));
+        return Err(value_err!(
+            "ctc_decode: need 1 <= top_paths <= beam_width, got top_paths={} beam_width={}",
+            d.top_paths,
+            d.beam_width
+        ));
     }
     let node = Tensor::new(Op::CtcDecode(d), vec![x.clone(), in_len.clone()])?;
     let n = if d.greedy { 2 } else { d.top_paths + 1 };
@@ -284,7 +358,11 @@ fn greedy(lp: &[f64], t: usize, c: usize) -> (Vec<i64>, f64) {
     let mut prev = usize::MAX;
     for k in 0..t {
         let row = &lp[k * c..(k + 1) * c];
-        let (best, &v) = row.iter().enumerate().fold((0, &f64::NEG_INFINITY), |a, b| if *b.1 > *a.1 { b } else { a });
+        let (best, &v) =
+            row.iter().enumerate().fold(
+                (0, &f64::NEG_INFINITY),
+                |a, b| if *b.1 > *a.1 { b } else { a },
+            );
         score += v;
         if best != c - 1 && best != prev {
             out.push(best as i64);
@@ -315,17 +393,28 @@ fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i6
             for sym in 0..c - 1 {
                 let mut np = prefix.clone();
                 np.push(sym as i64);
-                let add = if prefix.last() == Some(&(sym as i64)) { pb } else { total } + row[sym];
+                let add = if prefix.last() == Some(&(sym as i64)) {
+                    pb
+                } else {
+                    total
+                } + row[sym];
                 let e = next.entry(np).or_insert((ninf, ninf));
                 e.1 = lse(e.1, add);
             }
         }
         let mut v: Vec<(Vec<i64>, (f64, f64))> = next.into_iter().collect();
-        v.sort_by(|a, b| lse(b.1 .0, b.1 .1).total_cmp(&lse(a.1 .0, a.1 .1)).then_with(|| a.0.cmp(&b.0)));
+        v.sort_by(|a, b| {
+            lse(b.1 .0, b.1 .1)
+                .total_cmp(&lse(a.1 .0, a.1 .1))
+                .then_with(|| a.0.cmp(&b.0))
+        });
         v.truncate(width);
         beams = v.into_iter().collect();
     }
-    let mut v: Vec<(Vec<i64>, f64)> = beams.into_iter().map(|(p, (a, b))| (p, lse(a, b))).collect();
+    let mut v: Vec<(Vec<i64>, f64)> = beams
+        .into_iter()
+        .map(|(p, (a, b))| (p, lse(a, b)))
+        .collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     v.truncate(top);
     while v.len() < top {
@@ -338,15 +427,21 @@ pub fn run_decode(d: Decode, args: &[&Value]) -> Result<Vec<Value>> {
     let x = args[0];
     let s = x.shape();
     if s.len() != 3 {
-        return Err(value_err!("ctc_decode: y_pred must have shape (samples, time, classes), got {s:?}"));
+        return Err(value_err!(
+            "ctc_decode: y_pred must have shape (samples, time, classes), got {s:?}"
+        ));
     }
     let (b, t_all, c) = (s[0], s[1], s[2]);
     if c < 1 {
-        return Err(value_err!("ctc_decode: y_pred needs at least one class (the blank)"));
+        return Err(value_err!(
+            "ctc_decode: y_pred needs at least one class (the blank)"
+        ));
     }
     let lens = args[1].to_i64_vec();
     if lens.len() != b || lens.iter().any(|&n| n < 0 || n as usize > t_all) {
-        return Err(value_err!("ctc_decode: input_length must hold {b} lengths in [0, {t_all}], got {lens:?}"));
+        return Err(value_err!(
+            "ctc_decode: input_length must hold {b} lengths in [0, {t_all}], got {lens:?}"
+        ));
     }
     let all = x.to_f64_vec();
     let paths = if d.greedy { 1 } else { d.top_paths };
@@ -355,7 +450,11 @@ pub fn run_decode(d: Decode, args: &[&Value]) -> Result<Vec<Value>> {
         .map(|i| {
             let t = lens[i] as usize;
             let lp = &all[i * t_all * c..i * t_all * c + t * c];
-            if d.greedy { vec![greedy(lp, t, c)] } else { beam(lp, t, c, d.beam_width, d.top_paths) }
+            if d.greedy {
+                vec![greedy(lp, t, c)]
+            } else {
+                beam(lp, t, c, d.beam_width, d.top_paths)
+            }
         })
         .collect();
     let mut out = Vec::with_capacity(paths + 1);

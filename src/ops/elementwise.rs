@@ -3,6 +3,7 @@
 //! class, and (below) its VJP. f16 computes in f32, integers in i64, both stored back.
 
 use super::build::*;
+use super::vmath;
 use super::Op;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -14,7 +15,6 @@ use half::f16;
 use ndarray::{IxDyn, Zip};
 use num_traits::Float;
 use rayon::prelude::*;
-use super::vmath;
 use std::mem::MaybeUninit;
 
 /// Elements per rayon task; below twice this, kernels run on the calling thread.
@@ -232,7 +232,13 @@ fn int_pow(a: i64, b: i64) -> i64 {
     if b < 0 {
         return match a {
             1 => 1,
-            -1 => if b % 2 == 0 { 1 } else { -1 },
+            -1 => {
+                if b % 2 == 0 {
+                    1
+                } else {
+                    -1
+                }
+            }
             _ => 0,
         };
     }
@@ -414,23 +420,34 @@ pub fn grain(cost: usize) -> usize {
     (PAR_WORK / cost.max(1)).max(1024)
 }
 
-fn par_map<T: Copy + Send + Sync, U: Send>(a: &[T], out: &mut [MaybeUninit<U>], f: impl Fn(T) -> U + Sync + Send) {
+fn par_map<T: Copy + Send + Sync, U: Send>(
+    a: &[T],
+    out: &mut [MaybeUninit<U>],
+    f: impl Fn(T) -> U + Sync + Send,
+) {
     if a.len() < 2 * GRAIN {
         for (o, &v) in out.iter_mut().zip(a) {
             o.write(f(v));
         }
     } else {
-        out.par_chunks_mut(GRAIN).zip(a.par_chunks(GRAIN)).for_each(|(o, a)| {
-            for (o, &v) in o.iter_mut().zip(a) {
-                o.write(f(v));
-            }
-        });
+        out.par_chunks_mut(GRAIN)
+            .zip(a.par_chunks(GRAIN))
+            .for_each(|(o, a)| {
+                for (o, &v) in o.iter_mut().zip(a) {
+                    o.write(f(v));
+                }
+            });
     }
 }
 
 /// Applies `f` with NumPy broadcasting. Fast paths: equal shapes, a scalar side, and one
 /// shape being a suffix of the other (bias adds); the general case uses ndarray's Zip.
-pub fn broadcast_zip<T, U>(name: &str, a: &Arr<T>, b: &Arr<T>, f: impl Fn(T, T) -> U + Sync + Send) -> Result<Arr<U>>
+pub fn broadcast_zip<T, U>(
+    name: &str,
+    a: &Arr<T>,
+    b: &Arr<T>,
+    f: impl Fn(T, T) -> U + Sync + Send,
+) -> Result<Arr<U>>
 where
     T: Copy + Send + Sync,
     U: Copy + Send + Sync + Default,
@@ -438,7 +455,10 @@ where
     let (sa, sb) = (a.shape(), b.shape());
     let shape = broadcast_runtime(name, sa, sb)?;
     let n: usize = shape.iter().product();
-    let (da, db) = (a.as_slice().expect("standard layout"), b.as_slice().expect("standard layout"));
+    let (da, db) = (
+        a.as_slice().expect("standard layout"),
+        b.as_slice().expect("standard layout"),
+    );
     let general = !(sa == sb
         || db.len() == 1
         || da.len() == 1
@@ -447,55 +467,74 @@ where
     if general {
         let av = a.broadcast(IxDyn(&shape)).expect("checked broadcast");
         let bv = b.broadcast(IxDyn(&shape)).expect("checked broadcast");
-        return Ok(Zip::from(&av).and(&bv).map_collect(|&x, &y| f(x, y)).into_shared());
+        return Ok(Zip::from(&av)
+            .and(&bv)
+            .map_collect(|&x, &y| f(x, y))
+            .into_shared());
     }
     let chunk = |o: &mut [MaybeUninit<U>], a: &[T], b: &[T]| {
         for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
             o.write(f(x, y));
         }
     };
-    let out = build_vec(n, |out| if sa == sb {
-        if n < 2 * GRAIN {
-            chunk(out, da, db);
+    let out = build_vec(n, |out| {
+        if sa == sb {
+            if n < 2 * GRAIN {
+                chunk(out, da, db);
+            } else {
+                out.par_chunks_mut(GRAIN)
+                    .zip(da.par_chunks(GRAIN).zip(db.par_chunks(GRAIN)))
+                    .for_each(|(o, (a, b))| chunk(o, a, b));
+            }
+        } else if db.len() == 1 {
+            let y = db[0];
+            par_map(da, out, |x| f(x, y));
+        } else if da.len() == 1 {
+            let x = da[0];
+            par_map(db, out, |y| f(x, y));
+        } else if n > 0 && sa.len() >= sb.len() && sa.ends_with(sb) && da.len() == n {
+            let m = db.len();
+            let rows = (GRAIN / m).max(1) * m;
+            out.par_chunks_mut(rows)
+                .zip(da.par_chunks(rows))
+                .for_each(|(o, a)| {
+                    for (o, a) in o.chunks_mut(m).zip(a.chunks(m)) {
+                        chunk(o, a, db);
+                    }
+                });
         } else {
-            out.par_chunks_mut(GRAIN)
-                .zip(da.par_chunks(GRAIN).zip(db.par_chunks(GRAIN)))
-                .for_each(|(o, (a, b))| chunk(o, a, b));
+            let m = da.len();
+            let rows = (GRAIN / m).max(1) * m;
+            out.par_chunks_mut(rows)
+                .zip(db.par_chunks(rows))
+                .for_each(|(o, b)| {
+                    for (o, b) in o.chunks_mut(m).zip(b.chunks(m)) {
+                        chunk(o, da, b);
+                    }
+                });
         }
-    } else if db.len() == 1 {
-        let y = db[0];
-        par_map(da, out, |x| f(x, y));
-    } else if da.len() == 1 {
-        let x = da[0];
-        par_map(db, out, |y| f(x, y));
-    } else if n > 0 && sa.len() >= sb.len() && sa.ends_with(sb) && da.len() == n {
-        let m = db.len();
-        let rows = (GRAIN / m).max(1) * m;
-        out.par_chunks_mut(rows).zip(da.par_chunks(rows)).for_each(|(o, a)| {
-            for (o, a) in o.chunks_mut(m).zip(a.chunks(m)) {
-                chunk(o, a, db);
-            }
-        });
-    } else {
-        let m = da.len();
-        let rows = (GRAIN / m).max(1) * m;
-        out.par_chunks_mut(rows).zip(db.par_chunks(rows)).for_each(|(o, b)| {
-            for (o, b) in o.chunks_mut(m).zip(b.chunks(m)) {
-                chunk(o, da, b);
-            }
-        });
     });
     Ok(Arr::from_shape_vec(IxDyn(&shape), out).expect("shape matches"))
 }
 
-fn float_out<F: Float + Elem + Send + Sync, G>(op: BinaryOp, a: &Arr<F>, b: &Arr<F>, f: impl Fn(F, F) -> G + Sync + Send) -> Result<Value>
+fn float_out<F: Float + Elem + Send + Sync, G>(
+    op: BinaryOp,
+    a: &Arr<F>,
+    b: &Arr<F>,
+    f: impl Fn(F, F) -> G + Sync + Send,
+) -> Result<Value>
 where
     G: PredOrSame<F>,
 {
     G::finish(broadcast_zip(op.name(), a, b, f)?)
 }
 
-fn int_out<G: PredOrSame<i64>>(op: BinaryOp, a: &Arr<i64>, b: &Arr<i64>, f: impl Fn(i64, i64) -> G + Sync + Send) -> Result<Value> {
+fn int_out<G: PredOrSame<i64>>(
+    op: BinaryOp,
+    a: &Arr<i64>,
+    b: &Arr<i64>,
+    f: impl Fn(i64, i64) -> G + Sync + Send,
+) -> Result<Value> {
     G::finish(broadcast_zip(op.name(), a, b, f)?)
 }
 
@@ -531,7 +570,9 @@ fn unary_float<F: KMath + Elem + Default>(op: UnaryOp, a: &Arr<F>) -> Arr<F> {
         if x.len() < 2 * g {
             F::unary_slice(op, x, out)
         } else {
-            out.par_chunks_mut(g).zip(x.par_chunks(g)).for_each(|(o, x)| F::unary_slice(op, x, o))
+            out.par_chunks_mut(g)
+                .zip(x.par_chunks(g))
+                .for_each(|(o, x)| F::unary_slice(op, x, o))
         }
     });
     Arr::from_shape_vec(IxDyn(a.shape()), out).expect("shape matches")
@@ -555,8 +596,11 @@ pub fn cpu_unary(op: UnaryOp, x: &Value) -> Result<Value> {
         Value::F16(a) => Value::F32(unary_float(op, &widen_f32(a))).cast(DType::F16),
         _ => {
             let a = widen_i64(x);
-            let out = build_vec(a.len(), |out| op.int_kernel(a.as_slice().expect("standard layout"), out));
-            Value::I64(Arr::from_shape_vec(IxDyn(a.shape()), out).expect("shape matches")).cast(x.dtype())
+            let out = build_vec(a.len(), |out| {
+                op.int_kernel(a.as_slice().expect("standard layout"), out)
+            });
+            Value::I64(Arr::from_shape_vec(IxDyn(a.shape()), out).expect("shape matches"))
+                .cast(x.dtype())
         }
     })
 }
@@ -567,7 +611,14 @@ pub fn cpu_binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value> {
         (Value::F64(x), Value::F64(y)) => op.float_kernel(x, y)?,
         (Value::F16(x), Value::F16(y)) => op.float_kernel(&widen_f32(x), &widen_f32(y))?,
         _ if a.dtype() == b.dtype() => op.int_kernel(&widen_i64(a), &widen_i64(b))?,
-        _ => return Err(Error::Type(format!("{}: operands have dtypes {} and {}", op.name(), a.dtype(), b.dtype()))),
+        _ => {
+            return Err(Error::Type(format!(
+                "{}: operands have dtypes {} and {}",
+                op.name(),
+                a.dtype(),
+                b.dtype()
+            )))
+        }
     };
     Ok(match op.class() {
         BinaryClass::Arith => out.cast(a.dtype()),
@@ -577,17 +628,32 @@ pub fn cpu_binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value> {
 
 pub fn cpu_select(c: &Value, a: &Value, b: &Value) -> Result<Value> {
     let Value::Bool(c) = c else {
-        return Err(Error::Type(format!("select: condition must be bool, got {}", c.dtype())));
+        return Err(Error::Type(format!(
+            "select: condition must be bool, got {}",
+            c.dtype()
+        )));
     };
     fn go<T: Elem>(c: &Arr<bool>, a: &Arr<T>, b: &Arr<T>) -> Result<Value> {
-        let shape = broadcast_runtime("select", &broadcast_runtime("select", c.shape(), a.shape())?, b.shape())?;
+        let shape = broadcast_runtime(
+            "select",
+            &broadcast_runtime("select", c.shape(), a.shape())?,
+            b.shape(),
+        )?;
         let n: usize = shape.iter().product();
         // Fast path: each operand is either full-size or a single element (relu and
         // maximum gradients select between a tensor and a scalar zero).
         let flat = |x: usize| x == n || x == 1;
         if flat(c.len()) && flat(a.len()) && flat(b.len()) {
-            let (cs, xs, ys) = (c.as_slice().expect("standard"), a.as_slice().expect("standard"), b.as_slice().expect("standard"));
-            let (sc, sx, sy) = ((c.len() == n) as usize, (a.len() == n) as usize, (b.len() == n) as usize);
+            let (cs, xs, ys) = (
+                c.as_slice().expect("standard"),
+                a.as_slice().expect("standard"),
+                b.as_slice().expect("standard"),
+            );
+            let (sc, sx, sy) = (
+                (c.len() == n) as usize,
+                (a.len() == n) as usize,
+                (b.len() == n) as usize,
+            );
             let run = |k: usize, o: &mut [MaybeUninit<T>]| {
                 let base = k * GRAIN;
                 for (j, o) in o.iter_mut().enumerate() {
@@ -599,17 +665,24 @@ pub fn cpu_select(c: &Value, a: &Value, b: &Value) -> Result<Value> {
                 if n < 2 * GRAIN {
                     run(0, out)
                 } else {
-                    out.par_chunks_mut(GRAIN).enumerate().for_each(|(k, o)| run(k, o))
+                    out.par_chunks_mut(GRAIN)
+                        .enumerate()
+                        .for_each(|(k, o)| run(k, o))
                 }
             });
-            return Ok(T::wrap(Arr::from_shape_vec(IxDyn(&shape), out).expect("shape matches")));
+            return Ok(T::wrap(
+                Arr::from_shape_vec(IxDyn(&shape), out).expect("shape matches"),
+            ));
         }
         let (cv, av, bv) = (
             c.broadcast(IxDyn(&shape)).expect("checked"),
             a.broadcast(IxDyn(&shape)).expect("checked"),
             b.broadcast(IxDyn(&shape)).expect("checked"),
         );
-        let out = Zip::from(&cv).and(&av).and(&bv).map_collect(|&c, &x, &y| if c { x } else { y });
+        let out = Zip::from(&cv)
+            .and(&av)
+            .and(&bv)
+            .map_collect(|&c, &x, &y| if c { x } else { y });
         Ok(T::wrap(out.into_shared()))
     }
     crate::with_value!(a, x => {
@@ -646,12 +719,18 @@ pub fn infer_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<(Shape, DTyp
     let d = a.dtype();
     let dtype = match op.class() {
         BinaryClass::Arith if d == DType::Bool => {
-            return Err(Error::Type(format!("{}: arithmetic on bool tensors is not supported", op.name())))
+            return Err(Error::Type(format!(
+                "{}: arithmetic on bool tensors is not supported",
+                op.name()
+            )))
         }
         BinaryClass::Arith => d,
         BinaryClass::Compare => DType::Bool,
         BinaryClass::Logical if d != DType::Bool => {
-            return Err(Error::Type(format!("{}: operands must be bool, got {d}", op.name())))
+            return Err(Error::Type(format!(
+                "{}: operands must be bool, got {d}",
+                op.name()
+            )))
         }
         BinaryClass::Logical => DType::Bool,
     };
@@ -661,12 +740,23 @@ pub fn infer_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<(Shape, DTyp
 pub fn infer_select(inputs: &[Tensor]) -> Result<(Shape, DType)> {
     let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
     if c.dtype() != DType::Bool {
-        return Err(Error::Type(format!("switch/select: condition must be bool, got {}", c.dtype())));
+        return Err(Error::Type(format!(
+            "switch/select: condition must be bool, got {}",
+            c.dtype()
+        )));
     }
     if a.dtype() != b.dtype() {
-        return Err(Error::Type(format!("switch/select: branches have different dtypes {} and {}", a.dtype(), b.dtype())));
+        return Err(Error::Type(format!(
+            "switch/select: branches have different dtypes {} and {}",
+            a.dtype(),
+            b.dtype()
+        )));
     }
-    let s = broadcast_static("select", &broadcast_static("select", c.shape(), a.shape())?, b.shape())?;
+    let s = broadcast_static(
+        "select",
+        &broadcast_static("select", c.shape(), a.shape())?,
+        b.shape(),
+    )?;
     Ok((s, a.dtype()))
 }
 
@@ -760,14 +850,21 @@ pub fn vjp_binary(op: BinaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<
             (ga, mul(g, &mul(node, &loga)?)?)
         }
         BinaryOp::Maximum | BinaryOp::Minimum => {
-            let cmp = if op == BinaryOp::Maximum { BinaryOp::GreaterEqual } else { BinaryOp::LessEqual };
+            let cmp = if op == BinaryOp::Maximum {
+                BinaryOp::GreaterEqual
+            } else {
+                BinaryOp::LessEqual
+            };
             let mask = binary(cmp, a, b)?;
             // `select` broadcasts, so a scalar zero stands in for a zero tensor.
             let z = scalar_like(node, 0.0);
             let gfull = broadcast_like(g, node)?;
             (select(&mask, &gfull, &z)?, select(&mask, &z, &gfull)?)
         }
-        BinaryOp::Mod => (g.clone(), neg(&mul(g, &binary(BinaryOp::FloorDiv, a, b)?)?)?),
+        BinaryOp::Mod => (
+            g.clone(),
+            neg(&mul(g, &binary(BinaryOp::FloorDiv, a, b)?)?)?,
+        ),
         BinaryOp::FloorDiv
         | BinaryOp::Equal
         | BinaryOp::NotEqual
@@ -785,7 +882,11 @@ pub fn vjp_select(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     let (c, a, b) = (node.input(0), node.input(1), node.input(2));
     let z = scalar_like(node, 0.0);
     let gfull = broadcast_like(g, node)?;
-    Ok(vec![None, Some(sum_like(&select(c, &gfull, &z)?, a)?), Some(sum_like(&select(c, &z, &gfull)?, b)?)])
+    Ok(vec![
+        None,
+        Some(sum_like(&select(c, &gfull, &z)?, a)?),
+        Some(sum_like(&select(c, &z, &gfull)?, b)?),
+    ])
 }
 
 pub fn vjp_cast(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
@@ -810,7 +911,11 @@ mod wgsl_table_tests {
             assert_eq!(u.wgsl(false).is_some(), u.takes_int(), "{}", u.name());
         }
         for &b in BinaryOp::ALL {
-            assert!(!b.wgsl(true).is_empty() && !b.wgsl(false).is_empty(), "{}", b.name());
+            assert!(
+                !b.wgsl(true).is_empty() && !b.wgsl(false).is_empty(),
+                "{}",
+                b.name()
+            );
         }
     }
 }

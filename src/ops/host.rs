@@ -29,13 +29,28 @@ pub struct HostCall {
     pub is_grad: bool,
 }
 
-pub fn host_call(f: Arc<dyn HostFn>, inputs: &[Tensor], results: Vec<(Shape, DType)>) -> Result<Tensor> {
-    Tensor::new(Op::HostCall(Arc::new(HostCall { f, results, is_grad: false })), inputs.to_vec())
+pub fn host_call(
+    f: Arc<dyn HostFn>,
+    inputs: &[Tensor],
+    results: Vec<(Shape, DType)>,
+) -> Result<Tensor> {
+    Tensor::new(
+        Op::HostCall(Arc::new(HostCall {
+            f,
+            results,
+            is_grad: false,
+        })),
+        inputs.to_vec(),
+    )
 }
 
 pub fn result_spec(h: &HostCall, k: usize) -> Result<(Shape, DType)> {
     h.results.get(k).cloned().ok_or_else(|| {
-        Error::Value(format!("{}: result {k} requested, the function has {} results", h.f.name(), h.results.len()))
+        Error::Value(format!(
+            "{}: result {k} requested, the function has {} results",
+            h.f.name(),
+            h.results.len()
+        ))
     })
 }
 
@@ -49,7 +64,10 @@ pub fn run(h: &HostCall, args: &[&Value]) -> Result<Vec<Value>> {
         grads
             .into_iter()
             .zip(xs)
-            .map(|(g, x)| g.map(|g| g.cast(x.dtype())).unwrap_or_else(|| Value::full(x.dtype(), x.shape(), 0.0)))
+            .map(|(g, x)| {
+                g.map(|g| g.cast(x.dtype()))
+                    .unwrap_or_else(|| Value::full(x.dtype(), x.shape(), 0.0))
+            })
             .collect()
     } else {
         h.f.call(&vals)?
@@ -64,11 +82,23 @@ pub fn run(h: &HostCall, args: &[&Value]) -> Result<Vec<Value>> {
     }
     for (i, (v, (s, d))) in out.iter().zip(&h.results).enumerate() {
         if v.dtype() != *d {
-            return Err(Error::Type(format!("{}: result {i} has dtype {}, but Tout declares {d}", h.f.name(), v.dtype())));
+            return Err(Error::Type(format!(
+                "{}: result {i} has dtype {}, but Tout declares {d}",
+                h.f.name(),
+                v.dtype()
+            )));
         }
-        let fits = v.shape().len() == s.rank() && s.dims().iter().zip(v.shape()).all(|(a, b)| a.is_none_or(|a| a == *b));
+        let fits = v.shape().len() == s.rank()
+            && s.dims()
+                .iter()
+                .zip(v.shape())
+                .all(|(a, b)| a.is_none_or(|a| a == *b));
         if !fits {
-            return Err(Error::Value(format!("{}: result {i} has shape {:?}, expected {s}", h.f.name(), v.shape())));
+            return Err(Error::Value(format!(
+                "{}: result {i} has shape {:?}, expected {s}",
+                h.f.name(),
+                v.shape()
+            )));
         }
     }
     Ok(out)
@@ -77,7 +107,9 @@ pub fn run(h: &HostCall, args: &[&Value]) -> Result<Vec<Value>> {
 /// The VJP: a grad callback node over [inputs.., result grads..] whose results are the
 /// input gradients (float inputs only; the callback's own VJP is not differentiable).
 pub fn vjp(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-    let Op::HostCall(h) = node.op() else { unreachable!("host vjp on a host call") };
+    let Op::HostCall(h) = node.op() else {
+        unreachable!("host vjp on a host call")
+    };
     if h.is_grad {
         return Err(Error::Unsupported(format!(
             "{}: py_function is differentiable once; its gradient cannot be differentiated again",
@@ -95,9 +127,22 @@ pub fn vjp(node: &Tensor, gs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> 
         args.push(super::build::cast(&g, *d)?);
     }
     let results: Vec<(Shape, DType)> = ins.iter().map(|x| (x.shape().clone(), x.dtype())).collect();
-    let gnode = Tensor::new(Op::HostCall(Arc::new(HostCall { f: h.f.clone(), results, is_grad: true })), args)?;
+    let gnode = Tensor::new(
+        Op::HostCall(Arc::new(HostCall {
+            f: h.f.clone(),
+            results,
+            is_grad: true,
+        })),
+        args,
+    )?;
     ins.iter()
         .enumerate()
-        .map(|(i, x)| if x.dtype().is_float() { super::control::tuple_get(&gnode, i).map(Some) } else { Ok(None) })
+        .map(|(i, x)| {
+            if x.dtype().is_float() {
+                super::control::tuple_get(&gnode, i).map(Some)
+            } else {
+                Ok(None)
+            }
+        })
         .collect()
 }

@@ -39,11 +39,23 @@ pub struct Switches {
 }
 
 pub fn switches() -> Switches {
-    let v = std::env::var("FERROKERAS_LOOP_OPT").unwrap_or_default().trim().to_ascii_lowercase();
+    let v = std::env::var("FERROKERAS_LOOP_OPT")
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
     match v.as_str() {
-        "" => Switches { hoist: false, save: true },
-        "1" | "on" => Switches { hoist: true, save: true },
-        _ => Switches { hoist: v.contains("hoist"), save: v.contains("save") },
+        "" => Switches {
+            hoist: false,
+            save: true,
+        },
+        "1" | "on" => Switches {
+            hoist: true,
+            save: true,
+        },
+        _ => Switches {
+            hoist: v.contains("hoist"),
+            save: v.contains("save"),
+        },
     }
 }
 
@@ -95,7 +107,9 @@ pub fn hoist_sequence_matmuls(
     let leaf_ids: HashSet<u64> = leaves.iter().map(|t| t.id()).collect();
     let mut out = Vec::new();
     for t in &order {
-        let Op::MatMul { ta, tb } = t.op() else { continue };
+        let Op::MatMul { ta, tb } = t.op() else {
+            continue;
+        };
         if leaf_ids.contains(&t.id()) {
             continue;
         }
@@ -107,7 +121,9 @@ pub fn hoist_sequence_matmuls(
                 Some(seq_times_matrix(&seqs[i], b, *ta, *tb)?)
             }
             // W · x_t: a batched matmul, W broadcast over the steps.
-            (None, Some(i)) if !dep.contains(&a.id()) && a.rank() <= b.rank() => Some(matmul(a, &seqs[i], *ta, *tb)?),
+            (None, Some(i)) if !dep.contains(&a.id()) && a.rank() <= b.rank() => {
+                Some(matmul(a, &seqs[i], *ta, *tb)?)
+            }
             _ => None,
         };
         if let Some(s) = hoisted {
@@ -123,7 +139,11 @@ fn seq_times_matrix(s: &Tensor, w: &Tensor, ta: bool, tb: bool) -> Result<Tensor
     let (Some(k), false, 2) = (k, ta, w.rank()) else {
         return matmul(s, w, ta, tb);
     };
-    let all = |start: i64, stop: Option<i64>| SliceAxis { start: Some(start), stop, step: 1 };
+    let all = |start: i64, stop: Option<i64>| SliceAxis {
+        start: Some(start),
+        stop,
+        step: 1,
+    };
     let flat = reshape_to(s, &int_vector(&[-1, k as i64]))?;
     let prod = matmul(&flat, w, false, tb)?;
     let lead = slice(&shape_of(s)?, &[all(0, Some(s.rank() as i64 - 1))])?;
@@ -136,11 +156,18 @@ fn seq_times_matrix(s: &Tensor, w: &Tensor, ta: bool, tb: bool) -> Result<Tensor
 /// states alone (`fwd_leaves`) that a node depending on the incoming gradients
 /// (`grad_leaves`) reads, or that is itself a target. Saving these per step cuts the
 /// backward body off from the forward computation.
-pub fn residuals(fwd_leaves: &[Tensor], grad_leaves: &[Tensor], stop: &[Tensor], targets: &[Tensor]) -> Vec<Tensor> {
+pub fn residuals(
+    fwd_leaves: &[Tensor],
+    grad_leaves: &[Tensor],
+    stop: &[Tensor],
+    targets: &[Tensor],
+) -> Vec<Tensor> {
     let fwd_ids: HashSet<u64> = fwd_leaves.iter().map(|t| t.id()).collect();
     let grad_ids: HashSet<u64> = grad_leaves.iter().map(|t| t.id()).collect();
     let stop_ids: HashSet<u64> = stop.iter().map(|t| t.id()).collect();
-    let is_leaf = |t: &Tensor| fwd_ids.contains(&t.id()) || grad_ids.contains(&t.id()) || stop_ids.contains(&t.id());
+    let is_leaf = |t: &Tensor| {
+        fwd_ids.contains(&t.id()) || grad_ids.contains(&t.id()) || stop_ids.contains(&t.id())
+    };
     let order = topo_order(targets, &is_leaf);
     let (mut fwd, mut grad) = (fwd_ids.clone(), grad_ids.clone());
     for t in &order {
@@ -175,11 +202,20 @@ pub fn residuals(fwd_leaves: &[Tensor], grad_leaves: &[Tensor], stop: &[Tensor],
 /// then run fused with the gradient's own elementwise work, instead of being stacked
 /// `[T, ..]` by the forward loop and copied in and out (for a Keras LSTM: 26 residuals
 /// per step down to 5). Until nothing changes, since one drop can make another possible.
-fn recompute_cheap(mut saved: Vec<Tensor>, leaves: &HashSet<u64>, captured: &HashSet<u64>) -> Vec<Tensor> {
+fn recompute_cheap(
+    mut saved: Vec<Tensor>,
+    leaves: &HashSet<u64>,
+    captured: &HashSet<u64>,
+) -> Vec<Tensor> {
     loop {
         let ids: HashSet<u64> = saved.iter().map(|t| t.id()).collect();
-        let have = |x: &Tensor| leaves.contains(&x.id()) || captured.contains(&x.id()) || ids.contains(&x.id());
-        let Some(k) = saved.iter().position(|r| cheap(r) && r.inputs().iter().all(|x| recomputable(x, &have, 4))) else {
+        let have = |x: &Tensor| {
+            leaves.contains(&x.id()) || captured.contains(&x.id()) || ids.contains(&x.id())
+        };
+        let Some(k) = saved
+            .iter()
+            .position(|r| cheap(r) && r.inputs().iter().all(|x| recomputable(x, &have, 4)))
+        else {
             return saved;
         };
         saved.remove(k);
@@ -204,5 +240,8 @@ fn cheap(t: &Tensor) -> bool {
 fn recomputable(x: &Tensor, have: &dyn Fn(&Tensor) -> bool, depth: usize) -> bool {
     have(x)
         || matches!(x.op(), Op::Constant(_))
-        || (depth > 0 && cheap(x) && !x.inputs().is_empty() && x.inputs().iter().all(|i| recomputable(i, have, depth - 1)))
+        || (depth > 0
+            && cheap(x)
+            && !x.inputs().is_empty()
+            && x.inputs().iter().all(|i| recomputable(i, have, depth - 1)))
 }

@@ -18,18 +18,32 @@ use std::mem::MaybeUninit;
 
 fn mat_dims(d: &[Dim], t: bool) -> (Dim, Dim) {
     let (r, c) = (d[d.len() - 2], d[d.len() - 1]);
-    if t { (c, r) } else { (r, c) }
+    if t {
+        (c, r)
+    } else {
+        (r, c)
+    }
 }
 
 pub fn infer(ta: bool, tb: bool, a: &Tensor, b: &Tensor) -> Result<(Shape, DType)> {
     if a.rank() < 2 || b.rank() < 2 {
-        return Err(value_err!("matmul: operands must have rank >= 2, got shapes {} and {}", a.shape(), b.shape()));
+        return Err(value_err!(
+            "matmul: operands must have rank >= 2, got shapes {} and {}",
+            a.shape(),
+            b.shape()
+        ));
     }
     if a.dtype() != b.dtype() {
-        return Err(Error::Type(format!("matmul: operands have different dtypes {} and {}", a.dtype(), b.dtype())));
+        return Err(Error::Type(format!(
+            "matmul: operands have different dtypes {} and {}",
+            a.dtype(),
+            b.dtype()
+        )));
     }
     if a.dtype() == DType::Bool {
-        return Err(Error::Type("matmul: bool operands are not supported".into()));
+        return Err(Error::Type(
+            "matmul: bool operands are not supported".into(),
+        ));
     }
     let (m, ka) = mat_dims(a.shape().dims(), ta);
     let (kb, n) = mat_dims(b.shape().dims(), tb);
@@ -63,7 +77,11 @@ pub fn matmul(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
 fn unswapped(x: &Tensor, t: bool) -> (Tensor, bool) {
     if let Op::Transpose(p) = x.op() {
         let n = p.len();
-        if n >= 2 && p[n - 2] == n - 1 && p[n - 1] == n - 2 && p[..n - 2].iter().enumerate().all(|(i, &q)| i == q) {
+        if n >= 2
+            && p[n - 2] == n - 1
+            && p[n - 1] == n - 2
+            && p[..n - 2].iter().enumerate().all(|(i, &q)| i == q)
+        {
             return (x.input(0).clone(), !t);
         }
     }
@@ -78,7 +96,16 @@ pub fn vjp(ta: bool, tb: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<T
         // reads a transpose through the flag).
         (false, false) if b.rank() == 2 && super::loop_opt::invariant(b) => {
             let bt = transpose(b, &[1, 0])?;
-            (Tensor::new(Op::MatMul { ta: false, tb: false }, vec![g.clone(), bt])?, matmul(a, g, true, false)?)
+            (
+                Tensor::new(
+                    Op::MatMul {
+                        ta: false,
+                        tb: false,
+                    },
+                    vec![g.clone(), bt],
+                )?,
+                matmul(a, g, true, false)?,
+            )
         }
         (false, false) => (matmul(g, b, false, true)?, matmul(a, g, true, false)?),
         (true, false) => (matmul(b, g, false, true)?, matmul(a, g, false, false)?),
@@ -90,7 +117,11 @@ pub fn vjp(ta: bool, tb: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<T
 
 /// Row-major strides (row, col) of one operand's matrix, as read after the optional transpose.
 fn strides(cols: usize, t: bool) -> (isize, isize) {
-    if t { (1, cols as isize) } else { (cols as isize, 1) }
+    if t {
+        (1, cols as isize)
+    } else {
+        (cols as isize, 1)
+    }
 }
 
 /// Offsets of each batch element into a broadcast operand.
@@ -123,16 +154,28 @@ trait GemmElem: Elem + Default + std::ops::Add<Output = Self> {
     fn one() -> Self;
 }
 impl GemmElem for f32 {
-    fn zero() -> Self { 0.0 }
-    fn one() -> Self { 1.0 }
+    fn zero() -> Self {
+        0.0
+    }
+    fn one() -> Self {
+        1.0
+    }
 }
 impl GemmElem for f64 {
-    fn zero() -> Self { 0.0 }
-    fn one() -> Self { 1.0 }
+    fn zero() -> Self {
+        0.0
+    }
+    fn one() -> Self {
+        1.0
+    }
 }
 impl GemmElem for f16 {
-    fn zero() -> Self { f16::ZERO }
-    fn one() -> Self { f16::ONE }
+    fn zero() -> Self {
+        f16::ZERO
+    }
+    fn one() -> Self {
+        f16::ONE
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -208,7 +251,12 @@ fn transpose_into<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [Maybe
 
 /// The distinct matrices among `offs` copied transposed (`rows x cols` each) into one
 /// buffer, and each batch element's offset into it.
-fn transposed_copies<T: Copy + Send + Sync>(data: &[T], offs: &[usize], rows: usize, cols: usize) -> (Vec<T>, Vec<usize>) {
+fn transposed_copies<T: Copy + Send + Sync>(
+    data: &[T],
+    offs: &[usize],
+    rows: usize,
+    cols: usize,
+) -> (Vec<T>, Vec<usize>) {
     let mut uniq: Vec<usize> = offs.to_vec();
     uniq.sort_unstable();
     uniq.dedup();
@@ -221,16 +269,29 @@ fn transposed_copies<T: Copy + Send + Sync>(data: &[T], offs: &[usize], rows: us
         .for_each(|(dst, &o)| transpose_into(&data[o..o + len], rows, cols, dst));
     // SAFETY: every element of each matrix's block was written by `transpose_into`.
     unsafe { buf.set_len(uniq.len() * len) };
-    let map = offs.iter().map(|o| uniq.binary_search(o).expect("listed") * len).collect();
+    let map = offs
+        .iter()
+        .map(|o| uniq.binary_search(o).expect("listed") * len)
+        .collect();
     (buf, map)
 }
 
-fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], aoff: &[usize], boff: &[usize]) -> Value {
+fn run_gemm<T: GemmElem>(
+    a: &Arr<T>,
+    b: &Arr<T>,
+    p: Plan,
+    out_shape: &[usize],
+    aoff: &[usize],
+    boff: &[usize],
+) -> Value {
     let (m, n, k) = (p.m, p.n, p.k);
     // Written by gemm (read_dst = false) without zeroing first.
     let total: usize = out_shape.iter().product();
     let mut out: Vec<T> = Vec::with_capacity(total);
-    let (ad, mut bd) = (a.as_slice().expect("standard"), b.as_slice().expect("standard"));
+    let (ad, mut bd) = (
+        a.as_slice().expect("standard"),
+        b.as_slice().expect("standard"),
+    );
     let mut boff = std::borrow::Cow::Borrowed(boff);
     let (a_rs, a_cs) = strides(p.a_cols, p.ta);
     let (mut b_rs, mut b_cs) = strides(p.b_cols, p.tb);
@@ -242,30 +303,55 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         let w = panel_width(k);
         let dst = SharedDst(spare.as_mut_ptr() as *mut T);
         let (a0, b0) = (aoff[0], boff[0]);
-        (0..n.div_ceil(w)).into_par_iter().for_each_init(Vec::new, |buf: &mut Vec<T>, pi| {
-            let (j0, wj) = (pi * w, w.min(n - pi * w));
-            // B's rows j0..j0+wj (k long each) as a k x wj row-major block.
-            buf.clear();
-            buf.reserve(k * wj);
-            transpose_into(&bd[b0 + j0 * k..b0 + (j0 + wj) * k], wj, k, buf.spare_capacity_mut());
-            // SAFETY: `transpose_into` wrote all k * wj elements. The gemm reads an m x k
-            // block of A at its offset and the k x wj block, and writes columns
-            // j0..j0+wj of every row of the m x n destination, which no other task writes.
-            unsafe {
-                buf.set_len(k * wj);
-                let d = dst;
-                gemm::gemm(
-                    m, wj, k,
-                    d.0.add(j0), 1, n as isize, false,
-                    ad.as_ptr().add(a0), a_cs, a_rs,
-                    buf.as_ptr(), 1, wj as isize,
-                    T::zero(), T::one(), false, false, false, Parallelism::None,
-                )
-            }
-        });
+        (0..n.div_ceil(w))
+            .into_par_iter()
+            .for_each_init(Vec::new, |buf: &mut Vec<T>, pi| {
+                let (j0, wj) = (pi * w, w.min(n - pi * w));
+                // B's rows j0..j0+wj (k long each) as a k x wj row-major block.
+                buf.clear();
+                buf.reserve(k * wj);
+                transpose_into(
+                    &bd[b0 + j0 * k..b0 + (j0 + wj) * k],
+                    wj,
+                    k,
+                    buf.spare_capacity_mut(),
+                );
+                // SAFETY: `transpose_into` wrote all k * wj elements. The gemm reads an m x k
+                // block of A at its offset and the k x wj block, and writes columns
+                // j0..j0+wj of every row of the m x n destination, which no other task writes.
+                unsafe {
+                    buf.set_len(k * wj);
+                    let d = dst;
+                    gemm::gemm(
+                        m,
+                        wj,
+                        k,
+                        d.0.add(j0),
+                        1,
+                        n as isize,
+                        false,
+                        ad.as_ptr().add(a0),
+                        a_cs,
+                        a_rs,
+                        buf.as_ptr(),
+                        1,
+                        wj as isize,
+                        T::zero(),
+                        T::one(),
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
+                    )
+                }
+            });
         // SAFETY: the panels cover all n columns of every row.
         unsafe { out.set_len(total) };
-        return T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared());
+        return T::wrap(
+            Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
+                .expect("shape matches")
+                .into_shared(),
+        );
     }
     let skinny = skinny(p.ta, m, n);
     if single && !skinny && !p.tb && splits_k(m, n, k) {
@@ -283,11 +369,25 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
                 // elements of `part` (read_dst = false).
                 unsafe {
                     gemm::gemm(
-                        m, n, kl,
-                        part.as_mut_ptr(), 1, n as isize, false,
-                        ad.as_ptr().add(a0).offset(l0 as isize * a_cs), a_cs, a_rs,
-                        bd.as_ptr().add(b0).offset(l0 as isize * b_rs), b_cs, b_rs,
-                        T::zero(), T::one(), false, false, false, Parallelism::None,
+                        m,
+                        n,
+                        kl,
+                        part.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        false,
+                        ad.as_ptr().add(a0).offset(l0 as isize * a_cs),
+                        a_cs,
+                        a_rs,
+                        bd.as_ptr().add(b0).offset(l0 as isize * b_rs),
+                        b_cs,
+                        b_rs,
+                        T::zero(),
+                        T::one(),
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
                     );
                     part.set_len(m * n);
                 }
@@ -300,7 +400,11 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
         }
         // SAFETY: every element was written just above.
         unsafe { out.set_len(total) };
-        return T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared());
+        return T::wrap(
+            Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
+                .expect("shape matches")
+                .into_shared(),
+        );
     }
     // A transposed B is read by `gemm` with a gather in its packing; one transposed copy
     // (n*k moves) is cheaper once there are a few rows of A to reuse it.
@@ -314,55 +418,96 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
     // A transposed A needs no copy: `gemm` reads it in place (measured no faster copied).
     let boff = &boff[..];
     let batches = aoff.len();
-    let one = |dst: &mut [MaybeUninit<T>], ao: usize, bo: usize, par: Parallelism, tmp: &mut Vec<T>| {
-        if m == 0 || n == 0 {
-            return;
-        }
-        if k == 0 {
-            dst.iter_mut().for_each(|v| {
-                v.write(T::zero());
-            });
-            return;
-        }
-        if skinny {
-            // Column-major result (so `gemm` runs m down its microkernel rows), then
-            // transposed into place: m*n moves against 2*m*n*k flops.
-            tmp.clear();
-            tmp.reserve(m * n);
-            // SAFETY: as below; the n x m column-major block is tmp's spare capacity.
+    let one =
+        |dst: &mut [MaybeUninit<T>], ao: usize, bo: usize, par: Parallelism, tmp: &mut Vec<T>| {
+            if m == 0 || n == 0 {
+                return;
+            }
+            if k == 0 {
+                dst.iter_mut().for_each(|v| {
+                    v.write(T::zero());
+                });
+                return;
+            }
+            if skinny {
+                // Column-major result (so `gemm` runs m down its microkernel rows), then
+                // transposed into place: m*n moves against 2*m*n*k flops.
+                tmp.clear();
+                tmp.reserve(m * n);
+                // SAFETY: as below; the n x m column-major block is tmp's spare capacity.
+                unsafe {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        tmp.as_mut_ptr(),
+                        m as isize,
+                        1,
+                        false,
+                        ad.as_ptr().add(ao),
+                        a_cs,
+                        a_rs,
+                        bd.as_ptr().add(bo),
+                        b_cs,
+                        b_rs,
+                        T::zero(),
+                        T::one(),
+                        false,
+                        false,
+                        false,
+                        par,
+                    );
+                    tmp.set_len(m * n);
+                }
+                transpose_into(tmp, n, m, dst);
+                return;
+            }
+            // SAFETY: every pointer addresses an m x k, k x n or m x n block inside its buffer,
+            // with the strides computed for that buffer's row-major layout above.
             unsafe {
                 gemm::gemm(
-                    m, n, k,
-                    tmp.as_mut_ptr(), m as isize, 1, false,
-                    ad.as_ptr().add(ao), a_cs, a_rs,
-                    bd.as_ptr().add(bo), b_cs, b_rs,
-                    T::zero(), T::one(), false, false, false, par,
-                );
-                tmp.set_len(m * n);
+                    m,
+                    n,
+                    k,
+                    dst.as_mut_ptr() as *mut T,
+                    1,
+                    n as isize,
+                    false,
+                    ad.as_ptr().add(ao),
+                    a_cs,
+                    a_rs,
+                    bd.as_ptr().add(bo),
+                    b_cs,
+                    b_rs,
+                    T::zero(),
+                    T::one(),
+                    false,
+                    false,
+                    false,
+                    par,
+                )
             }
-            transpose_into(tmp, n, m, dst);
-            return;
-        }
-        // SAFETY: every pointer addresses an m x k, k x n or m x n block inside its buffer,
-        // with the strides computed for that buffer's row-major layout above.
-        unsafe {
-            gemm::gemm(
-                m, n, k,
-                dst.as_mut_ptr() as *mut T, 1, n as isize, false,
-                ad.as_ptr().add(ao), a_cs, a_rs,
-                bd.as_ptr().add(bo), b_cs, b_rs,
-                T::zero(), T::one(), false, false, false, par,
-            )
-        }
-    };
+        };
     if batches == 1 && !skinny && team_split(m, n, macs) {
         let dst = SharedDst(spare.as_mut_ptr() as *mut T);
         // SAFETY: A (at aoff[0]) and B (at boff[0]) hold m x k and k x n blocks with these
         // strides, and the destination m x n elements.
-        unsafe { team_halves((m, n, k), dst, false, (ad, aoff[0], a_rs, a_cs), (bd, boff[0], b_rs, b_cs)) };
+        unsafe {
+            team_halves(
+                (m, n, k),
+                dst,
+                false,
+                (ad, aoff[0], a_rs, a_cs),
+                (bd, boff[0], b_rs, b_cs),
+            )
+        };
         // SAFETY: the two parts cover the whole m x n result.
         unsafe { out.set_len(total) };
-        return T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared());
+        return T::wrap(
+            Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
+                .expect("shape matches")
+                .into_shared(),
+        );
     }
     let chunk = (m * n).max(1);
     if batches > 1 && macs < PAR_MIN_MACS {
@@ -372,9 +517,15 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
             .par_chunks_mut(chunk)
             .zip(aoff.par_iter().zip(boff.par_iter()))
             .with_min_len(grain)
-            .for_each_init(Vec::new, |tmp, (dst, (&ao, &bo))| one(dst, ao, bo, Parallelism::None, tmp));
+            .for_each_init(Vec::new, |tmp, (dst, (&ao, &bo))| {
+                one(dst, ao, bo, Parallelism::None, tmp)
+            });
     } else {
-        let par = if macs >= PAR_MIN_MACS { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
+        let par = if macs >= PAR_MIN_MACS {
+            Parallelism::Rayon(rayon::current_num_threads())
+        } else {
+            Parallelism::None
+        };
         let mut tmp = Vec::new();
         for (i, dst) in spare.chunks_mut(chunk).enumerate().take(batches) {
             one(dst, aoff[i], boff[i], par, &mut tmp);
@@ -382,10 +533,21 @@ fn run_gemm<T: GemmElem>(a: &Arr<T>, b: &Arr<T>, p: Plan, out_shape: &[usize], a
     }
     // SAFETY: each batch's m x n block was written above (by gemm, or zeros when k == 0).
     unsafe { out.set_len(total) };
-    T::wrap(Arr::from_shape_vec(ndarray::IxDyn(out_shape), out).expect("shape matches").into_shared())
+    T::wrap(
+        Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
+            .expect("shape matches")
+            .into_shared(),
+    )
 }
 
-fn int_matmul(a: &[i64], b: &[i64], p: Plan, out_shape: &[usize], aoff: &[usize], boff: &[usize]) -> Value {
+fn int_matmul(
+    a: &[i64],
+    b: &[i64],
+    p: Plan,
+    out_shape: &[usize],
+    aoff: &[usize],
+    boff: &[usize],
+) -> Value {
     let (m, n, k) = (p.m, p.n, p.k);
     let (a_rs, a_cs) = strides(p.a_cols, p.ta);
     let (b_rs, b_cs) = strides(p.b_cols, p.tb);
@@ -410,7 +572,9 @@ fn int_matmul(a: &[i64], b: &[i64], p: Plan, out_shape: &[usize], aoff: &[usize]
 /// helper's team (`team_halves`): in a loop body or a short run, where waking the pool
 /// costs more than the work it would share.
 fn team_split(m: usize, n: usize, macs: usize) -> bool {
-    (TEAM_MIN_MACS..PAR_MIN_MACS).contains(&macs) && (n >= 32 || m >= 16) && crate::runtime::cpu::team::available()
+    (TEAM_MIN_MACS..PAR_MIN_MACS).contains(&macs)
+        && (n >= 32 || m >= 16)
+        && crate::runtime::cpu::team::available()
 }
 
 /// The `m x n x k` product of A and B (each a buffer, an offset and row / column strides)
@@ -431,23 +595,49 @@ unsafe fn team_halves<T: GemmElem>(
     (ad, ao, a_rs, a_cs): (&[T], usize, isize, isize),
     (bd, bo, b_rs, b_cs): (&[T], usize, isize, isize),
 ) {
-    let (by_cols, len) = if m < 32 && n >= 32 { (true, n) } else { (false, m) };
-    let h = if by_cols { (len / 2).div_ceil(16) * 16 } else { (len / 2).div_ceil(8) * 8 };
+    let (by_cols, len) = if m < 32 && n >= 32 {
+        (true, n)
+    } else {
+        (false, m)
+    };
+    let h = if by_cols {
+        (len / 2).div_ceil(16) * 16
+    } else {
+        (len / 2).div_ceil(8) * 8
+    };
     let alpha = if accumulate { T::one() } else { T::zero() };
     crate::runtime::cpu::team::split2(&|part| {
         let (s, e) = if part == 0 { (0, h) } else { (h, len) };
-        let (i0, rows, j0, cols) = if by_cols { (0, m, s, e - s) } else { (s, e - s, 0, n) };
+        let (i0, rows, j0, cols) = if by_cols {
+            (0, m, s, e - s)
+        } else {
+            (s, e - s, 0, n)
+        };
         let d = dst;
         // SAFETY: rows i0..i0+rows of A, columns j0..j0+cols of B and that block of the
         // m x n destination lie inside their buffers (the caller's contract); the two
         // parts touch disjoint blocks of the destination.
         unsafe {
             gemm::gemm(
-                rows, cols, k,
-                d.0.add(i0 * n + j0), 1, n as isize, accumulate,
-                ad.as_ptr().add(ao).offset(i0 as isize * a_rs), a_cs, a_rs,
-                bd.as_ptr().add(bo).offset(j0 as isize * b_cs), b_cs, b_rs,
-                alpha, T::one(), false, false, false, Parallelism::None,
+                rows,
+                cols,
+                k,
+                d.0.add(i0 * n + j0),
+                1,
+                n as isize,
+                accumulate,
+                ad.as_ptr().add(ao).offset(i0 as isize * a_rs),
+                a_cs,
+                a_rs,
+                bd.as_ptr().add(bo).offset(j0 as isize * b_cs),
+                b_cs,
+                b_rs,
+                alpha,
+                T::one(),
+                false,
+                false,
+                false,
+                Parallelism::None,
             )
         }
     });
@@ -468,47 +658,112 @@ fn splits_k(m: usize, n: usize, k: usize) -> bool {
 /// standard layout read as `ta` says (B not transposed), `acc` an f32 `m x n` array in
 /// standard layout, and a product `run_gemm` runs plainly (not skinny or k-split). `None`
 /// elsewhere: the caller multiplies and adds.
-pub fn accumulable(ta: bool, tb: bool, a: &Value, b: &Value, acc: &Value) -> Option<(usize, usize, usize)> {
-    let (Value::F32(x), Value::F32(y), Value::F32(c)) = (a, b, acc) else { return None };
+pub fn accumulable(
+    ta: bool,
+    tb: bool,
+    a: &Value,
+    b: &Value,
+    acc: &Value,
+) -> Option<(usize, usize, usize)> {
+    let (Value::F32(x), Value::F32(y), Value::F32(c)) = (a, b, acc) else {
+        return None;
+    };
     let (sa, sb) = (x.shape(), y.shape());
-    if tb || sa.len() != 2 || sb.len() != 2 || ![x.is_standard_layout(), y.is_standard_layout(), c.is_standard_layout()].iter().all(|&s| s) {
+    if tb
+        || sa.len() != 2
+        || sb.len() != 2
+        || ![
+            x.is_standard_layout(),
+            y.is_standard_layout(),
+            c.is_standard_layout(),
+        ]
+        .iter()
+        .all(|&s| s)
+    {
         return None;
     }
     let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
     let n = sb[1];
     let large = m * n * k >= PAR_MIN_MACS && rayon::current_num_threads() > 1;
-    let plain = k == sb[0] && c.shape() == [m, n] && m > 0 && n > 0 && k > 0 && !skinny(ta, m, n) && !(large && splits_k(m, n, k));
+    let plain = k == sb[0]
+        && c.shape() == [m, n]
+        && m > 0
+        && n > 0
+        && k > 0
+        && !skinny(ta, m, n)
+        && !(large && splits_k(m, n, k));
     plain.then_some((m, n, k))
 }
 
 /// `acc += a · b` for operands `accumulable` returned `dims` for, with `gemm` reading `acc`
 /// as its destination instead of writing a new product that an elementwise add then reads
 /// back (a loop VJP's gradient accumulators, `compile::fuse::Item::MatAcc`).
-pub fn accumulate(ta: bool, a: &Value, b: &Value, acc: &mut ndarray::ArrayD<f32>, (m, n, k): (usize, usize, usize)) {
-    let (Value::F32(x), Value::F32(y)) = (a, b) else { unreachable!("accumulable checked f32") };
-    assert_eq!(acc.shape(), [m, n], "accumulate: the destination has the checked shape");
+pub fn accumulate(
+    ta: bool,
+    a: &Value,
+    b: &Value,
+    acc: &mut ndarray::ArrayD<f32>,
+    (m, n, k): (usize, usize, usize),
+) {
+    let (Value::F32(x), Value::F32(y)) = (a, b) else {
+        unreachable!("accumulable checked f32")
+    };
+    assert_eq!(
+        acc.shape(),
+        [m, n],
+        "accumulate: the destination has the checked shape"
+    );
     let (a_rs, a_cs) = strides(x.shape()[1], ta);
     let (b_rs, b_cs) = strides(n, false);
-    let (ad, bd) = (x.as_slice().expect("standard"), y.as_slice().expect("standard"));
+    let (ad, bd) = (
+        x.as_slice().expect("standard"),
+        y.as_slice().expect("standard"),
+    );
     let dst = SharedDst(acc.as_mut_ptr());
     let macs = m * n * k;
     if team_split(m, n, macs) {
         // SAFETY: A and B hold m x k and k x n blocks with these strides (`accumulable`),
         // and the destination m x n elements.
-        unsafe { team_halves((m, n, k), dst, true, (ad, 0, a_rs, a_cs), (bd, 0, b_rs, b_cs)) };
+        unsafe {
+            team_halves(
+                (m, n, k),
+                dst,
+                true,
+                (ad, 0, a_rs, a_cs),
+                (bd, 0, b_rs, b_cs),
+            )
+        };
         return;
     }
     let threads = rayon::current_num_threads();
-    let par = if macs >= PAR_MIN_MACS && threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    let par = if macs >= PAR_MIN_MACS && threads > 1 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    };
     // SAFETY: A is m x k, B k x n and the destination m x n, each addressed with the strides
     // of its row-major buffer; gemm reads the destination and adds the product (read_dst).
     unsafe {
         gemm::gemm(
-            m, n, k,
-            dst.0, 1, n as isize, true,
-            ad.as_ptr(), a_cs, a_rs,
-            bd.as_ptr(), b_cs, b_rs,
-            1.0, 1.0, false, false, false, par,
+            m,
+            n,
+            k,
+            dst.0,
+            1,
+            n as isize,
+            true,
+            ad.as_ptr(),
+            a_cs,
+            a_rs,
+            bd.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
         )
     }
 }
@@ -516,26 +771,59 @@ pub fn accumulate(ta: bool, a: &Value, b: &Value, acc: &mut ndarray::ArrayD<f32>
 pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {
     let (sa, sb) = (a.shape(), b.shape());
     let (ra, rb) = (sa.len(), sb.len());
-    let (m, ka) = if ta { (sa[ra - 1], sa[ra - 2]) } else { (sa[ra - 2], sa[ra - 1]) };
-    let (kb, n) = if tb { (sb[rb - 1], sb[rb - 2]) } else { (sb[rb - 2], sb[rb - 1]) };
+    let (m, ka) = if ta {
+        (sa[ra - 1], sa[ra - 2])
+    } else {
+        (sa[ra - 2], sa[ra - 1])
+    };
+    let (kb, n) = if tb {
+        (sb[rb - 1], sb[rb - 2])
+    } else {
+        (sb[rb - 2], sb[rb - 1])
+    };
     if ka != kb {
-        return Err(value_err!("dot: shapes {sa:?} and {sb:?} are incompatible: the contracted dims are {ka} and {kb}"));
+        return Err(value_err!(
+            "dot: shapes {sa:?} and {sb:?} are incompatible: the contracted dims are {ka} and {kb}"
+        ));
     }
     let bshape = broadcast_runtime("matmul", &sa[..ra - 2], &sb[..rb - 2])?;
     let mut out_shape = bshape.clone();
     out_shape.extend([m, n]);
     let aoff = batch_offsets(&bshape, &sa[..ra - 2], sa[ra - 2] * sa[ra - 1]);
     let boff = batch_offsets(&bshape, &sb[..rb - 2], sb[rb - 2] * sb[rb - 1]);
-    let p = Plan { m, n, k: ka, a_cols: sa[ra - 1], b_cols: sb[rb - 1], ta, tb };
+    let p = Plan {
+        m,
+        n,
+        k: ka,
+        a_cols: sa[ra - 1],
+        b_cols: sb[rb - 1],
+        ta,
+        tb,
+    };
     Ok(match (a, b) {
         (Value::F32(x), Value::F32(y)) => run_gemm(x, y, p, &out_shape, &aoff, &boff),
         (Value::F64(x), Value::F64(y)) => run_gemm(x, y, p, &out_shape, &aoff, &boff),
         (Value::F16(x), Value::F16(y)) => run_gemm(x, y, p, &out_shape, &aoff, &boff),
         _ if a.dtype() == b.dtype() => {
-            let (Value::I64(x), Value::I64(y)) = (a.cast(DType::I64), b.cast(DType::I64)) else { unreachable!() };
-            int_matmul(x.as_slice().expect("standard"), y.as_slice().expect("standard"), p, &out_shape, &aoff, &boff)
-                .cast(a.dtype())
+            let (Value::I64(x), Value::I64(y)) = (a.cast(DType::I64), b.cast(DType::I64)) else {
+                unreachable!()
+            };
+            int_matmul(
+                x.as_slice().expect("standard"),
+                y.as_slice().expect("standard"),
+                p,
+                &out_shape,
+                &aoff,
+                &boff,
+            )
+            .cast(a.dtype())
         }
-        _ => return Err(Error::Type(format!("matmul: operands have dtypes {} and {}", a.dtype(), b.dtype()))),
+        _ => {
+            return Err(Error::Type(format!(
+                "matmul: operands have dtypes {} and {}",
+                a.dtype(),
+                b.dtype()
+            )))
+        }
     })
 }

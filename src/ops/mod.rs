@@ -3,8 +3,8 @@
 //! `Op` have no catch-all arm, so adding a variant makes the compiler list every place that
 //! must handle it. Everything else in the `K` API is a composite of these, in Python.
 
-pub mod conv;
 pub mod control;
+pub mod conv;
 pub mod ctc;
 pub mod elementwise;
 pub mod host;
@@ -40,45 +40,66 @@ pub struct SliceAxis {
 #[derive(Clone, Debug)]
 pub enum Op {
     //                                        inputs                 family
-    Placeholder(Arc<PlaceholderInfo>),     // ()                     source
-    Constant(Arc<Value>),                  // ()                     source
-    Variable(Arc<VarCell>),                // ()                     source
-    Unary(UnaryOp),                        // (x)                    elementwise
-    Binary(BinaryOp),                      // (a, b) broadcasting    elementwise
-    Select,                                // (cond, a, b)           elementwise
-    Cast(DType),                           // (x)                    elementwise
-    StopGradient,                          // (x) identity, no VJP   elementwise
-    Reduce { op: ReduceOp, axes: Vec<usize>, keepdims: bool }, // (x) reduce
-    Arg { op: ArgOp, axis: usize },        // (x) -> int64           reduce
-    Scan { op: ScanOp, axis: usize, exclusive: bool, reverse: bool }, // (x) reduce
-    Reshape,                               // (x, shape: int 1-D)    movement
-    BroadcastTo,                           // (x, shape: int 1-D)    movement
-    SumTo,                                 // (x, shape: int 1-D)    movement
-    ShapeOf,                               // (x) -> int32 1-D       movement
-    ExpandDims(Vec<usize>),                // (x) axes of the result movement
-    Squeeze(Vec<usize>),                   // (x)                    movement
-    Transpose(Vec<usize>),                 // (x)                    movement
-    Slice(Vec<SliceAxis>),                 // (x)                    movement
-    SliceGrad(Vec<SliceAxis>),             // (g, like)              movement
-    Concat(usize),                         // (x0, x1, ...)          movement
-    ConcatGrad { axis: usize, index: usize }, // (g, x0, x1, ...)    movement
-    Pad { pads: Vec<(usize, usize)>, value: f64 }, // (x)            movement
-    Reverse(Vec<usize>),                   // (x)                    movement
-    Gather(usize),                         // (params, indices)      movement
-    ScatterAdd(usize),                     // (updates, indices, like) movement
-    MatMul { ta: bool, tb: bool },         // (a, b) batched         matmul
-    Random(Arc<random::RandomState>),      // (shape: int 1-D)       random
-    Conv(Arc<conv::ConvSpec>),             // (x, w)                 conv
-    ConvInputGrad(Arc<conv::ConvSpec>),    // (gy, w, x_shape)       conv
-    ConvKernelGrad(Arc<conv::ConvSpec>),   // (x, gy, w_shape)       conv
-    Pool(Arc<pool::PoolSpec>),             // (x)                    pool
-    PoolGrad(Arc<pool::PoolSpec>),         // (x, gy)                pool
-    PoolSelect(Arc<pool::PoolSpec>),       // (x, h)                 pool
-    Loop(Arc<control::LoopBody>),          // (seqs.., states.., captured..) control
-    TupleGet(usize),                       // (multi-result node)    control
-    HostCall(Arc<host::HostCall>),         // (inputs..) callback    host
-    Ctc(ctc::CtcOp),                       // (logits, labels, in_len, lab_len) ctc
-    CtcDecode(ctc::Decode),                // (log-probs, in_len) multi-result ctc
+    Placeholder(Arc<PlaceholderInfo>), // ()                     source
+    Constant(Arc<Value>),              // ()                     source
+    Variable(Arc<VarCell>),            // ()                     source
+    Unary(UnaryOp),                    // (x)                    elementwise
+    Binary(BinaryOp),                  // (a, b) broadcasting    elementwise
+    Select,                            // (cond, a, b)           elementwise
+    Cast(DType),                       // (x)                    elementwise
+    StopGradient,                      // (x) identity, no VJP   elementwise
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<usize>,
+        keepdims: bool,
+    }, // (x) reduce
+    Arg {
+        op: ArgOp,
+        axis: usize,
+    }, // (x) -> int64           reduce
+    Scan {
+        op: ScanOp,
+        axis: usize,
+        exclusive: bool,
+        reverse: bool,
+    }, // (x) reduce
+    Reshape,                           // (x, shape: int 1-D)    movement
+    BroadcastTo,                       // (x, shape: int 1-D)    movement
+    SumTo,                             // (x, shape: int 1-D)    movement
+    ShapeOf,                           // (x) -> int32 1-D       movement
+    ExpandDims(Vec<usize>),            // (x) axes of the result movement
+    Squeeze(Vec<usize>),               // (x)                    movement
+    Transpose(Vec<usize>),             // (x)                    movement
+    Slice(Vec<SliceAxis>),             // (x)                    movement
+    SliceGrad(Vec<SliceAxis>),         // (g, like)              movement
+    Concat(usize),                     // (x0, x1, ...)          movement
+    ConcatGrad {
+        axis: usize,
+        index: usize,
+    }, // (g, x0, x1, ...)    movement
+    Pad {
+        pads: Vec<(usize, usize)>,
+        value: f64,
+    }, // (x)            movement
+    Reverse(Vec<usize>),               // (x)                    movement
+    Gather(usize),                     // (params, indices)      movement
+    ScatterAdd(usize),                 // (updates, indices, like) movement
+    MatMul {
+        ta: bool,
+        tb: bool,
+    }, // (a, b) batched         matmul
+    Random(Arc<random::RandomState>),  // (shape: int 1-D)       random
+    Conv(Arc<conv::ConvSpec>),         // (x, w)                 conv
+    ConvInputGrad(Arc<conv::ConvSpec>), // (gy, w, x_shape)       conv
+    ConvKernelGrad(Arc<conv::ConvSpec>), // (x, gy, w_shape)       conv
+    Pool(Arc<pool::PoolSpec>),         // (x)                    pool
+    PoolGrad(Arc<pool::PoolSpec>),     // (x, gy)                pool
+    PoolSelect(Arc<pool::PoolSpec>),   // (x, h)                 pool
+    Loop(Arc<control::LoopBody>),      // (seqs.., states.., captured..) control
+    TupleGet(usize),                   // (multi-result node)    control
+    HostCall(Arc<host::HostCall>),     // (inputs..) callback    host
+    Ctc(ctc::CtcOp),                   // (logits, labels, in_len, lab_len) ctc
+    CtcDecode(ctc::Decode),            // (log-probs, in_len) multi-result ctc
 }
 
 impl Op {
@@ -136,7 +157,9 @@ impl Op {
             Op::Select => elementwise::infer_select(inputs),
             Op::Cast(d) => Ok((inputs[0].shape().clone(), *d)),
             Op::StopGradient => Ok((inputs[0].shape().clone(), inputs[0].dtype())),
-            Op::Reduce { op, axes, keepdims } => reduce::infer_reduce(*op, axes, *keepdims, &inputs[0]),
+            Op::Reduce { op, axes, keepdims } => {
+                reduce::infer_reduce(*op, axes, *keepdims, &inputs[0])
+            }
             Op::Arg { axis, .. } => reduce::infer_arg(*axis, &inputs[0]),
             Op::Scan { op, axis, .. } => reduce::infer_scan(*op, *axis, &inputs[0]),
             Op::Reshape => movement::infer_reshape(&inputs[0], &inputs[1]),
@@ -182,7 +205,12 @@ impl Op {
             Op::StopGradient => Ok(vec![None]),
             Op::Reduce { op, axes, keepdims } => reduce::vjp_reduce(*op, axes, *keepdims, node, g),
             Op::Arg { .. } => Ok(vec![None]),
-            Op::Scan { op, axis, exclusive, reverse } => reduce::vjp_scan(*op, *axis, *exclusive, *reverse, node, g),
+            Op::Scan {
+                op,
+                axis,
+                exclusive,
+                reverse,
+            } => reduce::vjp_scan(*op, *axis, *exclusive, *reverse, node, g),
             Op::Reshape => movement::vjp_reshape(node, g),
             Op::BroadcastTo => movement::vjp_broadcast_to(node, g),
             Op::SumTo => movement::vjp_sum_to(node, g),
@@ -206,9 +234,9 @@ impl Op {
             Op::Pool(s) => pool::vjp_pool(s, node, g),
             Op::PoolGrad(s) => pool::vjp_pool_grad(s, node, g),
             Op::PoolSelect(s) => pool::vjp_pool_select(s, node, g),
-            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
-                Err(crate::error::Error::Runtime("multi-result nodes are differentiated by autodiff::gradients".into()))
-            }
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => Err(crate::error::Error::Runtime(
+                "multi-result nodes are differentiated by autodiff::gradients".into(),
+            )),
             Op::Ctc(c) => ctc::vjp(*c, node, g),
             Op::CtcDecode(_) => Ok(vec![None, None]),
         }
@@ -223,9 +251,16 @@ impl Op {
             Op::Select => elementwise::cpu_select(inputs[0], inputs[1], inputs[2]),
             Op::Cast(d) => Ok(inputs[0].cast(*d)),
             Op::StopGradient => Ok(inputs[0].clone()),
-            Op::Reduce { op, axes, keepdims } => reduce::cpu_reduce(*op, axes, *keepdims, inputs[0]),
+            Op::Reduce { op, axes, keepdims } => {
+                reduce::cpu_reduce(*op, axes, *keepdims, inputs[0])
+            }
             Op::Arg { op, axis } => reduce::cpu_arg(*op, *axis, inputs[0]),
-            Op::Scan { op, axis, exclusive, reverse } => reduce::cpu_scan(*op, *axis, *exclusive, *reverse, inputs[0]),
+            Op::Scan {
+                op,
+                axis,
+                exclusive,
+                reverse,
+            } => reduce::cpu_scan(*op, *axis, *exclusive, *reverse, inputs[0]),
             Op::Reshape => movement::cpu_reshape(inputs[0], inputs[1]),
             Op::BroadcastTo => movement::cpu_broadcast_to(inputs[0], inputs[1]),
             Op::SumTo => movement::cpu_sum_to(inputs[0], inputs[1]),
@@ -240,7 +275,9 @@ impl Op {
             Op::Pad { pads, value } => movement::cpu_pad(pads, *value, inputs[0]),
             Op::Reverse(axes) => movement::cpu_reverse(axes, inputs[0]),
             Op::Gather(axis) => movement::cpu_gather(*axis, inputs[0], inputs[1]),
-            Op::ScatterAdd(axis) => movement::cpu_scatter_add(*axis, inputs[0], inputs[1], inputs[2]),
+            Op::ScatterAdd(axis) => {
+                movement::cpu_scatter_add(*axis, inputs[0], inputs[1], inputs[2])
+            }
             Op::MatMul { ta, tb } => matmul::cpu(*ta, *tb, inputs[0], inputs[1]),
             Op::Random(r) => random::cpu(r, inputs[0]),
             Op::Conv(s) => conv::cpu_conv(s, inputs[0], inputs[1]),
@@ -249,9 +286,9 @@ impl Op {
             Op::Pool(s) => pool::cpu_pool(s, inputs[0]),
             Op::PoolGrad(s) => pool::cpu_pool_grad(s, inputs[0], inputs[1]),
             Op::PoolSelect(s) => pool::cpu_pool_select(s, inputs[0], inputs[1]),
-            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) | Op::CtcDecode(_) => {
-                Err(crate::error::Error::Runtime("multi-result nodes are run by the executor".into()))
-            }
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) | Op::CtcDecode(_) => Err(
+                crate::error::Error::Runtime("multi-result nodes are run by the executor".into()),
+            ),
             Op::Ctc(c) => ctc::cpu(*c, inputs),
         }
     }
@@ -346,7 +383,10 @@ impl Op {
 
     /// Whether the op is elementwise (a fusion candidate).
     pub fn is_elementwise(&self) -> bool {
-        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_)
+        )
     }
 }
 
@@ -390,15 +430,17 @@ pub enum ViewOp<'a> {
 
 /// Shorthands used by the VJP rules, so rules read like the math.
 pub mod build {
-    pub use super::elementwise::{
-        add, binary, cast, constant_like, div, mul, neg, scalar_like, select, sub, unary, zeros_like,
-    };
     pub use super::conv::{conv, conv_input_grad, conv_kernel_grad};
-    pub use super::matmul::matmul;
-    pub use super::pool::{pool, pool_grad, pool_select};
-    pub use super::movement::{
-        broadcast_like, broadcast_to, concat, expand_dims, full_spec, gather, int_vector, pad, reshape_like,
-        reshape_to, reverse, scatter_add, shape_of, slice, slice_grad, squeeze, sum_like, sum_to, transpose,
+    pub use super::elementwise::{
+        add, binary, cast, constant_like, div, mul, neg, scalar_like, select, sub, unary,
+        zeros_like,
     };
+    pub use super::matmul::matmul;
+    pub use super::movement::{
+        broadcast_like, broadcast_to, concat, expand_dims, full_spec, gather, int_vector, pad,
+        reshape_like, reshape_to, reverse, scatter_add, shape_of, slice, slice_grad, squeeze,
+        sum_like, sum_to, transpose,
+    };
+    pub use super::pool::{pool, pool_grad, pool_select};
     pub use super::reduce::{arg, reduce, scan};
 }

@@ -3,12 +3,12 @@
 //! of reshape/broadcast are int tensors, so they may depend on runtime shapes (`K.shape`).
 
 use super::build::*;
+use super::matmul::SharedDst;
 use super::{BinaryOp, Op, ReduceOp, SliceAxis};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::ops::source;
-use super::matmul::SharedDst;
 use crate::runtime::value::{Arr, Elem, Value};
 use crate::shape::{Dim, Shape};
 use crate::{map_value, value_err, with_value};
@@ -27,9 +27,19 @@ pub fn partial_value(t: &Tensor) -> Option<Vec<Option<i64>>> {
         return Some(v.to_i64_vec().into_iter().map(Some).collect());
     }
     if let Op::ShapeOf = op {
-        return Some(t.input(0).shape().dims().iter().map(|d| d.map(|d| d as i64)).collect());
+        return Some(
+            t.input(0)
+                .shape()
+                .dims()
+                .iter()
+                .map(|d| d.map(|d| d as i64))
+                .collect(),
+        );
     }
-    if matches!(op, Op::Cast(_) | Op::Reshape | Op::ExpandDims(_) | Op::Squeeze(_)) {
+    if matches!(
+        op,
+        Op::Cast(_) | Op::Reshape | Op::ExpandDims(_) | Op::Squeeze(_)
+    ) {
         return partial_value(t.input(0));
     }
     if let Op::Concat(0) = op {
@@ -45,7 +55,11 @@ pub fn partial_value(t: &Tensor) -> Option<Vec<Option<i64>>> {
             return None;
         }
         let (start, _, step, len) = resolve_slice(&spec[0], src.len());
-        return Some((0..len).map(|k| src[(start + k as i64 * step) as usize]).collect());
+        return Some(
+            (0..len)
+                .map(|k| src[(start + k as i64 * step) as usize])
+                .collect(),
+        );
     }
     if let Op::Binary(b) = op {
         let (x, y) = (partial_value(t.input(0))?, partial_value(t.input(1))?);
@@ -77,14 +91,20 @@ pub fn partial_value(t: &Tensor) -> Option<Vec<Option<i64>>> {
 
 fn shape_arg(op: &str, s: &Tensor) -> Result<Vec<Option<i64>>> {
     if !s.dtype().is_int() || s.rank() != 1 {
-        return Err(Error::Type(format!("{op}: the target shape must be a 1-D int tensor, got {} of shape {}", s.dtype(), s.shape())));
+        return Err(Error::Type(format!(
+            "{op}: the target shape must be a 1-D int tensor, got {} of shape {}",
+            s.dtype(),
+            s.shape()
+        )));
     }
     if let Some(p) = partial_value(s) {
         return Ok(p);
     }
     match s.shape().dims()[0] {
         Some(n) => Ok(vec![None; n]),
-        None => Err(Error::Value(format!("{op}: the rank of the target shape must be known"))),
+        None => Err(Error::Value(format!(
+            "{op}: the rank of the target shape must be known"
+        ))),
     }
 }
 
@@ -101,7 +121,11 @@ pub fn resolve_slice(s: &SliceAxis, n: usize) -> (i64, i64, i64, usize) {
     };
     let start = norm(s.start, if step > 0 { 0 } else { n - 1 });
     let stop = norm(s.stop, if step > 0 { n } else { -1 });
-    let len = if step > 0 { (stop - start + step - 1).max(0) / step } else { (start - stop - step - 1).max(0) / (-step) };
+    let len = if step > 0 {
+        (stop - start + step - 1).max(0) / step
+    } else {
+        (start - stop - step - 1).max(0) / (-step)
+    };
     (start, stop, step, len as usize)
 }
 
@@ -110,17 +134,31 @@ pub fn resolve_slice(s: &SliceAxis, n: usize) -> (i64, i64, i64, usize) {
 pub fn infer_reshape(x: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
     let target = shape_arg("reshape", s)?;
     if target.iter().filter(|d| **d == Some(-1)).count() > 1 {
-        return Err(value_err!("reshape: at most one dimension of the target shape {target:?} may be -1"));
+        return Err(value_err!(
+            "reshape: at most one dimension of the target shape {target:?} may be -1"
+        ));
     }
     if let Some(&Some(d)) = target.iter().find(|d| matches!(d, Some(v) if *v < -1)) {
-        return Err(value_err!("reshape: invalid dimension {d} in the target shape"));
+        return Err(value_err!(
+            "reshape: invalid dimension {d} in the target shape"
+        ));
     }
-    let known: Option<i64> = target.iter().filter(|d| **d != Some(-1)).try_fold(1i64, |a, d| d.map(|d| a * d));
-    let mut dims: Vec<Dim> = target.iter().map(|d| d.and_then(|d| if d < 0 { None } else { Some(d as usize) })).collect();
+    let known: Option<i64> = target
+        .iter()
+        .filter(|d| **d != Some(-1))
+        .try_fold(1i64, |a, d| d.map(|d| a * d));
+    let mut dims: Vec<Dim> = target
+        .iter()
+        .map(|d| d.and_then(|d| if d < 0 { None } else { Some(d as usize) }))
+        .collect();
     if let (Some(n), Some(k)) = (x.shape().numel(), known) {
         if let Some(pos) = target.iter().position(|d| *d == Some(-1)) {
             if k == 0 || n as i64 % k != 0 {
-                return Err(value_err!("reshape: cannot reshape a tensor of shape {} into {}", x.shape(), fmt_target(&target)));
+                return Err(value_err!(
+                    "reshape: cannot reshape a tensor of shape {} into {}",
+                    x.shape(),
+                    fmt_target(&target)
+                ));
             }
             dims[pos] = Some(n / k as usize);
         } else if n as i64 != k {
@@ -131,7 +169,10 @@ pub fn infer_reshape(x: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
 }
 
 fn fmt_target(t: &[Option<i64>]) -> String {
-    let parts: Vec<String> = t.iter().map(|d| d.map_or("None".into(), |d| d.to_string())).collect();
+    let parts: Vec<String> = t
+        .iter()
+        .map(|d| d.map_or("None".into(), |d| d.to_string()))
+        .collect();
     format!("({})", parts.join(", "))
 }
 
@@ -139,42 +180,87 @@ pub fn infer_broadcast_to(x: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
     let target = shape_arg("broadcast_to", s)?;
     let t = Shape(target.iter().map(|d| d.map(|d| d as usize)).collect());
     if x.rank() > t.rank() {
-        return Err(value_err!("broadcast_to: cannot broadcast shape {} to the lower rank {}", x.shape(), t));
+        return Err(value_err!(
+            "broadcast_to: cannot broadcast shape {} to the lower rank {}",
+            x.shape(),
+            t
+        ));
     }
     let b = crate::shape::broadcast_static("broadcast_to", x.shape(), &t)?;
-    Ok((if b.rank() == t.rank() { merge(&t, &b) } else { t }, x.dtype()))
+    Ok((
+        if b.rank() == t.rank() {
+            merge(&t, &b)
+        } else {
+            t
+        },
+        x.dtype(),
+    ))
 }
 
 fn merge(t: &Shape, b: &Shape) -> Shape {
-    Shape(t.dims().iter().zip(b.dims()).map(|(a, b)| a.or(*b)).collect())
+    Shape(
+        t.dims()
+            .iter()
+            .zip(b.dims())
+            .map(|(a, b)| a.or(*b))
+            .collect(),
+    )
 }
 
 pub fn infer_sum_to(x: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
     let target = shape_arg("sum_to", s)?;
-    Ok((Shape(target.iter().map(|d| d.map(|d| d as usize)).collect()), x.dtype()))
+    Ok((
+        Shape(target.iter().map(|d| d.map(|d| d as usize)).collect()),
+        x.dtype(),
+    ))
 }
 
 pub fn infer_expand_dims(axes: &[usize], x: &Tensor) -> Result<(Shape, DType)> {
     let r = x.rank() + axes.len();
     if axes.iter().any(|&a| a >= r) {
-        return Err(value_err!("expand_dims: axes {axes:?} out of range for the result rank {r}"));
+        return Err(value_err!(
+            "expand_dims: axes {axes:?} out of range for the result rank {r}"
+        ));
     }
     let mut src = x.shape().dims().iter();
-    let dims = (0..r).map(|i| if axes.contains(&i) { Some(1) } else { *src.next().expect("rank checked") }).collect();
+    let dims = (0..r)
+        .map(|i| {
+            if axes.contains(&i) {
+                Some(1)
+            } else {
+                *src.next().expect("rank checked")
+            }
+        })
+        .collect();
     Ok((Shape(dims), x.dtype()))
 }
 
 pub fn infer_squeeze(axes: &[usize], x: &Tensor) -> Result<(Shape, DType)> {
     for &a in axes {
         match x.shape().dims().get(a) {
-            None => return Err(value_err!("squeeze: axis {a} is out of range for shape {}", x.shape())),
+            None => {
+                return Err(value_err!(
+                    "squeeze: axis {a} is out of range for shape {}",
+                    x.shape()
+                ))
+            }
             Some(Some(d)) if *d != 1 => {
-                return Err(value_err!("squeeze: cannot squeeze axis {a} of shape {}: its size is {d}, not 1", x.shape()))
+                return Err(value_err!(
+                    "squeeze: cannot squeeze axis {a} of shape {}: its size is {d}, not 1",
+                    x.shape()
+                ))
             }
             Some(_) => {}
         }
     }
-    let dims = x.shape().dims().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| *d).collect();
+    let dims = x
+        .shape()
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !axes.contains(i))
+        .map(|(_, d)| *d)
+        .collect();
     Ok((Shape(dims), x.dtype()))
 }
 
@@ -182,19 +268,34 @@ pub fn infer_transpose(perm: &[usize], x: &Tensor) -> Result<(Shape, DType)> {
     let mut sorted = perm.to_vec();
     sorted.sort_unstable();
     if sorted != (0..x.rank()).collect::<Vec<_>>() {
-        return Err(value_err!("permute_dimensions: pattern {perm:?} is not a permutation of the {} axes of shape {}", x.rank(), x.shape()));
+        return Err(value_err!(
+            "permute_dimensions: pattern {perm:?} is not a permutation of the {} axes of shape {}",
+            x.rank(),
+            x.shape()
+        ));
     }
-    Ok((Shape(perm.iter().map(|&p| x.shape().dims()[p]).collect()), x.dtype()))
+    Ok((
+        Shape(perm.iter().map(|&p| x.shape().dims()[p]).collect()),
+        x.dtype(),
+    ))
 }
 
 pub fn infer_slice(spec: &[SliceAxis], x: &Tensor) -> Result<(Shape, DType)> {
     if spec.len() != x.rank() {
-        return Err(value_err!("slice: {} slices given for a tensor of rank {}", spec.len(), x.rank()));
+        return Err(value_err!(
+            "slice: {} slices given for a tensor of rank {}",
+            spec.len(),
+            x.rank()
+        ));
     }
     if spec.iter().any(|s| s.step == 0) {
         return Err(value_err!("slice: step cannot be zero"));
     }
-    let dims = spec.iter().zip(x.shape().dims()).map(|(s, d)| d.map(|n| resolve_slice(s, n).3)).collect();
+    let dims = spec
+        .iter()
+        .zip(x.shape().dims())
+        .map(|(s, d)| d.map(|n| resolve_slice(s, n).3))
+        .collect();
     Ok((Shape(dims), x.dtype()))
 }
 
@@ -203,18 +304,30 @@ pub fn infer_slice_grad(_spec: &[SliceAxis], g: &Tensor, like: &Tensor) -> Resul
 }
 
 pub fn infer_concat(axis: usize, xs: &[Tensor]) -> Result<(Shape, DType)> {
-    let first = xs.first().ok_or_else(|| value_err!("concatenate: needs at least one tensor"))?;
+    let first = xs
+        .first()
+        .ok_or_else(|| value_err!("concatenate: needs at least one tensor"))?;
     let r = first.rank();
     if axis >= r {
-        return Err(value_err!("concatenate: axis {axis} is out of range for rank {r}"));
+        return Err(value_err!(
+            "concatenate: axis {axis} is out of range for rank {r}"
+        ));
     }
     let mut dims = first.shape().dims().to_vec();
     for x in &xs[1..] {
         if x.rank() != r {
-            return Err(value_err!("concatenate: tensors have ranks {} and {}; all must have the same rank", r, x.rank()));
+            return Err(value_err!(
+                "concatenate: tensors have ranks {} and {}; all must have the same rank",
+                r,
+                x.rank()
+            ));
         }
         if x.dtype() != first.dtype() {
-            return Err(Error::Type(format!("concatenate: tensors have dtypes {} and {}", first.dtype(), x.dtype())));
+            return Err(Error::Type(format!(
+                "concatenate: tensors have dtypes {} and {}",
+                first.dtype(),
+                x.dtype()
+            )));
         }
         for (i, d) in x.shape().dims().iter().enumerate() {
             if i == axis {
@@ -247,22 +360,38 @@ pub fn infer_concat_grad(axis: usize, index: usize, ins: &[Tensor]) -> Result<(S
 
 pub fn infer_pad(pads: &[(usize, usize)], x: &Tensor) -> Result<(Shape, DType)> {
     if pads.len() != x.rank() {
-        return Err(value_err!("pad: {} (before, after) pairs given for a tensor of rank {}", pads.len(), x.rank()));
+        return Err(value_err!(
+            "pad: {} (before, after) pairs given for a tensor of rank {}",
+            pads.len(),
+            x.rank()
+        ));
     }
-    let dims = x.shape().dims().iter().zip(pads).map(|(d, (a, b))| d.map(|d| d + a + b)).collect();
+    let dims = x
+        .shape()
+        .dims()
+        .iter()
+        .zip(pads)
+        .map(|(d, (a, b))| d.map(|d| d + a + b))
+        .collect();
     Ok((Shape(dims), x.dtype()))
 }
 
 pub fn infer_reverse(axes: &[usize], x: &Tensor) -> Result<(Shape, DType)> {
     if let Some(a) = axes.iter().find(|&&a| a >= x.rank()) {
-        return Err(value_err!("reverse: axis {a} is out of range for rank {}", x.rank()));
+        return Err(value_err!(
+            "reverse: axis {a} is out of range for rank {}",
+            x.rank()
+        ));
     }
     Ok((x.shape().clone(), x.dtype()))
 }
 
 fn check_indices(op: &str, i: &Tensor) -> Result<()> {
     if !i.dtype().is_int() {
-        return Err(Error::Type(format!("{op}: indices must be integers, got {}", i.dtype())));
+        return Err(Error::Type(format!(
+            "{op}: indices must be integers, got {}",
+            i.dtype()
+        )));
     }
     Ok(())
 }
@@ -270,7 +399,10 @@ fn check_indices(op: &str, i: &Tensor) -> Result<()> {
 pub fn infer_gather(axis: usize, p: &Tensor, i: &Tensor) -> Result<(Shape, DType)> {
     check_indices("gather", i)?;
     if axis >= p.rank() {
-        return Err(value_err!("gather: axis {axis} is out of range for rank {}", p.rank()));
+        return Err(value_err!(
+            "gather: axis {axis} is out of range for rank {}",
+            p.rank()
+        ));
     }
     let d = p.shape().dims();
     let mut dims = d[..axis].to_vec();
@@ -282,7 +414,10 @@ pub fn infer_gather(axis: usize, p: &Tensor, i: &Tensor) -> Result<(Shape, DType
 pub fn infer_scatter_add(axis: usize, ins: &[Tensor]) -> Result<(Shape, DType)> {
     check_indices("scatter_add", &ins[1])?;
     if axis >= ins[2].rank() {
-        return Err(value_err!("scatter_add: axis {axis} is out of range for rank {}", ins[2].rank()));
+        return Err(value_err!(
+            "scatter_add: axis {axis} is out of range for rank {}",
+            ins[2].rank()
+        ));
     }
     Ok((ins[2].shape().clone(), ins[0].dtype()))
 }
@@ -298,7 +433,9 @@ pub fn shape_of(x: &Tensor) -> Result<Tensor> {
     Tensor::new(Op::ShapeOf, vec![x.clone()])
 }
 pub fn int_vector(v: &[i64]) -> Tensor {
-    source::constant(Value::from_vec(&[v.len()], v.iter().map(|&d| d as i32).collect()).expect("1-D"))
+    source::constant(
+        Value::from_vec(&[v.len()], v.iter().map(|&d| d as i32).collect()).expect("1-D"),
+    )
 }
 pub fn reshape_to(x: &Tensor, shape: &Tensor) -> Result<Tensor> {
     Tensor::new(Op::Reshape, vec![x.clone(), shape.clone()])
@@ -359,7 +496,13 @@ pub fn concat(xs: &[Tensor], axis: usize) -> Result<Tensor> {
     Tensor::new(Op::Concat(axis), xs.to_vec())
 }
 pub fn pad(x: &Tensor, pads: &[(usize, usize)], value: f64) -> Result<Tensor> {
-    Tensor::new(Op::Pad { pads: pads.to_vec(), value }, vec![x.clone()])
+    Tensor::new(
+        Op::Pad {
+            pads: pads.to_vec(),
+            value,
+        },
+        vec![x.clone()],
+    )
 }
 pub fn reverse(x: &Tensor, axes: &[usize]) -> Result<Tensor> {
     Tensor::new(Op::Reverse(axes.to_vec()), vec![x.clone()])
@@ -368,7 +511,10 @@ pub fn gather(p: &Tensor, i: &Tensor, axis: usize) -> Result<Tensor> {
     Tensor::new(Op::Gather(axis), vec![p.clone(), i.clone()])
 }
 pub fn scatter_add(u: &Tensor, i: &Tensor, like: &Tensor, axis: usize) -> Result<Tensor> {
-    Tensor::new(Op::ScatterAdd(axis), vec![u.clone(), i.clone(), like.clone()])
+    Tensor::new(
+        Op::ScatterAdd(axis),
+        vec![u.clone(), i.clone(), like.clone()],
+    )
 }
 
 // ---------------------------------------------------------------- VJP rules
@@ -410,7 +556,11 @@ pub fn vjp_concat(axis: usize, node: &Tensor, g: &Tensor) -> Result<Vec<Option<T
             let mut off = 0i64;
             for s in sizes {
                 let mut spec = full_spec(node.rank());
-                spec[axis] = SliceAxis { start: Some(off), stop: Some(off + s as i64), step: 1 };
+                spec[axis] = SliceAxis {
+                    start: Some(off),
+                    stop: Some(off + s as i64),
+                    step: 1,
+                };
                 out.push(Some(slice(g, &spec)?));
                 off += s as i64;
             }
@@ -419,7 +569,10 @@ pub fn vjp_concat(axis: usize, node: &Tensor, g: &Tensor) -> Result<Vec<Option<T
             let mut args = vec![g.clone()];
             args.extend(ins.iter().cloned());
             for index in 0..ins.len() {
-                out.push(Some(Tensor::new(Op::ConcatGrad { axis, index }, args.clone())?));
+                out.push(Some(Tensor::new(
+                    Op::ConcatGrad { axis, index },
+                    args.clone(),
+                )?));
             }
         }
     }
@@ -427,24 +580,43 @@ pub fn vjp_concat(axis: usize, node: &Tensor, g: &Tensor) -> Result<Vec<Option<T
 }
 pub fn vjp_concat_grad(axis: usize, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     // Only the gradient's piece flows back; the other pieces are zeros of their shapes.
-    let Op::ConcatGrad { index, .. } = node.op() else { unreachable!("called for ConcatGrad") };
+    let Op::ConcatGrad { index, .. } = node.op() else {
+        unreachable!("called for ConcatGrad")
+    };
     let parts: Result<Vec<Tensor>> = node.inputs()[1..]
         .iter()
         .enumerate()
-        .map(|(i, x)| if i == *index { Ok(g.clone()) } else { zeros_like(x) })
+        .map(|(i, x)| {
+            if i == *index {
+                Ok(g.clone())
+            } else {
+                zeros_like(x)
+            }
+        })
         .collect();
     let mut out = vec![Some(concat(&parts?, axis)?)];
     out.extend(std::iter::repeat_n(None, node.inputs().len() - 1));
     Ok(out)
 }
 pub fn full_spec(rank: usize) -> Vec<SliceAxis> {
-    vec![SliceAxis { start: None, stop: None, step: 1 }; rank]
+    vec![
+        SliceAxis {
+            start: None,
+            stop: None,
+            step: 1
+        };
+        rank
+    ]
 }
 pub fn vjp_pad(pads: &[(usize, usize)], node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     let _ = node;
     let spec: Vec<SliceAxis> = pads
         .iter()
-        .map(|&(a, b)| SliceAxis { start: Some(a as i64), stop: if b == 0 { None } else { Some(-(b as i64)) }, step: 1 })
+        .map(|&(a, b)| SliceAxis {
+            start: Some(a as i64),
+            stop: if b == 0 { None } else { Some(-(b as i64)) },
+            step: 1,
+        })
         .collect();
     Ok(vec![Some(slice(g, &spec)?)])
 }
@@ -452,7 +624,10 @@ pub fn vjp_reverse(axes: &[usize], g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     Ok(vec![Some(reverse(g, axes)?)])
 }
 pub fn vjp_gather(axis: usize, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
-    Ok(vec![Some(scatter_add(g, node.input(1), node.input(0), axis)?), None])
+    Ok(vec![
+        Some(scatter_add(g, node.input(1), node.input(0), axis)?),
+        None,
+    ])
 }
 pub fn vjp_scatter_add(axis: usize, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     Ok(vec![Some(gather(g, node.input(1), axis)?), None, None])
@@ -474,17 +649,23 @@ pub fn reshape_dims(op: &str, shape: &[usize], s: &Value) -> Result<Vec<usize>> 
     for &d in &t {
         if d == -1 {
             if known == 0 || n as i64 % known != 0 {
-                return Err(value_err!("{op}: cannot reshape a tensor of shape {shape:?} into {t:?}"));
+                return Err(value_err!(
+                    "{op}: cannot reshape a tensor of shape {shape:?} into {t:?}"
+                ));
             }
             out.push(n / known as usize);
         } else if d < 0 {
-            return Err(value_err!("{op}: invalid dimension {d} in the target shape {t:?}"));
+            return Err(value_err!(
+                "{op}: invalid dimension {d} in the target shape {t:?}"
+            ));
         } else {
             out.push(d as usize);
         }
     }
     if out.iter().product::<usize>() != n {
-        return Err(value_err!("{op}: cannot reshape a tensor of shape {shape:?} ({n} elements) into {out:?}"));
+        return Err(value_err!(
+            "{op}: cannot reshape a tensor of shape {shape:?} ({n} elements) into {out:?}"
+        ));
     }
     Ok(out)
 }
@@ -493,21 +674,39 @@ pub fn reshape_dims(op: &str, shape: &[usize], s: &Value) -> Result<Vec<usize>> 
 pub fn expanded_dims(axes: &[usize], shape: &[usize]) -> Vec<usize> {
     let r = shape.len() + axes.len();
     let mut src = shape.iter();
-    (0..r).map(|i| if axes.contains(&i) { 1 } else { *src.next().expect("rank") }).collect()
+    (0..r)
+        .map(|i| {
+            if axes.contains(&i) {
+                1
+            } else {
+                *src.next().expect("rank")
+            }
+        })
+        .collect()
 }
 
 /// The shape `squeeze` gives a tensor of `shape`; every squeezed axis must have size 1.
 pub fn squeezed_dims(axes: &[usize], shape: &[usize]) -> Result<Vec<usize>> {
     if let Some(&a) = axes.iter().find(|&&a| shape[a] != 1) {
-        return Err(value_err!("squeeze: axis {a} of shape {shape:?} has size {}, not 1", shape[a]));
+        return Err(value_err!(
+            "squeeze: axis {a} of shape {shape:?} has size {}, not 1",
+            shape[a]
+        ));
     }
-    Ok(shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect())
+    Ok(shape
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !axes.contains(i))
+        .map(|(_, &d)| d)
+        .collect())
 }
 
 /// The axes `sum_to` reduces to bring `xs` down to `target` (then reshaped to it).
 pub fn sum_to_axes(xs: &[usize], target: &[usize]) -> Result<Vec<usize>> {
     if target.len() > xs.len() {
-        return Err(value_err!("sum_to: cannot sum shape {xs:?} down to the higher rank {target:?}"));
+        return Err(value_err!(
+            "sum_to: cannot sum shape {xs:?} down to the higher rank {target:?}"
+        ));
     }
     let lead = xs.len() - target.len();
     let mut axes: Vec<usize> = (0..lead).collect();
@@ -516,7 +715,9 @@ pub fn sum_to_axes(xs: &[usize], target: &[usize]) -> Result<Vec<usize>> {
         if t == 1 && d != 1 {
             axes.push(lead + i);
         } else if t != d {
-            return Err(value_err!("sum_to: shape {xs:?} does not broadcast from {target:?}"));
+            return Err(value_err!(
+                "sum_to: shape {xs:?} does not broadcast from {target:?}"
+            ));
         }
     }
     Ok(axes)
@@ -534,9 +735,14 @@ pub fn cpu_broadcast_to(x: &Value, s: &Value) -> Result<Value> {
     }
     let out = crate::shape::broadcast_runtime("broadcast_to", x.shape(), &target)?;
     if out != target {
-        return Err(value_err!("broadcast_to: cannot broadcast shape {:?} to {target:?}", x.shape()));
+        return Err(value_err!(
+            "broadcast_to: cannot broadcast shape {:?} to {target:?}",
+            x.shape()
+        ));
     }
-    Ok(map_value!(x, a => a.broadcast(IxDyn(&target)).expect("checked").as_standard_layout().into_owned().into_shared()))
+    Ok(
+        map_value!(x, a => a.broadcast(IxDyn(&target)).expect("checked").as_standard_layout().into_owned().into_shared()),
+    )
 }
 
 pub fn cpu_sum_to(x: &Value, s: &Value) -> Result<Value> {
@@ -556,7 +762,8 @@ pub fn cpu_shape_of(x: &Value) -> Result<Value> {
 
 /// What `shape` returns for a value of shape `dims`.
 pub fn shape_value(dims: &[usize]) -> Value {
-    Value::from_vec(&[dims.len()], dims.iter().map(|&d| d as i32).collect()).expect("length matches")
+    Value::from_vec(&[dims.len()], dims.iter().map(|&d| d as i32).collect())
+        .expect("length matches")
 }
 
 pub fn cpu_expand_dims(axes: &[usize], x: &Value) -> Result<Value> {
@@ -579,7 +786,11 @@ fn nd_slice(s: &SliceAxis, n: usize) -> Slice {
     if len == 0 {
         Slice::new(0, Some(0), 1)
     } else if step > 0 {
-        Slice::new(start as isize, Some((start + (len as i64 - 1) * step + 1) as isize), step as isize)
+        Slice::new(
+            start as isize,
+            Some((start + (len as i64 - 1) * step + 1) as isize),
+            step as isize,
+        )
     } else {
         let lo = start + (len as i64 - 1) * step;
         Slice::new(lo as isize, Some((start + 1) as isize), step as isize)
@@ -617,13 +828,23 @@ fn to_contiguous<T: Elem>(v: ArrayView<'_, T, IxDyn>) -> Arr<T> {
         // SAFETY: rows r0.. of the `len`-element result; the parts write disjoint rows.
         unsafe { copy_rows(&part, d.0.add(r0 * row)) };
     };
-    if shape.len() >= 2 && shape[0] >= 2 && len >= TEAM_COPY && crate::runtime::cpu::team::available() {
+    if shape.len() >= 2
+        && shape[0] >= 2
+        && len >= TEAM_COPY
+        && crate::runtime::cpu::team::available()
+    {
         // In a loop or a short run, halves of the leading axis on two threads: the rows
         // each one wrote in the kernel before (split the same way) stay in its cache.
         let h = shape[0] / 2;
         let rows_per_index = len / shape[0] / row;
         let (a, b) = v.split_at(Axis(0), h);
-        crate::runtime::cpu::team::split2(&|p| if p == 0 { copy(a.view(), 0) } else { copy(b.view(), h * rows_per_index) });
+        crate::runtime::cpu::team::split2(&|p| {
+            if p == 0 {
+                copy(a.view(), 0)
+            } else {
+                copy(b.view(), h * rows_per_index)
+            }
+        });
     } else {
         copy(v, 0);
     }
@@ -677,7 +898,11 @@ pub fn cpu_slice_grad(spec: &[SliceAxis], g: &Value, like: &Value) -> Result<Val
                 v.slice_axis_inplace(Axis(ax), nd_slice(sa, n));
             }
             if v.shape() != g.shape() {
-                return Err(value_err!("slice_grad: gradient shape {:?} does not match the slice shape {:?}", g.shape(), v.shape()));
+                return Err(value_err!(
+                    "slice_grad: gradient shape {:?} does not match the slice shape {:?}",
+                    g.shape(),
+                    v.shape()
+                ));
             }
             copy_into(v, g.view());
         }
@@ -691,21 +916,38 @@ pub fn cpu_slice_grad(spec: &[SliceAxis], g: &Value, like: &Value) -> Result<Val
 fn copy_into<T: Elem>(mut dst: ArrayViewMut<'_, T, IxDyn>, src: ArrayView<'_, T, IxDyn>) {
     let last = dst.ndim().wrapping_sub(1);
     let unit = |s: &[isize], n: usize| n <= 1 || s[last] == 1;
-    if dst.ndim() == 0 || !unit(dst.strides(), dst.shape()[last]) || !unit(src.strides(), src.shape()[last]) {
+    if dst.ndim() == 0
+        || !unit(dst.strides(), dst.shape()[last])
+        || !unit(src.strides(), src.shape()[last])
+    {
         dst.assign(&src);
         return;
     }
-    for (mut d, s) in dst.lanes_mut(Axis(last)).into_iter().zip(src.lanes(Axis(last))) {
-        d.as_slice_mut().expect("unit stride checked").copy_from_slice(s.to_slice().expect("unit stride checked"));
+    for (mut d, s) in dst
+        .lanes_mut(Axis(last))
+        .into_iter()
+        .zip(src.lanes(Axis(last)))
+    {
+        d.as_slice_mut()
+            .expect("unit stride checked")
+            .copy_from_slice(s.to_slice().expect("unit stride checked"));
     }
 }
 
 pub fn cpu_concat(axis: usize, xs: &[&Value]) -> Result<Value> {
     fn go<T: Elem>(xs: &[&Value], axis: usize) -> Result<Value> {
-        let arrs: Vec<&Arr<T>> = xs.iter().map(|v| T::unwrap(v).expect("same dtype checked")).collect();
+        let arrs: Vec<&Arr<T>> = xs
+            .iter()
+            .map(|v| T::unwrap(v).expect("same dtype checked"))
+            .collect();
         let first = arrs[0].shape();
         let fits = arrs.iter().all(|a| {
-            a.ndim() == first.len() && a.shape().iter().zip(first).enumerate().all(|(i, (m, n))| i == axis || m == n)
+            a.ndim() == first.len()
+                && a.shape()
+                    .iter()
+                    .zip(first)
+                    .enumerate()
+                    .all(|(i, (m, n))| i == axis || m == n)
         });
         let slices: Option<Vec<&[T]>> = arrs.iter().map(|a| a.as_slice()).collect();
         let (true, Some(slices)) = (fits && axis < first.len(), slices) else {
@@ -733,7 +975,13 @@ pub fn cpu_concat(axis: usize, xs: &[&Value]) -> Result<Value> {
                     let d = dst;
                     // SAFETY: outer index o's run [o * stride, (o + 1) * stride) of the
                     // `total`-element result; the halves write disjoint runs.
-                    unsafe { std::ptr::copy_nonoverlapping(s[o * c..(o + 1) * c].as_ptr(), d.0.add(at), c) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            s[o * c..(o + 1) * c].as_ptr(),
+                            d.0.add(at),
+                            c,
+                        )
+                    };
                     at += c;
                 }
             }
@@ -741,13 +989,21 @@ pub fn cpu_concat(axis: usize, xs: &[&Value]) -> Result<Value> {
         if outer >= 2 && total >= TEAM_COPY && crate::runtime::cpu::team::available() {
             // As in `to_contiguous`: each thread copies the rows it is likely to have written.
             let h = outer / 2;
-            crate::runtime::cpu::team::split2(&|p| if p == 0 { rows(0, h) } else { rows(h, outer) });
+            crate::runtime::cpu::team::split2(&|p| {
+                if p == 0 {
+                    rows(0, h)
+                } else {
+                    rows(h, outer)
+                }
+            });
         } else {
             rows(0, outer);
         }
         // SAFETY: all `outer` runs were written above.
         unsafe { out.set_len(total) };
-        Ok(T::wrap(Arr::from_shape_vec(IxDyn(&shape), out).expect("length is the product of the shape")))
+        Ok(T::wrap(
+            Arr::from_shape_vec(IxDyn(&shape), out).expect("length is the product of the shape"),
+        ))
     }
     crate::dispatch_dtype!(xs[0].dtype(), T => go::<T>(xs, axis))
 }
@@ -756,18 +1012,30 @@ pub fn cpu_concat_grad(axis: usize, index: usize, ins: &[&Value]) -> Result<Valu
     let off: usize = ins[1..1 + index].iter().map(|v| v.shape()[axis]).sum();
     let n = ins[1 + index].shape()[axis];
     let mut spec = full_spec(ins[0].shape().len());
-    spec[axis] = SliceAxis { start: Some(off as i64), stop: Some((off + n) as i64), step: 1 };
+    spec[axis] = SliceAxis {
+        start: Some(off as i64),
+        stop: Some((off + n) as i64),
+        step: 1,
+    };
     cpu_slice(&spec, ins[0])
 }
 
 pub fn cpu_pad(pads: &[(usize, usize)], value: f64, x: &Value) -> Result<Value> {
     fn go<T: Elem>(a: &Arr<T>, pads: &[(usize, usize)], value: f64) -> Value {
-        let shape: Vec<usize> = a.shape().iter().zip(pads).map(|(d, (p, q))| d + p + q).collect();
+        let shape: Vec<usize> = a
+            .shape()
+            .iter()
+            .zip(pads)
+            .map(|(d, (p, q))| d + p + q)
+            .collect();
         let mut out = ndarray::Array::from_elem(IxDyn(&shape), T::from_f64(value));
         {
             let mut v: ArrayViewMut<'_, T, IxDyn> = out.view_mut();
             for (ax, ((p, _), d)) in pads.iter().zip(a.shape()).enumerate() {
-                v.slice_axis_inplace(Axis(ax), Slice::new(*p as isize, Some((*p + d) as isize), 1));
+                v.slice_axis_inplace(
+                    Axis(ax),
+                    Slice::new(*p as isize, Some((*p + d) as isize), 1),
+                );
             }
             v.assign(a);
         }
@@ -791,7 +1059,9 @@ pub fn indices(op: &str, i: &Value, n: usize) -> Result<Vec<usize>> {
         .into_iter()
         .map(|k| {
             if k < 0 || k as usize >= n {
-                Err(value_err!("{op}: index {k} is out of range for an axis of size {n}"))
+                Err(value_err!(
+                    "{op}: index {k} is out of range for an axis of size {n}"
+                ))
             } else {
                 Ok(k as usize)
             }
@@ -801,12 +1071,23 @@ pub fn indices(op: &str, i: &Value, n: usize) -> Result<Vec<usize>> {
 
 pub fn cpu_gather(axis: usize, p: &Value, i: &Value) -> Result<Value> {
     let ps = p.shape();
-    let (outer, n, inner) = (ps[..axis].iter().product::<usize>(), ps[axis], ps[axis + 1..].iter().product::<usize>());
+    let (outer, n, inner) = (
+        ps[..axis].iter().product::<usize>(),
+        ps[axis],
+        ps[axis + 1..].iter().product::<usize>(),
+    );
     let idx = indices("gather", i, n)?;
     let mut shape = ps[..axis].to_vec();
     shape.extend_from_slice(i.shape());
     shape.extend_from_slice(&ps[axis + 1..]);
-    fn go<T: Elem>(a: &Arr<T>, idx: &[usize], outer: usize, n: usize, inner: usize, shape: &[usize]) -> Result<Value> {
+    fn go<T: Elem>(
+        a: &Arr<T>,
+        idx: &[usize],
+        outer: usize,
+        n: usize,
+        inner: usize,
+        shape: &[usize],
+    ) -> Result<Value> {
         let src = a.as_slice().expect("standard");
         let mut out = Vec::with_capacity(outer * idx.len() * inner);
         for o in 0..outer {
@@ -822,13 +1103,34 @@ pub fn cpu_gather(axis: usize, p: &Value, i: &Value) -> Result<Value> {
 
 pub fn cpu_scatter_add(axis: usize, u: &Value, i: &Value, like: &Value) -> Result<Value> {
     let ls = like.shape();
-    let (outer, n, inner) = (ls[..axis].iter().product::<usize>(), ls[axis], ls[axis + 1..].iter().product::<usize>());
+    let (outer, n, inner) = (
+        ls[..axis].iter().product::<usize>(),
+        ls[axis],
+        ls[axis + 1..].iter().product::<usize>(),
+    );
     let idx = indices("scatter_add", i, n)?;
     if u.len() != outer * idx.len() * inner {
-        return Err(value_err!("scatter_add: updates of shape {:?} do not match indices {:?} into {ls:?}", u.shape(), i.shape()));
+        return Err(value_err!(
+            "scatter_add: updates of shape {:?} do not match indices {:?} into {ls:?}",
+            u.shape(),
+            i.shape()
+        ));
     }
-    let f = u.cast(if u.dtype() == DType::F64 { DType::F64 } else if u.dtype().is_float() { DType::F32 } else { DType::I64 });
-    fn go<T: Elem + std::ops::AddAssign>(a: &Arr<T>, idx: &[usize], outer: usize, n: usize, inner: usize, shape: &[usize]) -> Result<Value> {
+    let f = u.cast(if u.dtype() == DType::F64 {
+        DType::F64
+    } else if u.dtype().is_float() {
+        DType::F32
+    } else {
+        DType::I64
+    });
+    fn go<T: Elem + std::ops::AddAssign>(
+        a: &Arr<T>,
+        idx: &[usize],
+        outer: usize,
+        n: usize,
+        inner: usize,
+        shape: &[usize],
+    ) -> Result<Value> {
         let src = a.as_slice().expect("standard");
         let mut out = vec![T::default(); outer * n * inner];
         let mut s = 0;

@@ -70,13 +70,24 @@ pub fn infer_pool(spec: &PoolSpec, x: &Tensor) -> Result<(Shape, DType)> {
         return Err(value_err!("{what}: pool_size {:?} and strides {:?} must have 1 to 3 entries each, the same number", spec.window, spec.strides));
     }
     if spec.window.contains(&0) || spec.strides.contains(&0) {
-        return Err(value_err!("{what}: pool_size {:?} and strides {:?} must be positive", spec.window, spec.strides));
+        return Err(value_err!(
+            "{what}: pool_size {:?} and strides {:?} must be positive",
+            spec.window,
+            spec.strides
+        ));
     }
     if x.rank() != n + 2 {
-        return Err(value_err!("{what}: x must have rank {} (batch, *spatial, channels), got shape {}", n + 2, x.shape()));
+        return Err(value_err!(
+            "{what}: x must have rank {} (batch, *spatial, channels), got shape {}",
+            n + 2,
+            x.shape()
+        ));
     }
     if !x.dtype().is_float() {
-        return Err(Error::Type(format!("{what}: x must be a float tensor, got {}", x.dtype())));
+        return Err(Error::Type(format!(
+            "{what}: x must be a float tensor, got {}",
+            x.dtype()
+        )));
     }
     let xd = x.shape().dims();
     let mut dims = vec![xd[0]];
@@ -97,14 +108,24 @@ pub fn infer_pool(spec: &PoolSpec, x: &Tensor) -> Result<(Shape, DType)> {
 
 pub fn infer_pool_grad(x: &Tensor, g: &Tensor) -> Result<(Shape, DType)> {
     if x.dtype() != g.dtype() {
-        return Err(Error::Type(format!("pool_grad: dtypes {} and {} differ", x.dtype(), g.dtype())));
+        return Err(Error::Type(format!(
+            "pool_grad: dtypes {} and {} differ",
+            x.dtype(),
+            g.dtype()
+        )));
     }
     Ok((x.shape().clone(), x.dtype()))
 }
 
 pub fn infer_pool_select(spec: &PoolSpec, x: &Tensor, h: &Tensor) -> Result<(Shape, DType)> {
     if x.dtype() != h.dtype() || x.rank() != h.rank() {
-        return Err(Error::Type(format!("pool_select: inputs {} {} and {} {} differ", x.dtype(), x.shape(), h.dtype(), h.shape())));
+        return Err(Error::Type(format!(
+            "pool_select: inputs {} {} and {} {} differ",
+            x.dtype(),
+            x.shape(),
+            h.dtype(),
+            h.shape()
+        )));
     }
     infer_pool(spec, x)
 }
@@ -126,10 +147,18 @@ pub fn vjp_pool(spec: &Arc<PoolSpec>, node: &Tensor, g: &Tensor) -> Result<Vec<O
 }
 /// `PoolGrad` is piecewise constant in `x` (the window maxima move only at ties) and
 /// linear in `gy`.
-pub fn vjp_pool_grad(spec: &Arc<PoolSpec>, node: &Tensor, h: &Tensor) -> Result<Vec<Option<Tensor>>> {
+pub fn vjp_pool_grad(
+    spec: &Arc<PoolSpec>,
+    node: &Tensor,
+    h: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
     Ok(vec![None, Some(pool_select(node.input(0), h, spec)?)])
 }
-pub fn vjp_pool_select(spec: &Arc<PoolSpec>, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+pub fn vjp_pool_select(
+    spec: &Arc<PoolSpec>,
+    node: &Tensor,
+    g: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
     Ok(vec![None, Some(pool_grad(node.input(0), g, spec)?)])
 }
 
@@ -140,14 +169,30 @@ impl PF for f32 {}
 impl PF for f64 {}
 
 /// Runs `k(x, other, out)` per image in f32/f64 (f16 widened) and wraps the result.
-fn run(x: &Value, other: Option<&Value>, out_shape: &[usize], k32: impl Fn(&[f32], &[f32], &mut [f32]) + Sync, k64: impl Fn(&[f64], &[f64], &mut [f64]) + Sync) -> Result<Value> {
-    fn go<T: PF>(x: &Arr<T>, o: Option<&Arr<T>>, shape: &[usize], k: impl Fn(&[T], &[T], &mut [T]) + Sync) -> Value {
-        let (xd, od) = (x.as_slice().expect("standard"), o.map(|o| o.as_slice().expect("standard")).unwrap_or(&[]));
+fn run(
+    x: &Value,
+    other: Option<&Value>,
+    out_shape: &[usize],
+    k32: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+    k64: impl Fn(&[f64], &[f64], &mut [f64]) + Sync,
+) -> Result<Value> {
+    fn go<T: PF>(
+        x: &Arr<T>,
+        o: Option<&Arr<T>>,
+        shape: &[usize],
+        k: impl Fn(&[T], &[T], &mut [T]) + Sync,
+    ) -> Value {
+        let (xd, od) = (
+            x.as_slice().expect("standard"),
+            o.map(|o| o.as_slice().expect("standard")).unwrap_or(&[]),
+        );
         let n = shape[0];
         let mut out = vec![T::zero(); shape.iter().product()];
         if n > 0 && !out.is_empty() {
             let (xl, ol, yl) = (xd.len() / n, od.len() / n, out.len() / n);
-            out.par_chunks_mut(yl).enumerate().for_each(|(i, y)| k(&xd[i * xl..(i + 1) * xl], &od[i * ol..(i + 1) * ol], y));
+            out.par_chunks_mut(yl)
+                .enumerate()
+                .for_each(|(i, y)| k(&xd[i * xl..(i + 1) * xl], &od[i * ol..(i + 1) * ol], y));
         }
         Value::from_vec(shape, out).expect("shape matches")
     }
@@ -158,7 +203,9 @@ fn run(x: &Value, other: Option<&Value>, out_shape: &[usize], k32: impl Fn(&[f32
         (Value::F64(a), None) => Ok(go(a, None, out_shape, k64)),
         (Value::F64(a), Some(Value::F64(b))) => Ok(go(a, Some(b), out_shape, k64)),
         (Value::F16(_), o) if o.is_none_or(|o| o.dtype() == DType::F16) => {
-            let Value::F32(a) = x.cast(DType::F32) else { unreachable!() };
+            let Value::F32(a) = x.cast(DType::F32) else {
+                unreachable!()
+            };
             let b = o.map(|o| o.cast(DType::F32));
             let b = match &b {
                 Some(Value::F32(b)) => Some(b),
@@ -166,7 +213,10 @@ fn run(x: &Value, other: Option<&Value>, out_shape: &[usize], k32: impl Fn(&[f32
             };
             Ok(go(&a, b, out_shape, k32).cast(DType::F16))
         }
-        _ => Err(Error::Type(format!("pooling: unsupported dtype {}", x.dtype()))),
+        _ => Err(Error::Type(format!(
+            "pooling: unsupported dtype {}",
+            x.dtype()
+        ))),
     }
 }
 
@@ -209,7 +259,11 @@ fn argmax<T: PF>(x: &[T], c: usize, ips: &[usize], best: &mut [T], idx: &mut [u3
     best.copy_from_slice(&x[first * c..(first + 1) * c]);
     for (t, &ip) in rest.iter().enumerate() {
         let t = t as u32 + 1;
-        for ((b, i), &v) in best.iter_mut().zip(idx.iter_mut()).zip(&x[ip * c..(ip + 1) * c]) {
+        for ((b, i), &v) in best
+            .iter_mut()
+            .zip(idx.iter_mut())
+            .zip(&x[ip * c..(ip + 1) * c])
+        {
             let more = v > *b;
             *i = if more { t } else { *i };
             *b = if more { v } else { *b };
@@ -311,7 +365,13 @@ fn pool_sel_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], h: &[T], y: &mut [T])
 /// elsewhere, with no zero-fill and no read-modify-write of `dx` (a third of the traffic).
 /// Pixels outside every window (gaps, padding, a remainder) are zeroed first when `gaps`.
 #[inline(always)]
-fn max_pool_bwd_disjoint_impl<T: PF>(g: &Geom, gaps: bool, x: &[T], gy: &[T], dx: &mut [MaybeUninit<T>]) {
+fn max_pool_bwd_disjoint_impl<T: PF>(
+    g: &Geom,
+    gaps: bool,
+    x: &[T],
+    gy: &[T],
+    dx: &mut [MaybeUninit<T>],
+) {
     let c = g.cin;
     if gaps {
         dx.iter_mut().for_each(|d| {
@@ -339,13 +399,19 @@ simd_kernel!(fn max_pool_bwd_disjoint<T: PF>(g: &Geom, gaps: bool, x: &[T], gy: 
 /// Where max pooling's windows do not overlap (`max_pool_bwd_disjoint` applies): whether
 /// some input pixel lies in no window (`gaps`). None where windows overlap.
 fn disjoint_gaps(g: &Geom) -> Option<bool> {
-    (0..3).all(|t| g.s[t] >= g.k[t]).then(|| (0..3).any(|t| g.s[t] != g.k[t] || g.p[t] != (0, 0) || g.o[t] * g.s[t] != g.x[t]))
+    (0..3)
+        .all(|t| g.s[t] >= g.k[t])
+        .then(|| (0..3).any(|t| g.s[t] != g.k[t] || g.p[t] != (0, 0) || g.o[t] * g.s[t] != g.x[t]))
 }
 
 /// Errors unless the gradient `gy` has the pooled shape.
 fn check_grad_shape(g: &Geom, gy: &Value) -> Result<()> {
     if gy.shape() != g.y_shape.as_slice() {
-        return Err(value_err!("pool_grad: gradient shape {:?} does not match the pooled shape {:?}", gy.shape(), g.y_shape));
+        return Err(value_err!(
+            "pool_grad: gradient shape {:?} does not match the pooled shape {:?}",
+            gy.shape(),
+            g.y_shape
+        ));
     }
     Ok(())
 }
@@ -353,7 +419,10 @@ fn check_grad_shape(g: &Geom, gy: &Value) -> Result<()> {
 /// `max_pool_bwd_disjoint` over all images, or None where it does not apply.
 fn max_pool_grad_disjoint(g: &Geom, x: &Value, gy: &Value) -> Option<Value> {
     fn go<T: PF>(g: &Geom, gaps: bool, x: &Arr<T>, gy: &Arr<T>) -> Value {
-        let (xd, gd) = (x.as_slice().expect("standard"), gy.as_slice().expect("standard"));
+        let (xd, gd) = (
+            x.as_slice().expect("standard"),
+            gy.as_slice().expect("standard"),
+        );
         let len = xd.len();
         let mut out: Vec<T> = Vec::with_capacity(len);
         if g.n > 0 && len > 0 {
@@ -361,7 +430,15 @@ fn max_pool_grad_disjoint(g: &Geom, x: &Value, gy: &Value) -> Option<Value> {
             out.spare_capacity_mut()[..len]
                 .par_chunks_mut(xl)
                 .enumerate()
-                .for_each(|(i, dx)| max_pool_bwd_disjoint(g, gaps, &xd[i * xl..(i + 1) * xl], &gd[i * yl..(i + 1) * yl], dx));
+                .for_each(|(i, dx)| {
+                    max_pool_bwd_disjoint(
+                        g,
+                        gaps,
+                        &xd[i * xl..(i + 1) * xl],
+                        &gd[i * yl..(i + 1) * yl],
+                        dx,
+                    )
+                });
         }
         // SAFETY: each image's block was written whole: zeroed first where some pixel is
         // in no window, and every pixel of every window written.
@@ -383,7 +460,13 @@ simd_kernel!(fn pool_sel<T: PF>(kind: PoolKind, g: &Geom, x: &[T], h: &[T], y: &
 pub fn cpu_pool(spec: &PoolSpec, x: &Value) -> Result<Value> {
     let g = spec.geom(x.shape())?;
     let k = spec.kind;
-    run(x, None, &g.y_shape, |x, _, y| pool_fwd(k, &g, x, y), |x, _, y| pool_fwd(k, &g, x, y))
+    run(
+        x,
+        None,
+        &g.y_shape,
+        |x, _, y| pool_fwd(k, &g, x, y),
+        |x, _, y| pool_fwd(k, &g, x, y),
+    )
 }
 
 pub fn cpu_pool_grad(spec: &PoolSpec, x: &Value, gy: &Value) -> Result<Value> {
@@ -395,15 +478,27 @@ pub fn cpu_pool_grad(spec: &PoolSpec, x: &Value, gy: &Value) -> Result<Value> {
             return Ok(dx);
         }
     }
-    run(x, Some(gy), x.shape(), |x, gy, dx| pool_bwd(k, &g, x, gy, dx), |x, gy, dx| pool_bwd(k, &g, x, gy, dx))
+    run(
+        x,
+        Some(gy),
+        x.shape(),
+        |x, gy, dx| pool_bwd(k, &g, x, gy, dx),
+        |x, gy, dx| pool_bwd(k, &g, x, gy, dx),
+    )
 }
 
 /// For a fused group that runs on each image as soon as it is written
 /// (`runtime::cpu::fused`): the f32 pooling of `x`, or with `gy` its gradient, as (result
 /// shape, images, kernel); None for other dtypes.
-pub fn f32_then<'a>(spec: &'a PoolSpec, x: &'a Value, gy: Option<&'a Value>) -> Result<Option<(Vec<usize>, usize, crate::runtime::cpu::fused::Then<'a>)>> {
+pub fn f32_then<'a>(
+    spec: &'a PoolSpec,
+    x: &'a Value,
+    gy: Option<&'a Value>,
+) -> Result<Option<(Vec<usize>, usize, crate::runtime::cpu::fused::Then<'a>)>> {
     let g = spec.geom(x.shape())?;
-    let (Value::F32(xa), None | Some(Value::F32(_))) = (x, gy) else { return Ok(None) };
+    let (Value::F32(xa), None | Some(Value::F32(_))) = (x, gy) else {
+        return Ok(None);
+    };
     if let Some(gy) = gy {
         check_grad_shape(&g, gy)?;
     }
@@ -412,9 +507,20 @@ pub fn f32_then<'a>(spec: &'a PoolSpec, x: &'a Value, gy: Option<&'a Value>) -> 
         _ => None,
     };
     let xs = xa.as_standard_layout();
-    let (shape, n) = (if gy.is_some() { g.x_shape.clone() } else { g.y_shape.clone() }, g.n);
+    let (shape, n) = (
+        if gy.is_some() {
+            g.x_shape.clone()
+        } else {
+            g.y_shape.clone()
+        },
+        g.n,
+    );
     let k = spec.kind;
-    let disjoint = if k == PoolKind::Max { disjoint_gaps(&g) } else { None };
+    let disjoint = if k == PoolKind::Max {
+        disjoint_gaps(&g)
+    } else {
+        None
+    };
     let kernel: crate::runtime::cpu::fused::Then<'a> = Box::new(move |out, after| {
         let xd = xs.as_slice().expect("standard");
         if n == 0 || out.is_empty() {
@@ -435,7 +541,9 @@ pub fn f32_then<'a>(spec: &'a PoolSpec, x: &'a Value, gy: Option<&'a Value>) -> 
                     if let Some(gaps) = disjoint {
                         // SAFETY: f32 has no invalid bit patterns; the kernel writes the
                         // whole image (zeroing first where a pixel is in no window).
-                        let o: &mut [MaybeUninit<f32>] = unsafe { std::slice::from_raw_parts_mut(o.as_mut_ptr().cast(), o.len()) };
+                        let o: &mut [MaybeUninit<f32>] = unsafe {
+                            std::slice::from_raw_parts_mut(o.as_mut_ptr().cast(), o.len())
+                        };
                         max_pool_bwd_disjoint(&g, gaps, xi, gi, o);
                     } else {
                         o.fill(0.0);
@@ -452,8 +560,18 @@ pub fn f32_then<'a>(spec: &'a PoolSpec, x: &'a Value, gy: Option<&'a Value>) -> 
 pub fn cpu_pool_select(spec: &PoolSpec, x: &Value, h: &Value) -> Result<Value> {
     let g = spec.geom(x.shape())?;
     if h.shape() != x.shape() {
-        return Err(value_err!("pool_select: shapes {:?} and {:?} differ", h.shape(), x.shape()));
+        return Err(value_err!(
+            "pool_select: shapes {:?} and {:?} differ",
+            h.shape(),
+            x.shape()
+        ));
     }
     let k = spec.kind;
-    run(x, Some(h), &g.y_shape, |x, h, y| pool_sel(k, &g, x, h, y), |x, h, y| pool_sel(k, &g, x, h, y))
+    run(
+        x,
+        Some(h),
+        &g.y_shape,
+        |x, h, y| pool_sel(k, &g, x, h, y),
+        |x, h, y| pool_sel(k, &g, x, h, y),
+    )
 }

@@ -52,7 +52,12 @@ pub fn philox(mut c: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     for _ in 0..10 {
         let p0 = (M0 as u64) * (c[0] as u64);
         let p1 = (M1 as u64) * (c[2] as u64);
-        c = [((p1 >> 32) as u32) ^ c[1] ^ k0, p1 as u32, ((p0 >> 32) as u32) ^ c[3] ^ k1, p0 as u32];
+        c = [
+            ((p1 >> 32) as u32) ^ c[1] ^ k0,
+            p1 as u32,
+            ((p0 >> 32) as u32) ^ c[3] ^ k1,
+            p0 as u32,
+        ];
         k0 = k0.wrapping_add(W0);
         k1 = k1.wrapping_add(W1);
     }
@@ -67,7 +72,14 @@ pub fn unit(w: u32) -> f32 {
 
 /// Element `i` of call `n`; f32 arithmetic, matching the WGSL kernel.
 pub fn sample(dist: RandomDist, key: [u32; 2], n: u64, i: u64) -> f32 {
-    let ctr = |k: u32| [i as u32, (i >> 32) as u32, n as u32, ((n >> 32) as u32) ^ (k << 16)];
+    let ctr = |k: u32| {
+        [
+            i as u32,
+            (i >> 32) as u32,
+            n as u32,
+            ((n >> 32) as u32) ^ (k << 16),
+        ]
+    };
     match dist {
         RandomDist::Uniform => {
             // One Philox block gives four uniforms: element i takes word i % 4 of block i / 4.
@@ -166,37 +178,71 @@ static UNSEEDED: AtomicU64 = AtomicU64::new(0x5EED_F00D_0000_0001);
 
 /// A seed for an op built without one: distinct per op, fixed for the op's lifetime.
 pub fn fresh_seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     UNSEEDED.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed) ^ t
 }
 
 pub fn random(dist: RandomDist, shape: &Tensor, dtype: DType, seed: Option<u64>) -> Result<Tensor> {
-    let st = RandomState { dist, seed: seed.unwrap_or_else(fresh_seed), dtype, calls: AtomicU64::new(0) };
+    let st = RandomState {
+        dist,
+        seed: seed.unwrap_or_else(fresh_seed),
+        dtype,
+        calls: AtomicU64::new(0),
+    };
     Tensor::new(Op::Random(Arc::new(st)), vec![shape.clone()])
 }
 
 pub fn infer(st: &RandomState, shape: &Tensor) -> Result<(Shape, DType)> {
     if !st.dtype.is_float() {
-        return Err(Error::Type(format!("{}: dtype must be a float type, got {}", st.dist.name(), st.dtype)));
+        return Err(Error::Type(format!(
+            "{}: dtype must be a float type, got {}",
+            st.dist.name(),
+            st.dtype
+        )));
     }
-    let dims = super::movement::partial_value(shape)
-        .ok_or_else(|| Error::Type(format!("{}: shape must be a 1-D int tensor", st.dist.name())))?;
+    let dims = super::movement::partial_value(shape).ok_or_else(|| {
+        Error::Type(format!(
+            "{}: shape must be a 1-D int tensor",
+            st.dist.name()
+        ))
+    })?;
     if dims.iter().any(|d| matches!(d, Some(v) if *v < 0)) {
-        return Err(Error::Value(format!("{}: negative dimension in shape {dims:?}", st.dist.name())));
+        return Err(Error::Value(format!(
+            "{}: negative dimension in shape {dims:?}",
+            st.dist.name()
+        )));
     }
-    Ok((Shape(dims.iter().map(|d| d.map(|d| d as usize)).collect()), st.dtype))
+    Ok((
+        Shape(dims.iter().map(|d| d.map(|d| d as usize)).collect()),
+        st.dtype,
+    ))
 }
 
 /// The key and call number for this execution (advances the node's call counter).
 pub fn next_call(st: &RandomState) -> ([u32; 2], u64) {
-    ([st.seed as u32, (st.seed >> 32) as u32], st.calls.fetch_add(1, Ordering::Relaxed))
+    (
+        [st.seed as u32, (st.seed >> 32) as u32],
+        st.calls.fetch_add(1, Ordering::Relaxed),
+    )
 }
 
 pub fn cpu(st: &RandomState, shape: &Value) -> Result<Value> {
     let dims: Vec<usize> = shape
         .to_i64_vec()
         .iter()
-        .map(|&d| if d < 0 { Err(Error::Value(format!("{}: negative dimension {d}", st.dist.name()))) } else { Ok(d as usize) })
+        .map(|&d| {
+            if d < 0 {
+                Err(Error::Value(format!(
+                    "{}: negative dimension {d}",
+                    st.dist.name()
+                )))
+            } else {
+                Ok(d as usize)
+            }
+        })
         .collect::<Result<_>>()?;
     let n: usize = dims.iter().product();
     let (key, call) = next_call(st);
@@ -207,13 +253,19 @@ pub fn cpu(st: &RandomState, shape: &Value) -> Result<Value> {
         if n < 2 * UNIFORM_TASK {
             uniform_blocks(key, call, 0, out);
         } else {
-            out.par_chunks_mut(UNIFORM_TASK).enumerate().for_each(|(t, o)| uniform_blocks(key, call, (t * UNIFORM_TASK / 4) as u64, o));
+            out.par_chunks_mut(UNIFORM_TASK)
+                .enumerate()
+                .for_each(|(t, o)| uniform_blocks(key, call, (t * UNIFORM_TASK / 4) as u64, o));
         }
         // SAFETY: uniform_blocks wrote all n slots.
         unsafe { v.set_len(n) };
         v
     } else {
-        (0..n).into_par_iter().with_min_len(4096).map(|i| sample(st.dist, key, call, i as u64)).collect()
+        (0..n)
+            .into_par_iter()
+            .with_min_len(4096)
+            .map(|i| sample(st.dist, key, call, i as u64))
+            .collect()
     };
     Ok(Value::from_vec(&dims, data)?.cast(st.dtype))
 }
@@ -225,7 +277,10 @@ mod tests {
     /// Known-answer test from the Random123 distribution (kat_vectors, philox4x32_10).
     #[test]
     fn philox_known_answers() {
-        assert_eq!(philox([0, 0, 0, 0], [0, 0]), [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
+        assert_eq!(
+            philox([0, 0, 0, 0], [0, 0]),
+            [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]
+        );
         assert_eq!(
             philox([0xffffffff; 4], [0xffffffff, 0xffffffff]),
             [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]
@@ -236,21 +291,35 @@ mod tests {
     fn uniform_and_normal_moments() {
         let key = [7, 0];
         let n = 200_000u64;
-        let u: Vec<f32> = (0..n).map(|i| sample(RandomDist::Uniform, key, 0, i)).collect();
+        let u: Vec<f32> = (0..n)
+            .map(|i| sample(RandomDist::Uniform, key, 0, i))
+            .collect();
         let mean = u.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
         assert!((mean - 0.5).abs() < 0.005, "uniform mean {mean}");
         assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
-        let z: Vec<f32> = (0..n).map(|i| sample(RandomDist::Normal, key, 0, i)).collect();
+        let z: Vec<f32> = (0..n)
+            .map(|i| sample(RandomDist::Normal, key, 0, i))
+            .collect();
         let m = z.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
         let v = z.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>() / n as f64;
-        assert!(m.abs() < 0.01 && (v - 1.0).abs() < 0.02, "normal mean {m} var {v}");
-        let t: Vec<f32> = (0..n).map(|i| sample(RandomDist::TruncatedNormal, key, 0, i)).collect();
+        assert!(
+            m.abs() < 0.01 && (v - 1.0).abs() < 0.02,
+            "normal mean {m} var {v}"
+        );
+        let t: Vec<f32> = (0..n)
+            .map(|i| sample(RandomDist::TruncatedNormal, key, 0, i))
+            .collect();
         assert!(t.iter().all(|x| x.abs() <= 2.0));
     }
 
     #[test]
     fn block_kernel_matches_sample() {
-        let st = RandomState { dist: RandomDist::Uniform, seed: 99, dtype: DType::F32, calls: AtomicU64::new(0) };
+        let st = RandomState {
+            dist: RandomDist::Uniform,
+            seed: 99,
+            dtype: DType::F32,
+            calls: AtomicU64::new(0),
+        };
         let shape = Value::from_vec(&[1], vec![10i32]).unwrap();
         let got = cpu(&st, &shape).unwrap().to_f64_vec();
         let key = [99, 0];
@@ -272,19 +341,32 @@ mod tests {
                         // SAFETY: uniform_blocks wrote every element.
                         let got = unsafe { o.assume_init() };
                         let want = sample(RandomDist::Uniform, key, call, 4 * first + i as u64);
-                        assert_eq!(got.to_bits(), want.to_bits(), "call {call} first {first} len {len} i {i}");
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "call {call} first {first} len {len} i {i}"
+                        );
                     }
                 }
             }
         }
         // The parallel path: a draw of several tasks, with a partial block at the end.
-        let st = RandomState { dist: RandomDist::Uniform, seed: 0xdead_beef_0042, dtype: DType::F32, calls: AtomicU64::new(0) };
+        let st = RandomState {
+            dist: RandomDist::Uniform,
+            seed: 0xdead_beef_0042,
+            dtype: DType::F32,
+            calls: AtomicU64::new(0),
+        };
         let n = 3 * UNIFORM_TASK + 7;
         let shape = Value::from_vec(&[1], vec![n as i32]).unwrap();
         for call in 0..2 {
             let got = cpu(&st, &shape).unwrap().to_f64_vec();
             for (i, g) in got.iter().enumerate() {
-                assert_eq!(*g as f32, sample(RandomDist::Uniform, [0xbeef_0042, 0xdead], call, i as u64), "call {call} i {i}");
+                assert_eq!(
+                    *g as f32,
+                    sample(RandomDist::Uniform, [0xbeef_0042, 0xdead], call, i as u64),
+                    "call {call} i {i}"
+                );
             }
         }
     }

@@ -76,12 +76,24 @@ impl ScanOp {
 
 // ---------------------------------------------------------------- shape rules
 
-pub fn infer_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Tensor) -> Result<(Shape, DType)> {
+pub fn infer_reduce(
+    op: ReduceOp,
+    axes: &[usize],
+    keepdims: bool,
+    x: &Tensor,
+) -> Result<(Shape, DType)> {
     if x.dtype() == DType::Bool && !matches!(op, ReduceOp::Max | ReduceOp::Min) {
-        return Err(Error::Type(format!("{}: bool tensors must be cast to a number type first", op.name())));
+        return Err(Error::Type(format!(
+            "{}: bool tensors must be cast to a number type first",
+            op.name()
+        )));
     }
     if let Some(&a) = axes.iter().find(|&&a| a >= x.rank()) {
-        return Err(Error::Value(format!("{}: axis {a} is out of range for rank {}", op.name(), x.rank())));
+        return Err(Error::Value(format!(
+            "{}: axis {a} is out of range for rank {}",
+            op.name(),
+            x.rank()
+        )));
     }
     Ok((reduced_shape(x.shape(), axes, keepdims), x.dtype()))
 }
@@ -102,17 +114,27 @@ fn reduced_shape(s: &Shape, axes: &[usize], keepdims: bool) -> Shape {
 
 pub fn infer_arg(axis: usize, x: &Tensor) -> Result<(Shape, DType)> {
     if axis >= x.rank() {
-        return Err(Error::Value(format!("argmax/argmin: axis {axis} is out of range for rank {}", x.rank())));
+        return Err(Error::Value(format!(
+            "argmax/argmin: axis {axis} is out of range for rank {}",
+            x.rank()
+        )));
     }
     Ok((reduced_shape(x.shape(), &[axis], false), DType::I64))
 }
 
 pub fn infer_scan(op: ScanOp, axis: usize, x: &Tensor) -> Result<(Shape, DType)> {
     if axis >= x.rank() {
-        return Err(Error::Value(format!("{}: axis {axis} is out of range for rank {}", op.name(), x.rank())));
+        return Err(Error::Value(format!(
+            "{}: axis {axis} is out of range for rank {}",
+            op.name(),
+            x.rank()
+        )));
     }
     if x.dtype() == DType::Bool {
-        return Err(Error::Type(format!("{}: bool tensors must be cast to a number type first", op.name())));
+        return Err(Error::Type(format!(
+            "{}: bool tensors must be cast to a number type first",
+            op.name()
+        )));
     }
     Ok((x.shape().clone(), x.dtype()))
 }
@@ -128,7 +150,14 @@ pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize], keepdims: bool) -> Resul
     if op == ReduceOp::Prod && axes.len() > 1 {
         let mut t = x.clone();
         for &a in axes.iter().rev() {
-            t = Tensor::new(Op::Reduce { op, axes: vec![a], keepdims }, vec![t])?;
+            t = Tensor::new(
+                Op::Reduce {
+                    op,
+                    axes: vec![a],
+                    keepdims,
+                },
+                vec![t],
+            )?;
         }
         return Ok(t);
     }
@@ -144,19 +173,32 @@ pub fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize], keepdims: bool) -> Resul
 /// `sum(zeros_like(inputs), axis=(1, 2))`) is zeros of the result's shape: no pass over
 /// the broadcast tensor.
 fn sum_of_zeros(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Option<Tensor>> {
-    let Op::BroadcastTo = x.op() else { return Ok(None) };
+    let Op::BroadcastTo = x.op() else {
+        return Ok(None);
+    };
     let (zero, shape) = (x.input(0), x.input(1));
-    let is_zero = matches!(zero.op(), Op::Constant(v) if v.shape().is_empty() && v.to_f64_vec() == [0.0]);
+    let is_zero =
+        matches!(zero.op(), Op::Constant(v) if v.shape().is_empty() && v.to_f64_vec() == [0.0]);
     if !is_zero || !x.dtype().is_float() || axes.iter().any(|&a| a >= x.rank()) {
         return Ok(None);
     }
     let r = x.rank();
     let kept = if let Some(dims) = x.shape().to_known() {
-        let d: Vec<i64> = (0..r).filter_map(|a| if axes.contains(&a) { keepdims.then_some(1) } else { Some(dims[a] as i64) }).collect();
+        let d: Vec<i64> = (0..r)
+            .filter_map(|a| {
+                if axes.contains(&a) {
+                    keepdims.then_some(1)
+                } else {
+                    Some(dims[a] as i64)
+                }
+            })
+            .collect();
         int_vector(&d)
     } else {
         // Only where no static dim would be lost: every kept dim is unknown.
-        let idx: Vec<i64> = (0..r as i64).filter(|a| !axes.contains(&(*a as usize))).collect();
+        let idx: Vec<i64> = (0..r as i64)
+            .filter(|a| !axes.contains(&(*a as usize)))
+            .collect();
         if keepdims || idx.iter().any(|&a| x.shape().dims()[a as usize].is_some()) {
             return Ok(None);
         }
@@ -170,7 +212,15 @@ pub fn arg(op: ArgOp, x: &Tensor, axis: usize) -> Result<Tensor> {
 }
 
 pub fn scan(op: ScanOp, x: &Tensor, axis: usize, exclusive: bool, reverse: bool) -> Result<Tensor> {
-    Tensor::new(Op::Scan { op, axis, exclusive, reverse }, vec![x.clone()])
+    Tensor::new(
+        Op::Scan {
+            op,
+            axis,
+            exclusive,
+            reverse,
+        },
+        vec![x.clone()],
+    )
 }
 
 // ---------------------------------------------------------------- VJP rules
@@ -178,15 +228,35 @@ pub fn scan(op: ScanOp, x: &Tensor, axis: usize, exclusive: bool, reverse: bool)
 /// The number of elements reduced into each output element, as a scalar of `x`'s dtype.
 fn count(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     if let (Some(a), Some(b)) = (x.shape().numel(), y.shape().numel()) {
-        return Ok(scalar_like(x, if b == 0 { 0.0 } else { a as f64 / b as f64 }));
+        return Ok(scalar_like(
+            x,
+            if b == 0 { 0.0 } else { a as f64 / b as f64 },
+        ));
     }
-    let n = |t: &Tensor| -> Result<Tensor> { cast(&reduce(ReduceOp::Prod, &shape_of(t)?, &[0], false)?, x.dtype()) };
+    let n = |t: &Tensor| -> Result<Tensor> {
+        cast(
+            &reduce(ReduceOp::Prod, &shape_of(t)?, &[0], false)?,
+            x.dtype(),
+        )
+    };
     div(&n(x)?, &n(y)?)
 }
 
-pub fn vjp_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+pub fn vjp_reduce(
+    op: ReduceOp,
+    axes: &[usize],
+    keepdims: bool,
+    node: &Tensor,
+    g: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
     let x = node.input(0);
-    let keep = |t: &Tensor| -> Result<Tensor> { if keepdims { Ok(t.clone()) } else { expand_dims(t, axes) } };
+    let keep = |t: &Tensor| -> Result<Tensor> {
+        if keepdims {
+            Ok(t.clone())
+        } else {
+            expand_dims(t, axes)
+        }
+    };
     let gk = keep(g)?;
     let gx = match op {
         ReduceOp::Sum => broadcast_like(&gk, x)?,
@@ -208,11 +278,21 @@ pub fn vjp_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, node: &Tensor, g
     Ok(vec![Some(gx)])
 }
 
-pub fn vjp_scan(op: ScanOp, axis: usize, exclusive: bool, reverse: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+pub fn vjp_scan(
+    op: ScanOp,
+    axis: usize,
+    exclusive: bool,
+    reverse: bool,
+    node: &Tensor,
+    g: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
     let x = node.input(0);
     let gx = match op {
         ScanOp::Cumsum => scan(ScanOp::Cumsum, g, axis, exclusive, !reverse)?,
-        ScanOp::Cumprod => div(&scan(ScanOp::Cumsum, &mul(g, node)?, axis, exclusive, !reverse)?, x)?,
+        ScanOp::Cumprod => div(
+            &scan(ScanOp::Cumsum, &mul(g, node)?, axis, exclusive, !reverse)?,
+            x,
+        )?,
     };
     Ok(vec![Some(gx)])
 }
@@ -221,7 +301,11 @@ pub fn vjp_scan(op: ScanOp, axis: usize, exclusive: bool, reverse: bool, node: &
 
 /// Splits `shape` around a contiguous block of axes [lo, hi) into (outer, reduced, inner).
 fn blocks(shape: &[usize], lo: usize, hi: usize) -> (usize, usize, usize) {
-    (shape[..lo].iter().product(), shape[lo..hi].iter().product(), shape[hi..].iter().product())
+    (
+        shape[..lo].iter().product(),
+        shape[lo..hi].iter().product(),
+        shape[hi..].iter().product(),
+    )
 }
 
 /// Moves `axes` to the end (keeping order) when they are not already one contiguous block,
@@ -256,30 +340,78 @@ trait Acc: Copy + Send + Sync + PartialOrd + 'static {
 macro_rules! acc_float {
     ($t:ty) => {
         impl Acc for $t {
-            fn zero() -> Self { 0.0 }
-            fn one() -> Self { 1.0 }
-            fn lowest() -> Self { <$t>::NEG_INFINITY }
-            fn highest() -> Self { <$t>::INFINITY }
-            #[inline(always)] fn add(self, o: Self) -> Self { self + o }
-            #[inline(always)] fn sub(self, o: Self) -> Self { self - o }
-            #[inline(always)] fn mul(self, o: Self) -> Self { self * o }
-            #[inline(always)] fn is_nan(self) -> bool { self != self }
-            fn div_count(self, n: usize) -> Self { self / n as $t }
+            fn zero() -> Self {
+                0.0
+            }
+            fn one() -> Self {
+                1.0
+            }
+            fn lowest() -> Self {
+                <$t>::NEG_INFINITY
+            }
+            fn highest() -> Self {
+                <$t>::INFINITY
+            }
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                self != self
+            }
+            fn div_count(self, n: usize) -> Self {
+                self / n as $t
+            }
         }
     };
 }
 acc_float!(f32);
 acc_float!(f64);
 impl Acc for i64 {
-    fn zero() -> Self { 0 }
-    fn one() -> Self { 1 }
-    fn lowest() -> Self { i64::MIN }
-    fn highest() -> Self { i64::MAX }
-    #[inline(always)] fn add(self, o: Self) -> Self { self.wrapping_add(o) }
-    #[inline(always)] fn sub(self, o: Self) -> Self { self.wrapping_sub(o) }
-    #[inline(always)] fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
-    #[inline(always)] fn is_nan(self) -> bool { false }
-    fn div_count(self, n: usize) -> Self { if n == 0 { 0 } else { self / n as i64 } }
+    fn zero() -> Self {
+        0
+    }
+    fn one() -> Self {
+        1
+    }
+    fn lowest() -> Self {
+        i64::MIN
+    }
+    fn highest() -> Self {
+        i64::MAX
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        self.wrapping_add(o)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self.wrapping_sub(o)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        self.wrapping_mul(o)
+    }
+    #[inline(always)]
+    fn is_nan(self) -> bool {
+        false
+    }
+    fn div_count(self, n: usize) -> Self {
+        if n == 0 {
+            0
+        } else {
+            self / n as i64
+        }
+    }
 }
 
 /// Pairwise summation: error grows with log(n), not n, and the 8-lane base case vectorises.
@@ -297,7 +429,8 @@ fn pairwise_sum<T: Acc>(xs: &[T]) -> T {
             s = s.add(v);
         }
         let l = lanes;
-        return s.add(((l[0].add(l[1])).add(l[2].add(l[3]))).add((l[4].add(l[5])).add(l[6].add(l[7]))));
+        return s
+            .add(((l[0].add(l[1])).add(l[2].add(l[3]))).add((l[4].add(l[5])).add(l[6].add(l[7]))));
     }
     let mid = xs.len() / 2 / 8 * 8;
     pairwise_sum(&xs[..mid]).add(pairwise_sum(&xs[mid..]))
@@ -305,11 +438,19 @@ fn pairwise_sum<T: Acc>(xs: &[T]) -> T {
 
 #[inline(always)]
 fn pick_max<T: Acc>(a: T, b: T) -> T {
-    if b > a || b.is_nan() { b } else { a }
+    if b > a || b.is_nan() {
+        b
+    } else {
+        a
+    }
 }
 #[inline(always)]
 fn pick_min<T: Acc>(a: T, b: T) -> T {
-    if b < a || b.is_nan() { b } else { a }
+    if b < a || b.is_nan() {
+        b
+    } else {
+        a
+    }
 }
 
 fn reduce_row<T: Acc>(op: ReduceOp, row: &[T]) -> T {
@@ -347,7 +488,14 @@ const fn strip<T>() -> usize {
 /// ulps of the sum of magnitudes, where plain accumulation of a million float32 terms
 /// drifts by ~1% (issue 8). The compensation is folded into `o` at the end.
 #[inline(always)]
-fn fold_rows_strips<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, inner: usize, start: usize) {
+fn fold_rows_strips<T: Acc>(
+    op: ReduceOp,
+    o: &mut [T],
+    block: &[T],
+    red: usize,
+    inner: usize,
+    start: usize,
+) {
     let n = o.len();
     let w = strip::<T>();
     let wide = n / w * w;
@@ -361,7 +509,9 @@ fn fold_rows_strips<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, 
             let (j, r1) = ($j, $r1);
             macro_rules! row {
                 ($r:expr) => {{
-                    let x: &[T; W] = block[$r * inner + start + j..][..W].try_into().expect("strip");
+                    let x: &[T; W] = block[$r * inner + start + j..][..W]
+                        .try_into()
+                        .expect("strip");
                     x
                 }};
             }
@@ -370,9 +520,19 @@ fn fold_rows_strips<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, 
             cmp.copy_from_slice(&comp[j..j + W]);
             let mut r = $r0;
             while r + 8 <= r1 {
-                let rs = [row!(r), row!(r + 1), row!(r + 2), row!(r + 3), row!(r + 4), row!(r + 5), row!(r + 6), row!(r + 7)];
+                let rs = [
+                    row!(r),
+                    row!(r + 1),
+                    row!(r + 2),
+                    row!(r + 3),
+                    row!(r + 4),
+                    row!(r + 5),
+                    row!(r + 6),
+                    row!(r + 7),
+                ];
                 for i in 0..W {
-                    let t = ((rs[0][i].add(rs[1][i])).add(rs[2][i].add(rs[3][i]))).add((rs[4][i].add(rs[5][i])).add(rs[6][i].add(rs[7][i])));
+                    let t = ((rs[0][i].add(rs[1][i])).add(rs[2][i].add(rs[3][i])))
+                        .add((rs[4][i].add(rs[5][i])).add(rs[6][i].add(rs[7][i])));
                     kahan(&mut acc[i], &mut cmp[i], t);
                 }
                 r += 8;
@@ -394,7 +554,9 @@ fn fold_rows_strips<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, 
             let mut acc = [T::zero(); W];
             acc.copy_from_slice(&o[j..j + W]);
             for r in $r0..$r1 {
-                let x: &[T; W] = block[r * inner + start + j..][..W].try_into().expect("strip");
+                let x: &[T; W] = block[r * inner + start + j..][..W]
+                    .try_into()
+                    .expect("strip");
                 for i in 0..W {
                     acc[i] = $f(acc[i], x[i]);
                 }
@@ -438,7 +600,11 @@ fn fold_rows_strips<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, 
     }
     if wide < n {
         // Fewer columns than a strip: rows outer, the remaining columns inner.
-        let sub = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+        let sub = if op == ReduceOp::Mean {
+            ReduceOp::Sum
+        } else {
+            op
+        };
         fold_rows_rowwise(sub, &mut o[wide..], block, red, inner, start + wide);
     }
     if op == ReduceOp::Mean {
@@ -451,7 +617,14 @@ super::conv::cpu::simd_kernel!(fn fold_rows<T: Acc>(op: ReduceOp, o: &mut [T], b
 /// `fold_rows` a row at a time (Kahan-compensated sums): for the columns left over after
 /// the register strips.
 #[inline(always)]
-fn fold_rows_rowwise<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize, inner: usize, start: usize) {
+fn fold_rows_rowwise<T: Acc>(
+    op: ReduceOp,
+    o: &mut [T],
+    block: &[T],
+    red: usize,
+    inner: usize,
+    start: usize,
+) {
     let n = o.len();
     let rows = (0..red).map(|r| &block[r * inner + start..r * inner + start + n]);
     match op {
@@ -470,24 +643,44 @@ fn fold_rows_rowwise<T: Acc>(op: ReduceOp, o: &mut [T], block: &[T], red: usize,
                 o.iter_mut().for_each(|a| *a = a.div_count(red));
             }
         }
-        ReduceOp::Prod => rows.for_each(|row| o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.mul(b))),
-        ReduceOp::Max => rows.for_each(|row| o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_max(*a, b))),
-        ReduceOp::Min => rows.for_each(|row| o.iter_mut().zip(row).for_each(|(a, &b)| *a = pick_min(*a, b))),
+        ReduceOp::Prod => {
+            rows.for_each(|row| o.iter_mut().zip(row).for_each(|(a, &b)| *a = a.mul(b)))
+        }
+        ReduceOp::Max => rows.for_each(|row| {
+            o.iter_mut()
+                .zip(row)
+                .for_each(|(a, &b)| *a = pick_max(*a, b))
+        }),
+        ReduceOp::Min => rows.for_each(|row| {
+            o.iter_mut()
+                .zip(row)
+                .for_each(|(a, &b)| *a = pick_min(*a, b))
+        }),
     }
 }
 
 /// Rows per task when one block of many rows is split across threads.
 const ROWS_GRAIN_ELEMS: usize = 1 << 16;
 
-fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inner: usize) -> Vec<T> {
+fn reduce_blocks<T: Acc>(
+    op: ReduceOp,
+    data: &[T],
+    outer: usize,
+    red: usize,
+    inner: usize,
+) -> Vec<T> {
     if inner == 1 {
         let mut out = vec![T::zero(); outer];
         if red == 0 {
             out.iter_mut().for_each(|o| *o = reduce_row(op, &[]));
         } else if outer * red >= 1 << 15 {
-            out.par_iter_mut().zip(data.par_chunks(red)).for_each(|(o, row)| *o = reduce_row(op, row));
+            out.par_iter_mut()
+                .zip(data.par_chunks(red))
+                .for_each(|(o, row)| *o = reduce_row(op, row));
         } else {
-            out.iter_mut().zip(data.chunks(red)).for_each(|(o, row)| *o = reduce_row(op, row));
+            out.iter_mut()
+                .zip(data.chunks(red))
+                .for_each(|(o, row)| *o = reduce_row(op, row));
         }
         return out;
     }
@@ -507,12 +700,16 @@ fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inn
     }
     let threads = rayon::current_num_threads();
     if outer > 1 && outer * red * inner >= 1 << 15 {
-        out.par_chunks_mut(inner).zip(data.par_chunks(red * inner)).for_each(|(o, b)| per_outer(o, b));
+        out.par_chunks_mut(inner)
+            .zip(data.par_chunks(red * inner))
+            .for_each(|(o, b)| per_outer(o, b));
     } else if inner >= 4096 && red * inner >= 1 << 15 {
         // One outer block, wide rows: split the columns across threads.
         let cols = 1024;
         for (oi, block) in out.chunks_mut(inner).zip(data.chunks(red * inner)) {
-            oi.par_chunks_mut(cols).enumerate().for_each(|(ci, o)| fold_rows(op, o, block, red, inner, ci * cols));
+            oi.par_chunks_mut(cols)
+                .enumerate()
+                .for_each(|(ci, o)| fold_rows(op, o, block, red, inner, ci * cols));
         }
     } else if outer == 1 && threads > 1 && red * inner >= 2 * ROWS_GRAIN_ELEMS {
         // One block of many narrow rows (a bias gradient): each task folds a run of rows
@@ -523,18 +720,28 @@ fn reduce_blocks<T: Acc>(op: ReduceOp, data: &[T], outer: usize, red: usize, inn
             .flat_map_iter(|t| {
                 let rows = per.min(red - t * per);
                 let mut part = vec![init; inner];
-                let sub = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+                let sub = if op == ReduceOp::Mean {
+                    ReduceOp::Sum
+                } else {
+                    op
+                };
                 fold_rows(sub, &mut part, &data[t * per * inner..], rows, inner, 0);
                 part
             })
             .collect();
-        let sub = if op == ReduceOp::Mean { ReduceOp::Sum } else { op };
+        let sub = if op == ReduceOp::Mean {
+            ReduceOp::Sum
+        } else {
+            op
+        };
         fold_rows(sub, &mut out, &parts, parts.len() / inner, inner, 0);
         if op == ReduceOp::Mean {
             out.iter_mut().for_each(|a| *a = a.div_count(red));
         }
     } else {
-        out.chunks_mut(inner).zip(data.chunks(red * inner)).for_each(|(o, b)| per_outer(o, b));
+        out.chunks_mut(inner)
+            .zip(data.chunks(red * inner))
+            .for_each(|(o, b)| per_outer(o, b));
     }
     out
 }
@@ -548,15 +755,25 @@ fn in_class(
     i64f: impl FnOnce(&[i64]) -> (Vec<i64>, Vec<usize>),
 ) -> Value {
     let out = match x {
-        Value::F32(a) => { let (v, s) = f32f(a.as_slice().expect("standard")); Value::from_vec(&s, v) }
-        Value::F64(a) => { let (v, s) = f64f(a.as_slice().expect("standard")); Value::from_vec(&s, v) }
+        Value::F32(a) => {
+            let (v, s) = f32f(a.as_slice().expect("standard"));
+            Value::from_vec(&s, v)
+        }
+        Value::F64(a) => {
+            let (v, s) = f64f(a.as_slice().expect("standard"));
+            Value::from_vec(&s, v)
+        }
         Value::F16(_) => {
-            let Value::F32(a) = x.cast(DType::F32) else { unreachable!() };
+            let Value::F32(a) = x.cast(DType::F32) else {
+                unreachable!()
+            };
             let (v, s) = f32f(a.as_slice().expect("standard"));
             Value::from_vec(&s, v)
         }
         _ => {
-            let Value::I64(a) = x.cast(DType::I64) else { unreachable!() };
+            let Value::I64(a) = x.cast(DType::I64) else {
+                unreachable!()
+            };
             let (v, s) = i64f(a.as_slice().expect("standard"));
             Value::from_vec(&s, v)
         }
@@ -625,7 +842,10 @@ fn arg_blocks<T: Acc>(op: ArgOp, data: &[T], outer: usize, red: usize, inner: us
 pub fn cpu_arg(op: ArgOp, axis: usize, x: &Value) -> Result<Value> {
     let shape = x.shape().to_vec();
     if shape[axis] == 0 {
-        return Err(Error::Value(format!("{}: cannot reduce an empty axis {axis} of shape {shape:?}", op.name())));
+        return Err(Error::Value(format!(
+            "{}: cannot reduce an empty axis {axis} of shape {shape:?}",
+            op.name()
+        )));
     }
     let (outer, red, inner) = blocks(&shape, axis, axis + 1);
     let mut out_shape = shape.clone();
@@ -634,18 +854,30 @@ pub fn cpu_arg(op: ArgOp, axis: usize, x: &Value) -> Result<Value> {
         Value::F32(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
         Value::F64(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
         Value::F16(_) => {
-            let Value::F32(a) = x.cast(DType::F32) else { unreachable!() };
+            let Value::F32(a) = x.cast(DType::F32) else {
+                unreachable!()
+            };
             arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
         }
         _ => {
-            let Value::I64(a) = x.cast(DType::I64) else { unreachable!() };
+            let Value::I64(a) = x.cast(DType::I64) else {
+                unreachable!()
+            };
             arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
         }
     };
     Value::from_vec(&out_shape, v)
 }
 
-fn scan_blocks<T: Acc>(op: ScanOp, data: &[T], outer: usize, red: usize, inner: usize, exclusive: bool, reverse: bool) -> Vec<T> {
+fn scan_blocks<T: Acc>(
+    op: ScanOp,
+    data: &[T],
+    outer: usize,
+    red: usize,
+    inner: usize,
+    exclusive: bool,
+    reverse: bool,
+) -> Vec<T> {
     let mut out = vec![T::zero(); data.len()];
     let init = match op {
         ScanOp::Cumsum => T::zero(),
@@ -674,16 +906,37 @@ fn scan_blocks<T: Acc>(op: ScanOp, data: &[T], outer: usize, red: usize, inner: 
     out
 }
 
-pub fn cpu_scan(op: ScanOp, axis: usize, exclusive: bool, reverse: bool, x: &Value) -> Result<Value> {
+pub fn cpu_scan(
+    op: ScanOp,
+    axis: usize,
+    exclusive: bool,
+    reverse: bool,
+    x: &Value,
+) -> Result<Value> {
     let shape = x.shape().to_vec();
     let (outer, red, inner) = blocks(&shape, axis, axis + 1);
     let (s1, s2, s3) = (shape.clone(), shape.clone(), shape);
     Ok(in_class(
         x,
         x.dtype(),
-        |d| (scan_blocks(op, d, outer, red, inner, exclusive, reverse), s1),
-        |d| (scan_blocks(op, d, outer, red, inner, exclusive, reverse), s2),
-        |d| (scan_blocks(op, d, outer, red, inner, exclusive, reverse), s3),
+        |d| {
+            (
+                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
+                s1,
+            )
+        },
+        |d| {
+            (
+                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
+                s2,
+            )
+        },
+        |d| {
+            (
+                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
+                s3,
+            )
+        },
     ))
 }
 

@@ -91,7 +91,10 @@ impl VarCell {
     /// The state once no run holds the value for an in-place update (`lend`). With
     /// `stop_on_worker`, a lent value on a rayon worker is `Error::Lent` instead of a wait
     /// (see `get`).
-    fn read_settled(&self, stop_on_worker: bool) -> Result<std::sync::RwLockReadGuard<'_, VarState>> {
+    fn read_settled(
+        &self,
+        stop_on_worker: bool,
+    ) -> Result<std::sync::RwLockReadGuard<'_, VarState>> {
         let mut polls = 0;
         loop {
             let st = self.read();
@@ -117,7 +120,9 @@ impl VarCell {
             return None;
         }
         st.host = None;
-        let Some(Value::F32(a)) = slot.take() else { unreachable!("checked above") };
+        let Some(Value::F32(a)) = slot.take() else {
+            unreachable!("checked above")
+        };
         match a.try_into_owned_nocopy() {
             Ok(own) => {
                 st.lent = true;
@@ -166,7 +171,12 @@ impl VarCell {
             if let Some(h) = &st.host {
                 return Ok(h.clone());
             }
-            (st.device.clone().expect("a variable has a host or a device copy"), st.version)
+            (
+                st.device
+                    .clone()
+                    .expect("a variable has a host or a device copy"),
+                st.version,
+            )
         };
         let v = dev.download()?;
         let mut st = self.write();
@@ -225,13 +235,29 @@ impl VarCell {
     }
 }
 
-pub fn placeholder(name: &str, shape: Shape, dtype: DType, default: Option<Value>) -> Result<Tensor> {
+pub fn placeholder(
+    name: &str,
+    shape: Shape,
+    dtype: DType,
+    default: Option<Value>,
+) -> Result<Tensor> {
     if let Some(d) = &default {
         if d.dtype() != dtype {
-            return Err(Error::Type(format!("placeholder '{name}': default has dtype {}, expected {dtype}", d.dtype())));
+            return Err(Error::Type(format!(
+                "placeholder '{name}': default has dtype {}, expected {dtype}",
+                d.dtype()
+            )));
         }
     }
-    Tensor::new(Op::Placeholder(Arc::new(PlaceholderInfo { name: name.to_string(), shape, dtype, default })), vec![])
+    Tensor::new(
+        Op::Placeholder(Arc::new(PlaceholderInfo {
+            name: name.to_string(),
+            shape,
+            dtype,
+            default,
+        })),
+        vec![],
+    )
 }
 
 pub fn constant(v: Value) -> Tensor {
@@ -246,7 +272,12 @@ pub fn variable(name: &str, v: Value) -> (Arc<VarCell>, Tensor) {
         name: name.to_string(),
         dtype: v.dtype(),
         shape: v.shape().to_vec(),
-        state: RwLock::new(VarState { host: Some(v), device: None, version: 0, lent: false }),
+        state: RwLock::new(VarState {
+            host: Some(v),
+            device: None,
+            version: 0,
+            lent: false,
+        }),
     });
     let t = Tensor::new(Op::Variable(cell.clone()), vec![]).expect("a variable always has a shape");
     (cell, t)
@@ -266,7 +297,10 @@ pub fn cpu(op: &Op) -> Result<Value> {
         Op::Constant(v) => Ok((**v).clone()),
         Op::Variable(c) => c.get(),
         Op::Placeholder(p) => p.default.clone().ok_or_else(|| {
-            Error::Unfed(format!("placeholder '{}' (shape {}, {}) must be fed a value", p.name, p.shape, p.dtype))
+            Error::Unfed(format!(
+                "placeholder '{}' (shape {}, {}) must be fed a value",
+                p.name, p.shape, p.dtype
+            ))
         }),
         other => Err(Error::Runtime(format!("{} is not a source", other.name()))),
     }

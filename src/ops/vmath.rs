@@ -43,7 +43,9 @@ fn reduce_ln2(x: f32) -> (i32, f32) {
 /// e^r - 1 - r for |r| <= ln2/2 (Cephes expf), so e^r = 1 + r + q.
 #[inline(always)]
 fn exp_tail(r: f32) -> f32 {
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
         + 5.000_000_1e-1;
     p * (r * r)
 }
@@ -64,7 +66,7 @@ pub fn expm1(x: f32) -> f32 {
     let xc = sel(x > 89.0, 89.0, sel(x < -30.0, -30.0, x));
     let (n, r) = reduce_ln2(sel(xc == xc, xc, 0.0));
     let q = r + exp_tail(r); // e^r - 1, accurate for small r
-    // e^x - 1 = 2^n (q + 1) - 1 = 2^n q + (2^n - 1); above 2^100 the -1 is irrelevant.
+                             // e^x - 1 = 2^n (q + 1) - 1 = 2^n q + (2^n - 1); above 2^100 the -1 is irrelevant.
     let big = n > 100;
     let s = pow2i(if big { n - 64 } else { n });
     let small = s * q + (s - 1.0);
@@ -87,7 +89,9 @@ pub fn log(x: f32) -> f32 {
     e -= lo as i32;
     m = sel(lo, m + m - 1.0, m - 1.0);
     let z = m * m;
-    let mut y = ((((((((7.037_683_6e-2 * m - 1.151_461e-1) * m + 1.167_699_9e-1) * m - 1.242_014_1e-1) * m
+    let mut y = ((((((((7.037_683_6e-2 * m - 1.151_461e-1) * m + 1.167_699_9e-1) * m
+        - 1.242_014_1e-1)
+        * m
         + 1.424_932_3e-1)
         * m
         - 1.666_805_8e-1)
@@ -126,7 +130,9 @@ pub fn tanh(x: f32) -> f32 {
     let a = x.abs();
     // |x| < 0.625: odd polynomial (Cephes tanhf).
     let z = x * x;
-    let p = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z - 3.333_328_2e-1)
+    let p = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1)
+        * z
+        - 3.333_328_2e-1)
         * z
         * x
         + x;
@@ -171,7 +177,12 @@ pub fn isa() -> Isa {
             if std::env::var_os("FERROKERAS_CPU_ISA").is_some_and(|v| v == "base") {
                 return Isa::Base;
             }
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512dq") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("fma") {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("fma")
+            {
                 return Isa::Avx512;
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -245,14 +256,35 @@ mod tests {
         if !a.is_finite() || !r.is_finite() {
             return f64::INFINITY;
         }
-        let ulp = if r == 0.0 { f32::from_bits(1) as f64 } else { (f32::from_bits(r.abs().to_bits() + 1) - r.abs()) as f64 };
+        let ulp = if r == 0.0 {
+            f32::from_bits(1) as f64
+        } else {
+            (f32::from_bits(r.abs().to_bits() + 1) - r.abs()) as f64
+        };
         ((a as f64) - b).abs() / ulp
     }
 
     /// Dense sweep: every 257th f32 bit pattern (both signs), plus the special values.
     fn inputs() -> Vec<f32> {
-        let mut v: Vec<f32> = (0..u32::MAX / 257).map(|k| f32::from_bits(k * 257)).filter(|x| !x.is_nan()).collect();
-        v.extend([0.0, -0.0, 1.0, -1.0, f32::MIN_POSITIVE, f32::from_bits(1), 88.72, 88.73, -87.33, -103.9, -104.0, 0.625, -0.625]);
+        let mut v: Vec<f32> = (0..u32::MAX / 257)
+            .map(|k| f32::from_bits(k * 257))
+            .filter(|x| !x.is_nan())
+            .collect();
+        v.extend([
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            88.72,
+            88.73,
+            -87.33,
+            -103.9,
+            -104.0,
+            0.625,
+            -0.625,
+        ]);
         v
     }
 
@@ -276,7 +308,14 @@ mod tests {
                 worst = (u, x);
             }
         }
-        assert!(worst.0 <= tol, "{name}: {} ulp at x = {:e} ({:e} vs {:e})", worst.0, worst.1, f(worst.1), r(worst.1 as f64));
+        assert!(
+            worst.0 <= tol,
+            "{name}: {} ulp at x = {:e} ({:e} vs {:e})",
+            worst.0,
+            worst.1,
+            f(worst.1),
+            r(worst.1 as f64)
+        );
     }
 
     fn sigmoid64(x: f64) -> f64 {
@@ -308,7 +347,10 @@ mod tests {
         assert_eq!(exp(-inf), 0.0);
         assert_eq!(exp(89.0), inf);
         assert_eq!(exp(-200.0), 0.0);
-        assert!(exp(-100.0) > 0.0 && exp(-100.0) < f32::MIN_POSITIVE, "denormal result");
+        assert!(
+            exp(-100.0) > 0.0 && exp(-100.0) < f32::MIN_POSITIVE,
+            "denormal result"
+        );
         assert_eq!(expm1(inf), inf);
         assert_eq!(expm1(-inf), -1.0);
         assert_eq!(expm1(-0.0).to_bits(), (-0.0f32).to_bits());

@@ -6,9 +6,11 @@ use crate::compile::{check_feed, Function};
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::graph::Tensor;
-use crate::ops::{self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell};
 use crate::ops::conv::{ConvSpec, Padding};
 use crate::ops::pool::{PoolKind, PoolSpec};
+use crate::ops::{
+    self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell,
+};
 use crate::runtime::value::foreign::Lease;
 use crate::runtime::value::Value;
 use crate::shape::{norm_axes, norm_axis, Shape};
@@ -45,8 +47,14 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> crate::Result<T>) -> R<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r.map_err(err),
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            Err(PyRuntimeError::new_err(format!("internal error in {what}: {}", msg.unwrap_or_default())))
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(PyRuntimeError::new_err(format!(
+                "internal error in {what}: {}",
+                msg.unwrap_or_default()
+            )))
         }
     }
 }
@@ -74,20 +82,29 @@ fn value_of(obj: &Bound<'_, PyAny>, mut lease: Option<&mut Lease>) -> R<Value> {
     macro_rules! try_as {
         ($t:ty, $var:ident, $leasable:expr) => {
             if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
-                let ro = a.try_readonly().map_err(|e| PyValueError::new_err(format!("array is not readable: {e}")))?;
+                let ro = a
+                    .try_readonly()
+                    .map_err(|e| PyValueError::new_err(format!("array is not readable: {e}")))?;
                 let view = ro.as_array();
                 if let Some(lease) = lease.as_deref_mut().filter(|_| $leasable) {
                     let aligned = view.as_ptr() as usize % std::mem::align_of::<$t>() == 0;
-                    if view.is_standard_layout() && aligned && view.len() * std::mem::size_of::<$t>() >= LEASE_MIN_BYTES {
+                    if view.is_standard_layout()
+                        && aligned
+                        && view.len() * std::mem::size_of::<$t>() >= LEASE_MIN_BYTES
+                    {
                         let shape = view.shape().to_vec();
                         // SAFETY: a C-contiguous, aligned array of `shape`; the caller's
                         // list and the owner (a reference to the array) keep it alive until
                         // the lease ends in `__call__`, after the outputs are converted. The
                         // engine never writes a leased buffer (see `foreign`).
-                        return Ok(unsafe { lease.borrow(view.as_ptr(), &shape, Box::new(obj.clone().unbind())) });
+                        return Ok(unsafe {
+                            lease.borrow(view.as_ptr(), &shape, Box::new(obj.clone().unbind()))
+                        });
                     }
                 }
-                return Ok(Value::$var(view.as_standard_layout().into_owned().into_shared()));
+                return Ok(Value::$var(
+                    view.as_standard_layout().into_owned().into_shared(),
+                ));
             }
         };
     }
@@ -101,9 +118,15 @@ fn value_of(obj: &Bound<'_, PyAny>, mut lease: Option<&mut Lease>) -> R<Value> {
     try_as!(i16, I16, true);
     try_as!(u8, U8, true);
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
-        return Err(PyTypeError::new_err(format!("unsupported array dtype {}", a.dtype())));
+        return Err(PyTypeError::new_err(format!(
+            "unsupported array dtype {}",
+            a.dtype()
+        )));
     }
-    Err(PyTypeError::new_err(format!("expected a numpy array, got {}", obj.get_type().name()?)))
+    Err(PyTypeError::new_err(format!(
+        "expected a numpy array, got {}",
+        obj.get_type().name()?
+    )))
 }
 
 fn to_py(py: Python<'_>, v: Value) -> Py<PyAny> {
@@ -148,7 +171,12 @@ impl PyTensor {
         matches!(self.0.op(), ops::Op::Constant(_))
     }
     fn __repr__(&self) -> String {
-        format!("<_core.Tensor {} shape={} dtype={}>", self.0.op().name(), self.0.shape(), self.0.dtype())
+        format!(
+            "<_core.Tensor {} shape={} dtype={}>",
+            self.0.op().name(),
+            self.0.shape(),
+            self.0.dtype()
+        )
     }
 }
 
@@ -195,7 +223,10 @@ impl PyVariable {
     }
     /// The address of the host value's buffer, if there is one (tests of in-place updates).
     fn host_address(&self) -> Option<usize> {
-        self.cell.snapshot().0.map(|v| crate::with_value!(&v, a => a.as_ptr() as usize))
+        self.cell
+            .snapshot()
+            .0
+            .map(|v| crate::with_value!(&v, a => a.as_ptr() as usize))
     }
 }
 
@@ -203,9 +234,19 @@ impl PyVariable {
 
 #[pyfunction]
 #[pyo3(signature = (name, shape, dtype_name, default=None))]
-fn placeholder(name: &str, shape: Vec<Option<usize>>, dtype_name: &str, default: Option<&Bound<'_, PyAny>>) -> R<PyTensor> {
+fn placeholder(
+    name: &str,
+    shape: Vec<Option<usize>>,
+    dtype_name: &str,
+    default: Option<&Bound<'_, PyAny>>,
+) -> R<PyTensor> {
     let d = default.map(to_value).transpose()?;
-    wrap(source::placeholder(name, Shape(shape), dtype(dtype_name)?, d))
+    wrap(source::placeholder(
+        name,
+        Shape(shape),
+        dtype(dtype_name)?,
+        d,
+    ))
 }
 
 /// (feeds read in place so far, those of them whose buffers were still held when their
@@ -224,13 +265,15 @@ fn constant(value: &Bound<'_, PyAny>) -> R<PyTensor> {
 
 #[pyfunction]
 fn unary(name: &str, x: &PyTensor) -> R<PyTensor> {
-    let op = UnaryOp::from_name(name).ok_or_else(|| PyValueError::new_err(format!("unknown unary op '{name}'")))?;
+    let op = UnaryOp::from_name(name)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown unary op '{name}'")))?;
     wrap(build::unary(op, t(x)))
 }
 
 #[pyfunction]
 fn binary(name: &str, a: &PyTensor, b: &PyTensor) -> R<PyTensor> {
-    let op = BinaryOp::from_name(name).ok_or_else(|| PyValueError::new_err(format!("unknown binary op '{name}'")))?;
+    let op = BinaryOp::from_name(name)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown binary op '{name}'")))?;
     wrap(build::binary(op, t(a), t(b)))
 }
 
@@ -251,7 +294,8 @@ fn stop_gradient(x: &PyTensor) -> R<PyTensor> {
 
 #[pyfunction]
 fn reduce(name: &str, x: &PyTensor, axes: Vec<i64>, keepdims: bool) -> R<PyTensor> {
-    let op = ReduceOp::from_name(name).ok_or_else(|| PyValueError::new_err(format!("unknown reduction '{name}'")))?;
+    let op = ReduceOp::from_name(name)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown reduction '{name}'")))?;
     let axes = norm_axes(name, &axes, t(x).rank()).map_err(err)?;
     wrap(build::reduce(op, t(x), &axes, keepdims))
 }
@@ -261,7 +305,11 @@ fn arg(name: &str, x: &PyTensor, axis: i64) -> R<PyTensor> {
     let op = match name {
         "argmax" => ArgOp::ArgMax,
         "argmin" => ArgOp::ArgMin,
-        _ => return Err(PyValueError::new_err(format!("unknown arg-reduction '{name}'"))),
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "unknown arg-reduction '{name}'"
+            )))
+        }
     };
     let axis = norm_axis(name, axis, t(x).rank()).map_err(err)?;
     wrap(build::arg(op, t(x), axis))
@@ -313,20 +361,30 @@ fn transpose(x: &PyTensor, perm: Vec<i64>) -> R<PyTensor> {
             t(x).rank()
         )));
     }
-    let perm: Vec<usize> = perm.iter().map(|&p| norm_axis("permute_dimensions", p, t(x).rank())).collect::<crate::Result<_>>().map_err(err)?;
+    let perm: Vec<usize> = perm
+        .iter()
+        .map(|&p| norm_axis("permute_dimensions", p, t(x).rank()))
+        .collect::<crate::Result<_>>()
+        .map_err(err)?;
     wrap(build::transpose(t(x), &perm))
 }
 
 #[pyfunction]
 fn slice(x: &PyTensor, spec: Vec<(Option<i64>, Option<i64>, i64)>) -> R<PyTensor> {
-    let spec: Vec<SliceAxis> = spec.into_iter().map(|(start, stop, step)| SliceAxis { start, stop, step }).collect();
+    let spec: Vec<SliceAxis> = spec
+        .into_iter()
+        .map(|(start, stop, step)| SliceAxis { start, stop, step })
+        .collect();
     wrap(build::slice(t(x), &spec))
 }
 
 #[pyfunction]
 fn concat(xs: Vec<PyTensor>, axis: i64) -> R<PyTensor> {
     let xs: Vec<Tensor> = xs.into_iter().map(|x| x.0).collect();
-    let r = xs.first().map(|x| x.rank()).ok_or_else(|| PyValueError::new_err("concatenate: needs at least one tensor"))?;
+    let r = xs
+        .first()
+        .map(|x| x.rank())
+        .ok_or_else(|| PyValueError::new_err("concatenate: needs at least one tensor"))?;
     let axis = norm_axis("concatenate", axis, r).map_err(err)?;
     wrap(build::concat(&xs, axis))
 }
@@ -361,43 +419,110 @@ fn random(dist: &str, shape: &PyTensor, dtype_name: &str, seed: Option<u64>) -> 
         "uniform" => RandomDist::Uniform,
         "normal" => RandomDist::Normal,
         "truncated_normal" => RandomDist::TruncatedNormal,
-        _ => return Err(PyValueError::new_err(format!("unknown distribution '{dist}'"))),
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "unknown distribution '{dist}'"
+            )))
+        }
     };
-    wrap(crate::ops::random::random(d, t(shape), dtype(dtype_name)?, seed))
+    wrap(crate::ops::random::random(
+        d,
+        t(shape),
+        dtype(dtype_name)?,
+        seed,
+    ))
 }
 
-fn conv_spec(strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<Arc<ConvSpec>> {
+fn conv_spec(
+    strides: Vec<usize>,
+    dilation: Vec<usize>,
+    padding: &Bound<'_, PyAny>,
+    groups: usize,
+) -> R<Arc<ConvSpec>> {
     let padding = match padding.extract::<String>() {
         Ok(s) if s == "same" => Padding::Same,
-        Ok(s) => return Err(PyValueError::new_err(format!("unknown padding '{s}': expected 'same' or (before, after) pairs"))),
+        Ok(s) => {
+            return Err(PyValueError::new_err(format!(
+                "unknown padding '{s}': expected 'same' or (before, after) pairs"
+            )))
+        }
         Err(_) => Padding::Explicit(padding.extract()?),
     };
-    let spec = ConvSpec { strides, dilation, padding, groups };
+    let spec = ConvSpec {
+        strides,
+        dilation,
+        padding,
+        groups,
+    };
     spec.validate("conv").map_err(err)?;
     Ok(Arc::new(spec))
 }
 
 #[pyfunction]
-fn conv(x: &PyTensor, w: &PyTensor, strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<PyTensor> {
-    wrap(build::conv(t(x), t(w), &conv_spec(strides, dilation, padding, groups)?))
+fn conv(
+    x: &PyTensor,
+    w: &PyTensor,
+    strides: Vec<usize>,
+    dilation: Vec<usize>,
+    padding: &Bound<'_, PyAny>,
+    groups: usize,
+) -> R<PyTensor> {
+    wrap(build::conv(
+        t(x),
+        t(w),
+        &conv_spec(strides, dilation, padding, groups)?,
+    ))
 }
 
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn conv_transpose(g: &PyTensor, w: &PyTensor, x_shape: &PyTensor, strides: Vec<usize>, dilation: Vec<usize>, padding: &Bound<'_, PyAny>, groups: usize) -> R<PyTensor> {
-    wrap(build::conv_input_grad(t(g), t(w), t(x_shape), &conv_spec(strides, dilation, padding, groups)?))
+fn conv_transpose(
+    g: &PyTensor,
+    w: &PyTensor,
+    x_shape: &PyTensor,
+    strides: Vec<usize>,
+    dilation: Vec<usize>,
+    padding: &Bound<'_, PyAny>,
+    groups: usize,
+) -> R<PyTensor> {
+    wrap(build::conv_input_grad(
+        t(g),
+        t(w),
+        t(x_shape),
+        &conv_spec(strides, dilation, padding, groups)?,
+    ))
 }
 
 #[pyfunction]
-fn pool(x: &PyTensor, mode: &str, window: Vec<usize>, strides: Vec<usize>, padding: &Bound<'_, PyAny>) -> R<PyTensor> {
+fn pool(
+    x: &PyTensor,
+    mode: &str,
+    window: Vec<usize>,
+    strides: Vec<usize>,
+    padding: &Bound<'_, PyAny>,
+) -> R<PyTensor> {
     let kind = match mode {
         "max" => PoolKind::Max,
         "avg" => PoolKind::Avg,
-        _ => return Err(PyValueError::new_err(format!("unknown pool_mode '{mode}': expected 'max' or 'avg'"))),
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "unknown pool_mode '{mode}': expected 'max' or 'avg'"
+            )))
+        }
     };
     let n = window.len();
-    let padding = conv_spec(vec![1; n], vec![1; n], padding, 1)?.padding.clone();
-    wrap(build::pool(t(x), &Arc::new(PoolSpec { kind, window, strides, padding })))
+    let padding = conv_spec(vec![1; n], vec![1; n], padding, 1)?
+        .padding
+        .clone();
+    wrap(build::pool(
+        t(x),
+        &Arc::new(PoolSpec {
+            kind,
+            window,
+            strides,
+            padding,
+        }),
+    ))
 }
 
 /// A loop over axis 0 of `seqs`, with a body traced on `seq_phs`/`state_phs`. Returns the
@@ -416,8 +541,18 @@ fn loop_(
     let un = |v: Vec<PyTensor>| v.into_iter().map(|x| x.0).collect::<Vec<_>>();
     let (no, ns) = (outputs.len(), new_states.len());
     guarded("loop", || {
-        let node = crate::ops::control::build_loop(&un(seqs), &un(init), un(seq_phs), un(state_phs), un(outputs), un(new_states), reverse)?;
-        (0..no + ns).map(|k| crate::ops::control::tuple_get(&node, k).map(PyTensor)).collect()
+        let node = crate::ops::control::build_loop(
+            &un(seqs),
+            &un(init),
+            un(seq_phs),
+            un(state_phs),
+            un(outputs),
+            un(new_states),
+            reverse,
+        )?;
+        (0..no + ns)
+            .map(|k| crate::ops::control::tuple_get(&node, k).map(PyTensor))
+            .collect()
     })
 }
 
@@ -441,45 +576,95 @@ impl crate::ops::host::HostFn for PyHostFn {
     fn call(&self, inputs: &[Value]) -> crate::Result<Vec<Value>> {
         Python::attach(|py| {
             let args: Vec<Py<PyAny>> = inputs.iter().map(|v| to_py(py, v.clone())).collect();
-            let out = self.runner.call_method1(py, "call", (args,)).map_err(callback_err)?;
+            let out = self
+                .runner
+                .call_method1(py, "call", (args,))
+                .map_err(callback_err)?;
             let out: Vec<Bound<'_, PyAny>> = out.bind(py).extract().map_err(callback_err)?;
-            out.iter().map(|o| to_value(o).map_err(callback_err)).collect()
+            out.iter()
+                .map(|o| to_value(o).map_err(callback_err))
+                .collect()
         })
     }
     fn vjp(&self, inputs: &[Value], grads: &[Value]) -> crate::Result<Vec<Option<Value>>> {
         Python::attach(|py| {
             let xs: Vec<Py<PyAny>> = inputs.iter().map(|v| to_py(py, v.clone())).collect();
             let gs: Vec<Py<PyAny>> = grads.iter().map(|v| to_py(py, v.clone())).collect();
-            let out = self.runner.call_method1(py, "vjp", (xs, gs)).map_err(callback_err)?;
-            let out: Vec<Option<Bound<'_, PyAny>>> = out.bind(py).extract().map_err(callback_err)?;
-            out.iter().map(|o| o.as_ref().map(to_value).transpose().map_err(callback_err)).collect()
+            let out = self
+                .runner
+                .call_method1(py, "vjp", (xs, gs))
+                .map_err(callback_err)?;
+            let out: Vec<Option<Bound<'_, PyAny>>> =
+                out.bind(py).extract().map_err(callback_err)?;
+            out.iter()
+                .map(|o| o.as_ref().map(to_value).transpose().map_err(callback_err))
+                .collect()
         })
     }
 }
 
 /// A host-callback node; returns one tensor per declared result.
 #[pyfunction]
-fn host_call(name: &str, runner: Py<PyAny>, inputs: Vec<PyTensor>, results: Vec<(Vec<Option<usize>>, String)>) -> R<Vec<PyTensor>> {
-    let specs: Vec<(Shape, DType)> = results.into_iter().map(|(s, d)| Ok((Shape(s), dtype(&d)?))).collect::<R<_>>()?;
+fn host_call(
+    name: &str,
+    runner: Py<PyAny>,
+    inputs: Vec<PyTensor>,
+    results: Vec<(Vec<Option<usize>>, String)>,
+) -> R<Vec<PyTensor>> {
+    let specs: Vec<(Shape, DType)> = results
+        .into_iter()
+        .map(|(s, d)| Ok((Shape(s), dtype(&d)?)))
+        .collect::<R<_>>()?;
     let n = specs.len();
-    let f = Arc::new(PyHostFn { name: name.to_string(), runner });
+    let f = Arc::new(PyHostFn {
+        name: name.to_string(),
+        runner,
+    });
     let ins: Vec<Tensor> = inputs.into_iter().map(|x| x.0).collect();
     guarded("py_function", || {
         let node = crate::ops::host::host_call(f, &ins, specs)?;
-        (0..n).map(|k| crate::ops::control::tuple_get(&node, k).map(PyTensor)).collect()
+        (0..n)
+            .map(|k| crate::ops::control::tuple_get(&node, k).map(PyTensor))
+            .collect()
     })
 }
 
 #[pyfunction]
-fn ctc_loss(logits: &PyTensor, labels: &PyTensor, input_length: &PyTensor, label_length: &PyTensor) -> R<PyTensor> {
-    wrap(crate::ops::ctc::ctc(crate::ops::ctc::CtcOp::Loss, t(logits), t(labels), t(input_length), t(label_length)))
+fn ctc_loss(
+    logits: &PyTensor,
+    labels: &PyTensor,
+    input_length: &PyTensor,
+    label_length: &PyTensor,
+) -> R<PyTensor> {
+    wrap(crate::ops::ctc::ctc(
+        crate::ops::ctc::CtcOp::Loss,
+        t(logits),
+        t(labels),
+        t(input_length),
+        t(label_length),
+    ))
 }
 
 /// Decoded paths (one int64 matrix each, padded with -1) followed by their log-probabilities.
 #[pyfunction]
-fn ctc_decode(log_probs: &PyTensor, input_length: &PyTensor, greedy: bool, beam_width: usize, top_paths: usize) -> R<Vec<PyTensor>> {
-    let d = crate::ops::ctc::Decode { greedy, beam_width, top_paths };
-    guarded("ctc_decode", || Ok(crate::ops::ctc::decode(d, t(log_probs), t(input_length))?.into_iter().map(PyTensor).collect()))
+fn ctc_decode(
+    log_probs: &PyTensor,
+    input_length: &PyTensor,
+    greedy: bool,
+    beam_width: usize,
+    top_paths: usize,
+) -> R<Vec<PyTensor>> {
+    let d = crate::ops::ctc::Decode {
+        greedy,
+        beam_width,
+        top_paths,
+    };
+    guarded("ctc_decode", || {
+        Ok(crate::ops::ctc::decode(d, t(log_probs), t(input_length))?
+            .into_iter()
+            .map(PyTensor)
+            .collect())
+    })
 }
 
 // ---------------------------------------------------------------- autodiff and execution
@@ -488,7 +673,9 @@ fn ctc_decode(log_probs: &PyTensor, input_length: &PyTensor, greedy: bool, beam_
 #[pyo3(signature = (y, xs, gy=None))]
 fn gradients(y: &PyTensor, xs: Vec<PyTensor>, gy: Option<PyTensor>) -> R<Vec<Option<PyTensor>>> {
     let xs: Vec<Tensor> = xs.into_iter().map(|x| x.0).collect();
-    let gs = guarded("gradients", || crate::autodiff::gradients(t(y), &xs, gy.map(|g| g.0)))?;
+    let gs = guarded("gradients", || {
+        crate::autodiff::gradients(t(y), &xs, gy.map(|g| g.0))
+    })?;
     Ok(gs.into_iter().map(|g| g.map(PyTensor)).collect())
 }
 
@@ -524,7 +711,11 @@ pub struct PyFunction(Function);
 #[pymethods]
 impl PyFunction {
     #[new]
-    fn new(feeds: Vec<PyTensor>, outputs: Vec<PyTensor>, updates: Vec<(PyTensor, PyTensor)>) -> R<Self> {
+    fn new(
+        feeds: Vec<PyTensor>,
+        outputs: Vec<PyTensor>,
+        updates: Vec<(PyTensor, PyTensor)>,
+    ) -> R<Self> {
         let feeds = feeds.into_iter().map(|x| x.0).collect();
         let outputs = outputs.into_iter().map(|x| x.0).collect();
         let updates = updates.into_iter().map(|(a, b)| (a.0, b.0)).collect();
@@ -574,13 +765,21 @@ impl PyFunction {
     /// on a GPU).
     #[getter]
     fn submits(&self) -> usize {
-        self.0.last.lock().unwrap_or_else(|e| e.into_inner()).map_or(0, |s| s.submits)
+        self.0
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(0, |s| s.submits)
     }
 
     /// Nodes of the last call's GPU plan that ran on the CPU instead (0 on the CPU).
     #[getter]
     fn host_nodes(&self) -> usize {
-        self.0.last.lock().unwrap_or_else(|e| e.into_inner()).map_or(0, |s| s.host_nodes)
+        self.0
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(0, |s| s.host_nodes)
     }
 }
 
@@ -593,7 +792,9 @@ fn evaluate(py: Python<'_>, xs: Vec<PyTensor>) -> R<Vec<Py<PyAny>>> {
 
 #[pyfunction]
 fn device() -> R<String> {
-    crate::runtime::device::current().map(|d| d.name()).map_err(err)
+    crate::runtime::device::current()
+        .map(|d| d.name())
+        .map_err(err)
 }
 
 #[pyfunction]
@@ -604,7 +805,10 @@ fn set_device(name: &str) -> R<String> {
 /// The GPU adapters: (index, name, backend, type, software).
 #[pyfunction]
 fn gpu_adapters() -> Vec<(usize, String, String, String, bool)> {
-    crate::runtime::device::list().into_iter().map(|a| (a.index, a.name, a.backend, a.kind, a.software)).collect()
+    crate::runtime::device::list()
+        .into_iter()
+        .map(|a| (a.index, a.name, a.backend, a.kind, a.software))
+        .collect()
 }
 
 /// Counters of the current GPU device: (buffer allocations, bytes allocated, pipelines
@@ -620,7 +824,9 @@ fn device_stats() -> R<Option<(u64, u64, usize)>> {
 /// The current GPU device, or a `DeviceError` naming `what` on the CPU.
 fn current_gpu(what: &str) -> R<Arc<crate::runtime::gpu::Context>> {
     match crate::runtime::device::current().map_err(err)? {
-        crate::runtime::device::Device::Cpu => Err(err(Error::Device(format!("{what}: the current device is the CPU")))),
+        crate::runtime::device::Device::Cpu => Err(err(Error::Device(format!(
+            "{what}: the current device is the CPU"
+        )))),
         crate::runtime::device::Device::Gpu(c) => Ok(c),
     }
 }
@@ -629,7 +835,9 @@ fn current_gpu(what: &str) -> R<Arc<crate::runtime::gpu::Context>> {
 #[pyfunction]
 fn compile_wgsl(source: &str, entry: &str) -> R<()> {
     let c = current_gpu("compile_wgsl")?;
-    guarded("compile_wgsl", || crate::runtime::gpu::compile_wgsl(&c, source, entry))
+    guarded("compile_wgsl", || {
+        crate::runtime::gpu::compile_wgsl(&c, source, entry)
+    })
 }
 
 /// Buffer-pool counters of the current GPU (pooled/live/allocated bytes, buffers created,
@@ -722,7 +930,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_pool_clear, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_lose_gpu, m)?)?;
     m.add("DeviceError", m.py().get_type::<DeviceError>())?;
-    m.add("UNARY_OPS", UnaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
-    m.add("BINARY_OPS", BinaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
+    m.add(
+        "UNARY_OPS",
+        UnaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>(),
+    )?;
+    m.add(
+        "BINARY_OPS",
+        BinaryOp::ALL.iter().map(|o| o.name()).collect::<Vec<_>>(),
+    )?;
     Ok(())
 }

@@ -56,7 +56,9 @@ fn parse(name: &str) -> Result<Want> {
 }
 
 fn require_gpu() -> bool {
-    std::env::var("FERROKERAS_REQUIRE_GPU").map(|v| !v.is_empty() && v != "0").unwrap_or(false)
+    std::env::var("FERROKERAS_REQUIRE_GPU")
+        .map(|v| !v.is_empty() && v != "0")
+        .unwrap_or(false)
 }
 
 /// Resolves a device name. `from_env` softens "gpu with no adapter" to the CPU.
@@ -73,7 +75,10 @@ fn resolve(name: &str, from_env: bool) -> Result<Device> {
         Want::AnyGpu => match hardware.or(adapters.first().map(|a| a.index)) {
             Some(i) => i,
             None if from_env && !require_gpu() => {
-                eprintln!("ferrokeras: FERROKERAS_DEVICE=gpu but {}; running on the CPU", gpu::why_none());
+                eprintln!(
+                    "ferrokeras: FERROKERAS_DEVICE=gpu but {}; running on the CPU",
+                    gpu::why_none()
+                );
                 return Ok(Device::Cpu);
             }
             None => return Err(no_gpu(name, &adapters)),
@@ -99,8 +104,14 @@ fn no_gpu(name: &str, adapters: &[AdapterDesc]) -> Error {
     if adapters.is_empty() {
         Error::Device(format!("device '{name}': {}", gpu::why_none()))
     } else {
-        let list: Vec<String> = adapters.iter().map(|a| format!("gpu:{} = {} ({})", a.index, a.name, a.backend)).collect();
-        Error::Device(format!("device '{name}': no such GPU adapter; found {}", list.join(", ")))
+        let list: Vec<String> = adapters
+            .iter()
+            .map(|a| format!("gpu:{} = {} ({})", a.index, a.name, a.backend))
+            .collect();
+        Error::Device(format!(
+            "device '{name}': no such GPU adapter; found {}",
+            list.join(", ")
+        ))
     }
 }
 

@@ -58,7 +58,13 @@ pub fn open(_index: usize) -> Result<Arc<Context>> {
     Err(Error::Device(why_none()))
 }
 
-pub fn run(ctx: &Arc<Context>, _plan: &Plan, _feeds: Vec<Value>, _n_host: usize, _cache: &PlanCache) -> Result<(Vec<Out>, RunStats)> {
+pub fn run(
+    ctx: &Arc<Context>,
+    _plan: &Plan,
+    _feeds: Vec<Value>,
+    _n_host: usize,
+    _cache: &PlanCache,
+) -> Result<(Vec<Out>, RunStats)> {
     match **ctx {}
 }
 

@@ -45,7 +45,13 @@ pub struct RunStats {
 /// Runs `plan` on the current device. The first `n_host` results are returned as host
 /// values; the rest (update values) may stay on the device. On the CPU the run may write
 /// update values into the variables' buffers as `lend` allows.
-pub fn run(plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &gpu::PlanCache, lend: Option<&cpu::Lend>) -> Result<(Vec<Out>, RunStats)> {
+pub fn run(
+    plan: &Plan,
+    feeds: Vec<Value>,
+    n_host: usize,
+    cache: &gpu::PlanCache,
+    lend: Option<&cpu::Lend>,
+) -> Result<(Vec<Out>, RunStats)> {
     match device::current()? {
         device::Device::Cpu => cpu::run(plan, feeds, lend).map(|v| host_results(v, plan)),
         device::Device::Gpu(ctx) => gpu::run(&ctx, plan, feeds, n_host, cache),
@@ -54,6 +60,10 @@ pub fn run(plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &gpu::PlanCache
 
 /// A CPU run's results as host `Out`s, with the plan's launch count.
 pub fn host_results(values: Vec<Value>, plan: &Plan) -> (Vec<Out>, RunStats) {
-    let stats = RunStats { dispatches: plan.cpu_schedule().dispatches, submits: 0, host_nodes: 0 };
+    let stats = RunStats {
+        dispatches: plan.cpu_schedule().dispatches,
+        submits: 0,
+        host_nodes: 0,
+    };
     (values.into_iter().map(Out::Host).collect(), stats)
 }

@@ -111,15 +111,87 @@ macro_rules! impl_elem {
     };
 }
 
-impl_elem!(f16, F16, F16, |x: f16| x.to_f64(), f16::from_f64, |x: f16| x.to_f64() as i64, |v: i64| f16::from_f64(v as f64));
-impl_elem!(f32, F32, F32, |x: f32| x as f64, |v: f64| v as f32, |x: f32| x as i64, |v: i64| v as f32);
-impl_elem!(f64, F64, F64, |x: f64| x, |v: f64| v, |x: f64| x as i64, |v: i64| v as f64);
-impl_elem!(i8, I8, I8, |x: i8| x as f64, |v: f64| v as i8, |x: i8| x as i64, |v: i64| v as i8);
-impl_elem!(i16, I16, I16, |x: i16| x as f64, |v: f64| v as i16, |x: i16| x as i64, |v: i64| v as i16);
-impl_elem!(i32, I32, I32, |x: i32| x as f64, |v: f64| v as i32, |x: i32| x as i64, |v: i64| v as i32);
-impl_elem!(i64, I64, I64, |x: i64| x as f64, |v: f64| v as i64, |x: i64| x, |v: i64| v);
-impl_elem!(u8, U8, U8, |x: u8| x as f64, |v: f64| v as u8, |x: u8| x as i64, |v: i64| v as u8);
-impl_elem!(bool, Bool, Bool, |x: bool| x as u8 as f64, |v: f64| v != 0.0, |x: bool| x as i64, |v: i64| v != 0);
+impl_elem!(
+    f16,
+    F16,
+    F16,
+    |x: f16| x.to_f64(),
+    f16::from_f64,
+    |x: f16| x.to_f64() as i64,
+    |v: i64| f16::from_f64(v as f64)
+);
+impl_elem!(
+    f32,
+    F32,
+    F32,
+    |x: f32| x as f64,
+    |v: f64| v as f32,
+    |x: f32| x as i64,
+    |v: i64| v as f32
+);
+impl_elem!(
+    f64,
+    F64,
+    F64,
+    |x: f64| x,
+    |v: f64| v,
+    |x: f64| x as i64,
+    |v: i64| v as f64
+);
+impl_elem!(
+    i8,
+    I8,
+    I8,
+    |x: i8| x as f64,
+    |v: f64| v as i8,
+    |x: i8| x as i64,
+    |v: i64| v as i8
+);
+impl_elem!(
+    i16,
+    I16,
+    I16,
+    |x: i16| x as f64,
+    |v: f64| v as i16,
+    |x: i16| x as i64,
+    |v: i64| v as i16
+);
+impl_elem!(
+    i32,
+    I32,
+    I32,
+    |x: i32| x as f64,
+    |v: f64| v as i32,
+    |x: i32| x as i64,
+    |v: i64| v as i32
+);
+impl_elem!(
+    i64,
+    I64,
+    I64,
+    |x: i64| x as f64,
+    |v: f64| v as i64,
+    |x: i64| x,
+    |v: i64| v
+);
+impl_elem!(
+    u8,
+    U8,
+    U8,
+    |x: u8| x as f64,
+    |v: f64| v as u8,
+    |x: u8| x as i64,
+    |v: i64| v as u8
+);
+impl_elem!(
+    bool,
+    Bool,
+    Bool,
+    |x: bool| x as u8 as f64,
+    |v: f64| v != 0.0,
+    |x: bool| x as i64,
+    |v: i64| v != 0
+);
 
 impl Value {
     pub fn dtype(&self) -> DType {
@@ -205,7 +277,9 @@ impl Value {
 
     pub fn reshape(&self, shape: &[usize]) -> Result<Value> {
         let v = self.clone().standard();
-        Ok(map_value!(v, a => a.into_shape_with_order(IxDyn(shape)).map_err(|e| Error::Value(format!("reshape: {e}")))?))
+        Ok(
+            map_value!(v, a => a.into_shape_with_order(IxDyn(shape)).map_err(|e| Error::Value(format!("reshape: {e}")))?),
+        )
     }
 }
 
@@ -214,15 +288,42 @@ impl Value {
 macro_rules! dispatch_dtype {
     ($dt:expr, $T:ident => $e:expr) => {
         match $dt {
-            $crate::dtype::DType::F16 => { type $T = half::f16; $e }
-            $crate::dtype::DType::F32 => { type $T = f32; $e }
-            $crate::dtype::DType::F64 => { type $T = f64; $e }
-            $crate::dtype::DType::I8 => { type $T = i8; $e }
-            $crate::dtype::DType::I16 => { type $T = i16; $e }
-            $crate::dtype::DType::I32 => { type $T = i32; $e }
-            $crate::dtype::DType::I64 => { type $T = i64; $e }
-            $crate::dtype::DType::U8 => { type $T = u8; $e }
-            $crate::dtype::DType::Bool => { type $T = bool; $e }
+            $crate::dtype::DType::F16 => {
+                type $T = half::f16;
+                $e
+            }
+            $crate::dtype::DType::F32 => {
+                type $T = f32;
+                $e
+            }
+            $crate::dtype::DType::F64 => {
+                type $T = f64;
+                $e
+            }
+            $crate::dtype::DType::I8 => {
+                type $T = i8;
+                $e
+            }
+            $crate::dtype::DType::I16 => {
+                type $T = i16;
+                $e
+            }
+            $crate::dtype::DType::I32 => {
+                type $T = i32;
+                $e
+            }
+            $crate::dtype::DType::I64 => {
+                type $T = i64;
+                $e
+            }
+            $crate::dtype::DType::U8 => {
+                type $T = u8;
+                $e
+            }
+            $crate::dtype::DType::Bool => {
+                type $T = bool;
+                $e
+            }
         }
     };
 }
@@ -277,7 +378,12 @@ pub mod foreign {
         /// `data` must point to `shape.iter().product()` initialised, aligned elements
         /// that stay valid and that nothing writes until this lease is dropped (`owner`
         /// keeps them alive; it is dropped with the lease, or leaked with the buffer).
-        pub unsafe fn borrow<T: Elem>(&mut self, data: *const T, shape: &[usize], owner: Box<dyn Any + Send>) -> Value {
+        pub unsafe fn borrow<T: Elem>(
+            &mut self,
+            data: *const T,
+            shape: &[usize],
+            owner: Box<dyn Any + Send>,
+        ) -> Value {
             let len: usize = shape.iter().product();
             // SAFETY: the caller vouches for `len` valid elements at `data`. The `Vec`
             // claims an allocation it does not own, so it must never be dropped, grown or
@@ -285,9 +391,13 @@ pub mod foreign {
             // kernel sees it shared and copies before writing or taking the buffer) and
             // then forgets the array instead of dropping it.
             let v = unsafe { Vec::from_raw_parts(data as *mut T, len, len) };
-            let a = ndarray::Array::from_shape_vec(ndarray::IxDyn(shape), v).expect("len is the shape's product");
+            let a = ndarray::Array::from_shape_vec(ndarray::IxDyn(shape), v)
+                .expect("len is the shape's product");
             let value = T::wrap(a.into_shared());
-            let range = (data as usize, data as usize + len * std::mem::size_of::<T>());
+            let range = (
+                data as usize,
+                data as usize + len * std::mem::size_of::<T>(),
+            );
             ranges().push(range);
             LIVE.fetch_add(1, Ordering::AcqRel);
             LEASED.fetch_add(1, Ordering::Relaxed);
@@ -344,6 +454,9 @@ pub mod foreign {
     /// (values leased so far, those of them still shared when their lease ended: 0 unless
     /// a path that keeps values past a call was missed).
     pub fn counts() -> (usize, usize) {
-        (LEASED.load(Ordering::Relaxed), LEAKED.load(Ordering::Relaxed))
+        (
+            LEASED.load(Ordering::Relaxed),
+            LEAKED.load(Ordering::Relaxed),
+        )
     }
 }

@@ -23,7 +23,9 @@ try:
     import keras
 except ImportError:  # Keras is an optional dependency: nothing here to run without it.
     keras = None
-if keras is None or getattr(keras, "__version__", None) != "2.3.1":  # tests/keras itself imports as `keras` without Keras installed
+if (
+    keras is None or getattr(keras, "__version__", None) != "2.3.1"
+):  # tests/keras itself imports as `keras` without Keras installed
     collect_ignore_glob = ["test_*.py"]
 
 STUB_MESSAGE = "is not implemented in ferrokeras yet"

@@ -26,17 +26,29 @@ def _run_isolated(code, env):
     full = dict(os.environ)
     full.pop("KERAS_BACKEND", None)
     full.update(env)
-    out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
 
 def test_backend_chosen_in_keras_json(tmp_path):
-    (tmp_path / "keras.json").write_text(json.dumps({
-        "backend": "ferrokeras.backend", "floatx": "float32", "epsilon": 1e-07,
-        "image_data_format": "channels_last"}))
+    (tmp_path / "keras.json").write_text(
+        json.dumps(
+            {
+                "backend": "ferrokeras.backend",
+                "floatx": "float32",
+                "epsilon": 1e-07,
+                "image_data_format": "channels_last",
+            }
+        )
+    )
     code = "import keras; print(keras.backend.backend(), keras.backend.variable.__module__)"
-    assert _run_isolated(code, {"KERAS_HOME": str(tmp_path)}) == "ferrokeras.backend ferrokeras._k.variables"
+    assert (
+        _run_isolated(code, {"KERAS_HOME": str(tmp_path)})
+        == "ferrokeras.backend ferrokeras._k.variables"
+    )
 
 
 def test_backend_chosen_by_environment_variable(tmp_path):
@@ -70,12 +82,20 @@ def _names_keras_calls():
     # Only reached under another backend (`K.backend() == 'tensorflow'` / 'theano' branches,
     # TensorBoard's session), in a docstring, or in a TimeDistributed branch for tensors
     # without a static rank (which no backend defines: a Keras bug).
-    return names - {"tensorflow_backend", "get_session", "set_session", "pattern_broadcast",
-                    "in_training_phase", "compute_output_shape"}
+    return names - {
+        "tensorflow_backend",
+        "get_session",
+        "set_session",
+        "pattern_broadcast",
+        "in_training_phase",
+        "compute_output_shape",
+    }
 
 
 def test_every_name_keras_uses_exists():
-    missing = sorted(n for n in _names_keras_calls() | set(keras_compat._KERAS_IMPORTS) if not hasattr(K, n))
+    missing = sorted(
+        n for n in _names_keras_calls() | set(keras_compat._KERAS_IMPORTS) if not hasattr(K, n)
+    )
     assert missing == []
 
 
@@ -148,7 +168,9 @@ def test_keras_and_ferrokeras_share_floatx():
     try:
         K.set_floatx("float64")
         assert FK.floatx() == "float64"
-        model = keras.models.Sequential([keras.layers.Dense(2, input_shape=(3,), activation="tanh")])
+        model = keras.models.Sequential(
+            [keras.layers.Dense(2, input_shape=(3,), activation="tanh")]
+        )
         model.compile(keras.optimizers.Adam(), "mse")
         assert all(w.dtype == "float64" for w in model.weights)
         model.train_on_batch(np.ones((4, 3)), np.zeros((4, 2)))

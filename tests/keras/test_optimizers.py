@@ -39,6 +39,7 @@ def sgd(lr, momentum=0.0, decay=0.0, nesterov=False):
             ms[k] = v
             out.append(p + momentum * v - lr_t * g if nesterov else p + v)
         return out
+
     return step
 
 
@@ -50,6 +51,7 @@ def rmsprop(lr, rho=0.9):
             acc[k] = rho * acc[k] + (1 - rho) * g * g
             out.append(p - lr * g / (np.sqrt(acc[k]) + EPS))
         return out
+
     return step
 
 
@@ -61,6 +63,7 @@ def adagrad(lr):
             acc[k] = acc[k] + g * g
             out.append(p - lr * g / (np.sqrt(acc[k]) + EPS))
         return out
+
     return step
 
 
@@ -75,13 +78,14 @@ def adadelta(lr, rho=0.95):
             out.append(p - lr * upd)
             dacc[k] = rho * dacc[k] + (1 - rho) * upd * upd
         return out
+
     return step
 
 
 def adam(lr, b1=0.9, b2=0.999, amsgrad=False):
     def step(ps, st, i):
         t = i + 1
-        lr_t = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        lr_t = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
         ms = st.setdefault("m", [np.zeros_like(p) for p in ps])
         vs = st.setdefault("v", [np.zeros_like(p) for p in ps])
         vh = st.setdefault("vh", [np.zeros_like(p) for p in ps])
@@ -92,6 +96,7 @@ def adam(lr, b1=0.9, b2=0.999, amsgrad=False):
             vh[k] = np.maximum(vh[k], vs[k])
             out.append(p - lr_t * ms[k] / (np.sqrt(vh[k] if amsgrad else vs[k]) + EPS))
         return out
+
     return step
 
 
@@ -106,6 +111,7 @@ def adamax(lr, b1=0.9, b2=0.999):
             us[k] = np.maximum(b2 * us[k], np.abs(g))
             out.append(p - lr_t * ms[k] / (us[k] + EPS))
         return out
+
     return step
 
 
@@ -126,10 +132,11 @@ def nadam(lr, b1=0.9, b2=0.999, schedule_decay=0.004):
             ms[k] = b1 * ms[k] + (1 - b1) * g
             m_prime = ms[k] / (1 - s_next)
             vs[k] = b2 * vs[k] + (1 - b2) * g * g
-            v_prime = vs[k] / (1 - b2 ** t)
+            v_prime = vs[k] / (1 - b2**t)
             m_bar = (1 - mc_t) * g_prime + mc_t1 * m_prime
             out.append(p - lr * m_bar / (np.sqrt(v_prime) + EPS))
         return out
+
     return step
 
 
@@ -140,13 +147,22 @@ def clipped_sgd(lr, clipnorm, clipvalue):
         gs = [g * clipnorm / max(norm, clipnorm) for g in gs]
         gs = [np.clip(g, -clipvalue, clipvalue) for g in gs]
         return [p - lr * g for p, g in zip(ps, gs)]
+
     return step
 
 
 CASES = [
     ("sgd", optimizers.SGD(lr=0.1), sgd(0.1)),
-    ("sgd_momentum_decay", optimizers.SGD(lr=0.1, momentum=0.9, decay=0.1), sgd(0.1, 0.9, decay=0.1)),
-    ("sgd_nesterov", optimizers.SGD(lr=0.1, momentum=0.8, nesterov=True), sgd(0.1, 0.8, nesterov=True)),
+    (
+        "sgd_momentum_decay",
+        optimizers.SGD(lr=0.1, momentum=0.9, decay=0.1),
+        sgd(0.1, 0.9, decay=0.1),
+    ),
+    (
+        "sgd_nesterov",
+        optimizers.SGD(lr=0.1, momentum=0.8, nesterov=True),
+        sgd(0.1, 0.8, nesterov=True),
+    ),
     ("rmsprop", optimizers.RMSprop(lr=0.01), rmsprop(0.01)),
     ("adagrad", optimizers.Adagrad(lr=0.1), adagrad(0.1)),
     ("adadelta", optimizers.Adadelta(lr=1.0), adadelta(1.0)),
@@ -154,7 +170,11 @@ CASES = [
     ("adam_amsgrad", optimizers.Adam(lr=0.01, amsgrad=True), adam(0.01, amsgrad=True)),
     ("adamax", optimizers.Adamax(lr=0.02), adamax(0.02)),
     ("nadam", optimizers.Nadam(lr=0.01), nadam(0.01)),
-    ("clipnorm_clipvalue", optimizers.SGD(lr=0.5, clipnorm=0.5, clipvalue=0.1), clipped_sgd(0.5, 0.5, 0.1)),
+    (
+        "clipnorm_clipvalue",
+        optimizers.SGD(lr=0.5, clipnorm=0.5, clipvalue=0.1),
+        clipped_sgd(0.5, 0.5, 0.1),
+    ),
 ]
 
 
@@ -169,18 +189,26 @@ def test_optimizer_steps_match_numpy(name, opt, ref):
     for i in range(4):
         loss = model.train_on_batch(X, Y)
         r = X.astype("float64") @ params[0] + params[1] - Y
-        np.testing.assert_allclose(loss, np.mean(r ** 2), rtol=1e-4, err_msg=f"{name}: loss of step {i}")
+        np.testing.assert_allclose(
+            loss, np.mean(r**2), rtol=1e-4, err_msg=f"{name}: loss of step {i}"
+        )
         params = ref(params, state, i)
         got = model.get_weights()
         for g, want in zip(got, params):
-            np.testing.assert_allclose(g, want, rtol=2e-4, atol=2e-6, err_msg=f"{name}: weights after step {i}")
+            np.testing.assert_allclose(
+                g, want, rtol=2e-4, atol=2e-6, err_msg=f"{name}: weights after step {i}"
+            )
     assert int(keras.backend.get_value(model.optimizer.iterations)) == 4
 
 
-@pytest.mark.parametrize("name", ["sgd", "rmsprop", "adagrad", "adadelta", "adam", "adamax", "nadam"])
+@pytest.mark.parametrize(
+    "name", ["sgd", "rmsprop", "adagrad", "adadelta", "adam", "adamax", "nadam"]
+)
 def test_optimizer_by_name_learns(name, xor_data):
     x, y = xor_data
-    model = Sequential([Dense(16, input_shape=(8,), activation="tanh"), Dense(1, activation="sigmoid")])
+    model = Sequential(
+        [Dense(16, input_shape=(8,), activation="tanh"), Dense(1, activation="sigmoid")]
+    )
     model.compile(name, "binary_crossentropy")
     before = model.evaluate(x, y, verbose=0)
     model.fit(x, y, epochs=5, batch_size=32, verbose=0)

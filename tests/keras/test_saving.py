@@ -13,12 +13,14 @@ from keras.models import Model, Sequential, load_model
 @pytest.fixture
 def trained(xor_data):
     x, y = xor_data
-    model = Sequential([
-        Dense(16, input_shape=(8,), activation="relu"),
-        Dropout(0.2),
-        Dense(2),
-        Activation("softmax"),
-    ])
+    model = Sequential(
+        [
+            Dense(16, input_shape=(8,), activation="relu"),
+            Dropout(0.2),
+            Dense(2),
+            Activation("softmax"),
+        ]
+    )
     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     model.fit(x, y, epochs=2, batch_size=32, verbose=0)
     return model, x, y
@@ -33,14 +35,18 @@ def test_save_and_load_model(tmp_path, trained):
     np.testing.assert_allclose(loaded.predict(x), model.predict(x), rtol=1e-6, atol=1e-7)
     assert [layer.name for layer in loaded.layers] == [layer.name for layer in model.layers]
     np.testing.assert_array_equal(
-        keras.backend.get_value(loaded.optimizer.iterations), keras.backend.get_value(model.optimizer.iterations))
+        keras.backend.get_value(loaded.optimizer.iterations),
+        keras.backend.get_value(model.optimizer.iterations),
+    )
 
 
 def test_optimizer_state_survives_save(tmp_path, xor_data):
     """After a reload, one more training step gives the same weights as without the reload
     (no Dropout here, so both steps see the same gradients)."""
     x, y = xor_data
-    model = Sequential([Dense(8, input_shape=(8,), activation="tanh"), Dense(1, activation="sigmoid")])
+    model = Sequential(
+        [Dense(8, input_shape=(8,), activation="tanh"), Dense(1, activation="sigmoid")]
+    )
     model.compile(keras.optimizers.Adam(lr=0.01, amsgrad=True), "binary_crossentropy")
     model.fit(x, y, epochs=2, batch_size=64, verbose=0)
     path = str(tmp_path / "m.h5")
@@ -74,7 +80,9 @@ def test_load_weights_by_name_into_a_different_model(tmp_path):
     b = Input(shape=(4,))
     other = Model(b, Dense(7, name="other")(Dense(5, name="shared")(b)))
     other.load_weights(path, by_name=True)
-    np.testing.assert_array_equal(other.get_layer("shared").get_weights()[0], model.get_layer("shared").get_weights()[0])
+    np.testing.assert_array_equal(
+        other.get_layer("shared").get_weights()[0], model.get_layer("shared").get_weights()[0]
+    )
 
 
 def test_json_and_yaml_configs(trained):
@@ -118,7 +126,13 @@ def test_custom_objects(tmp_path, xor_data):
 def test_model_checkpoint_weights_only(tmp_path, trained):
     model, x, y = trained
     pattern = str(tmp_path / "w.{epoch:02d}-{loss:.3f}.h5")
-    model.fit(x, y, epochs=2, verbose=0, callbacks=[keras.callbacks.ModelCheckpoint(pattern, save_weights_only=True)])
+    model.fit(
+        x,
+        y,
+        epochs=2,
+        verbose=0,
+        callbacks=[keras.callbacks.ModelCheckpoint(pattern, save_weights_only=True)],
+    )
     files = sorted(p.name for p in tmp_path.iterdir())
     assert len(files) == 2 and files[0].startswith("w.01-")
     model.load_weights(str(tmp_path / files[-1]))

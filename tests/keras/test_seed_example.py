@@ -3,7 +3,7 @@
 import numpy as np
 
 # Verbatim from the seed ("一个简单的栗子"), with `print` kept: it must run as written.
-SEED_002 = '''
+SEED_002 = """
 import keras
 from keras.models import Model
 from keras.layers import Dense,Input
@@ -30,7 +30,7 @@ f = K.function([q1], [act1])
 
 out = f([x_val])
 print(out)
-'''
+"""
 
 
 def test_seed_002_runs_unchanged(capsys):

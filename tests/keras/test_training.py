@@ -12,19 +12,23 @@ from keras.models import Model, Sequential
 
 
 def mlp(n_in=8, n_out=2, hidden=16, dropout=0.1):
-    return Sequential([
-        Dense(hidden, input_shape=(n_in,)),
-        Activation("relu"),
-        Dropout(dropout),
-        Dense(n_out, activation="softmax"),
-    ])
+    return Sequential(
+        [
+            Dense(hidden, input_shape=(n_in,)),
+            Activation("relu"),
+            Dropout(dropout),
+            Dense(n_out, activation="softmax"),
+        ]
+    )
 
 
 def test_mlp_learns_with_adam(xor_data):
     x, y = xor_data
     yc = keras.utils.to_categorical(y, 2)
     model = mlp()
-    model.compile(optimizer=optimizers.Adam(lr=0.01), loss="categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=optimizers.Adam(lr=0.01), loss="categorical_crossentropy", metrics=["accuracy"]
+    )
     before = model.evaluate(x, yc, verbose=0)[0]
     hist = model.fit(x, yc, epochs=15, batch_size=32, verbose=0)
     after, acc = model.evaluate(x, yc, verbose=0)
@@ -47,7 +51,9 @@ def test_fit_with_validation_split_and_callbacks(tmp_path, xor_data, capsys):
         keras.callbacks.LearningRateScheduler(lambda epoch: 0.01 / (1 + epoch)),
         keras.callbacks.TerminateOnNaN(),
     ]
-    hist = model.fit(x, yc, epochs=10, batch_size=64, validation_split=0.25, callbacks=callbacks, verbose=1)
+    hist = model.fit(
+        x, yc, epochs=10, batch_size=64, validation_split=0.25, callbacks=callbacks, verbose=1
+    )
     out = capsys.readouterr().out
     # Keras's progress bar, with the validation metrics at the end of each epoch.
     assert "Train on 192 samples, validate on 64 samples" in out
@@ -117,8 +123,12 @@ def test_functional_api_two_inputs_two_outputs(xor_data):
     cls = Dense(2, activation="softmax", name="cls")(h)
     reg = Dense(1, name="reg")(h)
     model = Model(inputs=[a, b], outputs=[cls, reg])
-    model.compile("adam", loss={"cls": "categorical_crossentropy", "reg": "mse"},
-                  loss_weights={"cls": 1.0, "reg": 0.5}, metrics={"cls": "accuracy"})
+    model.compile(
+        "adam",
+        loss={"cls": "categorical_crossentropy", "reg": "mse"},
+        loss_weights={"cls": 1.0, "reg": 0.5},
+        metrics={"cls": "accuracy"},
+    )
     targets = [keras.utils.to_categorical(y, 2), x.sum(axis=1, keepdims=True)]
     hist = model.fit([x[:, :4], x[:, 4:]], targets, epochs=3, batch_size=32, verbose=0)
     assert {"loss", "cls_loss", "reg_loss", "cls_accuracy"} <= set(hist.history)
@@ -135,19 +145,31 @@ def test_functional_api_two_inputs_two_outputs(xor_data):
 
 def test_regularizers_constraints_and_initializers(xor_data):
     x, y = xor_data
-    model = Sequential([
-        Dense(8, input_shape=(8,), kernel_regularizer=keras.regularizers.l1_l2(0.01, 0.01),
-              bias_regularizer="l2", activity_regularizer=keras.regularizers.l1(1e-3),
-              kernel_constraint=keras.constraints.max_norm(1.0),
-              kernel_initializer="he_normal", bias_initializer=keras.initializers.Constant(0.1)),
-        Dense(1, activation="sigmoid", kernel_initializer="glorot_uniform",
-              kernel_constraint=keras.constraints.NonNeg()),
-    ])
+    model = Sequential(
+        [
+            Dense(
+                8,
+                input_shape=(8,),
+                kernel_regularizer=keras.regularizers.l1_l2(0.01, 0.01),
+                bias_regularizer="l2",
+                activity_regularizer=keras.regularizers.l1(1e-3),
+                kernel_constraint=keras.constraints.max_norm(1.0),
+                kernel_initializer="he_normal",
+                bias_initializer=keras.initializers.Constant(0.1),
+            ),
+            Dense(
+                1,
+                activation="sigmoid",
+                kernel_initializer="glorot_uniform",
+                kernel_constraint=keras.constraints.NonNeg(),
+            ),
+        ]
+    )
     model.compile("sgd", "binary_crossentropy")
     assert len(model.losses) == 3
     model.fit(x, y, epochs=2, verbose=0)
     w = model.layers[0].get_weights()[0]
-    assert np.all(np.sqrt((w ** 2).sum(axis=0)) <= 1.0 + 1e-5)
+    assert np.all(np.sqrt((w**2).sum(axis=0)) <= 1.0 + 1e-5)
     assert np.all(model.layers[1].get_weights()[0] >= 0)
 
 

@@ -52,7 +52,9 @@ def _axis(axis, rank, fn, what="axis"):
     """One axis argument checked against ``rank`` and made non-negative."""
     a = _int(axis, f"{fn}: {what}")
     if not -rank <= a < rank:
-        raise ValueError(f"{fn}: {what} {a} is out of range for a tensor of rank {rank}; expected {-rank} <= {what} < {rank}")
+        raise ValueError(
+            f"{fn}: {what} {a} is out of range for a tensor of rank {rank}; expected {-rank} <= {what} < {rank}"
+        )
     return a % rank
 
 
@@ -63,7 +65,9 @@ def _data_format(value, fn, allow_none=True):
     if value is None and allow_none:
         return image_data_format()
     if value not in ("channels_first", "channels_last"):
-        raise ValueError(f"{fn}: unknown data_format {value!r}; expected 'channels_first' or 'channels_last'")
+        raise ValueError(
+            f"{fn}: unknown data_format {value!r}; expected 'channels_first' or 'channels_last'"
+        )
     return value
 
 

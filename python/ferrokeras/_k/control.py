@@ -62,7 +62,9 @@ def switch(condition, then_expression, else_expression):
     if 0 < cond.ndim < expr_ndim:
         cond = wrap(_core.expand_dims(cond._core, list(range(cond.ndim, expr_ndim))))
     if then_e.dtype != else_e.dtype:
-        raise TypeError(f"switch: then_expression and else_expression have different dtypes {then_e.dtype} and {else_e.dtype}")
+        raise TypeError(
+            f"switch: then_expression and else_expression have different dtypes {then_e.dtype} and {else_e.dtype}"
+        )
     out = wrap(_core.select(cond._core, then_e._core, else_e._core))
     if any(getattr(t, "_uses_learning_phase", False) for t in (cond, then_e, else_e)):
         out._uses_learning_phase = True
@@ -75,7 +77,9 @@ def _fixed_phase(training):
         return None
     if isinstance(training, (bool, int, float, np.bool_, np.integer, np.floating)):
         return 1 if training else 0
-    raise TypeError(f"in_train_phase: training must be None, a Python bool/int or a scalar tensor, got {training!r}")
+    raise TypeError(
+        f"in_train_phase: training must be None, a Python bool/int or a scalar tensor, got {training!r}"
+    )
 
 
 def in_train_phase(x, alt, training=None):
@@ -113,7 +117,9 @@ def in_train_phase(x, alt, training=None):
     if phase == 0:
         return _branch(alt)
     if training.ndim != 0:
-        raise ValueError(f"in_train_phase: training must be a scalar tensor, got shape {tuple(training.shape)}")
+        raise ValueError(
+            f"in_train_phase: training must be a scalar tensor, got shape {tuple(training.shape)}"
+        )
     out = switch(training, x, alt)
     if uses_learning_phase:
         out._uses_learning_phase = True
@@ -144,6 +150,7 @@ def in_test_phase(x, alt, training=None):
 
 # ---------------------------------------------------------------- graph-context helpers
 
+
 def symbolic(func):
     """Decorator used in Keras 2.3.1 to build ``func``'s ops in the graph; graphs are the
     only mode here, so it returns ``func`` unchanged.
@@ -168,4 +175,8 @@ def eager(func):
     return func
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

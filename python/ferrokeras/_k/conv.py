@@ -23,6 +23,7 @@ _FORMATS = ("channels_last", "channels_first")
 
 # ---------------------------------------------------------------- argument checks
 
+
 def _fmt(data_format, what):
     if data_format is not None and str(data_format).lower() not in _FORMATS:
         raise ValueError(f"{what}: unknown data_format {data_format!r}, expected one of {_FORMATS}")
@@ -36,8 +37,12 @@ def _ints(v, n, what, arg):
     try:
         v = tuple(v)
     except TypeError:
-        raise ValueError(f"{what}: {arg} must be an int or a tuple of {n} ints, got {v!r}") from None
-    if len(v) != n or not all(isinstance(e, (int, np.integer)) and not isinstance(e, bool) and e >= 1 for e in v):
+        raise ValueError(
+            f"{what}: {arg} must be an int or a tuple of {n} ints, got {v!r}"
+        ) from None
+    if len(v) != n or not all(
+        isinstance(e, (int, np.integer)) and not isinstance(e, bool) and e >= 1 for e in v
+    ):
         raise ValueError(f"{what}: {arg} must be an int or a tuple of {n} positive ints, got {v!r}")
     return tuple(int(e) for e in v)
 
@@ -53,21 +58,30 @@ def _no_strided_dilation(strides, dilation, what):
     if any(s > 1 for s in strides) and any(d > 1 for d in dilation):
         raise ValueError(
             f"{what}: strides {strides} > 1 are not supported together with dilation_rate {dilation} > 1 "
-            "(as in TensorFlow); use strides of 1 or a dilation_rate of 1")
+            "(as in TensorFlow); use strides of 1 or a dilation_rate of 1"
+        )
 
 
 def _to_last(x, fmt, nsp):
-    return permute_dimensions(x, [0] + list(range(2, nsp + 2)) + [1]) if fmt == "channels_first" else x
+    return (
+        permute_dimensions(x, [0] + list(range(2, nsp + 2)) + [1]) if fmt == "channels_first" else x
+    )
 
 
 def _from_last(y, fmt, nsp):
-    return permute_dimensions(y, [0, nsp + 1] + list(range(1, nsp + 1))) if fmt == "channels_first" else y
+    return (
+        permute_dimensions(y, [0, nsp + 1] + list(range(1, nsp + 1)))
+        if fmt == "channels_first"
+        else y
+    )
 
 
 def _input(x, nsp, what, arg="x"):
     x = _t(x)
     if x.ndim != nsp + 2:
-        raise ValueError(f"{what}: {arg} must have rank {nsp + 2} (batch, {nsp} spatial dims, channels), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{what}: {arg} must have rank {nsp + 2} (batch, {nsp} spatial dims, channels), got shape {tuple(x.shape)}"
+        )
     if x.dtype not in ("float16", "float32", "float64"):
         raise TypeError(f"{what}: {arg} must be a float tensor, got {x.dtype}")
     return x
@@ -76,7 +90,9 @@ def _input(x, nsp, what, arg="x"):
 def _kernel(k, x, nsp, what, arg="kernel", layout="(*kernel_size, in_channels, out_channels)"):
     k = _t(k, like=x)
     if k.ndim != nsp + 2:
-        raise ValueError(f"{what}: {arg} must have rank {nsp + 2} {layout}, got shape {tuple(k.shape)}")
+        raise ValueError(
+            f"{what}: {arg} must have rank {nsp + 2} {layout}, got shape {tuple(k.shape)}"
+        )
     if k.dtype != x.dtype:
         raise TypeError(f"{what}: {arg} has dtype {k.dtype} but x has dtype {x.dtype}")
     return k
@@ -86,7 +102,8 @@ def _check_channels(x, k, groups, what, arg="kernel"):
     c, kin = x.shape[-1], k.shape[-2]
     if c is not None and kin is not None and c != kin * groups:
         raise ValueError(
-            f"{what}: x has {c} input channels but {arg} of shape {tuple(k.shape)} expects {kin * groups}")
+            f"{what}: x has {c} input channels but {arg} of shape {tuple(k.shape)} expects {kin * groups}"
+        )
 
 
 def _core_padding(mode, k, dilation):
@@ -97,7 +114,9 @@ def _core_padding(mode, k, dilation):
     return [(0, 0)] * (k.ndim - 2)
 
 
-def _conv(x, kernel, nsp, strides, padding, data_format, dilation_rate, what, pads=("valid", "same")):
+def _conv(
+    x, kernel, nsp, strides, padding, data_format, dilation_rate, what, pads=("valid", "same")
+):
     fmt = _fmt(data_format, what)
     strides = _ints(strides, nsp, what, "strides")
     dilation = _ints(dilation_rate, nsp, what, "dilation_rate")
@@ -106,30 +125,53 @@ def _conv(x, kernel, nsp, strides, padding, data_format, dilation_rate, what, pa
     x = _to_last(_input(x, nsp, what), fmt, nsp)
     k = _kernel(kernel, x, nsp, what)
     _check_channels(x, k, 1, what)
-    y = wrap(_core.conv(x._core, k._core, list(strides), list(dilation), _core_padding(mode, k, dilation), 1))
+    y = wrap(
+        _core.conv(
+            x._core, k._core, list(strides), list(dilation), _core_padding(mode, k, dilation), 1
+        )
+    )
     return _from_last(y, fmt, nsp)
 
 
 def _depthwise(x, dk, nsp, strides, mode, dilation, what):
     """Channels-last depthwise convolution; ``dk`` is ``(*kernel_size, in_channels, multiplier)``."""
-    dk = _kernel(dk, x, nsp, what, "depthwise_kernel", "(*kernel_size, in_channels, depth_multiplier)")
+    dk = _kernel(
+        dk, x, nsp, what, "depthwise_kernel", "(*kernel_size, in_channels, depth_multiplier)"
+    )
     c, mult = dk.shape[-2], dk.shape[-1]
     if c is None or mult is None:
-        raise ValueError(f"{what}: the depthwise_kernel's last two dims must be static, got shape {tuple(dk.shape)}")
+        raise ValueError(
+            f"{what}: the depthwise_kernel's last two dims must be static, got shape {tuple(dk.shape)}"
+        )
     if x.shape[-1] is not None and x.shape[-1] != c:
-        raise ValueError(f"{what}: x has {x.shape[-1]} channels but depthwise_kernel of shape {tuple(dk.shape)} expects {c}")
+        raise ValueError(
+            f"{what}: x has {x.shape[-1]} channels but depthwise_kernel of shape {tuple(dk.shape)} expects {c}"
+        )
     k = _reshape(dk, _dims(dk)[:-2] + [1, c * mult])
-    return wrap(_core.conv(x._core, k._core, list(strides), list(dilation), _core_padding(mode, dk, dilation), c))
+    return wrap(
+        _core.conv(
+            x._core, k._core, list(strides), list(dilation), _core_padding(mode, dk, dilation), c
+        )
+    )
 
 
-def _separable(x, dk, pk, nsp, strides, padding, data_format, dilation_rate, what, pads=("valid", "same")):
+def _separable(
+    x, dk, pk, nsp, strides, padding, data_format, dilation_rate, what, pads=("valid", "same")
+):
     fmt = _fmt(data_format, what)
     strides = _ints(strides, nsp, what, "strides")
     dilation = _ints(dilation_rate, nsp, what, "dilation_rate")
     mode = _pad_mode(padding, what, pads)
     _no_strided_dilation(strides, dilation, what)
     x = _to_last(_input(x, nsp, what), fmt, nsp)
-    pk = _kernel(pk, x, nsp, what, "pointwise_kernel", "(*ones, in_channels * depth_multiplier, out_channels)")
+    pk = _kernel(
+        pk,
+        x,
+        nsp,
+        what,
+        "pointwise_kernel",
+        "(*ones, in_channels * depth_multiplier, out_channels)",
+    )
     if any(d != 1 for d in pk.shape[:-2]):
         raise ValueError(f"{what}: pointwise_kernel must be 1x1, got shape {tuple(pk.shape)}")
     y = _depthwise(x, dk, nsp, strides, mode, dilation, what)
@@ -140,7 +182,8 @@ def _separable(x, dk, pk, nsp, strides, padding, data_format, dilation_rate, wha
 
 # ---------------------------------------------------------------- convolutions
 
-def conv1d(x, kernel, strides=1, padding='valid', data_format=None, dilation_rate=1):
+
+def conv1d(x, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
     """1D convolution.
 
     Arguments:
@@ -167,10 +210,20 @@ def conv1d(x, kernel, strides=1, padding='valid', data_format=None, dilation_rat
         >>> K.eval(K.conv1d(x, K.constant(np.ones((2, 1, 1))), padding='causal'))[0, :, 0]
         array([0., 1., 3., 5., 7.], dtype=float32)
     """
-    return _conv(x, kernel, 1, strides, padding, data_format, dilation_rate, "conv1d", ("valid", "same", "causal"))
+    return _conv(
+        x,
+        kernel,
+        1,
+        strides,
+        padding,
+        data_format,
+        dilation_rate,
+        "conv1d",
+        ("valid", "same", "causal"),
+    )
 
 
-def conv2d(x, kernel, strides=(1, 1), padding='valid', data_format=None, dilation_rate=(1, 1)):
+def conv2d(x, kernel, strides=(1, 1), padding="valid", data_format=None, dilation_rate=(1, 1)):
     """2D convolution.
 
     Arguments:
@@ -200,7 +253,9 @@ def conv2d(x, kernel, strides=(1, 1), padding='valid', data_format=None, dilatio
     return _conv(x, kernel, 2, strides, padding, data_format, dilation_rate, "conv2d")
 
 
-def conv3d(x, kernel, strides=(1, 1, 1), padding='valid', data_format=None, dilation_rate=(1, 1, 1)):
+def conv3d(
+    x, kernel, strides=(1, 1, 1), padding="valid", data_format=None, dilation_rate=(1, 1, 1)
+):
     """3D convolution.
 
     Arguments:
@@ -227,7 +282,9 @@ def conv3d(x, kernel, strides=(1, 1, 1), padding='valid', data_format=None, dila
     return _conv(x, kernel, 3, strides, padding, data_format, dilation_rate, "conv3d")
 
 
-def depthwise_conv2d(x, depthwise_kernel, strides=(1, 1), padding='valid', data_format=None, dilation_rate=(1, 1)):
+def depthwise_conv2d(
+    x, depthwise_kernel, strides=(1, 1), padding="valid", data_format=None, dilation_rate=(1, 1)
+):
     """2D depthwise convolution: each input channel is convolved with its own filters.
 
     Arguments:
@@ -261,7 +318,15 @@ def depthwise_conv2d(x, depthwise_kernel, strides=(1, 1), padding='valid', data_
     return _from_last(_depthwise(x, depthwise_kernel, 2, strides, mode, dilation, what), fmt, 2)
 
 
-def separable_conv1d(x, depthwise_kernel, pointwise_kernel, strides=1, padding='valid', data_format=None, dilation_rate=1):
+def separable_conv1d(
+    x,
+    depthwise_kernel,
+    pointwise_kernel,
+    strides=1,
+    padding="valid",
+    data_format=None,
+    dilation_rate=1,
+):
     """1D convolution with separable filters: a depthwise convolution, then a 1x1 one.
 
     Arguments:
@@ -285,12 +350,29 @@ def separable_conv1d(x, depthwise_kernel, pointwise_kernel, strides=1, padding='
         >>> K.int_shape(y), float(K.eval(y)[0, 0, 0])
         ((2, 8, 4), 18.0)
     """
-    return _separable(x, depthwise_kernel, pointwise_kernel, 1, strides, padding, data_format, dilation_rate,
-                      "separable_conv1d", ("valid", "same", "causal"))
+    return _separable(
+        x,
+        depthwise_kernel,
+        pointwise_kernel,
+        1,
+        strides,
+        padding,
+        data_format,
+        dilation_rate,
+        "separable_conv1d",
+        ("valid", "same", "causal"),
+    )
 
 
-def separable_conv2d(x, depthwise_kernel, pointwise_kernel, strides=(1, 1), padding='valid', data_format=None,
-                     dilation_rate=(1, 1)):
+def separable_conv2d(
+    x,
+    depthwise_kernel,
+    pointwise_kernel,
+    strides=(1, 1),
+    padding="valid",
+    data_format=None,
+    dilation_rate=(1, 1),
+):
     """2D convolution with separable filters: a depthwise convolution, then a 1x1 one.
 
     Arguments:
@@ -316,37 +398,59 @@ def separable_conv2d(x, depthwise_kernel, pointwise_kernel, strides=(1, 1), padd
         >>> K.int_shape(y)
         (1, 3, 3, 3)
     """
-    return _separable(x, depthwise_kernel, pointwise_kernel, 2, strides, padding, data_format, dilation_rate,
-                      "separable_conv2d")
+    return _separable(
+        x,
+        depthwise_kernel,
+        pointwise_kernel,
+        2,
+        strides,
+        padding,
+        data_format,
+        dilation_rate,
+        "separable_conv2d",
+    )
 
 
 # ---------------------------------------------------------------- transposed convolutions
+
 
 def _out_shape(output_shape, x, nsp, fmt, what):
     """``output_shape`` in channels-last order as a 1-D int32 core tensor (entries may be
     ints, ``None`` for the batch dim, or scalar int tensors; or one 1-D int tensor)."""
     if isinstance(output_shape, Tensor):
         if output_shape.ndim != 1 or output_shape.shape[0] not in (None, nsp + 2):
-            raise ValueError(f"{what}: output_shape must have {nsp + 2} entries, got shape {tuple(output_shape.shape)}")
-        t = output_shape if output_shape.dtype == "int32" else wrap(_core.cast(output_shape._core, "int32"))
+            raise ValueError(
+                f"{what}: output_shape must have {nsp + 2} entries, got shape {tuple(output_shape.shape)}"
+            )
+        t = (
+            output_shape
+            if output_shape.dtype == "int32"
+            else wrap(_core.cast(output_shape._core, "int32"))
+        )
         if fmt == "channels_first":
             order = np.asarray([0] + list(range(2, nsp + 2)) + [1], dtype=np.int32)
             t = wrap(_core.gather(t._core, _core.constant(order), 0))
         return t._core
     parts = list(output_shape)
     if len(parts) != nsp + 2:
-        raise ValueError(f"{what}: output_shape must have {nsp + 2} entries (batch, spatial..., channels), got {output_shape!r}")
+        raise ValueError(
+            f"{what}: output_shape must have {nsp + 2} entries (batch, spatial..., channels), got {output_shape!r}"
+        )
     if fmt == "channels_first":
         parts = [parts[0]] + parts[2:] + [parts[1]]
     if parts[0] is None:
         parts[0] = x.shape[0] if x.shape[0] is not None else shape(x)[0]
     for p in parts[1:]:
         if p is None:
-            raise ValueError(f"{what}: only the batch entry of output_shape may be None, got {output_shape!r}")
+            raise ValueError(
+                f"{what}: only the batch entry of output_shape may be None, got {output_shape!r}"
+            )
     return _shape_tensor(parts)
 
 
-def _conv_transpose(x, kernel, output_shape, nsp, strides, padding, data_format, dilation_rate, what):
+def _conv_transpose(
+    x, kernel, output_shape, nsp, strides, padding, data_format, dilation_rate, what
+):
     fmt = _fmt(data_format, what)
     strides = _ints(strides, nsp, what, "strides")
     dilation = _ints(dilation_rate, nsp, what, "dilation_rate")
@@ -355,14 +459,18 @@ def _conv_transpose(x, kernel, output_shape, nsp, strides, padding, data_format,
     x = _to_last(_input(x, nsp, what), fmt, nsp)
     k = _kernel(kernel, x, nsp, what, layout="(*kernel_size, out_channels, in_channels)")
     if x.shape[-1] is not None and k.shape[-1] is not None and x.shape[-1] != k.shape[-1]:
-        raise ValueError(f"{what}: x has {x.shape[-1]} channels but kernel of shape {tuple(k.shape)} expects {k.shape[-1]}")
+        raise ValueError(
+            f"{what}: x has {x.shape[-1]} channels but kernel of shape {tuple(k.shape)} expects {k.shape[-1]}"
+        )
     out = _out_shape(output_shape, x, nsp, fmt, what)
     pad = _core_padding(mode, k, dilation)
     y = wrap(_core.conv_transpose(x._core, k._core, out, list(strides), list(dilation), pad, 1))
     return _from_last(y, fmt, nsp)
 
 
-def conv2d_transpose(x, kernel, output_shape, strides=(1, 1), padding='valid', data_format=None, dilation_rate=(1, 1)):
+def conv2d_transpose(
+    x, kernel, output_shape, strides=(1, 1), padding="valid", data_format=None, dilation_rate=(1, 1)
+):
     """2D deconvolution (i.e. transposed convolution), as TensorFlow's ``conv2d_transpose``.
 
     Arguments:
@@ -390,10 +498,12 @@ def conv2d_transpose(x, kernel, output_shape, strides=(1, 1), padding='valid', d
         >>> K.int_shape(y)
         (1, 6, 6, 2)
     """
-    return _conv_transpose(x, kernel, output_shape, 2, strides, padding, data_format, dilation_rate, "conv2d_transpose")
+    return _conv_transpose(
+        x, kernel, output_shape, 2, strides, padding, data_format, dilation_rate, "conv2d_transpose"
+    )
 
 
-def conv3d_transpose(x, kernel, output_shape, strides=(1, 1, 1), padding='valid', data_format=None):
+def conv3d_transpose(x, kernel, output_shape, strides=(1, 1, 1), padding="valid", data_format=None):
     """3D deconvolution (i.e. transposed convolution).
 
     Arguments:
@@ -416,10 +526,13 @@ def conv3d_transpose(x, kernel, output_shape, strides=(1, 1, 1), padding='valid'
         >>> K.int_shape(y)
         (1, 3, 3, 3, 5)
     """
-    return _conv_transpose(x, kernel, output_shape, 3, strides, padding, data_format, 1, "conv3d_transpose")
+    return _conv_transpose(
+        x, kernel, output_shape, 3, strides, padding, data_format, 1, "conv3d_transpose"
+    )
 
 
 # ---------------------------------------------------------------- locally connected
+
 
 def _local(inputs, kernel, kernel_size, strides, output_shape, data_format, nsp, what):
     fmt = _fmt(data_format, what)
@@ -429,10 +542,14 @@ def _local(inputs, kernel, kernel_size, strides, output_shape, data_format, nsp,
     kernel = _t(kernel, like=x)
     c = x.shape[-1]
     if kernel.ndim != 3 or None in kernel.shape:
-        raise ValueError(f"{what}: kernel must be static with shape (output_items, feature_dim, filters), got {tuple(kernel.shape)}")
+        raise ValueError(
+            f"{what}: kernel must be static with shape (output_items, feature_dim, filters), got {tuple(kernel.shape)}"
+        )
     items, feat, filters = kernel.shape
     if c is None or feat != c * int(np.prod(ks)):
-        raise ValueError(f"{what}: kernel feature_dim {feat} must equal prod(kernel_size) * channels = {int(np.prod(ks))} * {c}")
+        raise ValueError(
+            f"{what}: kernel feature_dim {feat} must equal prod(kernel_size) * channels = {int(np.prod(ks))} * {c}"
+        )
     # Patches by a depthwise identity convolution: channel c * K + k of `p` is input channel
     # c at window offset k, i.e. the (channels, *window) order of channels_first inputs.
     kk = int(np.prod(ks))
@@ -443,12 +560,18 @@ def _local(inputs, kernel, kernel_size, strides, output_shape, data_format, nsp,
     p = wrap(_core.conv(x._core, _core.constant(eye), list(st), [1] * nsp, [(0, 0)] * nsp, c))
     out_sp = list(p.shape[1:-1])
     if output_shape is not None and tuple(output_shape) != tuple(out_sp):
-        raise ValueError(f"{what}: output_shape {tuple(output_shape)} does not match the valid windows {tuple(out_sp)}")
+        raise ValueError(
+            f"{what}: output_shape {tuple(output_shape)} does not match the valid windows {tuple(out_sp)}"
+        )
     if int(np.prod(out_sp)) != items:
-        raise ValueError(f"{what}: kernel has {items} output items but the input gives {int(np.prod(out_sp))} windows")
+        raise ValueError(
+            f"{what}: kernel has {items} output items but the input gives {int(np.prod(out_sp))} windows"
+        )
     n = _dims(p)[0]
     if fmt == "channels_last":  # Keras flattens channels_last patches as (*window, channels)
-        p = permute_dimensions(_reshape(p, [n] + out_sp + [c, kk]), [0] + list(range(1, nsp + 1)) + [nsp + 2, nsp + 1])
+        p = permute_dimensions(
+            _reshape(p, [n] + out_sp + [c, kk]), [0] + list(range(1, nsp + 1)) + [nsp + 2, nsp + 1]
+        )
     p = permute_dimensions(_reshape(p, [n, items, feat]), (1, 0, 2))
     y = wrap(_core.matmul(p._core, kernel._core, False, False))  # (items, batch, filters)
     y = _reshape(permute_dimensions(y, (1, 0, 2)), [n] + out_sp + [filters])
@@ -508,10 +631,13 @@ def local_conv2d(inputs, kernel, kernel_size, strides, output_shape, data_format
         >>> K.int_shape(y)
         (2, 3, 3, 5)
     """
-    return _local(inputs, kernel, kernel_size, strides, output_shape, data_format, 2, "local_conv2d")
+    return _local(
+        inputs, kernel, kernel_size, strides, output_shape, data_format, 2, "local_conv2d"
+    )
 
 
 # ---------------------------------------------------------------- pooling
+
 
 def _pool(x, pool_size, strides, padding, data_format, pool_mode, nsp, what):
     fmt = _fmt(data_format, what)
@@ -522,10 +648,12 @@ def _pool(x, pool_size, strides, padding, data_format, pool_mode, nsp, what):
         raise ValueError(f"{what}: unknown pool_mode {pool_mode!r}, expected 'max' or 'avg'")
     x = _to_last(_input(x, nsp, what), fmt, nsp)
     pad = "same" if mode == "same" else [(0, 0)] * nsp
-    return _from_last(wrap(_core.pool(x._core, pool_mode, list(window), list(strides), pad)), fmt, nsp)
+    return _from_last(
+        wrap(_core.pool(x._core, pool_mode, list(window), list(strides), pad)), fmt, nsp
+    )
 
 
-def pool2d(x, pool_size, strides=(1, 1), padding='valid', data_format=None, pool_mode='max'):
+def pool2d(x, pool_size, strides=(1, 1), padding="valid", data_format=None, pool_mode="max"):
     """2D Pooling.
 
     Arguments:
@@ -555,7 +683,7 @@ def pool2d(x, pool_size, strides=(1, 1), padding='valid', data_format=None, pool
     return _pool(x, pool_size, strides, padding, data_format, pool_mode, 2, "pool2d")
 
 
-def pool3d(x, pool_size, strides=(1, 1, 1), padding='valid', data_format=None, pool_mode='max'):
+def pool3d(x, pool_size, strides=(1, 1, 1), padding="valid", data_format=None, pool_mode="max"):
     """3D Pooling.
 
     Arguments:
@@ -581,5 +709,17 @@ def pool3d(x, pool_size, strides=(1, 1, 1), padding='valid', data_format=None, p
     return _pool(x, pool_size, strides, padding, data_format, pool_mode, 3, "pool3d")
 
 
-__all__ = ["conv1d", "conv2d", "conv3d", "depthwise_conv2d", "separable_conv1d", "separable_conv2d",
-           "conv2d_transpose", "conv3d_transpose", "local_conv1d", "local_conv2d", "pool2d", "pool3d"]
+__all__ = [
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "depthwise_conv2d",
+    "separable_conv1d",
+    "separable_conv2d",
+    "conv2d_transpose",
+    "conv3d_transpose",
+    "local_conv1d",
+    "local_conv2d",
+    "pool2d",
+    "pool3d",
+]

@@ -16,7 +16,12 @@ class SparseTensor:
     _is_sparse = True
 
     def __init__(self, indices, values, dense_shape, dense):
-        self.indices, self.values, self.dense_shape, self._dense = indices, values, dense_shape, dense
+        self.indices, self.values, self.dense_shape, self._dense = (
+            indices,
+            values,
+            dense_shape,
+            dense,
+        )
 
     def __repr__(self):
         return f"<ferrokeras.SparseTensor dense_shape={tuple(self._dense.shape)}>"
@@ -28,7 +33,9 @@ def _lengths(x, what):
     x = _t(x)
     if x.ndim == 2:
         if x.shape[1] not in (1, None):
-            raise ValueError(f"{what} must have shape (samples,) or (samples, 1), got {tuple(x.shape)}")
+            raise ValueError(
+                f"{what} must have shape (samples,) or (samples, 1), got {tuple(x.shape)}"
+            )
         x = wrap(_core.squeeze(x._core, [1]))
     elif x.ndim != 1:
         raise ValueError(f"{what} must have shape (samples,) or (samples, 1), got {tuple(x.shape)}")
@@ -65,15 +72,23 @@ def ctc_label_dense_to_sparse(labels, label_lengths):
     labels = cast(_t(labels), "int32")
     lengths = _lengths(label_lengths, "label_lengths")
     if labels.ndim != 2:
-        raise ValueError(f"ctc_label_dense_to_sparse: labels must have shape (samples, max_label_length), got {tuple(labels.shape)}")
-    indices, values = py_function(_sparse_parts, [labels, lengths], ["int64", "int32"], name="ctc_label_dense_to_sparse")
+        raise ValueError(
+            f"ctc_label_dense_to_sparse: labels must have shape (samples, max_label_length), got {tuple(labels.shape)}"
+        )
+    indices, values = py_function(
+        _sparse_parts, [labels, lengths], ["int64", "int32"], name="ctc_label_dense_to_sparse"
+    )
     if labels.shape[1] is not None:
         steps = wrap(_core.constant(np.arange(labels.shape[1], dtype=np.int32)))
     else:
         from .layout import arange
 
         steps = arange(shape(labels)[1])
-    keep = wrap(_core.binary("less", _core.expand_dims(steps._core, [0]), _core.expand_dims(lengths._core, [1])))
+    keep = wrap(
+        _core.binary(
+            "less", _core.expand_dims(steps._core, [0]), _core.expand_dims(lengths._core, [1])
+        )
+    )
     dense = wrap(_core.select(keep._core, labels._core, _core.constant(np.zeros((), np.int32))))
     return SparseTensor(indices, values, cast(shape(labels), "int64"), dense)
 
@@ -109,10 +124,14 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
 
     y_pred = _t(y_pred)
     if y_pred.ndim != 3:
-        raise ValueError(f"ctc_batch_cost: y_pred must have shape (samples, time_steps, num_categories), got {tuple(y_pred.shape)}")
+        raise ValueError(
+            f"ctc_batch_cost: y_pred must have shape (samples, time_steps, num_categories), got {tuple(y_pred.shape)}"
+        )
     labels = cast(_t(y_true), "int32")
     if labels.ndim != 2:
-        raise ValueError(f"ctc_batch_cost: y_true must have shape (samples, max_string_length), got {tuple(labels.shape)}")
+        raise ValueError(
+            f"ctc_batch_cost: y_true must have shape (samples, max_string_length), got {tuple(labels.shape)}"
+        )
     il = _lengths(input_length, "input_length")
     ll = _lengths(label_length, "label_length")
     logits = log(y_pred + epsilon())
@@ -151,15 +170,22 @@ def ctc_decode(y_pred, input_length, greedy=True, beam_width=100, top_paths=1):
 
     y_pred = _t(y_pred)
     if y_pred.ndim != 3:
-        raise ValueError(f"ctc_decode: y_pred must have shape (samples, time_steps, num_categories), got {tuple(y_pred.shape)}")
+        raise ValueError(
+            f"ctc_decode: y_pred must have shape (samples, time_steps, num_categories), got {tuple(y_pred.shape)}"
+        )
     il = _lengths(input_length, "input_length")
     beam_width, top_paths = _int(beam_width, "beam_width"), _int(top_paths, "top_paths")
     if beam_width < 1 or top_paths < 1 or (not greedy and top_paths > beam_width):
-        raise ValueError(f"ctc_decode: need 1 <= top_paths <= beam_width, got top_paths={top_paths}, beam_width={beam_width}")
+        raise ValueError(
+            f"ctc_decode: need 1 <= top_paths <= beam_width, got top_paths={top_paths}, beam_width={beam_width}"
+        )
     scores = log(y_pred + epsilon())
     if not greedy:
         scores = log(softmax(scores, axis=-1))
-    res = [wrap(r) for r in _core.ctc_decode(scores._core, il._core, bool(greedy), beam_width, top_paths)]
+    res = [
+        wrap(r)
+        for r in _core.ctc_decode(scores._core, il._core, bool(greedy), beam_width, top_paths)
+    ]
     return res[:-1], res[-1]
 
 

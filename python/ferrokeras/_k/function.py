@@ -26,7 +26,9 @@ class Function:
         self.outputs = [outputs] if self._single else list(outputs)
         for t in self.inputs:
             if not isinstance(t, Tensor):
-                raise TypeError(f"function: inputs must be tensors (placeholders), got {type(t).__name__}")
+                raise TypeError(
+                    f"function: inputs must be tensors (placeholders), got {type(t).__name__}"
+                )
         outs = [_t(o) for o in self.outputs]
         pairs = []
         for u in _flatten(updates or []):
@@ -37,7 +39,9 @@ class Function:
                 val = update(target, u[1])
                 pairs.append((target._core, val._core))
             else:
-                raise TypeError(f"function: an update must be an (variable, new_value) pair or K.update(...), got {u!r}")
+                raise TypeError(
+                    f"function: an update must be an (variable, new_value) pair or K.update(...), got {u!r}"
+                )
         self.name = name
         self._dtypes = [np.dtype(t.dtype) for t in self.inputs]
         self._f = _core.Function([t._core for t in self.inputs], [o._core for o in outs], pairs)
@@ -46,7 +50,9 @@ class Function:
         if isinstance(inputs, dict):
             inputs = [inputs[t] for t in self.inputs]
         if not isinstance(inputs, (list, tuple)):
-            raise TypeError(f"function: call with a list of input values, got {type(inputs).__name__}")
+            raise TypeError(
+                f"function: call with a list of input values, got {type(inputs).__name__}"
+            )
         if len(inputs) != len(self.inputs):
             raise ValueError(f"function expects {len(self.inputs)} input values, got {len(inputs)}")
         arrs = []
@@ -57,16 +63,24 @@ class Function:
             if arr.dtype != dt:
                 bad = non_numeric(arr)
                 if bad:
-                    raise TypeError(f"cannot feed values of type {bad} to '{t.name}', which has dtype {dt.name}")
+                    raise TypeError(
+                        f"cannot feed values of type {bad} to '{t.name}', which has dtype {dt.name}"
+                    )
                 if arr.dtype.kind == "c":
-                    raise TypeError(f"cannot feed complex values to '{t.name}', which has dtype {dt.name}")
+                    raise TypeError(
+                        f"cannot feed complex values to '{t.name}', which has dtype {dt.name}"
+                    )
                 if arr.dtype.kind == "f" and dt.kind in "iub" and arr.size and not _integral(arr):
-                    raise TypeError(f"cannot feed non-integer values to '{t.name}', which has dtype {dt.name}")
+                    raise TypeError(
+                        f"cannot feed non-integer values to '{t.name}', which has dtype {dt.name}"
+                    )
                 if dt.kind in "iu" and arr.dtype.kind in "iuf" and arr.size:
                     lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
                     if arr.min() < lo or arr.max() > hi:
-                        raise ValueError(f"cannot feed values in [{arr.min()}, {arr.max()}] to '{t.name}': "
-                                         f"outside the range of its dtype {dt.name} [{lo}, {hi}]")
+                        raise ValueError(
+                            f"cannot feed values in [{arr.min()}, {arr.max()}] to '{t.name}': "
+                            f"outside the range of its dtype {dt.name} [{lo}, {hi}]"
+                        )
                 arr = arr.astype(dt)
             arrs.append(arr)
         out = self._f(arrs)
@@ -121,9 +135,13 @@ def function(inputs, outputs, updates=None, name=None, **kwargs):
         array([[2., 2.]], dtype=float32)
     """
     if kwargs:
-        raise ValueError(f"Invalid argument(s) {sorted(kwargs)} passed to K.function: it takes inputs, outputs, updates and name")
+        raise ValueError(
+            f"Invalid argument(s) {sorted(kwargs)} passed to K.function: it takes inputs, outputs, updates and name"
+        )
     if not isinstance(inputs, (list, tuple)):
-        raise TypeError(f"K.function: `inputs` must be a list or tuple of placeholders, got {type(inputs).__name__}")
+        raise TypeError(
+            f"K.function: `inputs` must be a list or tuple of placeholders, got {type(inputs).__name__}"
+        )
     return Function(inputs, outputs, updates=updates, name=name)
 
 
@@ -160,4 +178,8 @@ def stop_gradient(variables):
     return wrap(_core.stop_gradient(_t(variables)._core))
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

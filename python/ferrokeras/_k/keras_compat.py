@@ -44,12 +44,29 @@ def _install_shims():
     Only names that are missing are added, and only as aliases of the objects that replaced
     them, so code that does not use them sees no difference.
     """
-    for name in ("Iterable", "Mapping", "MutableMapping", "Sequence", "MutableSequence",
-                 "Container", "Callable", "Set", "MutableSet", "Hashable", "Sized",
-                 "Iterator", "Generator"):
+    for name in (
+        "Iterable",
+        "Mapping",
+        "MutableMapping",
+        "Sequence",
+        "MutableSequence",
+        "Container",
+        "Callable",
+        "Set",
+        "MutableSet",
+        "Hashable",
+        "Sized",
+        "Iterator",
+        "Generator",
+    ):
         if not hasattr(collections, name):
             setattr(collections, name, getattr(collections.abc, name))
-    for name, value in (("Inf", np.inf), ("NaN", np.nan), ("string_", np.bytes_), ("unicode_", np.str_)):
+    for name, value in (
+        ("Inf", np.inf),
+        ("NaN", np.nan),
+        ("string_", np.bytes_),
+        ("unicode_", np.str_),
+    ):
         try:
             getattr(np, name)
         except AttributeError:
@@ -85,7 +102,12 @@ def _patch_h5py():
         value = getitem(self, name)
         if type(value) is str:
             return _DecodableStr(value)
-        if isinstance(value, np.ndarray) and value.dtype == object and value.size and type(value.flat[0]) is str:
+        if (
+            isinstance(value, np.ndarray)
+            and value.dtype == object
+            and value.size
+            and type(value.flat[0]) is str
+        ):
             out = np.empty(value.shape, dtype=object)
             out.flat[:] = [_DecodableStr(v) if type(v) is str else v for v in value.flat]
             return out
@@ -179,8 +201,16 @@ _install_shims()
 
 # Keras keeps its own copy of these settings in `keras.backend.common` and hands that to
 # every layer; ferrokeras's `K` functions read theirs. Under Keras, both must be one state.
-_CONFIG_NAMES = ("floatx", "set_floatx", "epsilon", "set_epsilon", "image_data_format",
-                 "set_image_data_format", "normalize_data_format", "cast_to_floatx")
+_CONFIG_NAMES = (
+    "floatx",
+    "set_floatx",
+    "epsilon",
+    "set_epsilon",
+    "image_data_format",
+    "set_image_data_format",
+    "normalize_data_format",
+    "cast_to_floatx",
+)
 
 
 def _join_keras(kb, lb):
@@ -351,7 +381,9 @@ def int_shape(x):
     keras_shape = getattr(x, "_keras_shape", None)
     if keras_shape is None or static is None or len(keras_shape) != len(static):
         return static
-    return tuple(s if s is not None else (None if k is None else int(k)) for s, k in zip(static, keras_shape))
+    return tuple(
+        s if s is not None else (None if k is None else int(k)) for s, k in zip(static, keras_shape)
+    )
 
 
 def get_variable_shape(x):
@@ -414,7 +446,9 @@ def _missing():
     from .. import backend as FK
 
     ns = vars(FK)
-    return sorted(n for n in _KERAS_IMPORTS if n not in ns or getattr(ns[n], "_ferrokeras_missing", False))
+    return sorted(
+        n for n in _KERAS_IMPORTS if n not in ns or getattr(ns[n], "_ferrokeras_missing", False)
+    )
 
 
 def _provided():
@@ -439,7 +473,11 @@ def _stubs():
 
 globals().update(_stubs())
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]
 
 
 def _hook_keras():

@@ -28,7 +28,9 @@ def _count(n, what):
     """A non-negative count: a Python int, or a scalar int tensor (checked at run time)."""
     if isinstance(n, Tensor):
         if n.ndim != 0 or n.dtype not in _INTS:
-            raise TypeError(f"{what} must be a non-negative int or a scalar int tensor, got a {n.dtype} tensor of shape {tuple(n.shape)}")
+            raise TypeError(
+                f"{what} must be a non-negative int or a scalar int tensor, got a {n.dtype} tensor of shape {tuple(n.shape)}"
+            )
         return n if n.dtype == "int32" else cast(n, "int32")
     v = _int(n, what)
     if v < 0:
@@ -56,7 +58,7 @@ def _slice_axis(x, axis, start, stop):
 
 def _merge_axes(y, axis, dims, factor):
     """Reshape ``y`` (``dims`` with an extra axis of ``factor`` after ``axis``) back, merged."""
-    return _reshape(y, dims[:axis] + [dims[axis] * factor] + dims[axis + 1:])
+    return _reshape(y, dims[:axis] + [dims[axis] * factor] + dims[axis + 1 :])
 
 
 # ---------------------------------------------------------------- repetition and tiling
@@ -90,7 +92,7 @@ def repeat_elements(x, rep, axis):
     rep = _count(rep, "repeat_elements: rep")
     d = _dims(x)
     y = wrap(_core.expand_dims(x._core, [axis + 1]))
-    y = wrap(_core.broadcast_to(y._core, _shape_tensor(d[: axis + 1] + [rep] + d[axis + 1:])))
+    y = wrap(_core.broadcast_to(y._core, _shape_tensor(d[: axis + 1] + [rep] + d[axis + 1 :])))
     return _merge_axes(y, axis, d, rep)
 
 
@@ -150,7 +152,9 @@ def tile(x, n):
         elif n.ndim == 1 and n.shape[0] is not None:
             n = [n[i] for i in range(n.shape[0])]
         else:
-            raise ValueError(f"tile: n must be a scalar or a 1-D tensor of static length, got shape {tuple(n.shape)}")
+            raise ValueError(
+                f"tile: n must be a scalar or a 1-D tensor of static length, got shape {tuple(n.shape)}"
+            )
     elif isinstance(n, (int, np.integer)):
         n = [n]
     elif isinstance(n, (list, tuple, np.ndarray)):
@@ -159,7 +163,9 @@ def tile(x, n):
         raise TypeError(f"tile: n must be an int or a list of ints, got {type(n).__name__}")
     n = [_count(k, "tile: n entry") for k in n]
     if len(n) > x.ndim:
-        raise ValueError(f"tile: n has {len(n)} entries for a tensor of rank {x.ndim}; expected at most {x.ndim}")
+        raise ValueError(
+            f"tile: n has {len(n)} entries for a tensor of rank {x.ndim}; expected at most {x.ndim}"
+        )
     n = [1] * (x.ndim - len(n)) + n
     if _b.all(isinstance(k, int) and k == 1 for k in n):
         return wrap(x._core)
@@ -174,7 +180,9 @@ def tile(x, n):
 
 
 def _is_number(v):
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+        v, (bool, np.bool_)
+    )
 
 
 def arange(start, stop=None, step=1, dtype="int32"):
@@ -214,7 +222,9 @@ def arange(start, stop=None, step=1, dtype="int32"):
             continue
         if isinstance(a, Tensor):
             if a.ndim != 0 or a.dtype == "bool":
-                raise TypeError(f"arange: {nm} must be a number or a scalar numeric tensor, got a {a.dtype} tensor of shape {tuple(a.shape)}")
+                raise TypeError(
+                    f"arange: {nm} must be a number or a scalar numeric tensor, got a {a.dtype} tensor of shape {tuple(a.shape)}"
+                )
         elif not _is_number(a):
             raise TypeError(f"arange: {nm} must be a number or a scalar tensor, got {a!r}")
     if not isinstance(step, Tensor) and step == 0:
@@ -233,7 +243,8 @@ def arange(start, stop=None, step=1, dtype="int32"):
 
 def _arange_dynamic(start, stop, step, dtype):
     is_float = _b.any(
-        (isinstance(a, Tensor) and a.dtype in _FLOATS) or isinstance(a, (float, np.floating)) for a in (start, stop, step)
+        (isinstance(a, Tensor) and a.dtype in _FLOATS) or isinstance(a, (float, np.floating))
+        for a in (start, stop, step)
     )
     ct = "float64" if is_float else "int32"
 
@@ -286,7 +297,9 @@ def one_hot(indices, num_classes):
 def _one_hot_mask(indices, n):
     """Bool tensor ``indices[..., None] == arange(n)``: all False for an index out of range."""
     classes = arange(n, dtype=indices.dtype)
-    return wrap(_core.binary("equal", _core.expand_dims(indices._core, [indices.ndim]), classes._core))
+    return wrap(
+        _core.binary("equal", _core.expand_dims(indices._core, [indices.ndim]), classes._core)
+    )
 
 
 def _int_tensor(v, what):
@@ -299,7 +312,11 @@ def _int_tensor(v, what):
         arr = arr.astype(np.int32)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{what} must be integers, got {arr.dtype} values")
-    return _t(arr.astype(np.int64) if arr.dtype.itemsize > 4 or arr.dtype.kind == "u" else arr.astype(np.int32))
+    return _t(
+        arr.astype(np.int64)
+        if arr.dtype.itemsize > 4 or arr.dtype.kind == "u"
+        else arr.astype(np.int32)
+    )
 
 
 # ---------------------------------------------------------------- flattening and squeezing
@@ -353,7 +370,9 @@ def squeeze(x, axis):
     x = _t(x)
     a = _axis(axis, x.ndim, "squeeze")
     if x.shape[a] is not None and x.shape[a] != 1:
-        raise ValueError(f"squeeze: cannot squeeze axis {axis} of shape {tuple(x.shape)}; its dimension must be 1")
+        raise ValueError(
+            f"squeeze: cannot squeeze axis {axis} of shape {tuple(x.shape)}; its dimension must be 1"
+        )
     return wrap(_core.squeeze(x._core, [a]))
 
 
@@ -362,7 +381,9 @@ def squeeze(x, axis):
 
 def _pad_pair(p, fn, what):
     if not isinstance(p, (tuple, list)) or len(p) != 2:
-        raise ValueError(f"{fn}: {what} must be a pair of non-negative ints (before, after), got {p!r}")
+        raise ValueError(
+            f"{fn}: {what} must be a pair of non-negative ints (before, after), got {p!r}"
+        )
     a, b = (_int(v, f"{fn}: {what} entry") for v in p)
     if a < 0 or b < 0:
         raise ValueError(f"{fn}: {what} entries must be non-negative, got {p!r}")
@@ -403,7 +424,9 @@ def temporal_padding(x, padding=(1, 1)):
         >>> K.int_shape(K.temporal_padding(K.placeholder(shape=(2, 3, 4)), (1, 2)))
         (2, 6, 4)
     """
-    return _spatial_pad(x, [_pad_pair(padding, "temporal_padding", "padding")], "channels_last", "temporal_padding")
+    return _spatial_pad(
+        x, [_pad_pair(padding, "temporal_padding", "padding")], "channels_last", "temporal_padding"
+    )
 
 
 def spatial_2d_padding(x, padding=((1, 1), (1, 1)), data_format=None):
@@ -427,7 +450,9 @@ def spatial_2d_padding(x, padding=((1, 1), (1, 1)), data_format=None):
         >>> K.int_shape(K.spatial_2d_padding(K.placeholder(shape=(1, 2, 3, 4)), ((1, 0), (2, 2))))
         (1, 3, 7, 4)
     """
-    return _spatial_pad(x, _pad_pairs(padding, 2, "spatial_2d_padding"), data_format, "spatial_2d_padding")
+    return _spatial_pad(
+        x, _pad_pairs(padding, 2, "spatial_2d_padding"), data_format, "spatial_2d_padding"
+    )
 
 
 def spatial_3d_padding(x, padding=((1, 1), (1, 1), (1, 1)), data_format=None):
@@ -455,7 +480,9 @@ def spatial_3d_padding(x, padding=((1, 1), (1, 1), (1, 1)), data_format=None):
         >>> K.int_shape(K.spatial_3d_padding(K.placeholder(shape=(1, 2, 2, 2, 3))))
         (1, 4, 4, 4, 3)
     """
-    return _spatial_pad(x, _pad_pairs(padding, 3, "spatial_3d_padding"), data_format, "spatial_3d_padding")
+    return _spatial_pad(
+        x, _pad_pairs(padding, 3, "spatial_3d_padding"), data_format, "spatial_3d_padding"
+    )
 
 
 # ---------------------------------------------------------------- stack, reverse, gather, slice
@@ -488,8 +515,12 @@ def stack(x, axis=0):
     ts = [_t(t, like=like) for t in x]
     s0 = ts[0].shape
     for t in ts[1:]:
-        if t.ndim != len(s0) or _b.any(a is not None and b is not None and a != b for a, b in zip(t.shape, s0)):
-            raise ValueError(f"stack: all tensors must have the same shape, got {tuple(s0)} and {tuple(t.shape)}")
+        if t.ndim != len(s0) or _b.any(
+            a is not None and b is not None and a != b for a, b in zip(t.shape, s0)
+        ):
+            raise ValueError(
+                f"stack: all tensors must have the same shape, got {tuple(s0)} and {tuple(t.shape)}"
+            )
     a = _axis(axis, len(s0) + 1, "stack")
     return wrap(_core.concat([_core.expand_dims(t._core, [a]) for t in ts], a))
 
@@ -517,7 +548,9 @@ def reverse(x, axes):
     if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
         axes = [axes]
     elif not isinstance(axes, (list, tuple, np.ndarray)):
-        raise TypeError(f"reverse: axes must be an int or a list of ints, got {type(axes).__name__}")
+        raise TypeError(
+            f"reverse: axes must be an int or a list of ints, got {type(axes).__name__}"
+        )
     norm = [_axis(a, x.ndim, "reverse", "axes entry") for a in axes]
     if len(set(norm)) != len(norm):
         raise ValueError(f"reverse: axes {list(axes)} name the same axis twice")
@@ -558,7 +591,9 @@ def gather(reference, indices):
     if static and n is not None:
         arr = np.asarray(indices)
         if arr.size and (arr.min() < 0 or arr.max() >= n):
-            raise ValueError(f"gather: indices must be in [0, {n}) for a reference of shape {tuple(reference.shape)}, got {arr.min()}..{arr.max()}")
+            raise ValueError(
+                f"gather: indices must be in [0, {n}) for a reference of shape {tuple(reference.shape)}, got {arr.min()}..{arr.max()}"
+            )
     return wrap(_core.gather(reference._core, idx._core, 0))
 
 
@@ -598,9 +633,13 @@ def slice(x, start, size):
             dynamic.append(i)
             continue
         if s < 0 or z < -1:
-            raise ValueError(f"slice: start must be >= 0 and size >= -1, got start {s} and size {z} for axis {i}")
+            raise ValueError(
+                f"slice: start must be >= 0 and size >= -1, got start {s} and size {z} for axis {i}"
+            )
         if d is not None and (s > d or (z != -1 and s + z > d)):
-            raise ValueError(f"slice: start {s} with size {z} is out of range for axis {i} of size {d}")
+            raise ValueError(
+                f"slice: start {s} with size {z} is out of range for axis {i} of size {d}"
+            )
         spec.append((s, None if z == -1 else s + z, 1))
     out = wrap(_core.slice(x._core, spec)) if _b.any(sp != (None, None, 1) for sp in spec) else x
     if dynamic:
@@ -615,13 +654,17 @@ def slice(x, start, size):
 def _index_list(v, what):
     if isinstance(v, Tensor):
         if v.ndim != 1 or v.shape[0] is None or v.dtype not in _INTS:
-            raise TypeError(f"{what} must be a list of ints or a 1-D int tensor of static length, got {v!r}")
+            raise TypeError(
+                f"{what} must be a list of ints or a 1-D int tensor of static length, got {v!r}"
+            )
         return [cast(v[i], "int32") if v.dtype != "int32" else v[i] for i in range(v.shape[0])]
     if isinstance(v, (int, np.integer)):
         v = [v]
     if not isinstance(v, (list, tuple, np.ndarray)):
         raise TypeError(f"{what} must be a list of ints, got {type(v).__name__}")
-    return [_count(e, what + " entry") if isinstance(e, Tensor) else _int(e, what + " entry") for e in v]
+    return [
+        _count(e, what + " entry") if isinstance(e, Tensor) else _int(e, what + " entry") for e in v
+    ]
 
 
 # ---------------------------------------------------------------- resizing
@@ -633,8 +676,16 @@ def _linear_upsample(x, axis, f):
     clamped at the edges. Output ``k * f + r`` mixes inputs ``k`` and a neighbour with
     weights that depend on ``r`` only, so each phase ``r`` is two shifted slices."""
     d = _dims(x)
-    xp = wrap(_core.concat([_slice_axis(x, axis, 0, 1)._core, x._core, _slice_axis(x, axis, -1, None)._core], axis))
-    prev, cur, nxt = _slice_axis(xp, axis, 0, -2), _slice_axis(xp, axis, 1, -1), _slice_axis(xp, axis, 2, None)
+    xp = wrap(
+        _core.concat(
+            [_slice_axis(x, axis, 0, 1)._core, x._core, _slice_axis(x, axis, -1, None)._core], axis
+        )
+    )
+    prev, cur, nxt = (
+        _slice_axis(xp, axis, 0, -2),
+        _slice_axis(xp, axis, 1, -1),
+        _slice_axis(xp, axis, 2, None),
+    )
     phases = []
     for r in range(f):
         off = (r + 0.5) / f - 0.5
@@ -650,13 +701,19 @@ def _linear_upsample(x, axis, f):
 
 def _resize(x, factors, interpolation, fn):
     if interpolation not in ("nearest", "bilinear"):
-        raise ValueError(f"{fn}: interpolation should be one of 'nearest' or 'bilinear', got {interpolation!r}")
+        raise ValueError(
+            f"{fn}: interpolation should be one of 'nearest' or 'bilinear', got {interpolation!r}"
+        )
     if interpolation == "bilinear" and x.dtype not in _FLOATS:
         x = cast(x, "float32")  # as tf.image.resize, which returns float32 for other inputs
     for axis, f in factors:
         if f == 1:
             continue
-        x = repeat_elements(x, f, axis) if interpolation == "nearest" else _linear_upsample(x, axis, f)
+        x = (
+            repeat_elements(x, f, axis)
+            if interpolation == "nearest"
+            else _linear_upsample(x, axis, f)
+        )
     return x
 
 
@@ -696,7 +753,9 @@ def resize_images(x, height_factor, width_factor, data_format, interpolation="ne
     return _resize(x, zip(axes, (hf, wf)), interpolation, "resize_images")
 
 
-def resize_volumes(x, depth_factor, height_factor, width_factor, data_format, interpolation="nearest"):
+def resize_volumes(
+    x, depth_factor, height_factor, width_factor, data_format, interpolation="nearest"
+):
     """Resizes the volume contained in a 5D tensor by integer factors.
 
     Arguments:
@@ -733,4 +792,8 @@ def resize_volumes(x, depth_factor, height_factor, width_factor, data_format, in
     return _resize(x, zip(axes, fs), interpolation, "resize_volumes")
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

@@ -88,7 +88,9 @@ def dot(x, y):
         return wrap(_core.squeeze(dot(x, expand_dims(y, 1))._core, [-1]))
     xs, ys = x.shape, y.shape
     if xs[-1] is not None and ys[-2] is not None and xs[-1] != ys[-2]:
-        raise ValueError(f"dot: shapes {tuple(xs)} and {tuple(ys)} are incompatible: {xs[-1]} != {ys[-2]}")
+        raise ValueError(
+            f"dot: shapes {tuple(xs)} and {tuple(ys)} are incompatible: {xs[-1]} != {ys[-2]}"
+        )
     if x.ndim == 2 and y.ndim == 2:
         return wrap(_core.matmul(x._core, y._core, False, False))
     xd, yd = _dims(x), _dims(y)
@@ -114,7 +116,9 @@ def batch_dot(x, y, axes=None):
     x, y = _t(x), _t(y)
     x_ndim, y_ndim = x.ndim, y.ndim
     if x_ndim < 2 or y_ndim < 2:
-        raise ValueError(f"batch_dot: inputs must have rank >= 2, got shapes {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"batch_dot: inputs must have rank >= 2, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     xb, yb = x.shape[0], y.shape[0]
     if xb is not None and yb is not None and xb != yb:
         raise ValueError(f"batch_dot: batch sizes differ: {tuple(x.shape)} and {tuple(y.shape)}")
@@ -129,7 +133,9 @@ def batch_dot(x, y, axes=None):
     a0 = a0 + x_ndim if a0 < 0 else a0
     a1 = a1 + y_ndim if a1 < 0 else a1
     if not (0 <= a0 < x_ndim and 0 <= a1 < y_ndim):
-        raise ValueError(f"batch_dot: axes {axes} out of range for shapes {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"batch_dot: axes {axes} out of range for shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     if a0 == 0 or a1 == 0:
         raise ValueError("batch_dot: cannot contract over axis 0, the batch axis")
     d1, d2 = x.shape[a0], y.shape[a1]
@@ -198,8 +204,12 @@ def permute_dimensions(x, pattern):
     """
     x = _t(x)
     if not isinstance(pattern, (list, tuple, np.ndarray)):
-        raise TypeError(f"permute_dimensions: pattern must be a tuple of ints, got {type(pattern).__name__}")
-    return wrap(_core.transpose(x._core, [_int(p, "permute_dimensions: pattern entry") for p in pattern]))
+        raise TypeError(
+            f"permute_dimensions: pattern must be a tuple of ints, got {type(pattern).__name__}"
+        )
+    return wrap(
+        _core.transpose(x._core, [_int(p, "permute_dimensions: pattern entry") for p in pattern])
+    )
 
 
 def expand_dims(x, axis=-1):
@@ -252,7 +262,11 @@ def reshape(x, shape):
     """
     x = _t(x)
     if isinstance(shape, Tensor):
-        return wrap(_core.reshape(x._core, cast(shape, "int32")._core if shape.dtype != "int32" else shape._core))
+        return wrap(
+            _core.reshape(
+                x._core, cast(shape, "int32")._core if shape.dtype != "int32" else shape._core
+            )
+        )
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
     if not isinstance(shape, (list, tuple, np.ndarray)):
@@ -261,7 +275,9 @@ def reshape(x, shape):
     for d in shape:
         if isinstance(d, Tensor):
             if d.ndim != 0 or d.dtype not in ("int8", "int16", "int32", "int64", "uint8"):
-                raise TypeError(f"reshape: shape entries must be ints or scalar int tensors, got {d!r}")
+                raise TypeError(
+                    f"reshape: shape entries must be ints or scalar int tensors, got {d!r}"
+                )
             parts.append(d)
         else:
             parts.append(_int(d, "reshape: shape entry"))
@@ -289,12 +305,16 @@ def concatenate(tensors, axis=-1):
         array([[1., 2., 3.]], dtype=float32)
     """
     if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"concatenate: tensors must be a list of tensors, got {type(tensors).__name__}")
+        raise TypeError(
+            f"concatenate: tensors must be a list of tensors, got {type(tensors).__name__}"
+        )
     like = next((t for t in tensors if isinstance(t, Tensor)), None)
     ts = [_t(t, like=like) for t in tensors]
     return wrap(_core.concat([t._core for t in ts], _int(axis, "concatenate: axis")))
 
 
-
-
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

@@ -1,6 +1,5 @@
 """Elementwise math, comparisons and reductions."""
 
-
 import numpy as np
 
 from .. import _core
@@ -104,15 +103,27 @@ def clip(x, min_value, max_value):
     ``max_value`` below ``min_value`` is raised to it, and ``None`` bounds mean unbounded.
     """
     x = _t(x)
-    if min_value is not None and max_value is not None and not is_tensor(min_value) \
-            and not is_tensor(max_value) and max_value < min_value:
+    if (
+        min_value is not None
+        and max_value is not None
+        and not is_tensor(min_value)
+        and not is_tensor(max_value)
+        and max_value < min_value
+    ):
         max_value = min_value
     if x.dtype in ("int8", "int16", "int32", "int64", "uint8"):
         # bounds beyond the dtype's range (-1 for uint8, +-inf) would wrap when converted
         info = np.iinfo(x.dtype)
-        lo_hi = [v if v is None or is_tensor(v) else
-                 int(info.min) if v < info.min else int(info.max) if v > info.max else v
-                 for v in (min_value, max_value)]
+        lo_hi = [
+            v
+            if v is None or is_tensor(v)
+            else int(info.min)
+            if v < info.min
+            else int(info.max)
+            if v > info.max
+            else v
+            for v in (min_value, max_value)
+        ]
         min_value, max_value = lo_hi
     # A None bound is skipped rather than made infinite, so integer tensors can be clipped.
     out = x if min_value is None else _bin("maximum", x, min_value)
@@ -269,4 +280,8 @@ def cumprod(x, axis=0):
     return wrap(_core.scan("cumprod", _t(x)._core, _int(axis, "axis"), False, False))
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

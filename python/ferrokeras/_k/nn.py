@@ -32,7 +32,9 @@ def _nonzero(v):
 def _number_or_tensor(v, fn, what):
     if isinstance(v, Tensor):
         if v.ndim != 0:
-            raise ValueError(f"{fn}: {what} must be a scalar, got a tensor of shape {tuple(v.shape)}")
+            raise ValueError(
+                f"{fn}: {what} must be a scalar, got a tensor of shape {tuple(v.shape)}"
+            )
         return v
     if isinstance(v, np.ndarray) and v.ndim == 0:
         v = v.item()  # Keras passes K.cast_to_floatx(alpha), a 0-d array
@@ -103,7 +105,9 @@ def elu(x, alpha=1.0):
     x = _check_float(_t(x), "elu")
     alpha = _number_or_tensor(alpha, "elu", "alpha")
     neg = _unary("expm1", _bin("minimum", x, 0))  # clamped: exp of a large x never appears
-    return wrap(_core.select(_bin("greater", x, 0)._core, x._core, _bin("multiply", alpha, neg)._core))
+    return wrap(
+        _core.select(_bin("greater", x, 0)._core, x._core, _bin("multiply", alpha, neg)._core)
+    )
 
 
 def _log_softmax(x, axis):
@@ -159,7 +163,9 @@ def softsign(x):
     # the gradient stays finite there too)
     finite = _bin("less", _unary("abs", x), np.inf)
     xs = wrap(_core.select(finite._core, x._core, zeros_like(x)._core))
-    return wrap(_core.select(finite._core, (xs / (_unary("abs", xs) + 1))._core, _unary("sign", x)._core))
+    return wrap(
+        _core.select(finite._core, (xs / (_unary("abs", xs) + 1))._core, _unary("sign", x)._core)
+    )
 
 
 def hard_sigmoid(x):
@@ -201,8 +207,12 @@ def _prepare(target, output, fn, same_shape=True):
         if target.dtype != output.dtype:
             target = cast(target, output.dtype)
         ts, os_ = tuple(target.shape), tuple(output.shape)
-        if len(ts) != len(os_) or _b.any(a is not None and b is not None and a != b for a, b in zip(ts, os_)):
-            raise ValueError(f"{fn}: target and output must have the same shape, got {ts} and {os_}")
+        if len(ts) != len(os_) or _b.any(
+            a is not None and b is not None and a != b for a, b in zip(ts, os_)
+        ):
+            raise ValueError(
+                f"{fn}: target and output must have the same shape, got {ts} and {os_}"
+            )
     return target, output
 
 
@@ -300,7 +310,9 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
     if target.ndim != logp.ndim - 1:
         nt, nl = target.shape, logp.shape[:-1]
         if _b.all(v is not None for v in (*nt, *nl)) and int(np.prod(nt)) != int(np.prod(nl)):
-            raise ValueError(f"{fn}: target of shape {tuple(nt)} does not match output of shape {tuple(output.shape)}")
+            raise ValueError(
+                f"{fn}: target of shape {tuple(nt)} does not match output of shape {tuple(output.shape)}"
+            )
         # Reshaping to the row count (not -1) makes a count known only at run time a
         # ValueError there, instead of a broadcast.
         target = _reshape(target, [_prod(d[:-1])])
@@ -308,12 +320,20 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
     else:
         ts, ls = tuple(target.shape), tuple(logp.shape[:-1])
         if _b.any(x is not None and y is not None and x != y for x, y in zip(ts, ls)):
-            raise ValueError(f"{fn}: target of shape {ts} does not match output of shape {tuple(output.shape)} (axis {axis})")
+            raise ValueError(
+                f"{fn}: target of shape {ts} does not match output of shape {tuple(output.shape)} (axis {axis})"
+            )
         if None in ts or None in ls:
             target = _reshape(target, d[:-1])
     zero = _t(np.zeros((), dtype=logp.dtype))
-    picked = sum(wrap(_core.select(_one_hot_mask(target, n_classes)._core, logp._core, zero._core)), -1)
-    valid = _bin("logical_and", _bin("greater_equal", target, 0), _bin("less", target, cast(_t(n_classes), target.dtype)))
+    picked = sum(
+        wrap(_core.select(_one_hot_mask(target, n_classes)._core, logp._core, zero._core)), -1
+    )
+    valid = _bin(
+        "logical_and",
+        _bin("greater_equal", target, 0),
+        _bin("less", target, cast(_t(n_classes), target.dtype)),
+    )
     nan = _t(np.asarray(np.nan, dtype=logp.dtype))
     loss = wrap(_core.select(valid._core, (0.0 - picked)._core, nan._core))
     if loss.ndim != len(d) - 1:
@@ -353,7 +373,9 @@ def binary_crossentropy(target, output, from_logits=False):
     if target.dtype != output.dtype:
         target = cast(target, output.dtype)
     ts, os_ = tuple(target.shape), tuple(output.shape)
-    if len(ts) != len(os_) or _b.any(a is not None and b is not None and a != b for a, b in zip(ts, os_)):
+    if len(ts) != len(os_) or _b.any(
+        a is not None and b is not None and a != b for a, b in zip(ts, os_)
+    ):
         raise ValueError(f"{fn}: target and output must have the same shape, got {ts} and {os_}")
     logits = output if from_logits else _logits_of(output, "sigmoid")
     if logits is not None:
@@ -421,10 +443,14 @@ def in_top_k(predictions, targets, k):
     fn = "in_top_k"
     predictions = _check_float(_t(predictions), fn, "predictions")
     if predictions.ndim != 2:
-        raise ValueError(f"{fn}: predictions must be 2-D (batch_size, classes), got shape {tuple(predictions.shape)}")
+        raise ValueError(
+            f"{fn}: predictions must be 2-D (batch_size, classes), got shape {tuple(predictions.shape)}"
+        )
     targets = _int_tensor(targets, f"{fn}: targets")
     if targets.ndim != 1:
-        raise ValueError(f"{fn}: targets must be 1-D (batch_size,), got shape {tuple(targets.shape)}")
+        raise ValueError(
+            f"{fn}: targets must be 1-D (batch_size,), got shape {tuple(targets.shape)}"
+        )
     nb, nt = predictions.shape[0], targets.shape[0]
     if nb is not None and nt is not None and nb != nt:
         raise ValueError(f"{fn}: {nt} targets for a batch of {nb} predictions")
@@ -448,11 +474,15 @@ def _param(t, x, axis, fn, what):
     if t.ndim == 1 and x.ndim > 1:
         n, c = t.shape[0], x.shape[axis]
         if n is not None and c is not None and n != c and n != 1:
-            raise ValueError(f"{fn}: {what} has {n} entries but x has {c} along axis {axis} (shape {tuple(x.shape)})")
+            raise ValueError(
+                f"{fn}: {what} has {n} entries but x has {c} along axis {axis} (shape {tuple(x.shape)})"
+            )
         if axis != x.ndim - 1:
             t = wrap(_core.expand_dims(t._core, list(range(1, x.ndim - axis))))
     elif t.ndim > x.ndim:
-        raise ValueError(f"{fn}: {what} of shape {tuple(t.shape)} has more axes than x of shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{fn}: {what} of shape {tuple(t.shape)} has more axes than x of shape {tuple(x.shape)}"
+        )
     return t
 
 
@@ -530,7 +560,9 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
     if isinstance(reduction_axes, (int, np.integer)):
         reduction_axes = [reduction_axes]
     if not isinstance(reduction_axes, (list, tuple, range, np.ndarray)) or len(reduction_axes) == 0:
-        raise ValueError(f"{fn}: reduction_axes must be a non-empty list of axes, got {reduction_axes!r}")
+        raise ValueError(
+            f"{fn}: reduction_axes must be a non-empty list of axes, got {reduction_axes!r}"
+        )
     axes = sorted(_axis(r, x.ndim, fn, "reduction_axes entry") for r in reduction_axes)
     if len(set(axes)) != len(axes):
         raise ValueError(f"{fn}: reduction_axes {list(reduction_axes)} repeat an axis")
@@ -597,12 +629,16 @@ def bias_add(x, bias, data_format=None):
         raise ValueError(f"{fn}: x must have at least 2 dimensions, got shape {tuple(x.shape)}")
     bs = tuple(bias.shape)
     if len(bs) != 1 and len(bs) != x.ndim - 1:
-        raise ValueError(f"{fn}: unexpected bias dimensions {len(bs)} (shape {bs}); expected 1 or {x.ndim - 1} dimensions for x of shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{fn}: unexpected bias dimensions {len(bs)} (shape {bs}); expected 1 or {x.ndim - 1} dimensions for x of shape {tuple(x.shape)}"
+        )
     if len(bs) == 1:
         c_axis = 1 if df == "channels_first" else x.ndim - 1
         c = x.shape[c_axis]
         if bs[0] is not None and c is not None and bs[0] != c:
-            raise ValueError(f"{fn}: bias has {bs[0]} entries but x has {c} channels (shape {tuple(x.shape)}, {df})")
+            raise ValueError(
+                f"{fn}: bias has {bs[0]} entries but x has {c} channels (shape {tuple(x.shape)}, {df})"
+            )
         if c_axis != x.ndim - 1:
             bias = wrap(_core.expand_dims(bias._core, list(range(1, x.ndim - c_axis))))
         return x + bias
@@ -611,4 +647,8 @@ def bias_add(x, bias, data_format=None):
     return x + _reshape(bias, shape)
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

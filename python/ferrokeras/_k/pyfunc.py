@@ -51,7 +51,9 @@ class _Runner:
         with _Eager():
             _, outs = self._run(arrays)
             if len(outs) != len(self.touts):
-                raise TypeError(f"py_function: {self.func!r} returned {len(outs)} values, but Tout declares {len(self.touts)}")
+                raise TypeError(
+                    f"py_function: {self.func!r} returned {len(outs)} values, but Tout declares {len(self.touts)}"
+                )
             return [np.array(_evaluate(o), dtype=t, order="C") for o, t in zip(outs, self.touts)]
 
     def vjp(self, arrays, grads):
@@ -85,7 +87,12 @@ def _result_shapes(func, inp, touts):
         with _Eager():
             from .variables import constant
 
-            xs = [constant(np.zeros([1 if d is None else d for d in x.shape], dtype=x.dtype), dtype=x.dtype) for x in inp]
+            xs = [
+                constant(
+                    np.zeros([1 if d is None else d for d in x.shape], dtype=x.dtype), dtype=x.dtype
+                )
+                for x in inp
+            ]
             outs = _as_list(func(*xs))
         shapes = [tuple(np.shape(_evaluate(o))) for o in outs]
         if len(shapes) == len(touts):
@@ -134,7 +141,9 @@ def py_function(func, inp, Tout, name=None):
     inp = [_t(x) for x in inp]
     shapes = _result_shapes(func, inp, touts)
     label = name or getattr(func, "__name__", "py_function")
-    res = _core.host_call(label, _Runner(func, touts), [x._core for x in inp], list(zip(shapes, touts)))
+    res = _core.host_call(
+        label, _Runner(func, touts), [x._core for x in inp], list(zip(shapes, touts))
+    )
     out = [wrap(r) for r in res]
     return out[0] if single else out
 
@@ -163,13 +172,18 @@ def print_tensor(x, message=""):
         print(f"{message}{np.asarray(v)}", file=sys.stdout, flush=True)
         return v
 
-    res = _core.host_call("print_tensor", _Runner(show, [x.dtype]), [x._core], [(list(x.shape), x.dtype)])
+    res = _core.host_call(
+        "print_tensor", _Runner(show, [x.dtype]), [x._core], [(list(x.shape), x.dtype)]
+    )
     printed = stop_gradient(wrap(res[0]))
     # `x` itself, made to depend on the printing node through an always-true condition
     # (x == x or x != x also holds for NaN); not `x + (printed - x)`, which is NaN for an
     # infinite x and undefined for bool.
-    always = _core.binary("logical_or", _core.binary("equal", printed._core, printed._core),
-                          _core.binary("not_equal", printed._core, printed._core))
+    always = _core.binary(
+        "logical_or",
+        _core.binary("equal", printed._core, printed._core),
+        _core.binary("not_equal", printed._core, printed._core),
+    )
     return wrap(_core.select(always, x._core, printed._core))
 
 

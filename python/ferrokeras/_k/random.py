@@ -24,7 +24,9 @@ def _shape_arg(shape, fn):
     """A 1-D int32 shape tensor from a tuple of ints (or scalar int tensors) or a 1-D int tensor."""
     if isinstance(shape, Tensor):
         if shape.ndim != 1 or shape.shape[0] is None or shape.dtype not in _INTS:
-            raise ValueError(f"{fn}: shape must be a tuple of ints or a 1-D int tensor of known length, got {shape!r}")
+            raise ValueError(
+                f"{fn}: shape must be a tuple of ints or a 1-D int tensor of known length, got {shape!r}"
+            )
         return (shape if shape.dtype == "int32" else cast(shape, "int32"))._core
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         shape = (shape,)
@@ -148,7 +150,9 @@ def random_uniform(shape, minval=0.0, maxval=1.0, dtype=None, seed=None):
         raise TypeError(f"{fn}: for an integer dtype, minval and maxval must be Python numbers")
     lo, hi = int(minval), int(maxval)
     if hi <= lo or hi - lo > 2**24:
-        raise ValueError(f"{fn}: for an integer dtype, need minval < maxval within 2**24, got minval={minval}, maxval={maxval}")
+        raise ValueError(
+            f"{fn}: for an integer dtype, need minval < maxval within 2**24, got minval={minval}, maxval={maxval}"
+        )
     u = _draw("uniform", shape, "float64", seed, fn)
     return cast(_unary("floor", u * float(hi - lo)) + float(lo), dtype)
 
@@ -177,7 +181,9 @@ def random_binomial(shape, p=0.0, dtype=None, seed=None):
     fn = "random_binomial"
     dtype = _dtype(dtype)
     if not isinstance(p, Tensor):
-        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)):
+        if isinstance(p, (bool, np.bool_)) or not isinstance(
+            p, (int, float, np.integer, np.floating)
+        ):
             raise TypeError(f"{fn}: p must be a number in [0, 1] or a tensor, got {p!r}")
         if not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"{fn}: p must be in [0, 1], got {p}")
@@ -221,7 +227,9 @@ def dropout(x, level, noise_shape=None, seed=None):
     if x.dtype not in _FLOATS:
         raise TypeError(f"{fn}: x must be a float tensor, got dtype {x.dtype}")
     if not isinstance(level, Tensor):
-        if isinstance(level, (bool, np.bool_)) or not isinstance(level, (int, float, np.integer, np.floating)):
+        if isinstance(level, (bool, np.bool_)) or not isinstance(
+            level, (int, float, np.integer, np.floating)
+        ):
             raise TypeError(f"{fn}: level must be a number in [0, 1), got {level!r}")
         if not 0.0 <= float(level) < 1.0:
             raise ValueError(f"{fn}: level must be in the interval [0, 1), got {level}")
@@ -229,7 +237,9 @@ def dropout(x, level, noise_shape=None, seed=None):
         if level == 0.0:
             return x
     elif level.ndim != 0:
-        raise ValueError(f"{fn}: level must be a scalar, got a tensor of shape {tuple(level.shape)}")
+        raise ValueError(
+            f"{fn}: level must be a scalar, got a tensor of shape {tuple(level.shape)}"
+        )
     else:
         level = level if level.dtype == x.dtype else cast(level, x.dtype)
     d = _dims(x)
@@ -240,18 +250,30 @@ def dropout(x, level, noise_shape=None, seed=None):
             noise_shape = [noise_shape[i] for i in range(noise_shape.shape[0] or 0)]
         ns = list(noise_shape)
         if len(ns) != x.ndim:
-            raise ValueError(f"{fn}: noise_shape {tuple(noise_shape)} must have one entry per axis of x {tuple(x.shape)}")
+            raise ValueError(
+                f"{fn}: noise_shape {tuple(noise_shape)} must have one entry per axis of x {tuple(x.shape)}"
+            )
         for i, e in enumerate(ns):
             if e is None:
                 ns[i] = d[i]
             elif not isinstance(e, Tensor):
                 e = _int(e, f"{fn}: noise_shape entry")
                 if e != 1 and x.shape[i] is not None and e != x.shape[i]:
-                    raise ValueError(f"{fn}: noise_shape {tuple(noise_shape)} does not broadcast to the shape of x {tuple(x.shape)}")
+                    raise ValueError(
+                        f"{fn}: noise_shape {tuple(noise_shape)} does not broadcast to the shape of x {tuple(x.shape)}"
+                    )
     u = _draw("uniform", ns, x.dtype, seed, fn)
     keep = cast(_bin("greater_equal", u, level), x.dtype)
-    scale = 1.0 / (1.0 - level) if not isinstance(level, Tensor) else _bin("divide", 1.0, _bin("subtract", 1.0, level))
+    scale = (
+        1.0 / (1.0 - level)
+        if not isinstance(level, Tensor)
+        else _bin("divide", 1.0, _bin("subtract", 1.0, level))
+    )
     return _bin("multiply", x, scale) * keep
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

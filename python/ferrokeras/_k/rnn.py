@@ -38,11 +38,22 @@ def _check_step_result(result, n_states):
     output, new_states = result
     new_states = _as_list(new_states)
     if len(new_states) != n_states:
-        raise ValueError(f"rnn: step_function returned {len(new_states)} states, expected {n_states}")
+        raise ValueError(
+            f"rnn: step_function returned {len(new_states)} states, expected {n_states}"
+        )
     return _t(output), [_t(s) for s in new_states]
 
 
-def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, constants=None, unroll=False, input_length=None):
+def rnn(
+    step_function,
+    inputs,
+    initial_states,
+    go_backwards=False,
+    mask=None,
+    constants=None,
+    unroll=False,
+    input_length=None,
+):
     """Iterates over the time dimension of a tensor.
 
     Arguments:
@@ -83,10 +94,14 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     del input_length
     inputs = _t(inputs)
     if inputs.ndim < 3:
-        raise ValueError(f"rnn: inputs must be at least 3D (samples, time, ...), got shape {tuple(inputs.shape)}")
+        raise ValueError(
+            f"rnn: inputs must be at least 3D (samples, time, ...), got shape {tuple(inputs.shape)}"
+        )
     if inputs.shape[1] == 0:
         # As in TensorFlow: with no step there is no last output to return.
-        raise ValueError(f"rnn: inputs of shape {tuple(inputs.shape)} have no timesteps (axis 1 is 0); rnn needs at least one")
+        raise ValueError(
+            f"rnn: inputs of shape {tuple(inputs.shape)} have no timesteps (axis 1 is 0); rnn needs at least one"
+        )
     states = [_t(s) for s in _as_list(initial_states)]
     constants = [_t(c) for c in _as_list(constants)]
     x = _time_major(inputs)
@@ -97,10 +112,14 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         if mask.ndim == 2:
             mask = wrap(_core.expand_dims(mask._core, [2]))
         if mask.ndim != 3 or (mask.shape[2] not in (1, None)):
-            raise ValueError(f"rnn: mask must have shape (samples, time) or (samples, time, 1), got {tuple(mask.shape)}")
+            raise ValueError(
+                f"rnn: mask must have shape (samples, time) or (samples, time, 1), got {tuple(mask.shape)}"
+            )
         for a, b in zip(mask.shape[:2], inputs.shape[:2]):
             if a is not None and b is not None and a != b:
-                raise ValueError(f"rnn: mask of shape {tuple(mask.shape)} does not match inputs of shape {tuple(inputs.shape)}")
+                raise ValueError(
+                    f"rnn: mask of shape {tuple(mask.shape)} does not match inputs of shape {tuple(inputs.shape)}"
+                )
         mask = _time_major(mask)
     if go_backwards:
         x = wrap(_core.reverse(x._core, [0]))
@@ -110,8 +129,12 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         return _rnn_unrolled(step_function, x, states, mask, constants)
 
     x_ph = _body_placeholder(x, "rnn_input", 0)
-    state_phs = [_body_placeholder(s, "rnn_state", i, drop_first=False) for i, s in enumerate(states)]
-    output, new_states = _check_step_result(step_function(x_ph, list(state_phs) + constants), len(states))
+    state_phs = [
+        _body_placeholder(s, "rnn_state", i, drop_first=False) for i, s in enumerate(states)
+    ]
+    output, new_states = _check_step_result(
+        step_function(x_ph, list(state_phs) + constants), len(states)
+    )
     seqs, seq_phs = [x], [x_ph]
     init, phs, nexts = list(states), list(state_phs), list(new_states)
     if mask is not None:
@@ -127,11 +150,16 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         phs.append(prev_ph)
         nexts.append(output)
     res = _core.loop_(
-        [s._core for s in seqs], [s._core for s in init], [p._core for p in seq_phs], [p._core for p in phs],
-        [output._core], [n._core for n in nexts], False,
+        [s._core for s in seqs],
+        [s._core for s in init],
+        [p._core for p in seq_phs],
+        [p._core for p in phs],
+        [output._core],
+        [n._core for n in nexts],
+        False,
     )
     outputs = wrap(res[0])
-    final = [wrap(r) for r in res[1:1 + len(states)]]
+    final = [wrap(r) for r in res[1 : 1 + len(states)]]
     last = outputs[-1]
     outputs = _time_major(outputs)
     _set_learning_phase_flag(output, [last, outputs] + final)
@@ -159,7 +187,9 @@ def _zeros_for(output, inputs):
 
     dims = [_dims(inputs)[0]] + list(output.shape)[1:]
     if any(d is None for d in dims[1:]):
-        raise ValueError(f"rnn: masked outputs need a static output shape, got {tuple(output.shape)}")
+        raise ValueError(
+            f"rnn: masked outputs need a static output shape, got {tuple(output.shape)}"
+        )
     zero = _core.constant(np.zeros((), dtype=output.dtype))
     return wrap(_core.broadcast_to(zero, _shape_tensor(dims)))
 
@@ -171,7 +201,9 @@ def _rnn_unrolled(step_function, x, states, mask, constants):
     outputs = []
     prev = None
     for t in range(steps):
-        output, new_states = _check_step_result(step_function(x[t], list(states) + constants), len(states))
+        output, new_states = _check_step_result(
+            step_function(x[t], list(states) + constants), len(states)
+        )
         if mask is not None:
             m = mask[t]
             if prev is None:
@@ -231,8 +263,12 @@ def _fold(fn, elems, initializer, reverse):
     acc_ph = _body_placeholder(init, "fold_acc", 0, drop_first=False)
     new = _t(fn(acc_ph, x_ph))
     if new.dtype != init.dtype:
-        raise TypeError(f"fold: fn returns dtype {new.dtype}, but the accumulator has dtype {init.dtype}")
-    res = _core.loop_([elems._core], [init._core], [x_ph._core], [acc_ph._core], [], [new._core], False)
+        raise TypeError(
+            f"fold: fn returns dtype {new.dtype}, but the accumulator has dtype {init.dtype}"
+        )
+    res = _core.loop_(
+        [elems._core], [init._core], [x_ph._core], [acc_ph._core], [], [new._core], False
+    )
     return wrap(res[0])
 
 

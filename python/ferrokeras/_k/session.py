@@ -1,6 +1,5 @@
 """Backend name, learning phase and session state."""
 
-
 import numpy as np
 
 from .. import _core
@@ -94,8 +93,6 @@ def clear_session():
     _core.gpu_pool_clear()
 
 
-
-
 class Session:
     """What ``get_session`` returns: the device graphs run on, with a TF-style ``run``.
 
@@ -171,8 +168,14 @@ def set_session(session):
     """
     global _SESSION
     if not isinstance(session, Session):
-        raise TypeError(f"set_session: expected a ferrokeras Session (from K.get_session()), got {type(session).__name__}")
+        raise TypeError(
+            f"set_session: expected a ferrokeras Session (from K.get_session()), got {type(session).__name__}"
+        )
     _SESSION = session
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

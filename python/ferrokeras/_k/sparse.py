@@ -42,7 +42,13 @@ def to_dense(tensor):
         return tensor
     if hasattr(tensor, "toarray"):
         return _t(tensor)
-    raise TypeError(f"to_dense: expected a tensor or a scipy.sparse matrix, got {type(tensor).__name__}")
+    raise TypeError(
+        f"to_dense: expected a tensor or a scipy.sparse matrix, got {type(tensor).__name__}"
+    )
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

@@ -222,7 +222,9 @@ def zeros_like(x, dtype=None, name=None):
     """
     x = _t(x)
     dtype = _dtype(dtype, x.dtype)
-    return wrap(_core.broadcast_to(_t(np.zeros((), dtype=dtype))._core, _core.shape_of(x._core)), name=name)
+    return wrap(
+        _core.broadcast_to(_t(np.zeros((), dtype=dtype))._core, _core.shape_of(x._core)), name=name
+    )
 
 
 def ones_like(x, dtype=None, name=None):
@@ -235,7 +237,9 @@ def ones_like(x, dtype=None, name=None):
     """
     x = _t(x)
     dtype = _dtype(dtype, x.dtype)
-    return wrap(_core.broadcast_to(_t(np.ones((), dtype=dtype))._core, _core.shape_of(x._core)), name=name)
+    return wrap(
+        _core.broadcast_to(_t(np.ones((), dtype=dtype))._core, _core.shape_of(x._core)), name=name
+    )
 
 
 def identity(x, name=None):
@@ -309,7 +313,9 @@ def count_params(x):
     """
     shape = int_shape(x)
     if shape is None or _b.any(d is None for d in shape):
-        raise ValueError(f"count_params: the shape {shape} of {getattr(x, 'name', x)!r} is not fully known")
+        raise ValueError(
+            f"count_params: the shape {shape} of {getattr(x, 'name', x)!r} is not fully known"
+        )
     return int(np.prod(shape, dtype=np.int64))
 
 
@@ -507,4 +513,8 @@ def moving_average_update(x, value, momentum):
     return update(x, x * momentum + value * (1.0 - momentum))
 
 
-__all__ = [n for n, v in list(globals().items()) if not n.startswith("_") and getattr(v, "__module__", None) == __name__]
+__all__ = [
+    n
+    for n, v in list(globals().items())
+    if not n.startswith("_") and getattr(v, "__module__", None) == __name__
+]

@@ -59,11 +59,17 @@ impl Geom {
     pub fn new(spec: &ConvSpec, xs: &[usize], ws: &[usize], y: Option<&[usize]>) -> Result<Geom> {
         let n = spec.nsp();
         if xs.len() != n + 2 || ws.len() != n + 2 {
-            return Err(value_err!("conv: shapes {xs:?} and {ws:?} do not have rank {}", n + 2));
+            return Err(value_err!(
+                "conv: shapes {xs:?} and {ws:?} do not have rank {}",
+                n + 2
+            ));
         }
         let (cin, cout) = (xs[n + 1], ws[n + 1]);
         if cin != ws[n] * spec.groups || cout % spec.groups != 0 {
-            return Err(value_err!("conv: input shape {xs:?} does not match kernel shape {ws:?} with {} groups", spec.groups));
+            return Err(value_err!(
+                "conv: input shape {xs:?} does not match kernel shape {ws:?} with {} groups",
+                spec.groups
+            ));
         }
         let mut g = Geom {
             n: xs[0],
@@ -85,11 +91,24 @@ impl Geom {
             let (x, k, s, d) = (xs[1 + i], ws[i], spec.strides[i], spec.dilation[i]);
             let eff = d * (k - 1) + 1;
             let p = spec.padding.resolve(i, x, eff, s);
-            let o = out_len(x, eff, s, p)
-                .ok_or_else(|| value_err!("conv: spatial dim {i} of size {x} is smaller than the dilated kernel ({eff})"))?;
-            (g.x[lead + i], g.k[lead + i], g.o[lead + i], g.s[lead + i], g.d[lead + i], g.p[lead + i]) = (x, k, o, s, d, p);
+            let o = out_len(x, eff, s, p).ok_or_else(|| {
+                value_err!(
+                    "conv: spatial dim {i} of size {x} is smaller than the dilated kernel ({eff})"
+                )
+            })?;
+            (
+                g.x[lead + i],
+                g.k[lead + i],
+                g.o[lead + i],
+                g.s[lead + i],
+                g.d[lead + i],
+                g.p[lead + i],
+            ) = (x, k, o, s, d, p);
         }
-        g.y_shape = std::iter::once(g.n).chain(g.o[lead..].iter().copied()).chain([cout]).collect();
+        g.y_shape = std::iter::once(g.n)
+            .chain(g.o[lead..].iter().copied())
+            .chain([cout])
+            .collect();
         if let Some(y) = y {
             if y != g.y_shape.as_slice() {
                 return Err(value_err!(
@@ -117,7 +136,15 @@ impl Geom {
     }
     /// The window walk of this convolution (one group), for the dense kernels.
     fn walk(&self) -> Walk<'_> {
-        Walk { x: &self.x, k: &self.k, s: &self.s, d: &self.d, p: &self.p, cin: self.cin, cout: self.cout }
+        Walk {
+            x: &self.x,
+            k: &self.k,
+            s: &self.s,
+            d: &self.d,
+            p: &self.p,
+            cin: self.cin,
+            cout: self.cout,
+        }
     }
     fn unit_stride(&self) -> bool {
         self.s == [1; 3]
@@ -125,14 +152,27 @@ impl Geom {
     /// Input index along dim `t` for output index `o` and kernel index `k`, if in bounds.
     #[inline(always)]
     fn src(&self, t: usize, o: usize, k: usize) -> Option<usize> {
-        (o * self.s[t] + k * self.d[t]).checked_sub(self.p[t].0).filter(|&i| i < self.x[t])
+        (o * self.s[t] + k * self.d[t])
+            .checked_sub(self.p[t].0)
+            .filter(|&i| i < self.x[t])
     }
     /// Input pixel (flat) read by output pixel `op` at kernel offset `kp`, if any.
     #[inline(always)]
     pub(crate) fn src_pix(&self, op: usize, kp: usize) -> Option<usize> {
-        let (o2, o1, o0) = (op % self.o[2], (op / self.o[2]) % self.o[1], op / (self.o[2] * self.o[1]));
-        let (k2, k1, k0) = (kp % self.k[2], (kp / self.k[2]) % self.k[1], kp / (self.k[2] * self.k[1]));
-        Some((self.src(0, o0, k0)? * self.x[1] + self.src(1, o1, k1)?) * self.x[2] + self.src(2, o2, k2)?)
+        let (o2, o1, o0) = (
+            op % self.o[2],
+            (op / self.o[2]) % self.o[1],
+            op / (self.o[2] * self.o[1]),
+        );
+        let (k2, k1, k0) = (
+            kp % self.k[2],
+            (kp / self.k[2]) % self.k[1],
+            kp / (self.k[2] * self.k[1]),
+        );
+        Some(
+            (self.src(0, o0, k0)? * self.x[1] + self.src(1, o1, k1)?) * self.x[2]
+                + self.src(2, o2, k2)?,
+        )
     }
 }
 
@@ -174,36 +214,78 @@ pub(crate) use simd_kernel;
 
 /// `zero`: whether the kernel needs its output zeroed (it accumulates), else it writes
 /// every element.
-fn run2(a: &Value, b: &Value, shape: &[usize], zero: bool, f32k: impl Fn(&[f32], &[f32], &mut [f32]), f64k: impl Fn(&[f64], &[f64], &mut [f64])) -> Result<Value> {
+fn run2(
+    a: &Value,
+    b: &Value,
+    shape: &[usize],
+    zero: bool,
+    f32k: impl Fn(&[f32], &[f32], &mut [f32]),
+    f64k: impl Fn(&[f64], &[f64], &mut [f64]),
+) -> Result<Value> {
     let len = shape.iter().product();
     match (a, b) {
         (Value::F32(x), Value::F32(y)) => Ok(go(x, y, shape, len, zero, f32k)),
         (Value::F64(x), Value::F64(y)) => Ok(go(x, y, shape, len, zero, f64k)),
         (Value::F16(_), Value::F16(_)) => {
-            let (Value::F32(x), Value::F32(y)) = (a.cast(crate::dtype::DType::F32), b.cast(crate::dtype::DType::F32)) else {
+            let (Value::F32(x), Value::F32(y)) = (
+                a.cast(crate::dtype::DType::F32),
+                b.cast(crate::dtype::DType::F32),
+            ) else {
                 unreachable!("cast to f32")
             };
             Ok(go(&x, &y, shape, len, zero, f32k).cast(crate::dtype::DType::F16))
         }
-        _ => Err(Error::Type(format!("conv: operands must be float tensors of one dtype, got {} and {}", a.dtype(), b.dtype()))),
+        _ => Err(Error::Type(format!(
+            "conv: operands must be float tensors of one dtype, got {} and {}",
+            a.dtype(),
+            b.dtype()
+        ))),
     }
 }
 
-fn go<T: F>(a: &Arr<T>, b: &Arr<T>, shape: &[usize], len: usize, zero: bool, k: impl Fn(&[T], &[T], &mut [T])) -> Value {
+fn go<T: F>(
+    a: &Arr<T>,
+    b: &Arr<T>,
+    shape: &[usize],
+    len: usize,
+    zero: bool,
+    k: impl Fn(&[T], &[T], &mut [T]),
+) -> Value {
     let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
-    let mut out = if zero { vec![T::zero(); len] } else { crate::runtime::value::uninit(len) };
-    k(a.as_slice().expect("standard"), b.as_slice().expect("standard"), &mut out);
+    let mut out = if zero {
+        vec![T::zero(); len]
+    } else {
+        crate::runtime::value::uninit(len)
+    };
+    k(
+        a.as_slice().expect("standard"),
+        b.as_slice().expect("standard"),
+        &mut out,
+    );
     Value::from_vec(shape, out).expect("shape matches")
 }
 
 pub fn forward(g: &Geom, x: &Value, w: &Value) -> Result<Value> {
-    run2(x, w, &g.y_shape, false, |x, w, y| fwd(g, x, w, y, None), |x, w, y| fwd(g, x, w, y, None))
+    run2(
+        x,
+        w,
+        &g.y_shape,
+        false,
+        |x, w, y| fwd(g, x, w, y, None),
+        |x, w, y| fwd(g, x, w, y, None),
+    )
 }
 
 /// The f32 forward convolution into `y` (every element written), calling `after(i)` once
 /// image `i` of `y` is complete, on the thread that computed it (while it is in cache: a
 /// fused elementwise group reading the result runs there, see `fused::run`).
-pub fn forward_f32_then(g: &Geom, x: &[f32], w: &[f32], y: &mut [f32], after: &(dyn Fn(usize) + Sync)) {
+pub fn forward_f32_then(
+    g: &Geom,
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    after: &(dyn Fn(usize) + Sync),
+) {
     fwd(g, x, w, y, Some(after))
 }
 
@@ -211,10 +293,24 @@ pub fn input_grad(g: &Geom, gy: &Value, w: &Value) -> Result<Value> {
     // The groups=1 and depthwise paths write every element; the grouped ones add into a
     // zeroed `dx`.
     let zero = g.groups != 1 && g.cg() != 1;
-    run2(gy, w, &g.x_shape, zero, |gy, w, dx| bwd_input(g, gy, w, dx), |gy, w, dx| bwd_input(g, gy, w, dx))
+    run2(
+        gy,
+        w,
+        &g.x_shape,
+        zero,
+        |gy, w, dx| bwd_input(g, gy, w, dx),
+        |gy, w, dx| bwd_input(g, gy, w, dx),
+    )
 }
 pub fn kernel_grad(g: &Geom, x: &Value, gy: &Value) -> Result<Value> {
-    run2(x, gy, &g.w_shape, true, |x, gy, dw| bwd_kernel(g, x, gy, dw), |x, gy, dw| bwd_kernel(g, x, gy, dw))
+    run2(
+        x,
+        gy,
+        &g.w_shape,
+        true,
+        |x, gy, dw| bwd_kernel(g, x, gy, dw),
+        |x, gy, dw| bwd_kernel(g, x, gy, dw),
+    )
 }
 
 // ---------------------------------------------------------------- scheduling
@@ -245,7 +341,12 @@ pub fn sized<T: F>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
 /// Runs `f(image, out_chunk, scratch, parallelism)` for every image: images in parallel
 /// when there are enough of them, else one after another with a parallel `gemm` inside.
 /// `after(image)` runs once the image's chunk is written.
-fn per_image<T: F>(n: usize, out: &mut [T], after: Option<&(dyn Fn(usize) + Sync)>, f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync) {
+fn per_image<T: F>(
+    n: usize,
+    out: &mut [T],
+    after: Option<&(dyn Fn(usize) + Sync)>,
+    f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync,
+) {
     if n == 0 || out.is_empty() {
         return;
     }
@@ -256,10 +357,12 @@ fn per_image<T: F>(n: usize, out: &mut [T], after: Option<&(dyn Fn(usize) + Sync
         }
     };
     if n >= threads() && n > 1 {
-        out.par_chunks_mut(chunk).enumerate().for_each_init(Scratch::default, |sc, (i, o)| {
-            f(i, o, sc, Parallelism::None);
-            then(i);
-        });
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each_init(Scratch::default, |sc, (i, o)| {
+                f(i, o, sc, Parallelism::None);
+                then(i);
+            });
     } else {
         let mut sc = Scratch::default();
         out.chunks_mut(chunk).enumerate().for_each(|(i, o)| {
@@ -270,7 +373,11 @@ fn per_image<T: F>(n: usize, out: &mut [T], after: Option<&(dyn Fn(usize) + Sync
 }
 
 /// Sums `f(image, acc, scratch, parallelism)` over images into `out` (the kernel gradient).
-fn sum_images<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync) {
+fn sum_images<T: F>(
+    n: usize,
+    out: &mut [T],
+    f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync,
+) {
     if n >= threads() && n > 1 {
         let len = out.len();
         let per = n.div_ceil(threads());
@@ -278,7 +385,8 @@ fn sum_images<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], &mut Sc
             .into_par_iter()
             .map(|t| {
                 let (mut acc, mut sc) = (vec![T::zero(); len], Scratch::default());
-                (t * per..((t + 1) * per).min(n)).for_each(|i| f(i, &mut acc, &mut sc, Parallelism::None));
+                (t * per..((t + 1) * per).min(n))
+                    .for_each(|i| f(i, &mut acc, &mut sc, Parallelism::None));
                 acc
             })
             .collect();
@@ -293,11 +401,27 @@ fn sum_images<T: F>(n: usize, out: &mut [T], f: impl Fn(usize, &mut [T], &mut Sc
 
 /// `dst[m x n] (row stride drs) = [dst +] lhs[m x k] @ rhs[k x n]`, strides in elements.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn mm<T: F>(m: usize, n: usize, k: usize, dst: &mut [T], drs: usize, acc: bool, lhs: &[T], l: (usize, usize), rhs: &[T], r: (usize, usize), par: Parallelism) {
+pub(crate) fn mm<T: F>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [T],
+    drs: usize,
+    acc: bool,
+    lhs: &[T],
+    l: (usize, usize),
+    rhs: &[T],
+    r: (usize, usize),
+    par: Parallelism,
+) {
     if m == 0 || n == 0 || k == 0 {
         return;
     }
-    let par = if m * n * k < 1 << 18 { Parallelism::None } else { par };
+    let par = if m * n * k < 1 << 18 {
+        Parallelism::None
+    } else {
+        par
+    };
     // Every access stays inside the slices: the last element each operand touches is
     // asserted here, so the unsafe call below cannot read or write out of bounds.
     assert!((m - 1) * drs + n <= dst.len());
@@ -306,11 +430,25 @@ pub(crate) fn mm<T: F>(m: usize, n: usize, k: usize, dst: &mut [T], drs: usize, 
     // SAFETY: bounds checked above; dst does not alias lhs or rhs (distinct borrows).
     unsafe {
         gemm::gemm(
-            m, n, k,
-            dst.as_mut_ptr(), 1, drs as isize, acc,
-            lhs.as_ptr(), l.1 as isize, l.0 as isize,
-            rhs.as_ptr(), r.1 as isize, r.0 as isize,
-            T::one(), T::one(), false, false, false, par,
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            drs as isize,
+            acc,
+            lhs.as_ptr(),
+            l.1 as isize,
+            l.0 as isize,
+            rhs.as_ptr(),
+            r.1 as isize,
+            r.0 as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
         )
     }
 }
@@ -323,16 +461,26 @@ fn fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], after: Option<&(dyn Fn(usi
         let wk = g.walk();
         dense_fwd(g.n, &wk, x, w, y, after);
     } else if g.cg() == 1 {
-        per_image(g.n, y, after, |i, y, sc, _| depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y, sc));
+        per_image(g.n, y, after, |i, y, sc, _| {
+            depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y, sc)
+        });
     } else {
-        per_image(g.n, y, after, |i, y, _, par| im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par));
+        per_image(g.n, y, after, |i, y, _, par| {
+            im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par)
+        });
     }
     debug_assert_eq!(y.len(), g.n * yl);
 }
 
 /// A zero-padded copy of one channels-last image in `buf`, `(P0, P1, P2, c)` with
 /// `P = x + before + after`; returns `P`.
-pub fn pad_into<T: F>(xs: &[usize; 3], p: &[(usize, usize); 3], c: usize, x: &[T], buf: &mut Vec<T>) -> [usize; 3] {
+pub fn pad_into<T: F>(
+    xs: &[usize; 3],
+    p: &[(usize, usize); 3],
+    c: usize,
+    x: &[T],
+    buf: &mut Vec<T>,
+) -> [usize; 3] {
     let pd = [0, 1, 2].map(|t| xs[t] + p[t].0 + p[t].1);
     let out = sized(buf, pd.iter().product::<usize>() * c);
     for a in 0..xs[0] {
@@ -357,13 +505,24 @@ pub struct Walk<'a> {
 }
 
 /// A groups=1 convolution of `n` images: Winograd where it applies, else `segment_fwd`.
-fn dense_fwd<T: F>(n: usize, wk: &Walk, x: &[T], w: &[T], y: &mut [T], after: Option<&(dyn Fn(usize) + Sync)>) {
+fn dense_fwd<T: F>(
+    n: usize,
+    wk: &Walk,
+    x: &[T],
+    w: &[T],
+    y: &mut [T],
+    after: Option<&(dyn Fn(usize) + Sync)>,
+) {
     let xl = x.len() / n.max(1);
     if winograd::applies(wk) {
         let u = winograd::transform_kernel(w, wk.cin, wk.cout);
-        per_image(n, y, after, |i, y, sc, par| winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par));
+        per_image(n, y, after, |i, y, sc, par| {
+            winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par)
+        });
     } else {
-        per_image(n, y, after, |i, y, sc, par| segment_fwd(wk, &x[i * xl..(i + 1) * xl], w, y, sc, par));
+        per_image(n, y, after, |i, y, sc, par| {
+            segment_fwd(wk, &x[i * xl..(i + 1) * xl], w, y, sc, par)
+        });
     }
 }
 
@@ -395,7 +554,14 @@ impl Segments {
                 }
             }
         }
-        Segments { pd, o, s: *s, cin, offs, seg: if merge { k[2] * cin } else { cin } }
+        Segments {
+            pd,
+            o,
+            s: *s,
+            cin,
+            offs,
+            seg: if merge { k[2] * cin } else { cin },
+        }
     }
     /// Elements of one column row (the kernel's rows).
     fn width(&self) -> usize {
@@ -406,7 +572,9 @@ impl Segments {
     }
     /// Output pixels per column tile: about 1 MiB of f32.
     fn tile(&self) -> usize {
-        ((1usize << 18) / self.width().max(1)).max(16).min(self.pixels().max(1))
+        ((1usize << 18) / self.width().max(1))
+            .max(16)
+            .min(self.pixels().max(1))
     }
     /// Where output pixel `op`'s window starts in the padded image.
     fn base(&self, op: usize) -> usize {
@@ -419,7 +587,10 @@ impl Segments {
         let (w, seg) = (self.width(), self.seg);
         for r in 0..rows {
             let base = self.base(r0 + r);
-            for (dst, &off) in col[r * w..(r + 1) * w].chunks_exact_mut(seg).zip(&self.offs) {
+            for (dst, &off) in col[r * w..(r + 1) * w]
+                .chunks_exact_mut(seg)
+                .zip(&self.offs)
+            {
                 dst.copy_from_slice(&xp[base + off..base + off + seg]);
             }
         }
@@ -431,7 +602,10 @@ impl Segments {
         for r in 0..rows {
             let base = self.base(r0 + r);
             for (src, &off) in col[r * w..(r + 1) * w].chunks_exact(seg).zip(&self.offs) {
-                xp[base + off..base + off + seg].iter_mut().zip(src).for_each(|(d, &v)| *d += v);
+                xp[base + off..base + off + seg]
+                    .iter_mut()
+                    .zip(src)
+                    .for_each(|(d, &v)| *d += v);
             }
         }
     }
@@ -440,12 +614,31 @@ impl Segments {
 /// One image of a groups=1 convolution: the column rows of a tile of output pixels
 /// (`Segments::gather` from a padded copy of the image), then one `gemm` per tile with
 /// `k = prod(kernel) * cin` written straight into `y`.
-fn segment_fwd<T: F>(wk: &Walk, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+fn segment_fwd<T: F>(
+    wk: &Walk,
+    x: &[T],
+    w: &[T],
+    y: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
     let (cin, cout) = (wk.cin, wk.cout);
     let unpadded = wk.p.iter().all(|&(a, b)| a == 0 && b == 0);
     if wk.k.iter().product::<usize>() == 1 && *wk.s == [1; 3] && unpadded {
         let rows = x.len() / cin.max(1);
-        mm(rows, cout, cin, y, cout, false, x, (cin, 1), w, (cout, 1), par);
+        mm(
+            rows,
+            cout,
+            cin,
+            y,
+            cout,
+            false,
+            x,
+            (cin, 1),
+            w,
+            (cout, 1),
+            par,
+        );
         return;
     }
     let sg = Segments::new(wk);
@@ -455,13 +648,27 @@ fn segment_fwd<T: F>(wk: &Walk, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<
     for r0 in (0..opix).step_by(tile) {
         let rows = tile.min(opix - r0);
         sg.gather(&sc.a, r0, rows, col);
-        mm(rows, cout, ktot, &mut y[r0 * cout..], cout, false, col, (ktot, 1), w, (cout, 1), par);
+        mm(
+            rows,
+            cout,
+            ktot,
+            &mut y[r0 * cout..],
+            cout,
+            false,
+            col,
+            (ktot, 1),
+            w,
+            (cout, 1),
+            par,
+        );
     }
 }
 
 /// Output rows per im2col tile: the column buffer stays within about 512 KiB of f32.
 fn tile_rows(g: &Geom) -> usize {
-    ((1usize << 17) / (g.kk() * g.cin).max(1)).max(8).min(g.opix().max(1))
+    ((1usize << 17) / (g.kk() * g.cin).max(1))
+        .max(8)
+        .min(g.opix().max(1))
 }
 
 /// Columns `(rows, groups, kernel, cin / groups)` of output pixels `r0..r0 + rows`.
@@ -478,7 +685,9 @@ fn im2col<T: F>(g: &Geom, x: &[T], r0: usize, rows: usize, col: &mut [T]) {
                         row[(gi * kk + kp) * cg..][..cg].copy_from_slice(&x[s..s + cg]);
                     }
                 }
-                None => (0..g.groups).for_each(|gi| row[(gi * kk + kp) * cg..][..cg].fill(T::zero())),
+                None => {
+                    (0..g.groups).for_each(|gi| row[(gi * kk + kp) * cg..][..cg].fill(T::zero()))
+                }
             }
         }
     }
@@ -493,7 +702,19 @@ fn im2col_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], par: Parallelism) {
         im2col(g, x, r0, rows, &mut col);
         for gi in 0..g.groups {
             let lhs = &col[gi * kk * cg..];
-            mm(rows, og, kk * cg, &mut y[r0 * cout + gi * og..], cout, false, lhs, (kk * g.cin, 1), &w[gi * og..], (cout, 1), par);
+            mm(
+                rows,
+                og,
+                kk * cg,
+                &mut y[r0 * cout + gi * og..],
+                cout,
+                false,
+                lhs,
+                (kk * g.cin, 1),
+                &w[gi * og..],
+                (cout, 1),
+                par,
+            );
         }
     }
 }
@@ -537,12 +758,22 @@ fn depthwise_fwd_rows<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Sc
     }
     y.fill(T::zero());
     padded_walk(g, &pd, |op, ip, kp| {
-        let (yr, xr, wr) = (&mut y[op * cout..(op + 1) * cout], &xp[ip * cin..(ip + 1) * cin], &w[kp * cout..(kp + 1) * cout]);
+        let (yr, xr, wr) = (
+            &mut y[op * cout..(op + 1) * cout],
+            &xp[ip * cin..(ip + 1) * cin],
+            &w[kp * cout..(kp + 1) * cout],
+        );
         if m == 1 {
-            yr.iter_mut().zip(xr).zip(wr).for_each(|((y, &x), &w)| *y += x * w);
+            yr.iter_mut()
+                .zip(xr)
+                .zip(wr)
+                .for_each(|((y, &x), &w)| *y += x * w);
         } else {
             for (c, &xv) in xr.iter().enumerate() {
-                yr[c * m..(c + 1) * m].iter_mut().zip(&wr[c * m..(c + 1) * m]).for_each(|(y, &w)| *y += xv * w);
+                yr[c * m..(c + 1) * m]
+                    .iter_mut()
+                    .zip(&wr[c * m..(c + 1) * m])
+                    .for_each(|(y, &w)| *y += xv * w);
             }
         }
     });
@@ -555,7 +786,9 @@ fn depthwise_fwd_rows<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Sc
 /// swapped; `None` where the padding exceeds the dilated kernel.
 fn as_convolution(g: &Geom) -> Option<[(usize, usize); 3]> {
     let eff = [0, 1, 2].map(|t| g.d[t] * (g.k[t] - 1));
-    let ok = g.unit_stride() && g.groups == 1 && (0..3).all(|t| g.p[t].0 <= eff[t] && g.p[t].1 <= eff[t]);
+    let ok = g.unit_stride()
+        && g.groups == 1
+        && (0..3).all(|t| g.p[t].0 <= eff[t] && g.p[t].1 <= eff[t]);
     ok.then(|| [0, 1, 2].map(|t| (eff[t] - g.p[t].0, eff[t] - g.p[t].1)))
 }
 
@@ -564,12 +797,26 @@ fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
     match as_convolution(g) {
         Some(p2) if !col2im_input_first(g) => {
             let wf = flip_transpose(g, w);
-            let wk = Walk { x: &g.o, k: &g.k, s: &[1; 3], d: &g.d, p: &p2, cin: g.cout, cout: g.cin };
+            let wk = Walk {
+                x: &g.o,
+                k: &g.k,
+                s: &[1; 3],
+                d: &g.d,
+                p: &p2,
+                cin: g.cout,
+                cout: g.cin,
+            };
             dense_fwd(g.n, &wk, gy, &wf, dx, None);
         }
-        _ if g.groups == 1 => per_image(g.n, dx, None, |i, dx, sc, par| segment_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc, par)),
-        _ if g.cg() == 1 => per_image(g.n, dx, None, |i, dx, sc, _| depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc)),
-        _ => per_image(g.n, dx, None, |i, dx, _, par| col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par)),
+        _ if g.groups == 1 => per_image(g.n, dx, None, |i, dx, sc, par| {
+            segment_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc, par)
+        }),
+        _ if g.cg() == 1 => per_image(g.n, dx, None, |i, dx, sc, _| {
+            depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc)
+        }),
+        _ => per_image(g.n, dx, None, |i, dx, _, par| {
+            col2im_input(g, &gy[i * yl..(i + 1) * yl], w, dx, par)
+        }),
     }
     debug_assert_eq!(dx.len(), g.n * xl);
 }
@@ -585,7 +832,14 @@ fn col2im_input_first(g: &Geom) -> bool {
 /// `gy · wᵀ` (one `gemm` with `n = prod(kernel) * cin`) added back along the forward's
 /// window segments into a zeroed padded image, whose interior is `dx` (every element
 /// written).
-fn segment_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+fn segment_input<T: F>(
+    g: &Geom,
+    gy: &[T],
+    w: &[T],
+    dx: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
     let sg = Segments::new(&g.walk());
     debug_assert_eq!(sg.o, g.o);
     let cout = g.cout;
@@ -595,7 +849,19 @@ fn segment_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], sc: &mut Scrat
     let col = sized(&mut sc.b, tile * ktot);
     for r0 in (0..opix).step_by(tile) {
         let rows = tile.min(opix - r0);
-        mm(rows, ktot, cout, col, ktot, false, &gy[r0 * cout..], (cout, 1), w, (1, cout), par);
+        mm(
+            rows,
+            ktot,
+            cout,
+            col,
+            ktot,
+            false,
+            &gy[r0 * cout..],
+            (cout, 1),
+            w,
+            (1, cout),
+            par,
+        );
         sg.scatter_add(col, r0, rows, xp);
     }
     unpad(&g.x, &g.p, g.cin, xp, dx);
@@ -638,14 +904,31 @@ fn col2im_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], par: Parallelis
         let rows = tile.min(g.opix() - r0);
         for gi in 0..g.groups {
             let rhs = &w[gi * og..];
-            mm(rows, kk * cg, og, &mut col[gi * kk * cg..], width, false, &gy[r0 * cout + gi * og..], (cout, 1), rhs, (1, cout), par);
+            mm(
+                rows,
+                kk * cg,
+                og,
+                &mut col[gi * kk * cg..],
+                width,
+                false,
+                &gy[r0 * cout + gi * og..],
+                (cout, 1),
+                rhs,
+                (1, cout),
+                par,
+            );
         }
         for r in 0..rows {
             for kp in 0..kk {
-                let Some(ip) = g.src_pix(r0 + r, kp) else { continue };
+                let Some(ip) = g.src_pix(r0 + r, kp) else {
+                    continue;
+                };
                 for gi in 0..g.groups {
                     let src = &col[r * width + (gi * kk + kp) * cg..][..cg];
-                    dx[ip * g.cin + gi * cg..][..cg].iter_mut().zip(src).for_each(|(d, &v)| *d += v);
+                    dx[ip * g.cin + gi * cg..][..cg]
+                        .iter_mut()
+                        .zip(src)
+                        .for_each(|(d, &v)| *d += v);
                 }
             }
         }
@@ -669,12 +952,16 @@ fn depthwise_fwd_blocked<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], w: &[T], y: 
                     let mut acc = [T::zero(); LANES];
                     for ka in 0..k[0] {
                         for kb in 0..k[1] {
-                            let xrow = ((a * s[0] + ka * d[0]) * pd[1] + b * s[1] + kb * d[1]) * pd[2] + c * s[2];
+                            let xrow = ((a * s[0] + ka * d[0]) * pd[1] + b * s[1] + kb * d[1])
+                                * pd[2]
+                                + c * s[2];
                             for kc in 0..k[2] {
                                 let kp = (ka * k[1] + kb) * k[2] + kc;
                                 let xi = (xrow + kc * d[2]) * cin + ch;
                                 let xs: &[T; LANES] = xp[xi..xi + LANES].try_into().expect("LANES");
-                                let ws: &[T; LANES] = w[kp * cin + ch..kp * cin + ch + LANES].try_into().expect("LANES");
+                                let ws: &[T; LANES] = w[kp * cin + ch..kp * cin + ch + LANES]
+                                    .try_into()
+                                    .expect("LANES");
                                 for j in 0..LANES {
                                     acc[j] += xs[j] * ws[j];
                                 }
@@ -699,12 +986,23 @@ fn depthwise_input_rows<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], sc: &mu
     let xp = sized(&mut sc.a, pd.iter().product::<usize>() * cin);
     xp.fill(T::zero());
     padded_walk(g, &pd, |op, ip, kp| {
-        let (gr, dr, wr) = (&gy[op * cout..(op + 1) * cout], &mut xp[ip * cin..(ip + 1) * cin], &w[kp * cout..(kp + 1) * cout]);
+        let (gr, dr, wr) = (
+            &gy[op * cout..(op + 1) * cout],
+            &mut xp[ip * cin..(ip + 1) * cin],
+            &w[kp * cout..(kp + 1) * cout],
+        );
         if m == 1 {
-            dr.iter_mut().zip(gr).zip(wr).for_each(|((d, &gv), &w)| *d += gv * w);
+            dr.iter_mut()
+                .zip(gr)
+                .zip(wr)
+                .for_each(|((d, &gv), &w)| *d += gv * w);
         } else {
             for (c, d) in dr.iter_mut().enumerate() {
-                *d += gr[c * m..(c + 1) * m].iter().zip(&wr[c * m..(c + 1) * m]).map(|(&a, &b)| a * b).sum::<T>();
+                *d += gr[c * m..(c + 1) * m]
+                    .iter()
+                    .zip(&wr[c * m..(c + 1) * m])
+                    .map(|(&a, &b)| a * b)
+                    .sum::<T>();
             }
         }
     });
@@ -718,21 +1016,71 @@ fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
     let wk = g.walk();
     if g.groups == 1 && winograd::applies(&wk) {
         let mut du = vec![T::zero(); 16 * g.cin * g.cout];
-        sum_images(g.n, &mut du, |i, du, sc, par| winograd::kernel_grad(&wk, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], du, sc, par));
+        sum_images(g.n, &mut du, |i, du, sc, par| {
+            winograd::kernel_grad(
+                &wk,
+                &x[i * xl..(i + 1) * xl],
+                &gy[i * yl..(i + 1) * yl],
+                du,
+                sc,
+                par,
+            )
+        });
         winograd::untransform_kernel_grad(&du, g.cin, g.cout, dw);
     } else if g.unit_stride() && g.groups == 1 {
-        sum_images(g.n, dw, |i, dw, sc, par| shifted_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc, par));
+        sum_images(g.n, dw, |i, dw, sc, par| {
+            shifted_kernel(
+                g,
+                &x[i * xl..(i + 1) * xl],
+                &gy[i * yl..(i + 1) * yl],
+                dw,
+                sc,
+                par,
+            )
+        });
     } else if g.groups == 1 {
-        sum_images(g.n, dw, |i, dw, sc, par| segment_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc, par));
+        sum_images(g.n, dw, |i, dw, sc, par| {
+            segment_kernel(
+                g,
+                &x[i * xl..(i + 1) * xl],
+                &gy[i * yl..(i + 1) * yl],
+                dw,
+                sc,
+                par,
+            )
+        });
     } else if g.cg() == 1 {
-        sum_images(g.n, dw, |i, dw, sc, _| depthwise_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, sc));
+        sum_images(g.n, dw, |i, dw, sc, _| {
+            depthwise_kernel(
+                g,
+                &x[i * xl..(i + 1) * xl],
+                &gy[i * yl..(i + 1) * yl],
+                dw,
+                sc,
+            )
+        });
     } else {
-        sum_images(g.n, dw, |i, dw, _, par| im2col_kernel(g, &x[i * xl..(i + 1) * xl], &gy[i * yl..(i + 1) * yl], dw, par));
+        sum_images(g.n, dw, |i, dw, _, par| {
+            im2col_kernel(
+                g,
+                &x[i * xl..(i + 1) * xl],
+                &gy[i * yl..(i + 1) * yl],
+                dw,
+                par,
+            )
+        });
     }
 }
 
 /// `dw[k] += X_k^T @ gy`, with `X_k` the shifted rows of the padded image (stride 1).
-fn shifted_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+fn shifted_kernel<T: F>(
+    g: &Geom,
+    x: &[T],
+    gy: &[T],
+    dw: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
     let (k, d, cin, cout, o) = (g.k, g.d, g.cin, g.cout, g.o);
     let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
     let xp = &sc.a;
@@ -752,7 +1100,19 @@ fn shifted_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scra
             for c in 0..lsteps {
                 let off = ((a * d[0] * pd[1] + b * d[1]) * pd[2] + c * d[2]) * cin;
                 let wo = ((a * k[1] + b) * k[2] + c) * cin * cout;
-                mm(klen, cout, rows, &mut dw[wo..], cout, true, &xp[off..], (1, cin), ext, (cout, 1), par);
+                mm(
+                    klen,
+                    cout,
+                    rows,
+                    &mut dw[wo..],
+                    cout,
+                    true,
+                    &xp[off..],
+                    (1, cin),
+                    ext,
+                    (cout, 1),
+                    par,
+                );
             }
         }
     }
@@ -760,7 +1120,14 @@ fn shifted_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scra
 
 /// `dw += colsᵀ · gy` over tiles of one image's column rows (`Segments::gather`), any
 /// stride and dilation.
-fn segment_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+fn segment_kernel<T: F>(
+    g: &Geom,
+    x: &[T],
+    gy: &[T],
+    dw: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
     let sg = Segments::new(&g.walk());
     debug_assert_eq!(sg.o, g.o);
     let cout = g.cout;
@@ -770,7 +1137,19 @@ fn segment_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scra
     for r0 in (0..opix).step_by(tile) {
         let rows = tile.min(opix - r0);
         sg.gather(&sc.a, r0, rows, col);
-        mm(ktot, cout, rows, dw, cout, true, col, (1, ktot), &gy[r0 * cout..], (cout, 1), par);
+        mm(
+            ktot,
+            cout,
+            rows,
+            dw,
+            cout,
+            true,
+            col,
+            (1, ktot),
+            &gy[r0 * cout..],
+            (cout, 1),
+            par,
+        );
     }
 }
 
@@ -784,7 +1163,19 @@ fn im2col_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], par: Paralleli
         im2col(g, x, r0, rows, &mut col);
         for gi in 0..g.groups {
             let lhs = &col[gi * kk * cg..];
-            mm(kk * cg, og, rows, &mut dw[gi * og..], cout, true, lhs, (1, width), &gy[r0 * cout + gi * og..], (cout, 1), par);
+            mm(
+                kk * cg,
+                og,
+                rows,
+                &mut dw[gi * og..],
+                cout,
+                true,
+                lhs,
+                (1, width),
+                &gy[r0 * cout + gi * og..],
+                (cout, 1),
+                par,
+            );
         }
     }
 }
@@ -798,12 +1189,22 @@ fn depthwise_kernel_rows<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &m
     let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
     let xp = &sc.a;
     padded_walk(g, &pd, |op, ip, kp| {
-        let (gr, xr, dr) = (&gy[op * cout..(op + 1) * cout], &xp[ip * cin..(ip + 1) * cin], &mut dw[kp * cout..(kp + 1) * cout]);
+        let (gr, xr, dr) = (
+            &gy[op * cout..(op + 1) * cout],
+            &xp[ip * cin..(ip + 1) * cin],
+            &mut dw[kp * cout..(kp + 1) * cout],
+        );
         if m == 1 {
-            dr.iter_mut().zip(gr).zip(xr).for_each(|((d, &gv), &xv)| *d += gv * xv);
+            dr.iter_mut()
+                .zip(gr)
+                .zip(xr)
+                .for_each(|((d, &gv), &xv)| *d += gv * xv);
         } else {
             for (c, &xv) in xr.iter().enumerate() {
-                dr[c * m..(c + 1) * m].iter_mut().zip(&gr[c * m..(c + 1) * m]).for_each(|(d, &gv)| *d += gv * xv);
+                dr[c * m..(c + 1) * m]
+                    .iter_mut()
+                    .zip(&gr[c * m..(c + 1) * m])
+                    .for_each(|(d, &gv)| *d += gv * xv);
             }
         }
     });

@@ -84,20 +84,30 @@ impl ConvSpec {
     pub fn validate(&self, what: &str) -> Result<()> {
         let n = self.nsp();
         if !(1..=3).contains(&n) {
-            return Err(value_err!("{what}: 1 to 3 spatial dims are supported, got {n}"));
+            return Err(value_err!(
+                "{what}: 1 to 3 spatial dims are supported, got {n}"
+            ));
         }
         if self.dilation.len() != n {
-            return Err(value_err!("{what}: dilation_rate has {} entries, expected {n}", self.dilation.len()));
+            return Err(value_err!(
+                "{what}: dilation_rate has {} entries, expected {n}",
+                self.dilation.len()
+            ));
         }
         if let Padding::Explicit(p) = &self.padding {
             if p.len() != n {
-                return Err(value_err!("{what}: padding has {} (before, after) pairs, expected {n}", p.len()));
+                return Err(value_err!(
+                    "{what}: padding has {} (before, after) pairs, expected {n}",
+                    p.len()
+                ));
             }
         }
         if self.strides.contains(&0) || self.dilation.contains(&0) || self.groups == 0 {
             return Err(value_err!(
                 "{what}: strides {:?}, dilation_rate {:?} and groups {} must all be positive",
-                self.strides, self.dilation, self.groups
+                self.strides,
+                self.dilation,
+                self.groups
             ));
         }
         Ok(())
@@ -155,17 +165,32 @@ fn check_float(what: &str, a: &Tensor, b: &Tensor) -> Result<()> {
 
 fn check_rank(what: &str, arg: &str, t: &Tensor, rank: usize, layout: &str) -> Result<()> {
     if t.rank() != rank {
-        return Err(value_err!("{what}: {arg} must have rank {rank} {layout}, got shape {}", t.shape()));
+        return Err(value_err!(
+            "{what}: {arg} must have rank {rank} {layout}, got shape {}",
+            t.shape()
+        ));
     }
     Ok(())
 }
 
 /// Checks `x` against `w` (ranks and channel counts); returns (cin, cout) where known.
-fn check_xw(spec: &ConvSpec, what: &str, x: &Tensor, w: &Tensor, x_arg: &str) -> Result<(Dim, Dim)> {
+fn check_xw(
+    spec: &ConvSpec,
+    what: &str,
+    x: &Tensor,
+    w: &Tensor,
+    x_arg: &str,
+) -> Result<(Dim, Dim)> {
     spec.validate(what)?;
     let n = spec.nsp();
     check_rank(what, x_arg, x, n + 2, "(batch, *spatial, channels)")?;
-    check_rank(what, "kernel", w, n + 2, "(*kernel_size, in_channels / groups, out_channels)")?;
+    check_rank(
+        what,
+        "kernel",
+        w,
+        n + 2,
+        "(*kernel_size, in_channels / groups, out_channels)",
+    )?;
     let cin = x.shape().dims()[n + 1];
     let (kin, cout) = (w.shape().dims()[n], w.shape().dims()[n + 1]);
     if let (Some(c), Some(k)) = (cin, kin) {
@@ -180,7 +205,10 @@ fn check_xw(spec: &ConvSpec, what: &str, x: &Tensor, w: &Tensor, x_arg: &str) ->
     }
     if let Some(co) = cout {
         if co % spec.groups != 0 {
-            return Err(value_err!("{what}: the kernel's {co} output channels do not split into {} groups", spec.groups));
+            return Err(value_err!(
+                "{what}: the kernel's {co} output channels do not split into {} groups",
+                spec.groups
+            ));
         }
     }
     Ok((cin, cout))
@@ -188,13 +216,22 @@ fn check_xw(spec: &ConvSpec, what: &str, x: &Tensor, w: &Tensor, x_arg: &str) ->
 
 fn shape_input(what: &str, s: &Tensor, rank: usize) -> Result<Vec<Dim>> {
     if !s.dtype().is_int() || s.rank() != 1 {
-        return Err(Error::Type(format!("{what}: the shape argument must be a 1-D int tensor, got {} {}", s.dtype(), s.shape())));
+        return Err(Error::Type(format!(
+            "{what}: the shape argument must be a 1-D int tensor, got {} {}",
+            s.dtype(),
+            s.shape()
+        )));
     }
     let p = partial_value(s).unwrap_or_else(|| vec![None; s.shape().dims()[0].unwrap_or(rank)]);
     if p.len() != rank {
-        return Err(value_err!("{what}: the shape argument has {} entries, expected {rank}", p.len()));
+        return Err(value_err!(
+            "{what}: the shape argument has {} entries, expected {rank}",
+            p.len()
+        ));
     }
-    Ok(p.into_iter().map(|d| d.and_then(|d| (d >= 0).then_some(d as usize))).collect())
+    Ok(p.into_iter()
+        .map(|d| d.and_then(|d| (d >= 0).then_some(d as usize)))
+        .collect())
 }
 
 pub fn infer_conv(spec: &ConvSpec, x: &Tensor, w: &Tensor) -> Result<(Shape, DType)> {
@@ -208,12 +245,23 @@ pub fn infer_conv(spec: &ConvSpec, x: &Tensor, w: &Tensor) -> Result<(Shape, DTy
     Ok((Shape(dims), x.dtype()))
 }
 
-pub fn infer_input_grad(spec: &ConvSpec, g: &Tensor, w: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
+pub fn infer_input_grad(
+    spec: &ConvSpec,
+    g: &Tensor,
+    w: &Tensor,
+    s: &Tensor,
+) -> Result<(Shape, DType)> {
     const WHAT: &str = "conv_transpose";
     check_float(WHAT, g, w)?;
     let n = spec.nsp();
     check_rank(WHAT, "x", g, n + 2, "(batch, *spatial, channels)")?;
-    check_rank(WHAT, "kernel", w, n + 2, "(*kernel_size, out_channels / groups, in_channels)")?;
+    check_rank(
+        WHAT,
+        "kernel",
+        w,
+        n + 2,
+        "(*kernel_size, out_channels / groups, in_channels)",
+    )?;
     let out = shape_input(WHAT, s, n + 2)?;
     spec.validate(WHAT)?;
     let (gc, wo) = (g.shape().dims()[n + 1], w.shape().dims()[n + 1]);
@@ -224,7 +272,10 @@ pub fn infer_input_grad(spec: &ConvSpec, g: &Tensor, w: &Tensor, s: &Tensor) -> 
     }
     if let (Some(c), Some(k)) = (out[n + 1], w.shape().dims()[n]) {
         if c != k * spec.groups {
-            return Err(value_err!("{WHAT}: output_shape has {c} channels but the kernel gives {}", k * spec.groups));
+            return Err(value_err!(
+                "{WHAT}: output_shape has {c} channels but the kernel gives {}",
+                k * spec.groups
+            ));
         }
     }
     // The output must be a size whose forward convolution has g's spatial size.
@@ -242,12 +293,29 @@ pub fn infer_input_grad(spec: &ConvSpec, g: &Tensor, w: &Tensor, s: &Tensor) -> 
     Ok((Shape(out), g.dtype()))
 }
 
-pub fn infer_kernel_grad(spec: &ConvSpec, x: &Tensor, g: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
+pub fn infer_kernel_grad(
+    spec: &ConvSpec,
+    x: &Tensor,
+    g: &Tensor,
+    s: &Tensor,
+) -> Result<(Shape, DType)> {
     check_float("conv_kernel_grad", x, g)?;
     let n = spec.nsp();
     spec.validate("conv_kernel_grad")?;
-    check_rank("conv_kernel_grad", "x", x, n + 2, "(batch, *spatial, channels)")?;
-    check_rank("conv_kernel_grad", "gradient", g, n + 2, "(batch, *spatial, channels)")?;
+    check_rank(
+        "conv_kernel_grad",
+        "x",
+        x,
+        n + 2,
+        "(batch, *spatial, channels)",
+    )?;
+    check_rank(
+        "conv_kernel_grad",
+        "gradient",
+        g,
+        n + 2,
+        "(batch, *spatial, channels)",
+    )?;
     Ok((Shape(shape_input("conv_kernel_grad", s, n + 2)?), x.dtype()))
 }
 
@@ -256,11 +324,27 @@ pub fn infer_kernel_grad(spec: &ConvSpec, x: &Tensor, g: &Tensor, s: &Tensor) ->
 pub fn conv(x: &Tensor, w: &Tensor, spec: &Arc<ConvSpec>) -> Result<Tensor> {
     Tensor::new(Op::Conv(spec.clone()), vec![x.clone(), w.clone()])
 }
-pub fn conv_input_grad(g: &Tensor, w: &Tensor, x_shape: &Tensor, spec: &Arc<ConvSpec>) -> Result<Tensor> {
-    Tensor::new(Op::ConvInputGrad(spec.clone()), vec![g.clone(), w.clone(), x_shape.clone()])
+pub fn conv_input_grad(
+    g: &Tensor,
+    w: &Tensor,
+    x_shape: &Tensor,
+    spec: &Arc<ConvSpec>,
+) -> Result<Tensor> {
+    Tensor::new(
+        Op::ConvInputGrad(spec.clone()),
+        vec![g.clone(), w.clone(), x_shape.clone()],
+    )
 }
-pub fn conv_kernel_grad(x: &Tensor, g: &Tensor, w_shape: &Tensor, spec: &Arc<ConvSpec>) -> Result<Tensor> {
-    Tensor::new(Op::ConvKernelGrad(spec.clone()), vec![x.clone(), g.clone(), w_shape.clone()])
+pub fn conv_kernel_grad(
+    x: &Tensor,
+    g: &Tensor,
+    w_shape: &Tensor,
+    spec: &Arc<ConvSpec>,
+) -> Result<Tensor> {
+    Tensor::new(
+        Op::ConvKernelGrad(spec.clone()),
+        vec![x.clone(), g.clone(), w_shape.clone()],
+    )
 }
 
 // ---------------------------------------------------------------- VJP rules
@@ -275,16 +359,32 @@ pub fn vjp_conv(spec: &Arc<ConvSpec>, node: &Tensor, g: &Tensor) -> Result<Vec<O
 
 /// `dx = ConvInputGrad(gy, w)` is linear in both: upstream `h` (x-shaped) gives
 /// `d gy = Conv(h, w)` and `d w = ConvKernelGrad(h, gy)`.
-pub fn vjp_input_grad(spec: &Arc<ConvSpec>, node: &Tensor, h: &Tensor) -> Result<Vec<Option<Tensor>>> {
+pub fn vjp_input_grad(
+    spec: &Arc<ConvSpec>,
+    node: &Tensor,
+    h: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
     let (gy, w) = (node.input(0), node.input(1));
-    Ok(vec![Some(conv(h, w, spec)?), Some(conv_kernel_grad(h, gy, &shape_of(w)?, spec)?), None])
+    Ok(vec![
+        Some(conv(h, w, spec)?),
+        Some(conv_kernel_grad(h, gy, &shape_of(w)?, spec)?),
+        None,
+    ])
 }
 
 /// `dw = ConvKernelGrad(x, gy)`: upstream `h` (kernel-shaped) gives
 /// `d x = ConvInputGrad(gy, h)` and `d gy = Conv(x, h)`.
-pub fn vjp_kernel_grad(spec: &Arc<ConvSpec>, node: &Tensor, h: &Tensor) -> Result<Vec<Option<Tensor>>> {
+pub fn vjp_kernel_grad(
+    spec: &Arc<ConvSpec>,
+    node: &Tensor,
+    h: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
     let (x, gy) = (node.input(0), node.input(1));
-    Ok(vec![Some(conv_input_grad(gy, h, &shape_of(x)?, spec)?), Some(conv(x, h, spec)?), None])
+    Ok(vec![
+        Some(conv_input_grad(gy, h, &shape_of(x)?, spec)?),
+        Some(conv(x, h, spec)?),
+        None,
+    ])
 }
 
 // ---------------------------------------------------------------- kernels
@@ -305,7 +405,11 @@ pub fn cpu_conv(spec: &ConvSpec, x: &Value, w: &Value) -> Result<Value> {
 pub fn forward_geom(spec: &ConvSpec, xs: &[usize], ws: &[usize]) -> Result<cpu::Geom> {
     let n = spec.nsp();
     if xs[n + 1] != ws[n] * spec.groups {
-        return Err(value_err!("conv: the input has {} channels but the kernel expects {}", xs[n + 1], ws[n] * spec.groups));
+        return Err(value_err!(
+            "conv: the input has {} channels but the kernel expects {}",
+            xs[n + 1],
+            ws[n] * spec.groups
+        ));
     }
     cpu::Geom::new(spec, xs, ws, None)
 }
@@ -332,14 +436,28 @@ pub fn cpu_kernel_grad(spec: &ConvSpec, x: &Value, g: &Value, s: &Value) -> Resu
 pub fn conv_geom(spec: &ConvSpec, xs: &[usize], ws: &[usize]) -> Result<cpu::Geom> {
     let n = spec.nsp();
     if xs.len() == n + 2 && ws.len() == n + 2 && xs[n + 1] != ws[n] * spec.groups {
-        return Err(value_err!("conv: the input has {} channels but the kernel expects {}", xs[n + 1], ws[n] * spec.groups));
+        return Err(value_err!(
+            "conv: the input has {} channels but the kernel expects {}",
+            xs[n + 1],
+            ws[n] * spec.groups
+        ));
     }
     cpu::Geom::new(spec, xs, ws, None)
 }
-pub fn input_grad_geom(spec: &ConvSpec, gs: &[usize], ws: &[usize], s: &Value) -> Result<cpu::Geom> {
+pub fn input_grad_geom(
+    spec: &ConvSpec,
+    gs: &[usize],
+    ws: &[usize],
+    s: &Value,
+) -> Result<cpu::Geom> {
     cpu::Geom::new(spec, &target("conv_transpose", s, gs)?, ws, Some(gs))
 }
-pub fn kernel_grad_geom(spec: &ConvSpec, xs: &[usize], gs: &[usize], s: &Value) -> Result<cpu::Geom> {
+pub fn kernel_grad_geom(
+    spec: &ConvSpec,
+    xs: &[usize],
+    gs: &[usize],
+    s: &Value,
+) -> Result<cpu::Geom> {
     cpu::Geom::new(spec, xs, &target("conv_kernel_grad", s, xs)?, Some(gs))
 }
 
@@ -349,10 +467,14 @@ mod tests {
 
     fn values(shape: &[usize], seed: u64) -> (Value, Vec<f64>) {
         // A small LCG: deterministic, no dependency.
-        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let v: Vec<f64> = (0..shape.iter().product::<usize>())
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
             })
             .collect();
@@ -369,30 +491,68 @@ mod tests {
     #[test]
     fn the_three_primitives_are_adjoint() {
         let cases: Vec<(Vec<usize>, Vec<usize>, ConvSpec)> = vec![
-            (vec![2, 7, 9, 16], vec![3, 3, 16, 17], spec(&[1, 1], &[1, 1], Padding::Same, 1)),
-            (vec![3, 8, 7, 5], vec![3, 2, 5, 4], spec(&[2, 1], &[1, 1], Padding::Same, 1)),
-            (vec![2, 9, 9, 4], vec![3, 3, 4, 6], spec(&[1, 1], &[2, 3], Padding::Explicit(vec![(1, 2), (0, 1)]), 1)),
-            (vec![2, 7, 6, 6], vec![3, 3, 2, 9], spec(&[2, 2], &[1, 1], Padding::Same, 3)),
-            (vec![2, 7, 6, 4], vec![3, 3, 1, 8], spec(&[1, 2], &[1, 1], Padding::Same, 4)),
-            (vec![1, 11, 3], vec![4, 3, 2], spec(&[3], &[1], Padding::Explicit(vec![(3, 0)]), 1)),
-            (vec![2, 4, 5, 6, 2], vec![2, 3, 2, 2, 3], spec(&[2, 1, 2], &[1, 1, 1], Padding::Same, 1)),
+            (
+                vec![2, 7, 9, 16],
+                vec![3, 3, 16, 17],
+                spec(&[1, 1], &[1, 1], Padding::Same, 1),
+            ),
+            (
+                vec![3, 8, 7, 5],
+                vec![3, 2, 5, 4],
+                spec(&[2, 1], &[1, 1], Padding::Same, 1),
+            ),
+            (
+                vec![2, 9, 9, 4],
+                vec![3, 3, 4, 6],
+                spec(&[1, 1], &[2, 3], Padding::Explicit(vec![(1, 2), (0, 1)]), 1),
+            ),
+            (
+                vec![2, 7, 6, 6],
+                vec![3, 3, 2, 9],
+                spec(&[2, 2], &[1, 1], Padding::Same, 3),
+            ),
+            (
+                vec![2, 7, 6, 4],
+                vec![3, 3, 1, 8],
+                spec(&[1, 2], &[1, 1], Padding::Same, 4),
+            ),
+            (
+                vec![1, 11, 3],
+                vec![4, 3, 2],
+                spec(&[3], &[1], Padding::Explicit(vec![(3, 0)]), 1),
+            ),
+            (
+                vec![2, 4, 5, 6, 2],
+                vec![2, 3, 2, 2, 3],
+                spec(&[2, 1, 2], &[1, 1, 1], Padding::Same, 1),
+            ),
         ];
         for (i, (xs, ws, sp)) in cases.into_iter().enumerate() {
             let (x, xv) = values(&xs, 1 + i as u64);
             let (w, wv) = values(&ws, 100 + i as u64);
             let y = cpu_conv(&sp, &x, &w).unwrap();
             let (g, gv) = values(y.shape(), 200 + i as u64);
-            let shape = |s: &[usize]| Value::from_vec(&[s.len()], s.iter().map(|&d| d as i64).collect()).unwrap();
+            let shape = |s: &[usize]| {
+                Value::from_vec(&[s.len()], s.iter().map(|&d| d as i64).collect()).unwrap()
+            };
             let dx = cpu_input_grad(&sp, &g, &w, &shape(&xs)).unwrap();
             let dw = cpu_kernel_grad(&sp, &x, &g, &shape(&ws)).unwrap();
             assert_eq!((dx.shape(), dw.shape()), (xs.as_slice(), ws.as_slice()));
             let (a, b, c) = (dot(&y, &gv), dot(&dx, &xv), dot(&dw, &wv));
-            assert!((a - b).abs() < 1e-9 * a.abs().max(1.0) && (a - c).abs() < 1e-9 * a.abs().max(1.0), "case {i}: {a} {b} {c}");
+            assert!(
+                (a - b).abs() < 1e-9 * a.abs().max(1.0) && (a - c).abs() < 1e-9 * a.abs().max(1.0),
+                "case {i}: {a} {b} {c}"
+            );
         }
     }
 
     fn spec(s: &[usize], d: &[usize], padding: Padding, groups: usize) -> ConvSpec {
-        ConvSpec { strides: s.to_vec(), dilation: d.to_vec(), padding, groups }
+        ConvSpec {
+            strides: s.to_vec(),
+            dilation: d.to_vec(),
+            padding,
+            groups,
+        }
     }
 
     #[test]
@@ -402,10 +562,20 @@ mod tests {
         let (w, _) = values(&[2, 2, 2, 3], 2);
         let y = cpu_conv(&sp, &x, &w).unwrap();
         assert_eq!(y.shape(), &[2, 0, 2, 3]);
-        let shape = |s: &[usize]| Value::from_vec(&[s.len()], s.iter().map(|&d| d as i64).collect()).unwrap();
-        assert_eq!(cpu_input_grad(&sp, &y, &w, &shape(&[2, 0, 3, 2])).unwrap().shape(), &[2, 0, 3, 2]);
+        let shape = |s: &[usize]| {
+            Value::from_vec(&[s.len()], s.iter().map(|&d| d as i64).collect()).unwrap()
+        };
+        assert_eq!(
+            cpu_input_grad(&sp, &y, &w, &shape(&[2, 0, 3, 2]))
+                .unwrap()
+                .shape(),
+            &[2, 0, 3, 2]
+        );
         let dw = cpu_kernel_grad(&sp, &x, &y, &shape(&[2, 2, 2, 3])).unwrap();
-        assert_eq!((dw.shape(), dw.to_f64_vec()), (&[2usize, 2, 2, 3][..], vec![0.0; 24]));
+        assert_eq!(
+            (dw.shape(), dw.to_f64_vec()),
+            (&[2usize, 2, 2, 3][..], vec![0.0; 24])
+        );
     }
 
     #[test]
@@ -416,7 +586,10 @@ mod tests {
         assert_eq!(out_len(2, 3, 1, (0, 0)), None);
         // Empty axes: `same` and `causal` give no output, `valid` fits no window.
         for (eff, stride) in [(1, 1), (2, 1), (3, 2), (5, 3)] {
-            assert_eq!(out_len(0, eff, stride, Padding::Same.resolve(0, 0, eff, stride)), Some(0));
+            assert_eq!(
+                out_len(0, eff, stride, Padding::Same.resolve(0, 0, eff, stride)),
+                Some(0)
+            );
             assert_eq!(out_len(0, eff, 1, (eff - 1, 0)), Some(0));
         }
         assert_eq!(out_len(0, 2, 1, (0, 0)), None);

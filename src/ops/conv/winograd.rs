@@ -18,7 +18,13 @@ const SLAB_PAD: usize = 16;
 
 /// Whether the walk is one this kernel computes (and is worth it for).
 pub fn applies(wk: &Walk) -> bool {
-    *wk.k == [1, 3, 3] && wk.x[0] == 1 && *wk.s == [1; 3] && *wk.d == [1; 3] && wk.p[0] == (0, 0) && wk.cin >= 16 && wk.cout >= 16
+    *wk.k == [1, 3, 3]
+        && wk.x[0] == 1
+        && *wk.s == [1; 3]
+        && *wk.d == [1; 3]
+        && wk.p[0] == (0, 0)
+        && wk.cin >= 16
+        && wk.cout >= 16
 }
 
 /// `U[xi][ci][co]` = `(G g G^T)[xi]` for Keras kernel `w` of shape `(1, 3, 3, cin, cout)`.
@@ -165,9 +171,16 @@ struct Tiles<'a, T> {
 
 #[inline(always)]
 fn tiles<'a, T: F>(wk: &Walk, x: &'a [T], sc: &'a mut Scratch<T>) -> Tiles<'a, T> {
-    let (oh, ow) = (wk.x[1] + wk.p[1].0 + wk.p[1].1 - 2, wk.x[2] + wk.p[2].0 + wk.p[2].1 - 2);
+    let (oh, ow) = (
+        wk.x[1] + wk.p[1].0 + wk.p[1].1 - 2,
+        wk.x[2] + wk.p[2].0 + wk.p[2].1 - 2,
+    );
     let (th, tw) = (oh.div_ceil(2), ow.div_ceil(2));
-    let p = [(0, 0), (wk.p[1].0, 2 * th + 2 - wk.x[1] - wk.p[1].0), (wk.p[2].0, 2 * tw + 2 - wk.x[2] - wk.p[2].0)];
+    let p = [
+        (0, 0),
+        (wk.p[1].0, 2 * th + 2 - wk.x[1] - wk.p[1].0),
+        (wk.p[2].0, 2 * tw + 2 - wk.x[2] - wk.p[2].0),
+    ];
     let Scratch { a, b, c } = sc;
     let (pw, xp): (usize, &[T]) = if p.iter().all(|&(a, b)| a == 0 && b == 0) {
         (wk.x[2], x)
@@ -175,7 +188,18 @@ fn tiles<'a, T: F>(wk: &Walk, x: &'a [T], sc: &'a mut Scratch<T>) -> Tiles<'a, T
         (pad_into(wk.x, &p, wk.cin, x, a)[2], a)
     };
     let (vs, ms) = (BLOCK * wk.cin + SLAB_PAD, BLOCK * wk.cout + SLAB_PAD);
-    Tiles { oh, ow, tw, tiles: th * tw, pw, xp, v: sized(b, 16 * vs), vs, m: sized(c, 16 * ms), ms }
+    Tiles {
+        oh,
+        ow,
+        tw,
+        tiles: th * tw,
+        pw,
+        xp,
+        v: sized(b, 16 * vs),
+        vs,
+        m: sized(c, 16 * ms),
+        ms,
+    }
 }
 
 // `forward(wk, x, u, y, sc, par)`, one image: `y` gets the convolution of `x` with the
@@ -184,9 +208,27 @@ fn tiles<'a, T: F>(wk: &Walk, x: &'a [T], sc: &'a mut Scratch<T>) -> Tiles<'a, T
 super::cpu::simd_kernel!(pub fn forward<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratch<T>, par: Parallelism) = forward_tiles);
 
 #[inline(always)]
-fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+fn forward_tiles<T: F>(
+    wk: &Walk,
+    x: &[T],
+    u: &[T],
+    y: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
     let (cin, cout) = (wk.cin, wk.cout);
-    let Tiles { oh, ow, tw, tiles, pw, xp, v, vs, m, ms } = tiles(wk, x, sc);
+    let Tiles {
+        oh,
+        ow,
+        tw,
+        tiles,
+        pw,
+        xp,
+        v,
+        vs,
+        m,
+        ms,
+    } = tiles(wk, x, sc);
     let mut junk = vec![T::zero(); 3 * cout];
     for t0 in (0..tiles).step_by(BLOCK) {
         let nt = BLOCK.min(tiles - t0);
@@ -196,7 +238,19 @@ fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratc
         }
         for xi in 0..16 {
             let (vo, mo, uo) = (xi * vs, xi * ms, xi * cin * cout);
-            super::cpu::mm(nt, cout, cin, &mut m[mo..], cout, false, &v[vo..], (cin, 1), &u[uo..], (cout, 1), par);
+            super::cpu::mm(
+                nt,
+                cout,
+                cin,
+                &mut m[mo..],
+                cout,
+                false,
+                &v[vo..],
+                (cin, 1),
+                &u[uo..],
+                (cout, 1),
+                par,
+            );
         }
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
@@ -207,7 +261,11 @@ fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratc
             let tail = &mut y[(2 * ty * ow + 2 * tx) * cout..];
             let (top, below) = tail.split_at_mut((ow * cout).min(tail.len()));
             let (y00, top) = top.split_at_mut(cout);
-            let y01 = if 2 * tx + 1 < ow { &mut top[..cout] } else { j1 };
+            let y01 = if 2 * tx + 1 < ow {
+                &mut top[..cout]
+            } else {
+                j1
+            };
             let (y10, y11) = if 2 * ty + 1 < oh {
                 let (a, b) = below.split_at_mut(cout);
                 (a, if 2 * tx + 1 < ow { &mut b[..cout] } else { j3 })
@@ -233,9 +291,27 @@ fn forward_tiles<T: F>(wk: &Walk, x: &[T], u: &[T], y: &mut [T], sc: &mut Scratc
 super::cpu::simd_kernel!(pub fn kernel_grad<T: F>(wk: &Walk, x: &[T], gy: &[T], du: &mut [T], sc: &mut Scratch<T>, par: Parallelism) = kernel_grad_tiles);
 
 #[inline(always)]
-fn kernel_grad_tiles<T: F>(wk: &Walk, x: &[T], gy: &[T], du: &mut [T], sc: &mut Scratch<T>, par: Parallelism) {
+fn kernel_grad_tiles<T: F>(
+    wk: &Walk,
+    x: &[T],
+    gy: &[T],
+    du: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
     let (cin, cout) = (wk.cin, wk.cout);
-    let Tiles { oh, ow, tw, tiles, pw, xp, v, vs, m, ms } = tiles(wk, x, sc);
+    let Tiles {
+        oh,
+        ow,
+        tw,
+        tiles,
+        pw,
+        xp,
+        v,
+        vs,
+        m,
+        ms,
+    } = tiles(wk, x, sc);
     let zero = vec![T::zero(); cout];
     for t0 in (0..tiles).step_by(BLOCK) {
         let nt = BLOCK.min(tiles - t0);
@@ -250,11 +326,29 @@ fn kernel_grad_tiles<T: F>(wk: &Walk, x: &[T], gy: &[T], du: &mut [T], sc: &mut 
                     &zero[..]
                 }
             };
-            grad_transform([[g(0, 0), g(0, 1)], [g(1, 0), g(1, 1)]], cout, m, ms, tt * cout);
+            grad_transform(
+                [[g(0, 0), g(0, 1)], [g(1, 0), g(1, 1)]],
+                cout,
+                m,
+                ms,
+                tt * cout,
+            );
         }
         for xi in 0..16 {
             let (vo, mo, uo) = (xi * vs, xi * ms, xi * cin * cout);
-            super::cpu::mm(cin, cout, nt, &mut du[uo..], cout, true, &v[vo..], (1, cin), &m[mo..], (cout, 1), par);
+            super::cpu::mm(
+                cin,
+                cout,
+                nt,
+                &mut du[uo..],
+                cout,
+                true,
+                &v[vo..],
+                (1, cin),
+                &m[mo..],
+                (cout, 1),
+                par,
+            );
         }
     }
 }

@@ -33,7 +33,10 @@ fn set_thresholds() -> bool {
     const TRIM_THRESHOLD: libc::c_int = 256 << 20;
     // SAFETY: mallopt only changes glibc's allocation policy; it is thread-safe and
     // leaves existing allocations valid.
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 }
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+            && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]

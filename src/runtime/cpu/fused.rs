@@ -157,10 +157,18 @@ unsafe impl Sync for Kernel<'_> {}
 unsafe impl Send for Kernel<'_> {}
 
 /// The runtime shape of member or input `j` of a group.
-fn shape_of<'a>(g: &Group, shapes: &'a [Vec<usize>], slots: &'a [Option<Value>], j: usize) -> &'a [usize] {
+fn shape_of<'a>(
+    g: &Group,
+    shapes: &'a [Vec<usize>],
+    slots: &'a [Option<Value>],
+    j: usize,
+) -> &'a [usize] {
     match g.members.iter().position(|&m| m == j) {
         Some(p) => &shapes[p],
-        None => slots[j].as_ref().expect("inputs are computed before their users").shape(),
+        None => slots[j]
+            .as_ref()
+            .expect("inputs are computed before their users")
+            .shape(),
     }
 }
 
@@ -187,13 +195,20 @@ fn member_shapes(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Vec<
         let s = match fused_op(plan, m) {
             FusedOp::Unary(_) | FusedOp::Cast(_) => sh(0).to_vec(),
             FusedOp::Binary(b) => broadcast_runtime(b.name(), sh(0), sh(1))?,
-            FusedOp::Select => broadcast_runtime("select", &broadcast_runtime("select", sh(0), sh(1))?, sh(2))?,
+            FusedOp::Select => {
+                broadcast_runtime("select", &broadcast_runtime("select", sh(0), sh(1))?, sh(2))?
+            }
             FusedOp::BroadcastTo => {
                 let t = slots[ins[1]].as_ref().expect("computed");
-                let target: Vec<usize> = t.to_i64_vec().iter().map(|&d| d.max(0) as usize).collect();
+                let target: Vec<usize> =
+                    t.to_i64_vec().iter().map(|&d| d.max(0) as usize).collect();
                 let x = sh(0);
-                if x != target.as_slice() && broadcast_runtime("broadcast_to", x, &target)? != target {
-                    return Err(Error::Value(format!("broadcast_to: cannot broadcast shape {x:?} to {target:?}")));
+                if x != target.as_slice()
+                    && broadcast_runtime("broadcast_to", x, &target)? != target
+                {
+                    return Err(Error::Value(format!(
+                        "broadcast_to: cannot broadcast shape {x:?} to {target:?}"
+                    )));
                 }
                 target
             }
@@ -221,12 +236,17 @@ const MAX_PERIOD: usize = 1 << 14;
 /// The period of a layout that repeats one contiguous run along the flat index (a bias
 /// of the last dims broadcast over the leading ones), if it is one.
 fn periodic(l: &Layout) -> Option<usize> {
-    (l.offset == 0 && l.dims.len() == 2 && l.strides == [0, 1] && l.dims[1] <= MAX_PERIOD).then(|| l.dims[1])
+    (l.offset == 0 && l.dims.len() == 2 && l.strides == [0, 1] && l.dims[1] <= MAX_PERIOD)
+        .then(|| l.dims[1])
 }
 
 /// A slice `spec` of a row-major input of shape `input`, read as the right-aligned `out`.
 fn slice_layout(input: &[usize], spec: &[SliceAxis], out: &[usize]) -> Layout {
-    let (mut dims, mut strides, mut offset) = (Vec::with_capacity(input.len()), Vec::with_capacity(input.len()), 0);
+    let (mut dims, mut strides, mut offset) = (
+        Vec::with_capacity(input.len()),
+        Vec::with_capacity(input.len()),
+        0,
+    );
     let mut acc = 1;
     for d in (0..input.len()).rev() {
         let (start, _, step, len) = match spec.get(d) {
@@ -245,7 +265,11 @@ fn slice_layout(input: &[usize], spec: &[SliceAxis], out: &[usize]) -> Layout {
 
 /// The shape of a slice `spec` of an input of shape `input`.
 fn slice_shape(input: &[usize], spec: &[SliceAxis]) -> Vec<usize> {
-    input.iter().enumerate().map(|(d, &n)| spec.get(d).map_or(n, |a| resolve_slice(a, n).3)).collect()
+    input
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| spec.get(d).map_or(n, |a| resolve_slice(a, n).3))
+        .collect()
 }
 
 /// Strided `shape` read as the right-aligned `out` shape (see `gather_layout`).
@@ -274,14 +298,21 @@ fn strided_layout(shape: &[usize], strides: &[usize], offset: usize, out: &[usiz
         dims.push(1);
         strides.push(0);
     }
-    Layout { dims, strides, offset }
+    Layout {
+        dims,
+        strides,
+        offset,
+    }
 }
 
 fn scalar_of(v: &Value) -> f32 {
     match v {
         Value::F32(a) => a.iter().next().copied().unwrap_or(0.0),
         Value::Bool(a) => a.iter().next().map_or(0.0, |&b| b as u8 as f32),
-        other => unreachable!("fusion groups read f32 and bool values, got {}", other.dtype()),
+        other => unreachable!(
+            "fusion groups read f32 and bool values, got {}",
+            other.dtype()
+        ),
     }
 }
 
@@ -305,7 +336,9 @@ fn binary_scalar(op: BinaryOp, a: f32, b: f32) -> f32 {
 fn eval_scalar(ins: Ins, scal: &[f32]) -> f32 {
     let v = |o: Opd| match o {
         Opd::Scal(k) => scal[k as usize],
-        Opd::Reg(_) | Opd::Ext(_) | Opd::Out(_) | Opd::Tile(_) => unreachable!("scalar operands only"),
+        Opd::Reg(_) | Opd::Ext(_) | Opd::Out(_) | Opd::Tile(_) => {
+            unreachable!("scalar operands only")
+        }
     };
     match ins {
         Ins::Unary(op, a, _) => unary_scalar(op, v(a)),
@@ -329,17 +362,43 @@ fn program(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Arc<Progra
         g.ext.iter().zip(&p.ext).all(|(&j, (dt, sh))| {
             let v = slots[j].as_ref().expect("computed");
             v.dtype() == *dt && v.shape() == sh.as_slice()
-        }) && p.target_slots.iter().zip(&p.targets).all(|(&s, t)| slots[s].as_ref().expect("computed").to_i64_vec() == *t)
+        }) && p
+            .target_slots
+            .iter()
+            .zip(&p.targets)
+            .all(|(&s, t)| slots[s].as_ref().expect("computed").to_i64_vec() == *t)
     };
     let mut cache = g.programs.0.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = cache.iter().find(|p| fits(p)) {
         return Ok(p.clone());
     }
-    let ext = g.ext.iter().map(|&j| slots[j].as_ref().expect("computed")).map(|v| (v.dtype(), v.shape().to_vec())).collect();
-    let target_slots: Vec<usize> =
-        g.members.iter().filter(|&&m| matches!(plan.nodes[m].op().gpu_kind(), GpuKind::Fused(FusedOp::BroadcastTo))).map(|&m| plan.inputs[m][1]).collect();
-    let targets = target_slots.iter().map(|&s| slots[s].as_ref().expect("computed").to_i64_vec()).collect();
-    let p = Arc::new(Program { ext, target_slots, targets, body: compile(plan, g, slots)? });
+    let ext = g
+        .ext
+        .iter()
+        .map(|&j| slots[j].as_ref().expect("computed"))
+        .map(|v| (v.dtype(), v.shape().to_vec()))
+        .collect();
+    let target_slots: Vec<usize> = g
+        .members
+        .iter()
+        .filter(|&&m| {
+            matches!(
+                plan.nodes[m].op().gpu_kind(),
+                GpuKind::Fused(FusedOp::BroadcastTo)
+            )
+        })
+        .map(|&m| plan.inputs[m][1])
+        .collect();
+    let targets = target_slots
+        .iter()
+        .map(|&s| slots[s].as_ref().expect("computed").to_i64_vec())
+        .collect();
+    let p = Arc::new(Program {
+        ext,
+        target_slots,
+        targets,
+        body: compile(plan, g, slots)?,
+    });
     if cache.len() == MAX_PROGRAMS {
         cache.remove(0);
     }
@@ -368,7 +427,11 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
         _ => None,
     };
     // Inputs read only through slices are not read directly.
-    let direct = |j: usize| g.members.iter().any(|&m| slice_of(m).is_none() && plan.inputs[m].contains(&j));
+    let direct = |j: usize| {
+        g.members
+            .iter()
+            .any(|&m| slice_of(m).is_none() && plan.inputs[m].contains(&j))
+    };
     for (e, &j) in g.ext.iter().enumerate() {
         let v = slots[j].as_ref().expect("computed");
         let len = v.len();
@@ -401,7 +464,11 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
                     }
                 }
             }
-            other => return Err(Error::Runtime(format!("internal: fused input of dtype {other}"))),
+            other => {
+                return Err(Error::Runtime(format!(
+                    "internal: fused input of dtype {other}"
+                )))
+            }
         };
         inputs.push(opd);
     }
@@ -413,8 +480,16 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
     for &m in &g.members {
         let ins = &plan.inputs[m];
         if let Some(spec) = slice_of(m) {
-            let e = g.ext.iter().position(|&x| x == ins[0]).expect("a slice's input is external");
-            let l = slice_layout(slots[ins[0]].as_ref().expect("computed").shape(), spec, &shape);
+            let e = g
+                .ext
+                .iter()
+                .position(|&x| x == ins[0])
+                .expect("a slice's input is external");
+            let l = slice_layout(
+                slots[ins[0]].as_ref().expect("computed").shape(),
+                spec,
+                &shape,
+            );
             if l.dims.len() > 16 {
                 return Ok(None);
             }
@@ -435,7 +510,9 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             FusedOp::Unary(u) => Some(Ins::Unary(u, arg(0), dst)),
             FusedOp::Binary(b) => Some(Ins::Binary(b, arg(0), arg(1), dst)),
             FusedOp::Select => Some(Ins::Select(arg(0), arg(1), arg(2), dst)),
-            FusedOp::Cast(DType::Bool) if plan.nodes[ins[0]].dtype() == DType::F32 => Some(Ins::ToBool(arg(0), dst)),
+            FusedOp::Cast(DType::Bool) if plan.nodes[ins[0]].dtype() == DType::F32 => {
+                Some(Ins::ToBool(arg(0), dst))
+            }
             FusedOp::Cast(_) | FusedOp::BroadcastTo => None,
         };
         let Some(ins) = make(vregs) else {
@@ -456,10 +533,19 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
     for o in g.written() {
         let opd = mem_opd[pos(o)];
         outs.push(match (opd, plan.nodes[o].dtype()) {
-            (Opd::Ext(x), _) => Out::Passed(inputs.iter().position(|p| matches!(p, Opd::Ext(y) if *y == x)).expect("in-place input")),
+            (Opd::Ext(x), _) => Out::Passed(
+                inputs
+                    .iter()
+                    .position(|p| matches!(p, Opd::Ext(y) if *y == x))
+                    .expect("in-place input"),
+            ),
             (_, DType::F32) => Out::F32(opd),
             (_, DType::Bool) => Out::Bool(opd),
-            (_, other) => return Err(Error::Runtime(format!("internal: fused output of dtype {other}"))),
+            (_, other) => {
+                return Err(Error::Runtime(format!(
+                    "internal: fused output of dtype {other}"
+                )))
+            }
         });
     }
     // Same-size f32 inputs that die here may become the first f32 outputs' buffers: such
@@ -492,10 +578,13 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
     };
     direct_writes(&mut prog, &mut outs, &spare, &inputs);
     // Register allocation: a register is free after its last reader; outputs live to the end.
-    let out_opds: Vec<Opd> = outs.iter().filter_map(|o| match *o {
-        Out::F32(p) | Out::Bool(p) => Some(p),
-        Out::Passed(_) => None,
-    }).collect();
+    let out_opds: Vec<Opd> = outs
+        .iter()
+        .filter_map(|o| match *o {
+            Out::F32(p) | Out::Bool(p) => Some(p),
+            Out::Passed(_) => None,
+        })
+        .collect();
     let (prog, mut out_opds, nregs) = allocate(prog, &out_opds, loads.len(), vregs);
     out_opds.reverse();
     for o in &mut outs {
@@ -504,7 +593,21 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             Out::Passed(_) => {}
         }
     }
-    Ok(Some(Body { shape, n, inputs, prelude, scalars: scalars as usize, prog, nregs, loads, load_src, tiles, outs, spare, special }))
+    Ok(Some(Body {
+        shape,
+        n,
+        inputs,
+        prelude,
+        scalars: scalars as usize,
+        prog,
+        nregs,
+        loads,
+        load_src,
+        tiles,
+        outs,
+        spare,
+        special,
+    }))
 }
 
 /// Makes the instruction that computes an f32 output write it into the output's buffer
@@ -529,7 +632,13 @@ fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[
             continue;
         }
         // The instruction writing virtual register v is prog[v].
-        let reads_spare = |ins: &Ins| operands(*ins).any(|a| spare.iter().any(|&e| matches!((a, inputs[e]), (Opd::Ext(x), Opd::Ext(y)) if x == y)));
+        let reads_spare = |ins: &Ins| {
+            operands(*ins).any(|a| {
+                spare
+                    .iter()
+                    .any(|&e| matches!((a, inputs[e]), (Opd::Ext(x), Opd::Ext(y)) if x == y))
+            })
+        };
         if !(takes_spare && prog[v as usize..].iter().any(reads_spare)) {
             to[v as usize] = Some(s);
         }
@@ -561,7 +670,10 @@ fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
     let standard = match v {
         Value::F32(a) => a.is_standard_layout(),
         Value::Bool(a) => a.is_standard_layout(),
-        other => unreachable!("fusion groups read f32 and bool values, got {}", other.dtype()),
+        other => unreachable!(
+            "fusion groups read f32 and bool values, got {}",
+            other.dtype()
+        ),
     };
     let v = if standard {
         v
@@ -572,17 +684,30 @@ fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
     match v {
         Value::F32(a) => Data::F32(a.as_ptr()),
         Value::Bool(a) => Data::Bool(a.as_ptr()),
-        other => unreachable!("fusion groups read f32 and bool values, got {}", other.dtype()),
+        other => unreachable!(
+            "fusion groups read f32 and bool values, got {}",
+            other.dtype()
+        ),
     }
 }
 
 /// A buffer for output slot `o` of `g` taken from a dead input that nothing else holds
 /// (`spare`, not yet `donated`): the variable `o` is the new value of first, when `lend`
 /// lets the run overwrite it, then the others in order.
-fn donor(g: &Group, spare: &[usize], donated: &mut [bool], o: usize, slots: &mut [Option<Value>], lend: Option<&Lend>) -> Option<ndarray::Array<f32, IxDyn>> {
+fn donor(
+    g: &Group,
+    spare: &[usize],
+    donated: &mut [bool],
+    o: usize,
+    slots: &mut [Option<Value>],
+    lend: Option<&Lend>,
+) -> Option<ndarray::Array<f32, IxDyn>> {
     let own = lend.and_then(|l| l.donor[o]);
     let first = spare.iter().position(|&e| Some(g.ext[e]) == own);
-    for s in first.into_iter().chain((0..spare.len()).filter(|&s| Some(s) != first)) {
+    for s in first
+        .into_iter()
+        .chain((0..spare.len()).filter(|&s| Some(s) != first))
+    {
         let j = g.ext[spare[s]];
         if donated[s] || !matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout()) {
             continue;
@@ -590,8 +715,12 @@ fn donor(g: &Group, spare: &[usize], donated: &mut [bool], o: usize, slots: &mut
         let buf = match lend.and_then(|l| l.cells[j].as_ref()) {
             Some(cell) => cell.lend(&mut slots[j]),
             None => {
-                let Some(Value::F32(a)) = slots[j].take() else { unreachable!("checked f32") };
-                a.try_into_owned_nocopy().map_err(|a| slots[j] = Some(Value::F32(a))).ok()
+                let Some(Value::F32(a)) = slots[j].take() else {
+                    unreachable!("checked f32")
+                };
+                a.try_into_owned_nocopy()
+                    .map_err(|a| slots[j] = Some(Value::F32(a)))
+                    .ok()
             }
         };
         if buf.is_some() {
@@ -606,10 +735,17 @@ fn donor(g: &Group, spare: &[usize], donated: &mut [bool], o: usize, slots: &mut
 /// and variables `lend` names overwritten). Returns the output values in `g.outputs`
 /// order, or `None` when the outputs' runtime shapes differ (the caller then runs the
 /// members one by one).
-pub fn run(plan: &Plan, g: &Group, slots: &mut [Option<Value>], lend: Option<&Lend>) -> Result<Option<Vec<Value>>> {
+pub fn run(
+    plan: &Plan,
+    g: &Group,
+    slots: &mut [Option<Value>],
+    lend: Option<&Lend>,
+) -> Result<Option<Vec<Value>>> {
     match g.first {
         Some(f) => run_after(plan, g, f, slots, lend),
-        None => run_driven(plan, g, slots, lend, &|kern, shape| split_exec(kern, shape.iter().product(), g.cost)),
+        None => run_driven(plan, g, slots, lend, &|kern, shape| {
+            split_exec(kern, shape.iter().product(), g.cost)
+        }),
     }
 }
 
@@ -619,15 +755,24 @@ pub type Then<'a> = Box<dyn Fn(&mut [f32], &(dyn Fn(usize) + Sync)) + Sync + 'a>
 
 /// Node `f`'s result shape, image count and kernel, when it has an image-by-image f32
 /// kernel for these inputs.
-fn first_kernel<'a>(plan: &'a Plan, f: usize, ins: &'a [Value]) -> Result<Option<(Vec<usize>, usize, Then<'a>)>> {
+fn first_kernel<'a>(
+    plan: &'a Plan,
+    f: usize,
+    ins: &'a [Value],
+) -> Result<Option<(Vec<usize>, usize, Then<'a>)>> {
     match plan.nodes[f].op() {
         Op::Conv(spec) => {
-            let (Value::F32(x), Value::F32(w)) = (&ins[0], &ins[1]) else { return Ok(None) };
+            let (Value::F32(x), Value::F32(w)) = (&ins[0], &ins[1]) else {
+                return Ok(None);
+            };
             let geo = crate::ops::conv::forward_geom(spec, x.shape(), w.shape())?;
             let (shape, n) = (geo.y_shape.clone(), geo.n);
             let (x, w) = (x.as_standard_layout(), w.as_standard_layout());
             let k: Then<'a> = Box::new(move |y, after| {
-                let (x, w) = (x.as_slice().expect("standard"), w.as_slice().expect("standard"));
+                let (x, w) = (
+                    x.as_slice().expect("standard"),
+                    w.as_slice().expect("standard"),
+                );
                 crate::ops::conv::cpu::forward_f32_then(&geo, x, w, y, after)
             });
             Ok(Some((shape, n, k)))
@@ -642,8 +787,17 @@ fn first_kernel<'a>(plan: &'a Plan, f: usize, ins: &'a [Value]) -> Result<Option
 /// written (see `fuse::Group::first`). The result's buffer is put in slot `f` before it
 /// is computed, so the group's program, inputs and buffer donation see it as any input
 /// (the group may write its output in place there).
-fn run_after(plan: &Plan, g: &Group, f: usize, slots: &mut [Option<Value>], lend: Option<&Lend>) -> Result<Option<Vec<Value>>> {
-    let ins: Vec<Value> = plan.inputs[f].iter().map(|&j| slots[j].clone().expect("computed")).collect();
+fn run_after(
+    plan: &Plan,
+    g: &Group,
+    f: usize,
+    slots: &mut [Option<Value>],
+    lend: Option<&Lend>,
+) -> Result<Option<Vec<Value>>> {
+    let ins: Vec<Value> = plan.inputs[f]
+        .iter()
+        .map(|&j| slots[j].clone().expect("computed"))
+        .collect();
     let plain = |slots: &mut [Option<Value>]| -> Result<()> {
         let refs: Vec<&Value> = ins.iter().collect();
         slots[f] = Some(plan.nodes[f].op().cpu(&refs)?);
@@ -651,12 +805,16 @@ fn run_after(plan: &Plan, g: &Group, f: usize, slots: &mut [Option<Value>], lend
     };
     let Some((shape, images, kernel)) = first_kernel(plan, f, &ins)? else {
         plain(slots)?;
-        return run_driven(plan, g, slots, lend, &|kern, shape| split_exec(kern, shape.iter().product(), g.cost));
+        return run_driven(plan, g, slots, lend, &|kern, shape| {
+            split_exec(kern, shape.iter().product(), g.cost)
+        });
     };
     let len: usize = shape.iter().product();
     let mut y: Vec<f32> = uninit(len);
     let dst = crate::ops::matmul::SharedDst(y.as_mut_ptr());
-    slots[f] = Some(Value::F32(Arr::from_shape_vec(IxDyn(&shape), y).expect("length of the shape")));
+    slots[f] = Some(Value::F32(
+        Arr::from_shape_vec(IxDyn(&shape), y).expect("length of the shape"),
+    ));
     let ran = std::cell::Cell::new(false);
     let drive = |kern: &Kernel<'_>, gshape: &[usize]| {
         let d = dst;
@@ -664,7 +822,10 @@ fn run_after(plan: &Plan, g: &Group, f: usize, slots: &mut [Option<Value>], lend
         // elements, and nothing reads it before the kernel writes it: the group reads
         // image i only in `after(i)`.
         let y = unsafe { std::slice::from_raw_parts_mut(d.0, len) };
-        if gshape == shape.as_slice() && images > 0 && kern.folds.is_none_or(|f| (len / images) % f.q == 0) {
+        if gshape == shape.as_slice()
+            && images > 0
+            && kern.folds.is_none_or(|f| (len / images) % f.q == 0)
+        {
             let img = len / images;
             kernel(y, &|i| exec(kern, i * img, (i + 1) * img));
         } else {
@@ -689,7 +850,11 @@ fn split_exec(kern: &Kernel<'_>, n: usize, cost: usize) {
     // other workers mostly asleep, each split waking one: split only 8x more work there
     // (Keras LSTM step faster in 5 of 6 interleaved runs, ~7%; at the top level the MLP's
     // groups lose when split less).
-    let scale = if rayon::current_thread_index().is_some() { 8 } else { 1 };
+    let scale = if rayon::current_thread_index().is_some() {
+        8
+    } else {
+        1
+    };
     // Folded rows or columns do not straddle tasks (`fold_exec`).
     let q = kern.folds.map_or(1, |f| f.q);
     let step = (grain(cost) * scale).div_ceil(CH) * CH;
@@ -699,12 +864,20 @@ fn split_exec(kern: &Kernel<'_>, n: usize, cost: usize) {
         let half = (n / 2).div_ceil(CH) * CH;
         let half = half.div_ceil(q) * q;
         if n.saturating_mul(cost) >= TEAM_WORK && half < n && team::available() {
-            team::split2(&|part| if part == 0 { exec(kern, 0, half) } else { exec(kern, half, n) });
+            team::split2(&|part| {
+                if part == 0 {
+                    exec(kern, 0, half)
+                } else {
+                    exec(kern, half, n)
+                }
+            });
         } else {
             exec(kern, 0, n);
         }
     } else {
-        (0..n.div_ceil(step)).into_par_iter().for_each(|t| exec(kern, t * step, ((t + 1) * step).min(n)));
+        (0..n.div_ceil(step))
+            .into_par_iter()
+            .for_each(|t| exec(kern, t * step, ((t + 1) * step).min(n)));
     }
 }
 
@@ -719,14 +892,27 @@ fn run_driven(
     let p = program(plan, g, slots)?;
     let Some(b) = &p.body else { return Ok(None) };
     if b.n == 0 {
-        let mut vals: Vec<Value> = g.outputs.iter().map(|&o| Value::full(plan.nodes[o].dtype(), &b.shape, 0.0)).collect();
+        let mut vals: Vec<Value> = g
+            .outputs
+            .iter()
+            .map(|&o| Value::full(plan.nodes[o].dtype(), &b.shape, 0.0))
+            .collect();
         for f in &g.folds {
-            vals.push(fold_plain(plan, f, &Value::full(DType::F32, &b.shape, 0.0), slots)?);
+            vals.push(fold_plain(
+                plan,
+                f,
+                &Value::full(DType::F32, &b.shape, 0.0),
+                slots,
+            )?);
         }
         return Ok(Some(vals));
     }
     let written: Vec<usize> = g.written().collect();
-    let folds = if g.folds.is_empty() || b.special.is_some() { None } else { fold_run(plan, g, b, &written, slots) };
+    let folds = if g.folds.is_empty() || b.special.is_some() {
+        None
+    } else {
+        fold_run(plan, g, b, &written, slots)
+    };
     let n = b.n;
     // Per call: the inputs' data pointers and single values, then the scalar members.
     let mut scal: Vec<f32> = Vec::with_capacity(b.scalars + b.prelude.len());
@@ -747,22 +933,34 @@ fn run_driven(
         }
     }
     for &e in &b.load_src {
-        data.push(data_of(slots[g.ext[e]].as_ref().expect("computed"), &mut held));
+        data.push(data_of(
+            slots[g.ext[e]].as_ref().expect("computed"),
+            &mut held,
+        ));
     }
     let tiled: Vec<Vec<f32>> = b
         .tiles
         .iter()
         .map(|&(e, period)| {
-            let Data::F32(p) = data_of(slots[g.ext[e]].as_ref().expect("computed"), &mut held) else {
+            let Data::F32(p) = data_of(slots[g.ext[e]].as_ref().expect("computed"), &mut held)
+            else {
                 unreachable!("tiled inputs are f32")
             };
             // SAFETY: the input holds at least one period (its layout repeats it).
             let one = unsafe { std::slice::from_raw_parts(p, period) };
             // A chunk reads at most min(CH, n) elements from a phase below the period.
-            one.iter().copied().cycle().take(period + CH.min(n)).collect()
+            one.iter()
+                .copied()
+                .cycle()
+                .take(period + CH.min(n))
+                .collect()
         })
         .collect();
-    let tiles: Vec<(*const f32, usize)> = tiled.iter().zip(&b.tiles).map(|(t, &(_, period))| (t.as_ptr(), period)).collect();
+    let tiles: Vec<(*const f32, usize)> = tiled
+        .iter()
+        .zip(&b.tiles)
+        .map(|(t, &(_, period))| (t.as_ptr(), period))
+        .collect();
     for &ins in &b.prelude {
         scal.push(eval_scalar(ins, &scal));
     }
@@ -774,14 +972,29 @@ fn run_driven(
     let mut bufs_bool: Vec<(usize, Vec<bool>)> = Vec::new();
     for (k, &o) in b.outs.iter().enumerate() {
         match o {
-            Out::Passed(e) => results[k] = Some(slots[g.ext[e]].as_ref().expect("computed").reshape(&b.shape)?),
+            Out::Passed(e) => {
+                results[k] = Some(
+                    slots[g.ext[e]]
+                        .as_ref()
+                        .expect("computed")
+                        .reshape(&b.shape)?,
+                )
+            }
             // A hidden member folded in tiles: `fold_exec` points it at a tile buffer.
-            Out::F32(opd) if k >= g.outputs.len() && folds.is_some() => outs.push((opd, OutBuf::F32(std::ptr::null_mut()))),
+            Out::F32(opd) if k >= g.outputs.len() && folds.is_some() => {
+                outs.push((opd, OutBuf::F32(std::ptr::null_mut())))
+            }
             Out::F32(opd) => {
-                let donor = if f32_outs < b.spare.len() { donor(g, &b.spare, &mut donated, written[k], slots, lend) } else { None };
+                let donor = if f32_outs < b.spare.len() {
+                    donor(g, &b.spare, &mut donated, written[k], slots, lend)
+                } else {
+                    None
+                };
                 f32_outs += 1;
                 // The kernel writes every element before the buffer is read.
-                let mut buf = donor.unwrap_or_else(|| ndarray::Array::from_shape_vec(IxDyn(&[n]), uninit(n)).expect("n elements"));
+                let mut buf = donor.unwrap_or_else(|| {
+                    ndarray::Array::from_shape_vec(IxDyn(&[n]), uninit(n)).expect("n elements")
+                });
                 outs.push((opd, OutBuf::F32(buf.as_mut_ptr())));
                 bufs_f32.push((k, buf));
             }
@@ -793,32 +1006,61 @@ fn run_driven(
         }
     }
     let out_ptrs: Vec<*mut f32> = match &b.special {
-        Some(_) => outs.iter().map(|(_, o)| match o {
-            OutBuf::F32(p) => *p,
-            OutBuf::Bool(_) => unreachable!("update rules write f32"),
-        }).collect(),
+        Some(_) => outs
+            .iter()
+            .map(|(_, o)| match o {
+                OutBuf::F32(p) => *p,
+                OutBuf::Bool(_) => unreachable!("update rules write f32"),
+            })
+            .collect(),
         None => Vec::new(),
     };
     let special = b.special.as_ref().map(|sp| (sp, out_ptrs.as_slice()));
-    let kern = Kernel { prog: &b.prog, nregs: b.nregs, ext: &ext, loads: &b.loads, data: &data, tiles: &tiles, scal: &scal, outs: &outs, special, folds: folds.as_ref() };
+    let kern = Kernel {
+        prog: &b.prog,
+        nregs: b.nregs,
+        ext: &ext,
+        loads: &b.loads,
+        data: &data,
+        tiles: &tiles,
+        scal: &scal,
+        outs: &outs,
+        special,
+        folds: folds.as_ref(),
+    };
     drive(&kern, &b.shape);
     drop(held);
     for (k, buf) in bufs_f32 {
-        let buf = buf.into_shape_with_order(IxDyn(&b.shape)).map_err(|e| Error::Runtime(format!("fusion: {e}")))?;
+        let buf = buf
+            .into_shape_with_order(IxDyn(&b.shape))
+            .map_err(|e| Error::Runtime(format!("fusion: {e}")))?;
         results[k] = Some(Value::F32(buf.into_shared()));
     }
     for (k, mut v) in bufs_bool {
         // SAFETY: the kernel wrote all n elements.
         unsafe { v.set_len(n) };
-        results[k] = Some(Value::Bool(Arr::from_shape_vec(IxDyn(&b.shape), v).expect("n elements")));
+        results[k] = Some(Value::Bool(
+            Arr::from_shape_vec(IxDyn(&b.shape), v).expect("n elements"),
+        ));
     }
-    let mut vals: Vec<Value> = results[..g.outputs.len()].iter().map(|r| r.clone().expect("every output written")).collect();
+    let mut vals: Vec<Value> = results[..g.outputs.len()]
+        .iter()
+        .map(|r| r.clone().expect("every output written"))
+        .collect();
     match folds {
         Some(f) => vals.extend(f.finish()),
         None => {
             for f in &g.folds {
-                let k = written.iter().position(|&w| w == f.member).expect("folded members are written");
-                vals.push(fold_plain(plan, f, results[k].as_ref().expect("written in full"), slots)?);
+                let k = written
+                    .iter()
+                    .position(|&w| w == f.member)
+                    .expect("folded members are written");
+                vals.push(fold_plain(
+                    plan,
+                    f,
+                    results[k].as_ref().expect("written in full"),
+                    slots,
+                )?);
             }
         }
     }
@@ -828,7 +1070,11 @@ fn run_driven(
 /// Fold `f` run as its own node on the whole member value `v`.
 fn fold_plain(plan: &Plan, f: &Fold, v: &Value, slots: &[Option<Value>]) -> Result<Value> {
     let mut ins: Vec<&Value> = vec![v];
-    ins.extend(plan.inputs[f.node][1..].iter().map(|&j| slots[j].as_ref().expect("computed before the group")));
+    ins.extend(
+        plan.inputs[f.node][1..]
+            .iter()
+            .map(|&j| slots[j].as_ref().expect("computed before the group")),
+    );
     plan.nodes[f.node].op().cpu(&ins)
 }
 
@@ -863,13 +1109,23 @@ struct FoldRun {
 }
 
 fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 { a } else { gcd(b, a % b) }
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// The fused plan of `g`'s folds for this run's shapes, or `None` to run them on the
 /// written-out members (a reduction pattern other than leading or trailing axes, a member
 /// passed through from an input, blocks too long for a tile).
-fn fold_run(plan: &Plan, g: &Group, b: &Body, written: &[usize], slots: &[Option<Value>]) -> Option<FoldRun> {
+fn fold_run(
+    plan: &Plan,
+    g: &Group,
+    b: &Body,
+    written: &[usize],
+    slots: &[Option<Value>],
+) -> Option<FoldRun> {
     let s = &b.shape;
     let mut specs = Vec::with_capacity(g.folds.len());
     let mut q = 1usize;
@@ -878,11 +1134,24 @@ fn fold_run(plan: &Plan, g: &Group, b: &Body, written: &[usize], slots: &[Option
         if !matches!(b.outs[k], Out::F32(_)) {
             return None;
         }
-        let out = b.outs[..k].iter().filter(|o| !matches!(o, Out::Passed(_))).count();
+        let out = b.outs[..k]
+            .iter()
+            .filter(|o| !matches!(o, Out::Passed(_)))
+            .count();
         let (reduced, mean, shape): (Vec<bool>, bool, Vec<usize>) = match plan.nodes[f.node].op() {
             Op::Reduce { op, axes, keepdims } => {
                 let reduced: Vec<bool> = (0..s.len()).map(|d| axes.contains(&d)).collect();
-                let shape = (0..s.len()).filter_map(|d| if !reduced[d] { Some(s[d]) } else if *keepdims { Some(1) } else { None }).collect();
+                let shape = (0..s.len())
+                    .filter_map(|d| {
+                        if !reduced[d] {
+                            Some(s[d])
+                        } else if *keepdims {
+                            Some(1)
+                        } else {
+                            None
+                        }
+                    })
+                    .collect();
                 (reduced, matches!(op, crate::ops::ReduceOp::Mean), shape)
             }
             Op::SumTo => {
@@ -904,8 +1173,16 @@ fn fold_run(plan: &Plan, g: &Group, b: &Body, written: &[usize], slots: &[Option
         };
         // Dims of size 1 go either way; the others must be reduced ones then kept ones
         // (columns) or kept ones then reduced ones (rows).
-        let kinds: Vec<bool> = (0..s.len()).filter(|&d| s[d] != 1).map(|d| reduced[d]).collect();
-        let prod = |keep: bool| (0..s.len()).filter(|&d| reduced[d] != keep).map(|d| s[d]).product::<usize>();
+        let kinds: Vec<bool> = (0..s.len())
+            .filter(|&d| s[d] != 1)
+            .map(|d| reduced[d])
+            .collect();
+        let prod = |keep: bool| {
+            (0..s.len())
+                .filter(|&d| reduced[d] != keep)
+                .map(|d| s[d])
+                .product::<usize>()
+        };
         let (red, inner) = (prod(false), prod(true));
         let (rows, block) = if kinds.windows(2).all(|w| w[0] || !w[1]) {
             (false, inner)
@@ -921,11 +1198,25 @@ fn fold_run(plan: &Plan, g: &Group, b: &Body, written: &[usize], slots: &[Option
         if q > MAX_FOLD_BLOCK {
             return None;
         }
-        specs.push(FoldSpec { out, hidden: k >= g.outputs.len(), rows, red, inner, mean, shape });
+        specs.push(FoldSpec {
+            out,
+            hidden: k >= g.outputs.len(),
+            rows,
+            red,
+            inner,
+            mean,
+            shape,
+        });
     }
     let tile = FOLD_TILE.div_ceil(q) * q;
     let hidden = specs.iter().filter(|f| f.hidden).count();
-    Some(FoldRun { specs, q, tile, hidden, parts: Mutex::new(Vec::new()) })
+    Some(FoldRun {
+        specs,
+        q,
+        tile,
+        hidden,
+        parts: Mutex::new(Vec::new()),
+    })
 }
 
 thread_local! {
@@ -936,7 +1227,20 @@ thread_local! {
 /// Runs elements `[start, end)` (whole rows and column blocks of every fold) tile by
 /// tile, adding each folded member's tile into this task's sums while it is in cache.
 fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
-    let mut parts: Vec<Vec<f64>> = f.specs.iter().map(|s| vec![0.0; if s.rows { (end - start).div_ceil(s.red) } else { s.inner }]).collect();
+    let mut parts: Vec<Vec<f64>> = f
+        .specs
+        .iter()
+        .map(|s| {
+            vec![
+                0.0;
+                if s.rows {
+                    (end - start).div_ceil(s.red)
+                } else {
+                    s.inner
+                }
+            ]
+        })
+        .collect();
     let mut cols: Vec<f32> = Vec::new();
     FOLD_TILES.with(|t| {
         let mut t = t.borrow_mut();
@@ -956,9 +1260,19 @@ fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
                     h += 1;
                 }
             }
-            exec(&Kernel { outs: &outs, folds: None, ..*k }, ts, te);
+            exec(
+                &Kernel {
+                    outs: &outs,
+                    folds: None,
+                    ..*k
+                },
+                ts,
+                te,
+            );
             for (s, part) in f.specs.iter().zip(&mut parts) {
-                let OutBuf::F32(p) = outs[s.out].1 else { unreachable!("folded members are f32") };
+                let OutBuf::F32(p) = outs[s.out].1 else {
+                    unreachable!("folded members are f32")
+                };
                 // SAFETY: the kernel has just written elements [ts, te) of this buffer.
                 let x = unsafe { std::slice::from_raw_parts(p.wrapping_add(ts), te - ts) };
                 if s.rows {
@@ -971,13 +1285,18 @@ fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
                     cols.clear();
                     cols.resize(s.inner, 0.0);
                     crate::ops::reduce::fold_sum_f32(&mut cols, x, x.len() / s.inner, s.inner);
-                    part.iter_mut().zip(&cols).for_each(|(a, &c)| *a += c as f64);
+                    part.iter_mut()
+                        .zip(&cols)
+                        .for_each(|(a, &c)| *a += c as f64);
                 }
             }
             ts = te;
         }
     });
-    f.parts.lock().unwrap_or_else(|e| e.into_inner()).push((start, parts));
+    f.parts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((start, parts));
 }
 
 impl FoldRun {
@@ -1010,7 +1329,10 @@ impl FoldRun {
 #[cfg(test)]
 pub fn rules_of(g: &Group) -> Vec<fused_rules::Rule> {
     let cache = g.programs.0.lock().unwrap_or_else(|e| e.into_inner());
-    cache.iter().filter_map(|p| p.body.as_ref()?.special.as_ref().map(|s| s.rule)).collect()
+    cache
+        .iter()
+        .filter_map(|p| p.body.as_ref()?.special.as_ref().map(|s| s.rule))
+        .collect()
 }
 
 fn operands(ins: Ins) -> impl Iterator<Item = Opd> {
@@ -1025,8 +1347,15 @@ fn operands(ins: Ins) -> impl Iterator<Item = Opd> {
 
 /// Maps virtual registers (instruction results `0..vregs`, gathered inputs from
 /// `LOAD_BASE`) to physical ones, so a chunk needs as many registers as values are live.
-fn allocate(prog: Vec<Ins>, outs: &[Opd], nloads: usize, vregs: u16) -> (Vec<Ins>, Vec<Opd>, usize) {
-    let mut seq: Vec<Ins> = (0..nloads).map(|k| Ins::Load(k as u16, LOAD_BASE + k as u16)).collect();
+fn allocate(
+    prog: Vec<Ins>,
+    outs: &[Opd],
+    nloads: usize,
+    vregs: u16,
+) -> (Vec<Ins>, Vec<Opd>, usize) {
+    let mut seq: Vec<Ins> = (0..nloads)
+        .map(|k| Ins::Load(k as u16, LOAD_BASE + k as u16))
+        .collect();
     seq.extend(prog);
     let key = |r: u16| -> usize {
         if r >= LOAD_BASE {
@@ -1059,7 +1388,12 @@ fn allocate(prog: Vec<Ins>, outs: &[Opd], nloads: usize, vregs: u16) -> (Vec<Ins
     let mut out_seq = Vec::with_capacity(seq.len());
     for (t, ins) in seq.into_iter().enumerate() {
         let d = match ins {
-            Ins::Load(_, d) | Ins::Unary(_, _, d) | Ins::Not(_, d) | Ins::ToBool(_, d) | Ins::Binary(_, _, _, d) | Ins::Select(_, _, _, d) => d,
+            Ins::Load(_, d)
+            | Ins::Unary(_, _, d)
+            | Ins::Not(_, d)
+            | Ins::ToBool(_, d)
+            | Ins::Binary(_, _, _, d)
+            | Ins::Select(_, _, _, d) => d,
         };
         let to_out = (OUT_BASE..LOAD_BASE).contains(&d);
         let p = if to_out {
@@ -1224,14 +1558,16 @@ unsafe fn chunk(k: &Kernel<'_>, regs: *mut f32, off: usize, len: usize) {
         }
         match buf {
             OutBuf::F32(p) => {
-                let out: &mut [MaybeUninit<f32>] = std::slice::from_raw_parts_mut(p.wrapping_add(off).cast(), len);
+                let out: &mut [MaybeUninit<f32>] =
+                    std::slice::from_raw_parts_mut(p.wrapping_add(off).cast(), len);
                 match src(*o) {
                     Src::S(x) => map(x, out, |v| v),
                     Src::C(x) => fill(out, x),
                 }
             }
             OutBuf::Bool(p) => {
-                let out: &mut [MaybeUninit<bool>] = std::slice::from_raw_parts_mut(p.add(off).cast(), len);
+                let out: &mut [MaybeUninit<bool>] =
+                    std::slice::from_raw_parts_mut(p.add(off).cast(), len);
                 match src(*o) {
                     Src::S(x) => {
                         for (o, &v) in out.iter_mut().zip(x) {

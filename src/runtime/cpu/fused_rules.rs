@@ -168,7 +168,12 @@ impl<'a> Matcher<'a> {
 
 /// Recognises an update rule in group `g`; `leaf` classifies the slots it reads.
 pub fn detect(plan: &Plan, g: &Group, leaf: &dyn Fn(usize) -> Option<Leaf>) -> Option<Special> {
-    let mut m = Matcher { plan, g, leaf, used: Vec::new() };
+    let mut m = Matcher {
+        plan,
+        g,
+        leaf,
+        used: Vec::new(),
+    };
     let pos = |o: usize| g.outputs.iter().position(|&x| x == o);
     let done = |m: &Matcher<'_>| {
         let mut u = m.used.clone();
@@ -181,12 +186,18 @@ pub fn detect(plan: &Plan, g: &Group, leaf: &dyn Fn(usize) -> Option<Leaf>) -> O
             // RMSprop: the step's denominator reads a'.
             for &po in &g.outputs {
                 m.used.clear();
-                let Some((p, lr, n, ao, eps, z)) = m.step(po) else { continue };
+                let Some((p, lr, n, ao, eps, z)) = m.step(po) else {
+                    continue;
+                };
                 if pos(ao).is_none() {
                     continue;
                 }
-                let Some((s1, a, s2, sq)) = m.lincomb(ao) else { continue };
-                let Some(gs) = m.un(sq, UnaryOp::Square) else { continue };
+                let Some((s1, a, s2, sq)) = m.lincomb(ao) else {
+                    continue;
+                };
+                let Some(gs) = m.un(sq, UnaryOp::Square) else {
+                    continue;
+                };
                 let Some(gv) = m.vec(gs) else { continue };
                 if m.vec(n) != Some(gv) || !done(&m) {
                     continue;
@@ -205,13 +216,21 @@ pub fn detect(plan: &Plan, g: &Group, leaf: &dyn Fn(usize) -> Option<Leaf>) -> O
             // Adam: the step's numerator reads m', its denominator v'.
             for &po in &g.outputs {
                 m.used.clear();
-                let Some((p, lr, mo, vo, eps, z)) = m.step(po) else { continue };
+                let Some((p, lr, mo, vo, eps, z)) = m.step(po) else {
+                    continue;
+                };
                 if pos(mo).is_none() || pos(vo).is_none() || mo == vo {
                     continue;
                 }
-                let Some((b1, mv, c1, g1)) = m.lincomb(mo) else { continue };
-                let Some((b2, vv, c2, sq)) = m.lincomb(vo) else { continue };
-                let Some(g2) = m.un(sq, UnaryOp::Square) else { continue };
+                let Some((b1, mv, c1, g1)) = m.lincomb(mo) else {
+                    continue;
+                };
+                let Some((b2, vv, c2, sq)) = m.lincomb(vo) else {
+                    continue;
+                };
+                let Some(g2) = m.un(sq, UnaryOp::Square) else {
+                    continue;
+                };
                 let Some(gv) = m.vec(g1) else { continue };
                 if m.vec(g2) != Some(gv) || !done(&m) {
                     continue;
@@ -256,7 +275,14 @@ unsafe fn store(p: *mut f32, i: usize, v: [f32; L]) {
 /// # Safety
 /// Every pointer addresses at least `off + len` f32s.
 #[inline(always)]
-pub unsafe fn run(sp: &Special, vecs: &[*const f32], scal: &[f32], outs: &[*mut f32], off: usize, len: usize) {
+pub unsafe fn run(
+    sp: &Special,
+    vecs: &[*const f32],
+    scal: &[f32],
+    outs: &[*mut f32],
+    off: usize,
+    len: usize,
+) {
     let s = |k: usize| scal[sp.scals[k] as usize];
     let z = scal[sp.zero as usize];
     let root = |d: f32| maximum(d, z).sqrt();

@@ -17,10 +17,23 @@ fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
 
 fn data(shape: &[usize], seed: u32) -> Value {
     let n: usize = shape.iter().product();
-    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, -1e-40, 90.0, -110.0, 3e38];
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1e-40,
+        -1e-40,
+        90.0,
+        -110.0,
+        3e38,
+    ];
     let v: Vec<f32> = (0..n as u32)
         .map(|i| {
-            let h = i.wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(97));
+            let h = i
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(seed.wrapping_mul(97));
             if h % 37 == 0 {
                 specials[(h / 37) as usize % specials.len()]
             } else {
@@ -45,7 +58,12 @@ fn same(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> (usize, usize) {
     for (k, (a, b)) in res[0].iter().zip(&res[1]).enumerate() {
         assert_eq!(a.dtype(), b.dtype(), "output {k}");
         assert_eq!(a.shape(), b.shape(), "output {k}");
-        let bits = |v: &Value| -> Vec<u64> { v.to_f64_vec().iter().map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() }).collect() };
+        let bits = |v: &Value| -> Vec<u64> {
+            v.to_f64_vec()
+                .iter()
+                .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+                .collect()
+        };
         assert_eq!(bits(a), bits(b), "output {k}");
     }
     (counts[0], counts[1])
@@ -66,9 +84,19 @@ fn chains_with_every_broadcast_pattern_fuse_to_one_pass() {
     let g = unary(UnaryOp::Sigmoid, &sub(&t, &s).unwrap()).unwrap();
     let m = binary(BinaryOp::Greater, &h, &c(0.0)).unwrap();
     let sel = select(&m, &g, &c(0.0)).unwrap();
-    let y = binary(BinaryOp::Maximum, &unary(UnaryOp::Exp, &sel).unwrap(), &unary(UnaryOp::Log, &x).unwrap()).unwrap();
+    let y = binary(
+        BinaryOp::Maximum,
+        &unary(UnaryOp::Exp, &sel).unwrap(),
+        &unary(UnaryOp::Log, &x).unwrap(),
+    )
+    .unwrap();
     let feeds = [x, bias, col, s];
-    let vs = [data(&[4, 5, 6], 1), data(&[6], 2), data(&[4, 1, 6], 3), Value::scalar_f64(DType::F32, 0.25)];
+    let vs = [
+        data(&[4, 5, 6], 1),
+        data(&[6], 2),
+        data(&[4, 1, 6], 3),
+        Value::scalar_f64(DType::F32, 0.25),
+    ];
     let (fused, unfused) = same(&feeds, &[y.clone()], &vs);
     assert_eq!(fused, 1, "one pass");
     assert!(unfused >= 10);
@@ -87,13 +115,25 @@ fn bool_logic_casts_and_scalars() {
     let f = cast(&r, DType::F32).unwrap();
     let back = cast(&mul(&a, &f).unwrap(), DType::Bool).unwrap();
     let o = binary(BinaryOp::Or, &back, &p).unwrap();
-    let (fused, _) = same(&[a.clone(), b.clone()], &[o, f], &[data(&[7, 3], 5), data(&[3], 6)]);
+    let (fused, _) = same(
+        &[a.clone(), b.clone()],
+        &[o, f],
+        &[data(&[7, 3], 5), data(&[3], 6)],
+    );
     assert_eq!(fused, 1);
     // Rank 0: everything a single value.
     let s = ph("s", &[]);
-    let y = unary(UnaryOp::Softplus, &add(&mul(&s, &c(3.0)).unwrap(), &c(-1.0)).unwrap()).unwrap();
+    let y = unary(
+        UnaryOp::Softplus,
+        &add(&mul(&s, &c(3.0)).unwrap(), &c(-1.0)).unwrap(),
+    )
+    .unwrap();
     for v in [0.5f32, f32::NAN, f32::INFINITY, -1e30] {
-        same(std::slice::from_ref(&s), std::slice::from_ref(&y), &[Value::scalar_f64(DType::F32, v as f64)]);
+        same(
+            std::slice::from_ref(&s),
+            std::slice::from_ref(&y),
+            &[Value::scalar_f64(DType::F32, v as f64)],
+        );
     }
 }
 
@@ -103,7 +143,11 @@ fn empty_tensors_and_the_parallel_path() {
     let b = ph("b", &[Some(3)]);
     let y = unary(UnaryOp::Tanh, &add(&x, &b).unwrap()).unwrap();
     let z = binary(BinaryOp::Greater, &y, &c(0.1)).unwrap();
-    same(&[x.clone(), b.clone()], &[y.clone(), z.clone()], &[data(&[0, 3], 1), data(&[3], 2)]);
+    same(
+        &[x.clone(), b.clone()],
+        &[y.clone(), z.clone()],
+        &[data(&[0, 3], 1), data(&[3], 2)],
+    );
     same(&[x, b], &[y, z], &[data(&[100_003, 3], 1), data(&[3], 2)]);
 }
 
@@ -114,7 +158,11 @@ fn outputs_of_different_runtime_shapes_fall_back() {
     let q2 = neg(&q).unwrap();
     let a = add(&p, &q2).unwrap();
     let out = mul(&a, &c(2.0)).unwrap();
-    same(&[p.clone(), q.clone()], &[out.clone(), q2.clone()], &[data(&[5], 1), data(&[1], 2)]);
+    same(
+        &[p.clone(), q.clone()],
+        &[out.clone(), q2.clone()],
+        &[data(&[5], 1), data(&[1], 2)],
+    );
     same(&[p, q], &[out, q2], &[data(&[5], 1), data(&[5], 2)]);
 }
 
@@ -125,7 +173,11 @@ fn dead_inputs_are_overwritten_only_after_every_read() {
     let a = ph("a", &[Some(300), Some(40)]);
     let w = ph("w", &[Some(40), Some(50)]);
     let z = matmul(&a, &w, false, false).unwrap();
-    let y = add(&mul(&z, &c(2.0)).unwrap(), &unary(UnaryOp::Exp, &neg(&z).unwrap()).unwrap()).unwrap();
+    let y = add(
+        &mul(&z, &c(2.0)).unwrap(),
+        &unary(UnaryOp::Exp, &neg(&z).unwrap()).unwrap(),
+    )
+    .unwrap();
     let y2 = sub(&y, &z).unwrap();
     let vs = [data(&[300, 40], 1), data(&[40, 50], 2)];
     same(&[a.clone(), w.clone()], &[y.clone(), y2.clone()], &vs);
@@ -142,12 +194,26 @@ fn ax(start: Option<i64>, stop: Option<i64>, step: i64) -> crate::ops::SliceAxis
 fn slices_are_read_in_place_by_the_groups_that_read_them() {
     // The Keras LSTM's gates: four column blocks of z, each read by one elementwise chain.
     let z = ph("z", &[None, Some(16)]);
-    let gate = |k: i64| slice(&z, &[ax(None, None, 1), ax(Some(4 * k), Some(4 * k + 4), 1)]).unwrap();
+    let gate = |k: i64| {
+        slice(
+            &z,
+            &[ax(None, None, 1), ax(Some(4 * k), Some(4 * k + 4), 1)],
+        )
+        .unwrap()
+    };
     let (i, f, g, o) = (gate(0), gate(1), gate(2), gate(3));
     let sig = |t: &Tensor| unary(UnaryOp::Sigmoid, t).unwrap();
-    let cell = add(&mul(&sig(&f), &c(0.5)).unwrap(), &mul(&sig(&i), &unary(UnaryOp::Tanh, &g).unwrap()).unwrap()).unwrap();
+    let cell = add(
+        &mul(&sig(&f), &c(0.5)).unwrap(),
+        &mul(&sig(&i), &unary(UnaryOp::Tanh, &g).unwrap()).unwrap(),
+    )
+    .unwrap();
     let h = mul(&sig(&o), &unary(UnaryOp::Tanh, &cell).unwrap()).unwrap();
-    let (fused, unfused) = same(&[z.clone()], &[h.clone(), cell.clone()], &[data(&[5, 16], 1)]);
+    let (fused, unfused) = same(
+        &[z.clone()],
+        &[h.clone(), cell.clone()],
+        &[data(&[5, 16], 1)],
+    );
     // One pass: the slices are not copied on their own.
     assert_eq!(fused, 1, "{fused} vs {unfused}");
     same(&[z.clone()], &[h.clone()], &[data(&[0, 16], 2)]);
@@ -155,7 +221,11 @@ fn slices_are_read_in_place_by_the_groups_that_read_them() {
     // A slice also returned, a slice read twice, and z itself read by the group too.
     let zi = sub(&i, &mul(&i, &i).unwrap()).unwrap();
     same(&[z.clone()], &[zi.clone(), i.clone()], &[data(&[7, 16], 4)]);
-    let zz = add(&slice(&z, &[ax(None, None, 1), ax(Some(0), Some(16), 1)]).unwrap(), &z).unwrap();
+    let zz = add(
+        &slice(&z, &[ax(None, None, 1), ax(Some(0), Some(16), 1)]).unwrap(),
+        &z,
+    )
+    .unwrap();
     same(&[z.clone()], &[zz], &[data(&[7, 16], 5)]);
     // A slice nothing fuses with stays a plain node.
     let (fused, _) = same(&[z.clone()], &[g.clone()], &[data(&[3, 16], 6)]);
@@ -166,10 +236,26 @@ fn slices_are_read_in_place_by_the_groups_that_read_them() {
 fn strided_and_clamped_slices_of_higher_rank() {
     let x = ph("x", &[None, Some(6), Some(9)]);
     let specs: Vec<Vec<crate::ops::SliceAxis>> = vec![
-        vec![ax(Some(1), Some(3), 1), ax(None, None, 1), ax(None, None, 1)],
-        vec![ax(None, None, 2), ax(Some(-4), None, 1), ax(Some(1), Some(8), 3)],
-        vec![ax(None, None, 1), ax(Some(5), Some(100), 1), ax(Some(8), None, 1)],
-        vec![ax(None, None, 1), ax(Some(4), Some(2), 1), ax(None, None, 1)],
+        vec![
+            ax(Some(1), Some(3), 1),
+            ax(None, None, 1),
+            ax(None, None, 1),
+        ],
+        vec![
+            ax(None, None, 2),
+            ax(Some(-4), None, 1),
+            ax(Some(1), Some(8), 3),
+        ],
+        vec![
+            ax(None, None, 1),
+            ax(Some(5), Some(100), 1),
+            ax(Some(8), None, 1),
+        ],
+        vec![
+            ax(None, None, 1),
+            ax(Some(4), Some(2), 1),
+            ax(None, None, 1),
+        ],
     ];
     for (k, spec) in specs.iter().enumerate() {
         let s = slice(&x, spec).unwrap();
@@ -185,7 +271,13 @@ fn strided_and_clamped_slices_of_higher_rank() {
 fn repeating_inputs_across_chunks_and_threads() {
     // Periods that do not divide the 1024-element chunk, over many chunks (and the
     // parallel path), and a repeating input returned through broadcast_to.
-    for (rows, row) in [(1000usize, vec![7usize]), (700, vec![3, 37]), (50_000, vec![5]), (3, vec![1024]), (9, vec![1500])] {
+    for (rows, row) in [
+        (1000usize, vec![7usize]),
+        (700, vec![3, 37]),
+        (50_000, vec![5]),
+        (3, vec![1024]),
+        (9, vec![1500]),
+    ] {
         let mut dims = vec![None];
         dims.extend(row.iter().map(|&d| Some(d)));
         let x = ph("x", &dims);
@@ -201,8 +293,17 @@ fn repeating_inputs_across_chunks_and_threads() {
     }
 }
 
-fn conv_spec(padding: crate::ops::conv::Padding, groups: usize, stride: usize) -> std::sync::Arc<crate::ops::conv::ConvSpec> {
-    std::sync::Arc::new(crate::ops::conv::ConvSpec { strides: vec![stride; 2], dilation: vec![1; 2], padding, groups })
+fn conv_spec(
+    padding: crate::ops::conv::Padding,
+    groups: usize,
+    stride: usize,
+) -> std::sync::Arc<crate::ops::conv::ConvSpec> {
+    std::sync::Arc::new(crate::ops::conv::ConvSpec {
+        strides: vec![stride; 2],
+        dilation: vec![1; 2],
+        padding,
+        groups,
+    })
 }
 
 #[test]
@@ -225,7 +326,11 @@ fn a_convolution_runs_with_its_bias_and_activation_image_by_image() {
         let b = ph("b", &[Some(cout)]);
         let y = conv(&x, &w, &conv_spec(pad, groups, stride)).unwrap();
         let act = unary(UnaryOp::Relu, &add(&y, &b).unwrap()).unwrap();
-        let vs = [data(&[n, 9, 11, cin], 1), data(&[ks, ks, cin / groups, cout], 2), data(&[cout], 3)];
+        let vs = [
+            data(&[n, 9, 11, cin], 1),
+            data(&[ks, ks, cin / groups, cout], 2),
+            data(&[cout], 3),
+        ];
         let (fused, unfused) = same(&[x.clone(), w.clone(), b.clone()], &[act.clone()], &vs);
         assert!(fused < unfused, "case {k}: {fused} vs {unfused}");
         // Two outputs (one in the convolution's buffer), and a tanh of the sum too.
@@ -233,7 +338,11 @@ fn a_convolution_runs_with_its_bias_and_activation_image_by_image() {
         let pre = add(&y, &b).unwrap();
         same(&[x.clone(), w.clone(), b.clone()], &[t, pre], &vs);
         // The convolution also returned: it keeps its own value.
-        same(&[x.clone(), w.clone(), b.clone()], &[act.clone(), y.clone()], &vs);
+        same(
+            &[x.clone(), w.clone(), b.clone()],
+            &[act.clone(), y.clone()],
+            &vs,
+        );
         // Its shape read after the group (a gradient's `sum_to` target, the batch unknown).
         let back = sum_to(&mul(&act, &c(2.0)).unwrap(), &shape_of(&y).unwrap()).unwrap();
         same(&[x.clone(), w.clone(), b.clone()], &[back], &vs);
@@ -243,7 +352,11 @@ fn a_convolution_runs_with_its_bias_and_activation_image_by_image() {
     let w = ph("w", &[Some(3), Some(3), Some(16), Some(16)]);
     let y = conv(&x, &w, &conv_spec(Padding::Same, 1, 1)).unwrap();
     let act = unary(UnaryOp::Sigmoid, &y).unwrap();
-    same(&[x, w], &[act], &[data(&[0, 6, 6, 16], 1), data(&[3, 3, 16, 16], 2)]);
+    same(
+        &[x, w],
+        &[act],
+        &[data(&[0, 6, 6, 16], 1), data(&[3, 3, 16, 16], 2)],
+    );
 }
 
 #[test]
@@ -259,24 +372,46 @@ fn a_pooling_and_its_gradient_run_with_the_group_that_reads_them() {
         (PoolKind::Avg, 2, 2, Padding::Same),
     ];
     for (k, (kind, win, stride, padding)) in specs.into_iter().enumerate() {
-        let spec = std::sync::Arc::new(PoolSpec { kind, window: vec![win; 2], strides: vec![stride; 2], padding });
+        let spec = std::sync::Arc::new(PoolSpec {
+            kind,
+            window: vec![win; 2],
+            strides: vec![stride; 2],
+            padding,
+        });
         let x = ph("x", &[None, Some(9), Some(8), Some(5)]);
         let m = ph("m", &[None, None, None, Some(5)]);
         let p = pool(&x, &spec).unwrap();
         let dropped = mul(&mul(&p, &m).unwrap(), &c(1.25)).unwrap();
         let gy = ph("gy", &[None, None, None, Some(5)]);
         let dx = pool_grad(&x, &gy, &spec).unwrap();
-        let relu_grad = select(&binary(BinaryOp::Greater, &x, &c(0.0)).unwrap(), &dx, &c(0.0)).unwrap();
+        let relu_grad = select(
+            &binary(BinaryOp::Greater, &x, &c(0.0)).unwrap(),
+            &dx,
+            &c(0.0),
+        )
+        .unwrap();
         let geo = spec.geom(&[6, 9, 8, 5]).unwrap();
         let ys = geo.y_shape.clone();
         let vs = [data(&[6, 9, 8, 5], k as u32), data(&ys, 7), data(&ys, 9)];
-        same(&[x.clone(), m.clone(), gy.clone()], &[dropped.clone(), relu_grad.clone()], &vs);
+        same(
+            &[x.clone(), m.clone(), gy.clone()],
+            &[dropped.clone(), relu_grad.clone()],
+            &vs,
+        );
         // The pooled value also read elsewhere later (its shape only), and an empty batch.
         let back = sum_to(&dropped, &shape_of(&p).unwrap()).unwrap();
-        same(&[x.clone(), m.clone(), gy.clone()], &[back, relu_grad.clone()], &vs);
+        same(
+            &[x.clone(), m.clone(), gy.clone()],
+            &[back, relu_grad.clone()],
+            &vs,
+        );
         let geo0 = spec.geom(&[0, 9, 8, 5]).unwrap();
         let y0 = geo0.y_shape.clone();
-        same(&[x, m, gy], &[dropped, relu_grad], &[data(&[0, 9, 8, 5], 1), data(&y0, 2), data(&y0, 3)]);
+        same(
+            &[x, m, gy],
+            &[dropped, relu_grad],
+            &[data(&[0, 9, 8, 5], 1), data(&y0, 2), data(&y0, 3)],
+        );
     }
 }
 
@@ -285,9 +420,17 @@ fn gradients_are_unchanged_by_fusion() {
     let x = ph("x", &[None, Some(8)]);
     let w = ph("w", &[Some(8), Some(4)]);
     let h = unary(UnaryOp::Relu, &matmul(&x, &w, false, false).unwrap()).unwrap();
-    let y = unary(UnaryOp::Tanh, &mul(&h, &unary(UnaryOp::Sigmoid, &h).unwrap()).unwrap()).unwrap();
+    let y = unary(
+        UnaryOp::Tanh,
+        &mul(&h, &unary(UnaryOp::Sigmoid, &h).unwrap()).unwrap(),
+    )
+    .unwrap();
     let loss = reduce(crate::ops::ReduceOp::Sum, &y, &[0, 1], false).unwrap();
-    let gs: Vec<Tensor> = crate::autodiff::gradients(&loss, &[x.clone(), w.clone()], None).unwrap().into_iter().map(|g| g.unwrap()).collect();
+    let gs: Vec<Tensor> = crate::autodiff::gradients(&loss, &[x.clone(), w.clone()], None)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect();
     let (fused, unfused) = same(&[x, w], &gs, &[data(&[16, 8], 3), data(&[8, 4], 4)]);
     assert!(fused < unfused, "{fused} vs {unfused}");
 }
@@ -317,9 +460,18 @@ fn programs_are_reused_across_calls_and_rebuilt_for_new_layouts() {
         (vec![1, 6], vec![6], 1.5),
         (vec![0, 6], vec![6], 1.5),
     ];
-    let bits = |v: &Value| -> Vec<u64> { v.to_f64_vec().iter().map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() }).collect() };
+    let bits = |v: &Value| -> Vec<u64> {
+        v.to_f64_vec()
+            .iter()
+            .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+            .collect()
+    };
     for (r, (xs, bs, sv)) in cases.iter().enumerate() {
-        let vs = vec![data(xs, r as u32), data(bs, 10 + r as u32), Value::scalar_f64(DType::F32, *sv as f64)];
+        let vs = vec![
+            data(xs, r as u32),
+            data(bs, 10 + r as u32),
+            Value::scalar_f64(DType::F32, *sv as f64),
+        ];
         let got = crate::runtime::cpu::run(&fused.plan, vs.clone(), None).unwrap();
         let want = crate::runtime::cpu::run(&unfused.plan, vs, None).unwrap();
         for (a, w) in got.iter().zip(&want) {
@@ -330,7 +482,11 @@ fn programs_are_reused_across_calls_and_rebuilt_for_new_layouts() {
 }
 
 /// `same`, then the update rules recognised in the fused run's groups.
-fn rules(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> Vec<crate::runtime::cpu::fused_rules::Rule> {
+fn rules(
+    feeds: &[Tensor],
+    outs: &[Tensor],
+    vs: &[Value],
+) -> Vec<crate::runtime::cpu::fused_rules::Rule> {
     same(feeds, outs, vs);
     let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
     f.plan.init_cpu_schedule(true);
@@ -341,14 +497,20 @@ fn rules(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> Vec<crate::runtime:
         .iter()
         .flat_map(|it| match it {
             crate::compile::fuse::Item::Group(g) => crate::runtime::cpu::fused::rules_of(g),
-            crate::compile::fuse::Item::Node(_) | crate::compile::fuse::Item::MatAcc { .. } => vec![],
+            crate::compile::fuse::Item::Node(_) | crate::compile::fuse::Item::MatAcc { .. } => {
+                vec![]
+            }
         })
         .collect()
 }
 
 /// `sqrt` as `K.sqrt` builds it: clipped at 0 first.
 fn k_sqrt(x: &Tensor) -> Tensor {
-    unary(UnaryOp::Sqrt, &binary(BinaryOp::Maximum, x, &c(0.0)).unwrap()).unwrap()
+    unary(
+        UnaryOp::Sqrt,
+        &binary(BinaryOp::Maximum, x, &c(0.0)).unwrap(),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -358,34 +520,151 @@ fn optimizer_updates_run_as_rules_bitwise_equal() {
     // special values (NaN, infinities, negatives under the clipped sqrt) in every input.
     for shape in [[3usize, 5], [37, 29], [300, 301]] {
         let dims: Vec<Option<usize>> = shape.iter().map(|&d| Some(d)).collect();
-        let (p, g, a, m) = (ph("p", &dims), ph("g", &dims), ph("a", &dims), ph("m", &dims));
+        let (p, g, a, m) = (
+            ph("p", &dims),
+            ph("g", &dims),
+            ph("a", &dims),
+            ph("m", &dims),
+        );
         let vs = |k: usize| -> Vec<Value> { (0..k as u32).map(|s| data(&shape, s + 1)).collect() };
         // RMSprop as Keras 2.3.1 writes it, then with every product and sum the other way round.
-        let a2 = add(&mul(&c(0.9), &a).unwrap(), &mul(&c(0.1), &unary(UnaryOp::Square, &g).unwrap()).unwrap()).unwrap();
-        let p2 = sub(&p, &div(&mul(&c(1e-3), &g).unwrap(), &add(&k_sqrt(&a2), &c(1e-7)).unwrap()).unwrap()).unwrap();
-        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[a2.clone(), p2.clone()], &vs(3)), [Rule::RmsProp]);
-        let a3 = add(&mul(&unary(UnaryOp::Square, &g).unwrap(), &c(0.1)).unwrap(), &mul(&a, &c(0.9)).unwrap()).unwrap();
-        let p3 = sub(&p, &div(&mul(&g, &c(1e-3)).unwrap(), &add(&c(1e-7), &k_sqrt(&a3)).unwrap()).unwrap()).unwrap();
-        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[p3.clone(), a3.clone()], &vs(3)), [Rule::RmsProp]);
+        let a2 = add(
+            &mul(&c(0.9), &a).unwrap(),
+            &mul(&c(0.1), &unary(UnaryOp::Square, &g).unwrap()).unwrap(),
+        )
+        .unwrap();
+        let p2 = sub(
+            &p,
+            &div(
+                &mul(&c(1e-3), &g).unwrap(),
+                &add(&k_sqrt(&a2), &c(1e-7)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            rules(
+                &[p.clone(), g.clone(), a.clone()],
+                &[a2.clone(), p2.clone()],
+                &vs(3)
+            ),
+            [Rule::RmsProp]
+        );
+        let a3 = add(
+            &mul(&unary(UnaryOp::Square, &g).unwrap(), &c(0.1)).unwrap(),
+            &mul(&a, &c(0.9)).unwrap(),
+        )
+        .unwrap();
+        let p3 = sub(
+            &p,
+            &div(
+                &mul(&g, &c(1e-3)).unwrap(),
+                &add(&c(1e-7), &k_sqrt(&a3)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            rules(
+                &[p.clone(), g.clone(), a.clone()],
+                &[p3.clone(), a3.clone()],
+                &vs(3)
+            ),
+            [Rule::RmsProp]
+        );
         // Adam (m, v = a).
         let m2 = add(&mul(&c(0.9), &m).unwrap(), &mul(&c(0.1), &g).unwrap()).unwrap();
-        let v2 = add(&mul(&c(0.999), &a).unwrap(), &mul(&c(1e-3), &unary(UnaryOp::Square, &g).unwrap()).unwrap()).unwrap();
-        let p4 = sub(&p, &div(&mul(&c(3e-4), &m2).unwrap(), &add(&k_sqrt(&v2), &c(1e-7)).unwrap()).unwrap()).unwrap();
+        let v2 = add(
+            &mul(&c(0.999), &a).unwrap(),
+            &mul(&c(1e-3), &unary(UnaryOp::Square, &g).unwrap()).unwrap(),
+        )
+        .unwrap();
+        let p4 = sub(
+            &p,
+            &div(
+                &mul(&c(3e-4), &m2).unwrap(),
+                &add(&k_sqrt(&v2), &c(1e-7)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
         let feeds = [p.clone(), g.clone(), m.clone(), a.clone()];
-        assert_eq!(rules(&feeds, &[m2.clone(), v2.clone(), p4.clone()], &vs(4)), [Rule::Adam]);
-        assert_eq!(rules(&feeds, &[p4.clone(), v2.clone(), m2.clone()], &vs(4)), [Rule::Adam]);
+        assert_eq!(
+            rules(&feeds, &[m2.clone(), v2.clone(), p4.clone()], &vs(4)),
+            [Rule::Adam]
+        );
+        assert_eq!(
+            rules(&feeds, &[p4.clone(), v2.clone(), m2.clone()], &vs(4)),
+            [Rule::Adam]
+        );
         // Near misses run instruction by instruction: `+` for `-`, another gradient in the
         // step, the clip the other way round (NaN handling differs), an extra output.
-        let p5 = add(&p, &div(&mul(&c(1e-3), &g).unwrap(), &add(&k_sqrt(&a2), &c(1e-7)).unwrap()).unwrap()).unwrap();
-        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[a2.clone(), p5], &vs(3)), []);
-        let p6 = sub(&p, &div(&mul(&c(1e-3), &m).unwrap(), &add(&k_sqrt(&a2), &c(1e-7)).unwrap()).unwrap()).unwrap();
-        assert_eq!(rules(&[p.clone(), g.clone(), a.clone(), m.clone()], &[a2.clone(), p6], &vs(4)), []);
-        let root = unary(UnaryOp::Sqrt, &binary(BinaryOp::Maximum, &c(0.0), &a2).unwrap()).unwrap();
-        let p7 = sub(&p, &div(&mul(&c(1e-3), &g).unwrap(), &add(&root, &c(1e-7)).unwrap()).unwrap()).unwrap();
-        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[a2.clone(), p7], &vs(3)), []);
+        let p5 = add(
+            &p,
+            &div(
+                &mul(&c(1e-3), &g).unwrap(),
+                &add(&k_sqrt(&a2), &c(1e-7)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            rules(
+                &[p.clone(), g.clone(), a.clone()],
+                &[a2.clone(), p5],
+                &vs(3)
+            ),
+            []
+        );
+        let p6 = sub(
+            &p,
+            &div(
+                &mul(&c(1e-3), &m).unwrap(),
+                &add(&k_sqrt(&a2), &c(1e-7)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            rules(
+                &[p.clone(), g.clone(), a.clone(), m.clone()],
+                &[a2.clone(), p6],
+                &vs(4)
+            ),
+            []
+        );
+        let root = unary(
+            UnaryOp::Sqrt,
+            &binary(BinaryOp::Maximum, &c(0.0), &a2).unwrap(),
+        )
+        .unwrap();
+        let p7 = sub(
+            &p,
+            &div(&mul(&c(1e-3), &g).unwrap(), &add(&root, &c(1e-7)).unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            rules(
+                &[p.clone(), g.clone(), a.clone()],
+                &[a2.clone(), p7],
+                &vs(3)
+            ),
+            []
+        );
         let sq = unary(UnaryOp::Square, &g).unwrap();
         let a8 = add(&mul(&c(0.9), &a).unwrap(), &mul(&c(0.1), &sq).unwrap()).unwrap();
-        let p8 = sub(&p, &div(&mul(&c(1e-3), &g).unwrap(), &add(&k_sqrt(&a8), &c(1e-7)).unwrap()).unwrap()).unwrap();
-        assert_eq!(rules(&[p.clone(), g.clone(), a.clone()], &[a8, p8, sq], &vs(3)), []);
+        let p8 = sub(
+            &p,
+            &div(
+                &mul(&c(1e-3), &g).unwrap(),
+                &add(&k_sqrt(&a8), &c(1e-7)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            rules(&[p.clone(), g.clone(), a.clone()], &[a8, p8, sq], &vs(3)),
+            []
+        );
     }
 }

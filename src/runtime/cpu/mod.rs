@@ -43,13 +43,19 @@ pub fn run(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>) -> Result<Vec<Va
 /// `run`, also noting in `shapes` the shape of every value put in a slot before the
 /// infallible tail (what `Plan::specialize` needs; the tail, which may write variables in
 /// place, is not recorded).
-pub fn run_shaped(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>, mut shapes: Option<&mut SlotShapes>) -> Result<Vec<Value>> {
+pub fn run_shaped(
+    plan: &Plan,
+    feeds: Vec<Value>,
+    lend: Option<&Lend>,
+    mut shapes: Option<&mut SlotShapes>,
+) -> Result<Vec<Value>> {
     use std::sync::atomic::Ordering;
     if let Some(s) = shapes.as_deref_mut() {
         *s = vec![None; plan.nodes.len()];
     }
     static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let pool = *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
+    let pool =
+        *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
     let sched = plan.cpu_schedule();
     let last = sched.last_run_ns.load(Ordering::Relaxed);
     let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
@@ -71,7 +77,10 @@ pub fn run_shaped(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>, mut shape
     } else {
         all(&mut r)
     };
-    sched.last_run_ns.store(t0.elapsed().as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    sched.last_run_ns.store(
+        t0.elapsed().as_nanos().min(u64::MAX as u128) as u64,
+        Ordering::Relaxed,
+    );
     done.map(|()| r.outputs())
 }
 
@@ -112,10 +121,17 @@ pub type SlotShapes = Vec<Option<Vec<usize>>>;
 /// The shape of fused-group member `m` that was never written to a slot: the broadcast
 /// of its data inputs' shapes (noted before it: inputs of the group, or earlier members),
 /// or a `broadcast_to`'s target; None for anything else.
-fn member_shape(plan: &Plan, m: usize, shapes: &SlotShapes, slots: &[Option<Value>]) -> Option<Vec<usize>> {
+fn member_shape(
+    plan: &Plan,
+    m: usize,
+    shapes: &SlotShapes,
+    slots: &[Option<Value>],
+) -> Option<Vec<usize>> {
     let ins = &plan.inputs[m];
     match plan.nodes[m].op() {
-        Op::BroadcastTo => slots[ins[1]].as_ref().map(|v| v.to_f64_vec().iter().map(|&d| d as usize).collect()),
+        Op::BroadcastTo => slots[ins[1]]
+            .as_ref()
+            .map(|v| v.to_f64_vec().iter().map(|&d| d as usize).collect()),
         Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) => {
             let mut out: Vec<usize> = Vec::new();
             for &j in ins {
@@ -130,7 +146,11 @@ fn member_shape(plan: &Plan, m: usize, shapes: &SlotShapes, slots: &[Option<Valu
 
 /// Runs `plan` here, also noting in `shapes` the shape of every value put in a slot (what
 /// `Plan::specialize` needs).
-pub fn run_recording(plan: &Plan, feeds: Vec<Value>, mut shapes: Option<&mut SlotShapes>) -> Result<Vec<Value>> {
+pub fn run_recording(
+    plan: &Plan,
+    feeds: Vec<Value>,
+    mut shapes: Option<&mut SlotShapes>,
+) -> Result<Vec<Value>> {
     if let Some(s) = shapes.as_deref_mut() {
         *s = vec![None; plan.nodes.len()];
     }
@@ -150,7 +170,12 @@ struct Run<'a> {
 
 impl<'a> Run<'a> {
     fn new(plan: &'a Plan, feeds: Vec<Value>) -> Self {
-        Run { plan, feeds, slots: vec![None; plan.nodes.len()], multi: HashMap::new() }
+        Run {
+            plan,
+            feeds,
+            slots: vec![None; plan.nodes.len()],
+            multi: HashMap::new(),
+        }
     }
 
     /// Runs schedule items `range`; groups may overwrite the variables `lend` names.
@@ -158,8 +183,18 @@ impl<'a> Run<'a> {
         self.record(range, lend, None)
     }
 
-    fn record(&mut self, range: std::ops::Range<usize>, lend: Option<&Lend>, mut shapes: Option<&mut SlotShapes>) -> Result<()> {
-        let Run { plan, feeds, slots, multi } = self;
+    fn record(
+        &mut self,
+        range: std::ops::Range<usize>,
+        lend: Option<&Lend>,
+        mut shapes: Option<&mut SlotShapes>,
+    ) -> Result<()> {
+        let Run {
+            plan,
+            feeds,
+            slots,
+            multi,
+        } = self;
         let sched = plan.cpu_schedule();
         for t in range {
             let item = &sched.items[t];
@@ -170,13 +205,20 @@ impl<'a> Run<'a> {
                     slots[i] = Some(v);
                 }
                 &Item::MatAcc { mm, add, acc } => {
-                    let v = mat_acc(plan, (mm, add, acc), sched.frees[t].contains(&acc), slots, multi)?;
+                    let v = mat_acc(
+                        plan,
+                        (mm, add, acc),
+                        sched.frees[t].contains(&acc),
+                        slots,
+                        multi,
+                    )?;
                     slots[add] = Some(v);
                 }
                 Item::Group(g) => {
                     match fused::run(plan, g, slots, lend)? {
                         Some(vals) => {
-                            for (o, v) in g.outputs.iter().copied().chain(g.fold_nodes()).zip(vals) {
+                            for (o, v) in g.outputs.iter().copied().chain(g.fold_nodes()).zip(vals)
+                            {
                                 slots[o] = Some(v);
                             }
                         }
@@ -226,11 +268,18 @@ impl<'a> Run<'a> {
         }
         let guard = Reclaim(lend);
         if let Err(e) = self.items(range, Some(lend)) {
-            let lost: Vec<&str> = lend.assign.iter().filter(|(c, _)| c.reclaim()).map(|(c, _)| c.name.as_str()).collect();
+            let lost: Vec<&str> = lend
+                .assign
+                .iter()
+                .filter(|(c, _)| c.reclaim())
+                .map(|(c, _)| c.name.as_str())
+                .collect();
             if lost.is_empty() {
                 return Err(e);
             }
-            return Err(Error::Runtime(format!("{e}; internal: variables {lost:?} were being updated in place and are now NaN")));
+            return Err(Error::Runtime(format!(
+                "{e}; internal: variables {lost:?} were being updated in place and are now NaN"
+            )));
         }
         for (cell, slot) in &lend.assign {
             if cell.is_lent() {
@@ -242,7 +291,11 @@ impl<'a> Run<'a> {
     }
 
     fn outputs(self) -> Vec<Value> {
-        self.plan.outputs.iter().map(|&o| self.slots[o].clone().expect("outputs are kept")).collect()
+        self.plan
+            .outputs
+            .iter()
+            .map(|&o| self.slots[o].clone().expect("outputs are kept"))
+            .collect()
     }
 }
 
@@ -250,14 +303,29 @@ impl<'a> Run<'a> {
 /// own when it dies here, `dies`, and nothing else holds it; else a copy). Where
 /// `matmul::accumulable` says no (runtime shapes, layouts), the product and the add run as
 /// plain nodes.
-fn mat_acc(plan: &Plan, (mm, add, acc): (usize, usize, usize), dies: bool, slots: &mut [Option<Value>], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
-    let Op::MatMul { ta, tb } = *plan.nodes[mm].op() else { unreachable!("MatAcc holds a matmul") };
+fn mat_acc(
+    plan: &Plan,
+    (mm, add, acc): (usize, usize, usize),
+    dies: bool,
+    slots: &mut [Option<Value>],
+    multi: &mut HashMap<usize, Vec<Value>>,
+) -> Result<Value> {
+    let Op::MatMul { ta, tb } = *plan.nodes[mm].op() else {
+        unreachable!("MatAcc holds a matmul")
+    };
     let (a, b) = (plan.inputs[mm][0], plan.inputs[mm][1]);
-    let (av, bv) = (slots[a].clone().expect("computed"), slots[b].clone().expect("computed"));
+    let (av, bv) = (
+        slots[a].clone().expect("computed"),
+        slots[b].clone().expect("computed"),
+    );
     let accv = slots[acc].as_ref().expect("computed");
     if let Some(dims) = crate::ops::matmul::accumulable(ta, tb, &av, &bv, accv) {
         // The operands were cloned above, so a buffer shared with them is not unique.
-        let held = if dies && acc != a && acc != b { slots[acc].take() } else { None };
+        let held = if dies && acc != a && acc != b {
+            slots[acc].take()
+        } else {
+            None
+        };
         let mut buf = match held {
             Some(Value::F32(x)) => x.try_into_owned_nocopy().unwrap_or_else(|x| x.to_owned()),
             _ => match &slots[acc] {
@@ -269,11 +337,26 @@ fn mat_acc(plan: &Plan, (mm, add, acc): (usize, usize, usize), dies: bool, slots
         return Ok(Value::F32(buf.into_shared()));
     }
     let product = run_node(plan, mm, &[&av, &bv], multi)?;
-    let args: Vec<&Value> = plan.inputs[add].iter().map(|&j| if j == mm { &product } else { slots[acc].as_ref().expect("computed") }).collect();
+    let args: Vec<&Value> = plan.inputs[add]
+        .iter()
+        .map(|&j| {
+            if j == mm {
+                &product
+            } else {
+                slots[acc].as_ref().expect("computed")
+            }
+        })
+        .collect();
     plan.nodes[add].op().cpu(&args)
 }
 
-fn step(plan: &Plan, i: usize, feeds: &mut [Value], slots: &[Option<Value>], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
+fn step(
+    plan: &Plan,
+    i: usize,
+    feeds: &mut [Value],
+    slots: &[Option<Value>],
+    multi: &mut HashMap<usize, Vec<Value>>,
+) -> Result<Value> {
     let node = &plan.nodes[i];
     Ok(match &plan.steps[i] {
         Step::Fed(f) => std::mem::replace(&mut feeds[*f], Value::scalar_f64(node.dtype(), 0.0)),
@@ -281,7 +364,11 @@ fn step(plan: &Plan, i: usize, feeds: &mut [Value], slots: &[Option<Value>], mul
         Step::Compute => {
             let args: Vec<&Value> = plan.inputs[i]
                 .iter()
-                .map(|&j| slots[j].as_ref().expect("inputs are computed before their users"))
+                .map(|&j| {
+                    slots[j]
+                        .as_ref()
+                        .expect("inputs are computed before their users")
+                })
                 .collect();
             run_node(plan, i, &args, multi)?
         }
@@ -291,7 +378,12 @@ fn step(plan: &Plan, i: usize, feeds: &mut [Value], slots: &[Option<Value>], mul
 /// Runs compute node `i` of `plan` on host values. Multi-result nodes (loops, host
 /// callbacks, CTC decoding) keep their results in `multi`, where their `TupleGet` users find them; the
 /// GPU executor uses this too for the nodes it runs on the CPU.
-pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usize, Vec<Value>>) -> Result<Value> {
+pub fn run_node(
+    plan: &Plan,
+    i: usize,
+    args: &[&Value],
+    multi: &mut HashMap<usize, Vec<Value>>,
+) -> Result<Value> {
     let node = &plan.nodes[i];
     match node.op() {
         Op::Loop(body) => {
@@ -299,7 +391,9 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
             // (Keras LSTM step: 1.26x, benches/PROFILE.md), with a second one polling
             // for halves of them (`team`).
             let read = results_read(plan, i, body.n_results());
-            let results = on_worker(&body.plan(), || team::with_team(|| crate::ops::control::run(body, args, &read, &run_recording)))?;
+            let results = on_worker(&body.plan(), || {
+                team::with_team(|| crate::ops::control::run(body, args, &read, &run_recording))
+            })?;
             multi.insert(i, results);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }
@@ -317,7 +411,11 @@ pub fn run_node(plan: &Plan, i: usize, args: &[&Value], multi: &mut HashMap<usiz
                 .get(&src)
                 .and_then(|r| r.get(*k))
                 .cloned()
-                .ok_or_else(|| Error::Runtime(format!("result {k} of a multi-result node was not computed")))
+                .ok_or_else(|| {
+                    Error::Runtime(format!(
+                        "result {k} of a multi-result node was not computed"
+                    ))
+                })
         }
         op => op.cpu(args),
     }

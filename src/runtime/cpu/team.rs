@@ -59,7 +59,11 @@ thread_local! {
 /// alone where the pool has one thread or this thread already leads a team (nested loops).
 /// Must be called on a rayon worker (`cpu::on_worker`).
 pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if !enabled() || rayon::current_num_threads() < 2 || rayon::current_thread_index().is_none() || available() {
+    if !enabled()
+        || rayon::current_num_threads() < 2
+        || rayon::current_thread_index().is_none()
+        || available()
+    {
         return f();
     }
     // After a stall the next few teams are not formed (`backoff`): the machine may be
@@ -88,7 +92,10 @@ pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         drop(reset);
         team.stop.store(true, Ordering::Release);
         if team.stalled.load(Ordering::Relaxed) {
-            BACKOFF.store(backoff(STREAK.fetch_add(1, Ordering::Relaxed) + 1), Ordering::Relaxed);
+            BACKOFF.store(
+                backoff(STREAK.fetch_add(1, Ordering::Relaxed) + 1),
+                Ordering::Relaxed,
+            );
         } else {
             STREAK.store(0, Ordering::Relaxed);
         }
@@ -133,7 +140,12 @@ impl Team {
         let mut idle = 0u32;
         while !self.stop.load(Ordering::Acquire) && !self.stalled.load(Ordering::Relaxed) {
             let p = self.slot.load(Ordering::Acquire);
-            if !p.is_null() && self.slot.compare_exchange(p, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if !p.is_null()
+                && self
+                    .slot
+                    .compare_exchange(p, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
                 // SAFETY: the poster waits for `done` once the job was taken from the slot
                 // (`split2`), so the job and what it borrows outlive this call.
                 let job = unsafe { &*p };
@@ -171,17 +183,28 @@ pub fn available() -> bool {
 /// returns when both have run.
 pub fn split2(f: &(dyn Fn(usize) + Sync)) {
     // SAFETY: `with_team` clears TEAM before its team goes out of scope.
-    let Some(team) = (unsafe { TEAM.get().as_ref() }).filter(|t| !t.stalled.load(Ordering::Relaxed)) else {
+    let Some(team) =
+        (unsafe { TEAM.get().as_ref() }).filter(|t| !t.stalled.load(Ordering::Relaxed))
+    else {
         f(0);
         f(1);
         return;
     };
-    let job = Job { f, done: AtomicBool::new(false), panicked: AtomicBool::new(false) };
+    let job = Job {
+        f,
+        done: AtomicBool::new(false),
+        panicked: AtomicBool::new(false),
+    };
     // The slot's type erases the job's lifetime: `Posted` takes the job back or waits for
     // the helper to finish it before `job` goes out of scope, also when `f(0)` unwinds.
     let p = &job as *const Job<'_> as *mut Job<'static>;
     team.slot.store(p, Ordering::Release);
-    let mut posted = Posted { team, p, job: &job, settled: false };
+    let mut posted = Posted {
+        team,
+        p,
+        job: &job,
+        settled: false,
+    };
     f(0);
     let taken_back = posted.settle();
     if taken_back {
@@ -190,7 +213,11 @@ pub fn split2(f: &(dyn Fn(usize) + Sync)) {
     }
     // Most of the halves of two windows in a row (`WINDOW` halves each, posted by any team)
     // taken back means the helpers are not getting a core.
-    let back = if taken_back { WIN_BACK.fetch_add(1, Ordering::Relaxed) + 1 } else { WIN_BACK.load(Ordering::Relaxed) };
+    let back = if taken_back {
+        WIN_BACK.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        WIN_BACK.load(Ordering::Relaxed)
+    };
     if WIN_POSTED.fetch_add(1, Ordering::Relaxed) + 1 >= WINDOW {
         WIN_POSTED.store(0, Ordering::Relaxed);
         WIN_BACK.store(0, Ordering::Relaxed);
@@ -216,7 +243,17 @@ impl Posted<'_> {
     /// Takes the job back (true) or waits until the helper has run it (false).
     fn settle(&mut self) -> bool {
         self.settled = true;
-        if self.team.slot.compare_exchange(self.p, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if self
+            .team
+            .slot
+            .compare_exchange(
+                self.p,
+                std::ptr::null_mut(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
             return true;
         }
         let mut spins = 0u32;

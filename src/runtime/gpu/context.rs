@@ -62,7 +62,10 @@ impl Context {
     }
 
     pub fn is_lost(&self) -> bool {
-        self.lost.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     /// Destroys the device, which makes it lost (tests of the device-loss path). wgpu
@@ -99,11 +102,24 @@ fn registry() -> &'static Registry {
                     wgpu::DeviceType::Other => ("other", false),
                 };
                 let backend = format!("{:?}", info.backend);
-                (AdapterDesc { index, name: info.name.clone(), backend, kind: kind.into(), software }, a)
+                (
+                    AdapterDesc {
+                        index,
+                        name: info.name.clone(),
+                        backend,
+                        kind: kind.into(),
+                        software,
+                    },
+                    a,
+                )
             })
             .collect();
         let n = adapters.len();
-        Registry { instance, adapters, open: Mutex::new(vec![None; n]) }
+        Registry {
+            instance,
+            adapters,
+            open: Mutex::new(vec![None; n]),
+        }
     })
 }
 
@@ -117,12 +133,21 @@ pub fn why_none() -> String {
 }
 
 fn env_cap() -> Option<u64> {
-    std::env::var("FERROKERAS_GPU_MAX_BINDING").ok().and_then(|v| v.trim().parse::<u64>().ok())
+    std::env::var("FERROKERAS_GPU_MAX_BINDING")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
 }
 
 /// The devices opened so far (lost ones included until replaced).
 pub fn opened() -> Vec<Arc<Context>> {
-    registry().open.lock().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
+    registry()
+        .open
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .flatten()
+        .cloned()
+        .collect()
 }
 
 /// Opens (once) the device of adapter `index`; a lost device is replaced by a new one.
@@ -134,35 +159,54 @@ pub fn open(index: usize) -> Result<Arc<Context>> {
             return Ok(c.clone());
         }
     }
-    let (desc, adapter) = reg
-        .adapters
-        .get(index)
-        .ok_or_else(|| Error::Device(format!("no GPU adapter number {index} ({} found)", reg.adapters.len())))?;
+    let (desc, adapter) = reg.adapters.get(index).ok_or_else(|| {
+        Error::Device(format!(
+            "no GPU adapter number {index} ({} found)",
+            reg.adapters.len()
+        ))
+    })?;
     let has_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
     let limits = adapter.limits();
-    let features = if has_f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+    let features = if has_f16 {
+        wgpu::Features::SHADER_F16
+    } else {
+        wgpu::Features::empty()
+    };
     let dd = wgpu::DeviceDescriptor {
         label: Some("ferrokeras"),
         required_features: features,
         required_limits: limits.clone(),
         ..Default::default()
     };
-    let (device, queue) = pollster::block_on(adapter.request_device(&dd))
-        .map_err(|e| Error::Device(format!("cannot open GPU adapter {index} ({}): {e}", desc.name)))?;
+    let (device, queue) = pollster::block_on(adapter.request_device(&dd)).map_err(|e| {
+        Error::Device(format!(
+            "cannot open GPU adapter {index} ({}): {e}",
+            desc.name
+        ))
+    })?;
     let errors = Arc::new(Mutex::new(Vec::new()));
     let lost = Arc::new(Mutex::new(None));
     {
         let errors = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            errors.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
+            errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(e.to_string());
         }));
         let lost = lost.clone();
         device.set_device_lost_callback(move |reason, msg| {
-            let m = if msg.is_empty() { format!("{reason:?}") } else { format!("{reason:?}: {msg}") };
+            let m = if msg.is_empty() {
+                format!("{reason:?}")
+            } else {
+                format!("{reason:?}: {msg}")
+            };
             *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(m);
         });
     }
-    let mut max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+    let mut max_binding = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size);
     if let Some(cap) = env_cap() {
         max_binding = max_binding.min(cap);
     }

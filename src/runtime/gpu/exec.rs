@@ -64,10 +64,20 @@ pub(crate) struct Slot {
 
 impl Slot {
     pub fn host(v: Value) -> Slot {
-        Slot { shape: v.shape().to_vec(), dtype: v.dtype(), host: Some(v), dev: None }
+        Slot {
+            shape: v.shape().to_vec(),
+            dtype: v.dtype(),
+            host: Some(v),
+            dev: None,
+        }
     }
     pub fn dev(d: DTensor) -> Slot {
-        Slot { shape: d.shape.clone(), dtype: d.dtype, host: None, dev: Some(d) }
+        Slot {
+            shape: d.shape.clone(),
+            dtype: d.dtype,
+            host: None,
+            dev: Some(d),
+        }
     }
 }
 
@@ -98,7 +108,11 @@ pub(crate) struct Exec<'a> {
 fn gpu_supports(t: &Tensor) -> bool {
     let op = t.op();
     let hargs = op.host_args();
-    let ins_ok = t.inputs().iter().enumerate().all(|(p, x)| hargs.contains(&p) || dtag(x.dtype()).is_some());
+    let ins_ok = t
+        .inputs()
+        .iter()
+        .enumerate()
+        .all(|(p, x)| hargs.contains(&p) || dtag(x.dtype()).is_some());
     let out_ok = dtag(t.dtype()).is_some() || matches!(op, Op::Arg { .. });
     ins_ok && out_ok && kernels::supports(t)
 }
@@ -122,7 +136,9 @@ fn build_layout(ctx: &Context, plan: &Plan) -> Layout {
         shape_like[i] = t.dtype().is_int()
             && t.rank() <= 1
             && !consumers[i].is_empty()
-            && consumers[i].iter().all(|&(c, p)| plan.nodes[c].op().host_args().contains(&p) || shape_like[c]);
+            && consumers[i]
+                .iter()
+                .all(|&(c, p)| plan.nodes[c].op().host_args().contains(&p) || shape_like[c]);
     }
     let place: Vec<Place> = (0..n)
         .map(|i| match plan.steps[i] {
@@ -142,13 +158,22 @@ fn build_layout(ctx: &Context, plan: &Plan) -> Layout {
             },
         })
         .collect();
-    let fusable = |i: usize| place[i] == Place::Gpu && matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_));
+    let fusable = |i: usize| {
+        place[i] == Place::Gpu && matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_))
+    };
     let inlined = |j: usize| matches!(&plan.steps[j], Step::Folded(v) if v.len() == 1 && dtag(v.dtype()).is_some());
     let dev_inputs = |i: usize| -> Vec<usize> {
         let h = plan.nodes[i].op().host_args();
-        plan.inputs[i].iter().enumerate().filter(|(p, &j)| !h.contains(p) && !inlined(j)).map(|(_, &j)| j).collect()
+        plan.inputs[i]
+            .iter()
+            .enumerate()
+            .filter(|(p, &j)| !h.contains(p) && !inlined(j))
+            .map(|(_, &j)| j)
+            .collect()
     };
-    let max_inputs = (ctx.limits.max_storage_buffers_per_shader_stage as usize).saturating_sub(2).max(2);
+    let max_inputs = (ctx.limits.max_storage_buffers_per_shader_stage as usize)
+        .saturating_sub(2)
+        .max(2);
     let mut sink: Vec<usize> = (0..n).collect();
     let mut ext: HashMap<usize, Vec<usize>> = HashMap::new();
     for i in (0..n).rev() {
@@ -194,12 +219,26 @@ fn build_layout(ctx: &Context, plan: &Plan) -> Layout {
             frees[*l].push(j);
         }
     }
-    Layout { ctx_id: ctx.id, place, sink, members, frees, consts: Mutex::new(HashMap::new()), fused: Mutex::new(HashMap::new()) }
+    Layout {
+        ctx_id: ctx.id,
+        place,
+        sink,
+        members,
+        frees,
+        consts: Mutex::new(HashMap::new()),
+        fused: Mutex::new(HashMap::new()),
+    }
 }
 
 /// Runs `plan` on `ctx`. Results `..n_host` come back as host values, the rest may stay
 /// resident.
-pub fn run(ctx: &Arc<Context>, plan: &Plan, feeds: Vec<Value>, n_host: usize, cache: &PlanCache) -> Result<(Vec<Out>, RunStats)> {
+pub fn run(
+    ctx: &Arc<Context>,
+    plan: &Plan,
+    feeds: Vec<Value>,
+    n_host: usize,
+    cache: &PlanCache,
+) -> Result<(Vec<Out>, RunStats)> {
     let lay = {
         let mut l = cache.layout.lock().unwrap_or_else(|e| e.into_inner());
         match l.as_ref() {
@@ -226,7 +265,8 @@ pub fn run(ctx: &Arc<Context>, plan: &Plan, feeds: Vec<Value>, n_host: usize, ca
     };
     let mut feeds: Vec<Option<Value>> = feeds.into_iter().map(Some).collect();
     for i in 0..plan.nodes.len() {
-        ex.step(i, &mut feeds).map_err(|e| annotate(e, &plan.nodes[i]))?;
+        ex.step(i, &mut feeds)
+            .map_err(|e| annotate(e, &plan.nodes[i]))?;
         for &j in &lay.frees[i] {
             ex.slots[j] = None;
             ex.multi.remove(&j);
@@ -255,16 +295,20 @@ pub fn run(ctx: &Arc<Context>, plan: &Plan, feeds: Vec<Value>, n_host: usize, ca
 
 fn annotate(e: Error, node: &Tensor) -> Error {
     match e {
-        Error::Device(m) if !m.contains(&node.op().name()) => {
-            Error::Device(format!("{m} (while running {} of shape {})", node.op().name(), node.shape()))
-        }
+        Error::Device(m) if !m.contains(&node.op().name()) => Error::Device(format!(
+            "{m} (while running {} of shape {})",
+            node.op().name(),
+            node.shape()
+        )),
         other => other,
     }
 }
 
 impl<'a> Exec<'a> {
     pub fn slot(&self, j: usize) -> &Slot {
-        self.slots[j].as_ref().expect("inputs are computed before their users")
+        self.slots[j]
+            .as_ref()
+            .expect("inputs are computed before their users")
     }
 
     fn step(&mut self, i: usize, feeds: &mut [Option<Value>]) -> Result<()> {
@@ -277,23 +321,39 @@ impl<'a> Exec<'a> {
             Step::Fed(f) => Slot::host(feeds[*f].take().expect("each feed is read once")),
             Step::Folded(v) => {
                 let mut s = Slot::host(v.clone());
-                s.dev = lay.consts.lock().unwrap_or_else(|e| e.into_inner()).get(&i).cloned();
+                s.dev = lay
+                    .consts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&i)
+                    .cloned();
                 s
             }
             Step::Compute => match lay.place[i] {
                 Place::Source => self.source(i)?,
                 Place::Meta => {
                     let sh = &self.slot(self.plan.inputs[i][0]).shape;
-                    Slot::host(Value::from_vec(&[sh.len()], sh.iter().map(|&d| d as i32).collect())?)
+                    Slot::host(Value::from_vec(
+                        &[sh.len()],
+                        sh.iter().map(|&d| d as i32).collect(),
+                    )?)
                 }
                 Place::View => self.view(i)?,
                 Place::Host => {
                     self.stats.host_nodes += 1;
                     let ins = self.plan.inputs[i].clone();
                     self.ensure_host(&ins, false)?;
-                    let vals: Vec<Value> = ins.iter().map(|&j| self.slot(j).host.clone().expect("downloaded")).collect();
+                    let vals: Vec<Value> = ins
+                        .iter()
+                        .map(|&j| self.slot(j).host.clone().expect("downloaded"))
+                        .collect();
                     let args: Vec<&Value> = vals.iter().collect();
-                    Slot::host(crate::runtime::cpu::run_node(plan, i, &args, &mut self.multi)?)
+                    Slot::host(crate::runtime::cpu::run_node(
+                        plan,
+                        i,
+                        &args,
+                        &mut self.multi,
+                    )?)
                 }
                 Place::Gpu if !lay.members[i].is_empty() => fusion::record(self, i)?,
                 Place::Gpu => kernels::record(self, i)?,
@@ -336,20 +396,33 @@ impl<'a> Exec<'a> {
             GpuKind::View(ViewOp::Reshape) => {
                 let s = self.slot(ins[1]);
                 let Some(target) = s.host.as_ref() else {
-                    return Err(Error::Runtime("reshape: the target shape is not on the host".into()));
+                    return Err(Error::Runtime(
+                        "reshape: the target shape is not on the host".into(),
+                    ));
                 };
                 movement::reshape_dims("reshape", &x.shape, target)?
             }
             GpuKind::View(ViewOp::ExpandDims(axes)) => movement::expanded_dims(axes, &x.shape),
             GpuKind::View(ViewOp::Squeeze(axes)) => movement::squeezed_dims(axes, &x.shape)?,
-            GpuKind::Source | GpuKind::Meta | GpuKind::Fused(_) | GpuKind::Kernel | GpuKind::Host => {
-                return Err(Error::Runtime(format!("internal: {} is not a view", node.op().name())))
+            GpuKind::Source
+            | GpuKind::Meta
+            | GpuKind::Fused(_)
+            | GpuKind::Kernel
+            | GpuKind::Host => {
+                return Err(Error::Runtime(format!(
+                    "internal: {} is not a view",
+                    node.op().name()
+                )))
             }
         };
         Ok(Slot {
             dtype: node.dtype(),
             host: x.host.as_ref().map(|h| h.reshape(&shape)).transpose()?,
-            dev: x.dev.as_ref().map(|d| DTensor { buf: d.buf.clone(), shape: shape.clone(), dtype: d.dtype }),
+            dev: x.dev.as_ref().map(|d| DTensor {
+                buf: d.buf.clone(),
+                shape: shape.clone(),
+                dtype: d.dtype,
+            }),
             shape,
         })
     }
@@ -361,18 +434,42 @@ impl<'a> Exec<'a> {
         if let Some(d) = &s.dev {
             return Ok(d.clone());
         }
-        let v = s.host.as_ref().expect("a slot has a host or a device value");
-        let words = transfer::to_words(v)
-            .ok_or_else(|| Error::Runtime(format!("internal: a {} value cannot be uploaded to the GPU", v.dtype())))?;
-        let what = || format!("{} (shape {:?}, {})", self.plan.nodes[j].op().name(), v.shape(), v.dtype());
+        let v = s
+            .host
+            .as_ref()
+            .expect("a slot has a host or a device value");
+        let words = transfer::to_words(v).ok_or_else(|| {
+            Error::Runtime(format!(
+                "internal: a {} value cannot be uploaded to the GPU",
+                v.dtype()
+            ))
+        })?;
+        let what = || {
+            format!(
+                "{} (shape {:?}, {})",
+                self.plan.nodes[j].op().name(),
+                v.shape(),
+                v.dtype()
+            )
+        };
         let buf = pool::alloc(self.ctx, (words.len() as u64 * 4).max(4), &what)?;
         if !words.is_empty() {
-            self.ctx.queue.write_buffer(buf.raw(), 0, bytemuck::cast_slice(&words));
+            self.ctx
+                .queue
+                .write_buffer(buf.raw(), 0, bytemuck::cast_slice(&words));
         }
-        let d = DTensor { buf, shape: v.shape().to_vec(), dtype: v.dtype() };
+        let d = DTensor {
+            buf,
+            shape: v.shape().to_vec(),
+            dtype: v.dtype(),
+        };
         match (&self.plan.steps[j], self.plan.nodes[j].op()) {
             (Step::Folded(_), _) => {
-                self.lay.consts.lock().unwrap_or_else(|e| e.into_inner()).insert(j, d.clone());
+                self.lay
+                    .consts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(j, d.clone());
             }
             (Step::Compute, Op::Variable(cell)) => {
                 if let Some(&ver) = self.var_versions.get(&j) {
@@ -388,24 +485,55 @@ impl<'a> Exec<'a> {
     /// A fresh device tensor (contents undefined).
     pub fn alloc(&self, shape: &[usize], dtype: DType, node: usize) -> Result<DTensor> {
         let n: usize = shape.iter().product();
-        let what = || format!("the result of {} (shape {shape:?}, {dtype})", self.plan.nodes[node].op().name());
+        let what = || {
+            format!(
+                "the result of {} (shape {shape:?}, {dtype})",
+                self.plan.nodes[node].op().name()
+            )
+        };
         let buf = pool::alloc(self.ctx, (n as u64 * 4).max(4), &what)?;
-        Ok(DTensor { buf, shape: shape.to_vec(), dtype })
+        Ok(DTensor {
+            buf,
+            shape: shape.to_vec(),
+            dtype,
+        })
     }
 
     /// Records one dispatch. `bufs` are (binding, tensor) pairs; binding 0 is the params.
-    pub fn dispatch(&mut self, pipe: Arc<Pipe>, bufs: &[(u32, &DTensor)], params: Vec<u32>, groups: [u32; 3]) {
+    pub fn dispatch(
+        &mut self,
+        pipe: Arc<Pipe>,
+        bufs: &[(u32, &DTensor)],
+        params: Vec<u32>,
+        groups: [u32; 3],
+    ) {
         if groups.contains(&0) {
             return;
         }
-        let bufs = bufs.iter().map(|(b, t)| (*b, t.buf.clone(), (t.numel() as u64 * 4).max(4))).collect();
-        self.cmds.push(Cmd { pipe, bufs, params, groups });
+        let bufs = bufs
+            .iter()
+            .map(|(b, t)| (*b, t.buf.clone(), (t.numel() as u64 * 4).max(4)))
+            .collect();
+        self.cmds.push(Cmd {
+            pipe,
+            bufs,
+            params,
+            groups,
+        });
         self.stats.dispatches += 1;
     }
 
     /// Like `dispatch`, binding the call's error-status buffer at binding 4; an index out
     /// of range makes the call fail with `msg`.
-    pub fn dispatch_checked(&mut self, pipe: Arc<Pipe>, bufs: &[(u32, &DTensor)], mut params: Vec<u32>, groups: [u32; 3], tag: u32, msg: String) -> Result<()> {
+    pub fn dispatch_checked(
+        &mut self,
+        pipe: Arc<Pipe>,
+        bufs: &[(u32, &DTensor)],
+        mut params: Vec<u32>,
+        groups: [u32; 3],
+        tag: u32,
+        msg: String,
+    ) -> Result<()> {
         if groups.contains(&0) {
             return Ok(());
         }
@@ -420,9 +548,17 @@ impl<'a> Exec<'a> {
         };
         params.push(tag);
         self.status_msgs.insert(tag, msg);
-        let mut b: Vec<(u32, Arc<DevBuf>, u64)> = bufs.iter().map(|(b, t)| (*b, t.buf.clone(), (t.numel() as u64 * 4).max(4))).collect();
+        let mut b: Vec<(u32, Arc<DevBuf>, u64)> = bufs
+            .iter()
+            .map(|(b, t)| (*b, t.buf.clone(), (t.numel() as u64 * 4).max(4)))
+            .collect();
         b.push((4, status, 16));
-        self.cmds.push(Cmd { pipe, bufs: b, params, groups });
+        self.cmds.push(Cmd {
+            pipe,
+            bufs: b,
+            params,
+            groups,
+        });
         self.stats.dispatches += 1;
         Ok(())
     }
@@ -430,17 +566,28 @@ impl<'a> Exec<'a> {
     /// Makes the host values of `js` available, downloading device-only ones in one
     /// submit. `finish` submits recorded work even when nothing needs downloading.
     pub fn ensure_host(&mut self, js: &[usize], finish: bool) -> Result<()> {
-        let need: Vec<usize> = js.iter().copied().filter(|&j| self.slot(j).host.is_none()).collect::<Vec<_>>();
+        let need: Vec<usize> = js
+            .iter()
+            .copied()
+            .filter(|&j| self.slot(j).host.is_none())
+            .collect::<Vec<_>>();
         let mut need_u = need.clone();
         need_u.sort_unstable();
         need_u.dedup();
         if need_u.is_empty() && !(finish && (!self.cmds.is_empty() || self.status.is_some())) {
             return Ok(());
         }
-        let mut reads: Vec<DTensor> = need_u.iter().map(|&j| self.slot(j).dev.clone().expect("device value")).collect();
+        let mut reads: Vec<DTensor> = need_u
+            .iter()
+            .map(|&j| self.slot(j).dev.clone().expect("device value"))
+            .collect();
         let status = self.status.take();
         if let Some(s) = &status {
-            reads.push(DTensor { buf: s.clone(), shape: vec![4], dtype: DType::I32 });
+            reads.push(DTensor {
+                buf: s.clone(),
+                shape: vec![4],
+                dtype: DType::I32,
+            });
         }
         let cmds = std::mem::take(&mut self.cmds);
         let mut words = submit(self.ctx, cmds, &reads)?;
@@ -448,7 +595,11 @@ impl<'a> Exec<'a> {
         if status.is_some() {
             let st = words.pop().expect("status words");
             if st[0] != 0 {
-                let msg = self.status_msgs.get(&st[0]).cloned().unwrap_or_else(|| "an index is out of range".into());
+                let msg = self
+                    .status_msgs
+                    .get(&st[0])
+                    .cloned()
+                    .unwrap_or_else(|| "an index is out of range".into());
                 return Err(Error::Value(msg));
             }
         }
@@ -494,10 +645,15 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
         None
     } else {
         let b = pool::alloc(ctx, all.len() as u64 * 4, &|| "kernel parameters".into())?;
-        ctx.queue.write_buffer(b.raw(), 0, bytemuck::cast_slice(&all));
+        ctx.queue
+            .write_buffer(b.raw(), 0, bytemuck::cast_slice(&all));
         Some(b)
     };
-    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ferrokeras call") });
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("ferrokeras call"),
+        });
     if let Some(pbuf) = &pbuf {
         let groups: Vec<wgpu::BindGroup> = cmds
             .iter()
@@ -522,10 +678,17 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
                         }),
                     });
                 }
-                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &c.pipe.layout, entries: &entries })
+                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &c.pipe.layout,
+                    entries: &entries,
+                })
             })
             .collect();
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: None,
+        });
         for (c, g) in cmds.iter().zip(&groups) {
             pass.set_pipeline(&c.pipe.pipeline);
             pass.set_bind_group(0, g, &[]);
@@ -534,7 +697,11 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
     }
     let sizes: Vec<u64> = reads.iter().map(|t| t.numel() as u64 * 4).collect();
     let total: u64 = sizes.iter().sum();
-    let staging = if total > 0 { Some(pool::alloc_staging(ctx, total)?) } else { None };
+    let staging = if total > 0 {
+        Some(pool::alloc_staging(ctx, total)?)
+    } else {
+        None
+    };
     if let Some(st) = &staging {
         let mut off = 0;
         for (t, &sz) in reads.iter().zip(&sizes) {
@@ -559,13 +726,21 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
             ctx.check("a GPU call")?;
             match rx.recv() {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(Error::Device(format!("mapping the GPU results failed: {e}"))),
-                Err(_) => return Err(Error::Device("mapping the GPU results did not complete".into())),
+                Ok(Err(e)) => {
+                    return Err(Error::Device(format!(
+                        "mapping the GPU results failed: {e}"
+                    )))
+                }
+                Err(_) => {
+                    return Err(Error::Device(
+                        "mapping the GPU results did not complete".into(),
+                    ))
+                }
             }
             {
-                let view = slice
-                    .get_mapped_range()
-                    .map_err(|e| Error::Device(format!("reading the mapped GPU results failed: {e}")))?;
+                let view = slice.get_mapped_range().map_err(|e| {
+                    Error::Device(format!("reading the mapped GPU results failed: {e}"))
+                })?;
                 let words: &[u32] = bytemuck::cast_slice(&view);
                 let mut off = 0usize;
                 for &sz in &sizes {

@@ -33,7 +33,10 @@ fn fused_op(op: &crate::ops::Op) -> Result<FusedOp> {
     match op.gpu_kind() {
         GpuKind::Fused(f) => Ok(f),
         GpuKind::Source | GpuKind::Meta | GpuKind::View(_) | GpuKind::Kernel | GpuKind::Host => {
-            Err(Error::Runtime(format!("internal: {} is not an elementwise op", op.name())))
+            Err(Error::Runtime(format!(
+                "internal: {} is not an elementwise op",
+                op.name()
+            )))
         }
     }
 }
@@ -82,17 +85,33 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
     let mut shapes: HashMap<usize, Vec<usize>> = HashMap::new();
     for &m in &members {
         let ins = &plan.inputs[m];
-        let sh = |j: usize| -> Vec<usize> { shapes.get(&j).cloned().unwrap_or_else(|| ex.slot(j).shape.clone()) };
+        let sh = |j: usize| -> Vec<usize> {
+            shapes
+                .get(&j)
+                .cloned()
+                .unwrap_or_else(|| ex.slot(j).shape.clone())
+        };
         let shape = match fused_op(plan.nodes[m].op())? {
             FusedOp::Unary(_) | FusedOp::Cast(_) => sh(ins[0]),
             FusedOp::Binary(b) => broadcast_runtime(b.name(), &sh(ins[0]), &sh(ins[1]))?,
-            FusedOp::Select => broadcast_runtime("select", &broadcast_runtime("select", &sh(ins[0]), &sh(ins[1]))?, &sh(ins[2]))?,
+            FusedOp::Select => broadcast_runtime(
+                "select",
+                &broadcast_runtime("select", &sh(ins[0]), &sh(ins[1]))?,
+                &sh(ins[2]),
+            )?,
             FusedOp::BroadcastTo => {
-                let t = ex.slot(ins[1]).host.as_ref().ok_or_else(|| Error::Runtime("broadcast_to: target shape not on the host".into()))?;
-                let target: Vec<usize> = t.to_i64_vec().iter().map(|&d| d.max(0) as usize).collect();
+                let t = ex.slot(ins[1]).host.as_ref().ok_or_else(|| {
+                    Error::Runtime("broadcast_to: target shape not on the host".into())
+                })?;
+                let target: Vec<usize> =
+                    t.to_i64_vec().iter().map(|&d| d.max(0) as usize).collect();
                 let x = sh(ins[0]);
-                if x.len() > target.len() || broadcast_runtime("broadcast_to", &x, &target)? != target {
-                    return Err(Error::Value(format!("broadcast_to: cannot broadcast shape {x:?} to {target:?}")));
+                if x.len() > target.len()
+                    || broadcast_runtime("broadcast_to", &x, &target)? != target
+                {
+                    return Err(Error::Value(format!(
+                        "broadcast_to: cannot broadcast shape {x:?} to {target:?}"
+                    )));
                 }
                 target
             }
@@ -137,7 +156,13 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
             Mode::Param(_) => [3, 0],
         })
         .collect();
-    let cached = ex.lay.fused.lock().unwrap_or_else(|e| e.into_inner()).get(&(s, key.clone())).cloned();
+    let cached = ex
+        .lay
+        .fused
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(s, key.clone()))
+        .cloned();
     let tag = dtag(out_dtype).expect("gpu dtype");
     let entry = format!("fused_{tag}");
     let pipe = match cached {
@@ -145,7 +170,11 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
         None => {
             let src = generate(ex, &members, &ext, s, &entry)?;
             let p = pipelines::generated(ex.ctx, &src, &entry)?;
-            ex.lay.fused.lock().unwrap_or_else(|e| e.into_inner()).insert((s, key), p.clone());
+            ex.lay
+                .fused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert((s, key), p.clone());
             p
         }
     };
@@ -173,7 +202,13 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
     Ok(Slot::dev(out))
 }
 
-fn generate(ex: &Exec, members: &[usize], ext: &[(usize, Mode)], s: usize, entry: &str) -> Result<String> {
+fn generate(
+    ex: &Exec,
+    members: &[usize],
+    ext: &[(usize, Mode)],
+    s: usize,
+    entry: &str,
+) -> Result<String> {
     let plan = ex.plan;
     let has_f16 = ex.ctx.has_f16;
     let mut src = pipelines::common(has_f16);
@@ -181,7 +216,11 @@ fn generate(ex: &Exec, members: &[usize], ext: &[(usize, Mode)], s: usize, entry
     src.push_str("@group(0) @binding(1) var<storage, read_write> out: array<u32>;\n");
     for (k, (_, m)) in ext.iter().enumerate() {
         if !matches!(m, Mode::Param(_)) {
-            let _ = writeln!(src, "@group(0) @binding({}) var<storage, read> in{k}: array<u32>;", 2 + k);
+            let _ = writeln!(
+                src,
+                "@group(0) @binding({}) var<storage, read> in{k}: array<u32>;",
+                2 + k
+            );
         }
     }
     if ext.iter().any(|e| e.1 == Mode::Bcast) {
@@ -224,9 +263,14 @@ fn generate(ex: &Exec, members: &[usize], ext: &[(usize, Mode)], s: usize, entry
         let expr = match fused_op(node.op())? {
             FusedOp::Unary(u) => {
                 let fl = is_float(in_dt(0));
-                let e = u.wgsl(fl).ok_or_else(|| Error::Runtime(format!("{}: no integer WGSL lowering", u.name())))?;
+                let e = u.wgsl(fl).ok_or_else(|| {
+                    Error::Runtime(format!("{}: no integer WGSL lowering", u.name()))
+                })?;
                 let f = format!("u_{}_{}", u.name(), wty(in_dt(0)));
-                let h = format!("fn {f}(x: {t}) -> {t} {{ return {e}; }}\n", t = wty(in_dt(0)));
+                let h = format!(
+                    "fn {f}(x: {t}) -> {t} {{ return {e}; }}\n",
+                    t = wty(in_dt(0))
+                );
                 if !helpers.contains(&h) {
                     helpers.push(h);
                 }
@@ -239,7 +283,10 @@ fn generate(ex: &Exec, members: &[usize], ext: &[(usize, Mode)], s: usize, entry
                     BinaryClass::Compare | BinaryClass::Logical => "i32",
                 };
                 let f = format!("b_{}_{t}", b.name());
-                let h = format!("fn {f}(a: {t}, b: {t}) -> {r} {{ return {}; }}\n", b.wgsl(is_float(in_dt(0))));
+                let h = format!(
+                    "fn {f}(a: {t}, b: {t}) -> {r} {{ return {}; }}\n",
+                    b.wgsl(is_float(in_dt(0)))
+                );
                 if !helpers.contains(&h) {
                     helpers.push(h);
                 }

@@ -9,8 +9,8 @@ use super::DTensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
-use crate::ops::movement::{indices, resolve_slice, sum_to_axes};
 use crate::ops::conv::{self, cpu::Geom};
+use crate::ops::movement::{indices, resolve_slice, sum_to_axes};
 use crate::ops::pool::PoolKind;
 use crate::ops::{random, ArgOp, Op, ReduceOp, ScanOp, SliceAxis};
 use crate::runtime::value::Value;
@@ -22,14 +22,19 @@ pub(crate) fn supports(t: &Tensor) -> bool {
     let d = t.dtype();
     match t.op() {
         // Integer means divide an i32 sum, which could wrap where the CPU's i64 does not.
-        Op::Reduce { op: ReduceOp::Mean, .. } => d.is_float(),
+        Op::Reduce {
+            op: ReduceOp::Mean, ..
+        } => d.is_float(),
         // Atomic adds accumulate in the storage type: exact only for f32 and i32.
         Op::ScatterAdd(_) => matches!(d, DType::F32 | DType::I32),
         Op::Random(_) => matches!(d, DType::F32 | DType::F16),
         // Float only, as their shape rules require; f64 never gets here (no WGSL type).
-        Op::Conv(_) | Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) | Op::Pool(_) | Op::PoolGrad(_) | Op::PoolSelect(_) => {
-            d.is_float()
-        }
+        Op::Conv(_)
+        | Op::ConvInputGrad(_)
+        | Op::ConvKernelGrad(_)
+        | Op::Pool(_)
+        | Op::PoolGrad(_)
+        | Op::PoolSelect(_) => d.is_float(),
         Op::Reduce { .. }
         | Op::Arg { .. }
         | Op::Scan { .. }
@@ -79,7 +84,14 @@ fn tag(d: DType) -> Result<&'static str> {
 }
 
 /// out[i] = src[base + sum coord_d * strides_d] over `out_shape`.
-fn gather_strided(ex: &mut Exec, i: usize, src: &DTensor, out_shape: &[usize], base: i64, strides: &[i64]) -> Result<DTensor> {
+fn gather_strided(
+    ex: &mut Exec,
+    i: usize,
+    src: &DTensor,
+    out_shape: &[usize],
+    base: i64,
+    strides: &[i64],
+) -> Result<DTensor> {
     let out = ex.alloc(out_shape, src.dtype, i)?;
     let n: usize = out_shape.iter().product();
     let mut p = vec![n as u32, out_shape.len() as u32, base as i32 as u32];
@@ -91,7 +103,13 @@ fn gather_strided(ex: &mut Exec, i: usize, src: &DTensor, out_shape: &[usize], b
 }
 
 /// out[base + sum coord_d * strides_d] = src[i] over src's shape.
-fn scatter_strided(ex: &mut Exec, out: &DTensor, src: &DTensor, base: i64, strides: &[i64]) -> Result<()> {
+fn scatter_strided(
+    ex: &mut Exec,
+    out: &DTensor,
+    src: &DTensor,
+    base: i64,
+    strides: &[i64],
+) -> Result<()> {
     let n = src.numel();
     let mut p = vec![n as u32, src.shape.len() as u32, base as i32 as u32];
     p.extend(src.shape.iter().map(|&d| d as u32));
@@ -127,7 +145,14 @@ fn slice_geometry(spec: &[SliceAxis], shape: &[usize]) -> (i64, Vec<i64>, Vec<us
 
 /// Reduces `x` over `axes` with reduction op code `code` (0 sum, 1 prod, 2 max, 3 min,
 /// 4 mean) into a tensor of `out_shape`.
-fn reduce(ex: &mut Exec, i: usize, x: &DTensor, axes: &[usize], code: u32, out_shape: &[usize]) -> Result<DTensor> {
+fn reduce(
+    ex: &mut Exec,
+    i: usize,
+    x: &DTensor,
+    axes: &[usize],
+    code: u32,
+    out_shape: &[usize],
+) -> Result<DTensor> {
     let r = x.shape.len();
     let mut x = x.clone();
     let (lo, hi) = match (axes.first(), axes.last()) {
@@ -153,7 +178,12 @@ fn reduce(ex: &mut Exec, i: usize, x: &DTensor, axes: &[usize], code: u32, out_s
     if nout < 4096 && red >= 64 {
         let pipe = pipelines::family(ex.ctx, "reduce", "reduce_tree", t)?;
         let x_ = nout.min(65535);
-        ex.dispatch(pipe, &[(1, &out), (2, &x)], params, [x_ as u32, nout.div_ceil(x_.max(1)) as u32, 1]);
+        ex.dispatch(
+            pipe,
+            &[(1, &out), (2, &x)],
+            params,
+            [x_ as u32, nout.div_ceil(x_.max(1)) as u32, 1],
+        );
     } else {
         let pipe = pipelines::family(ex.ctx, "reduce", "reduce_serial", t)?;
         ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(nout));
@@ -171,7 +201,10 @@ fn shape_value(ex: &Exec, j: usize, what: &str) -> Result<Vec<i64>> {
 
 /// The host value of slot `j` (a target shape).
 fn host_value(ex: &Exec, j: usize, what: &str) -> Result<Value> {
-    ex.slot(j).host.clone().ok_or_else(|| Error::Runtime(format!("{what}: the target shape is not on the host")))
+    ex.slot(j)
+        .host
+        .clone()
+        .ok_or_else(|| Error::Runtime(format!("{what}: the target shape is not on the host")))
 }
 
 /// Records the kernel(s) of node `i`.
@@ -208,7 +241,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         }
         Op::ConcatGrad { axis, index } => {
             let g = ex.dev(ins[0])?;
-            let off: usize = ins[1..1 + index].iter().map(|&j| ex.slot(j).shape[*axis]).sum();
+            let off: usize = ins[1..1 + index]
+                .iter()
+                .map(|&j| ex.slot(j).shape[*axis])
+                .sum();
             let len = ex.slot(ins[1 + index]).shape[*axis];
             let cs = c_strides(&g.shape);
             let mut shape = g.shape.clone();
@@ -220,7 +256,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let like = ex.slot(ins[1]).shape.clone();
             let (base, st, dims) = slice_geometry(spec, &like);
             if dims != g.shape {
-                return Err(value_err!("slice_grad: gradient shape {:?} does not match the slice shape {dims:?}", g.shape));
+                return Err(value_err!(
+                    "slice_grad: gradient shape {:?} does not match the slice shape {dims:?}",
+                    g.shape
+                ));
             }
             let out = ex.alloc(&like, g.dtype, i)?;
             fill(ex, &out, 0)?;
@@ -229,7 +268,12 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         }
         Op::Pad { pads, value } => {
             let x = ex.dev(ins[0])?;
-            let shape: Vec<usize> = x.shape.iter().zip(pads).map(|(d, (a, b))| d + a + b).collect();
+            let shape: Vec<usize> = x
+                .shape
+                .iter()
+                .zip(pads)
+                .map(|(d, (a, b))| d + a + b)
+                .collect();
             let cs = c_strides(&shape);
             let base: i64 = pads.iter().zip(&cs).map(|((a, _), s)| *a as i64 * s).sum();
             let out = ex.alloc(&shape, x.dtype, i)?;
@@ -242,10 +286,17 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let mut shape = xs[0].shape.clone();
             shape[*axis] = 0;
             for x in &xs {
-                let ok = x.shape.len() == shape.len() && x.shape.iter().zip(&shape).enumerate().all(|(d, (a, b))| d == *axis || a == b);
+                let ok = x.shape.len() == shape.len()
+                    && x.shape
+                        .iter()
+                        .zip(&shape)
+                        .enumerate()
+                        .all(|(d, (a, b))| d == *axis || a == b);
                 if !ok {
                     let shapes: Vec<_> = xs.iter().map(|x| x.shape.clone()).collect();
-                    return Err(value_err!("concatenate: shapes {shapes:?} do not match outside axis {axis}"));
+                    return Err(value_err!(
+                        "concatenate: shapes {shapes:?} do not match outside axis {axis}"
+                    ));
                 }
                 shape[*axis] += x.shape[*axis];
             }
@@ -261,7 +312,11 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::Gather(axis) => {
             let p = ex.dev(ins[0])?;
             let ps = p.shape.clone();
-            let (outer, n, inner) = (ps[..*axis].iter().product::<usize>(), ps[*axis], ps[axis + 1..].iter().product::<usize>());
+            let (outer, n, inner) = (
+                ps[..*axis].iter().product::<usize>(),
+                ps[*axis],
+                ps[axis + 1..].iter().product::<usize>(),
+            );
             if let Some(h) = ex.slot(ins[1]).host.as_ref() {
                 indices("gather", h, n)?;
             }
@@ -274,26 +329,48 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let pipe = pipelines::family(ex.ctx, "movement", "gather", "u32")?;
             let msg = format!("gather: an index is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
             let params = vec![total as u32, idx.numel() as u32, n as u32, inner as u32];
-            ex.dispatch_checked(pipe, &[(1, &out), (2, &p), (3, &idx)], params, grid(total), i as u32 + 1, msg)?;
+            ex.dispatch_checked(
+                pipe,
+                &[(1, &out), (2, &p), (3, &idx)],
+                params,
+                grid(total),
+                i as u32 + 1,
+                msg,
+            )?;
             out
         }
         Op::ScatterAdd(axis) => {
             let u = ex.dev(ins[0])?;
             let ls = ex.slot(ins[2]).shape.clone();
-            let (outer, n, inner) = (ls[..*axis].iter().product::<usize>(), ls[*axis], ls[axis + 1..].iter().product::<usize>());
+            let (outer, n, inner) = (
+                ls[..*axis].iter().product::<usize>(),
+                ls[*axis],
+                ls[axis + 1..].iter().product::<usize>(),
+            );
             if let Some(h) = ex.slot(ins[1]).host.as_ref() {
                 indices("scatter_add", h, n)?;
             }
             let idx = ex.dev(ins[1])?;
             if u.numel() != outer * idx.numel() * inner {
-                return Err(value_err!("scatter_add: updates of shape {:?} do not match indices {:?} into {ls:?}", u.shape, idx.shape));
+                return Err(value_err!(
+                    "scatter_add: updates of shape {:?} do not match indices {:?} into {ls:?}",
+                    u.shape,
+                    idx.shape
+                ));
             }
             let out = ex.alloc(&ls, u.dtype, i)?;
             fill(ex, &out, 0)?;
             let pipe = pipelines::family(ex.ctx, "scatter", "scatter_add", tag(u.dtype)?)?;
             let msg = format!("scatter_add: an index is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
             let params = vec![u.numel() as u32, idx.numel() as u32, n as u32, inner as u32];
-            ex.dispatch_checked(pipe, &[(1, &out), (2, &u), (3, &idx)], params, grid(u.numel()), i as u32 + 1, msg)?;
+            ex.dispatch_checked(
+                pipe,
+                &[(1, &out), (2, &u), (3, &idx)],
+                params,
+                grid(u.numel()),
+                i as u32 + 1,
+                msg,
+            )?;
             out
         }
         Op::Reduce { op, axes, keepdims } => {
@@ -325,7 +402,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         }
         Op::SumTo => {
             let x = ex.dev(ins[0])?;
-            let target: Vec<usize> = shape_value(ex, ins[1], "sum_to")?.iter().map(|&d| d.max(0) as usize).collect();
+            let target: Vec<usize> = shape_value(ex, ins[1], "sum_to")?
+                .iter()
+                .map(|&d| d.max(0) as usize)
+                .collect();
             if target == x.shape {
                 x
             } else {
@@ -337,9 +417,16 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let x = ex.dev(ins[0])?;
             let s = x.shape.clone();
             if s[*axis] == 0 {
-                return Err(value_err!("{}: cannot reduce an empty axis {axis} of shape {s:?}", op.name()));
+                return Err(value_err!(
+                    "{}: cannot reduce an empty axis {axis} of shape {s:?}",
+                    op.name()
+                ));
             }
-            let (outer, red, inner) = (s[..*axis].iter().product::<usize>(), s[*axis], s[axis + 1..].iter().product::<usize>());
+            let (outer, red, inner) = (
+                s[..*axis].iter().product::<usize>(),
+                s[*axis],
+                s[axis + 1..].iter().product::<usize>(),
+            );
             let mut shape = s.clone();
             shape.remove(*axis);
             let out = ex.alloc(&shape, DType::I64, i)?;
@@ -348,20 +435,41 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 ArgOp::ArgMin => 1,
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "arg", tag(x.dtype)?)?;
-            ex.dispatch(pipe, &[(1, &out), (2, &x)], vec![outer as u32, red as u32, inner as u32, code], grid(outer * inner));
+            ex.dispatch(
+                pipe,
+                &[(1, &out), (2, &x)],
+                vec![outer as u32, red as u32, inner as u32, code],
+                grid(outer * inner),
+            );
             out
         }
-        Op::Scan { op, axis, exclusive, reverse } => {
+        Op::Scan {
+            op,
+            axis,
+            exclusive,
+            reverse,
+        } => {
             let x = ex.dev(ins[0])?;
             let s = x.shape.clone();
-            let (outer, red, inner) = (s[..*axis].iter().product::<usize>(), s[*axis], s[axis + 1..].iter().product::<usize>());
+            let (outer, red, inner) = (
+                s[..*axis].iter().product::<usize>(),
+                s[*axis],
+                s[axis + 1..].iter().product::<usize>(),
+            );
             let out = ex.alloc(&s, x.dtype, i)?;
             let code = match op {
                 ScanOp::Cumsum => 0,
                 ScanOp::Cumprod => 1,
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "scan", tag(x.dtype)?)?;
-            let params = vec![outer as u32, red as u32, inner as u32, code, *exclusive as u32, *reverse as u32];
+            let params = vec![
+                outer as u32,
+                red as u32,
+                inner as u32,
+                code,
+                *exclusive as u32,
+                *reverse as u32,
+            ];
             ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(outer * inner));
             out
         }
@@ -398,7 +506,11 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let (x, gy) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = spec.geom(&x.shape)?;
             if gy.shape != g.y_shape {
-                return Err(value_err!("pool_grad: gradient shape {:?} does not match the pooled shape {:?}", gy.shape, g.y_shape));
+                return Err(value_err!(
+                    "pool_grad: gradient shape {:?} does not match the pooled shape {:?}",
+                    gy.shape,
+                    g.y_shape
+                ));
             }
             let out = ex.alloc(&x.shape, x.dtype, i)?;
             pool_dispatch(ex, "pool_grad", &g, pool_mode(spec.kind), &out, &x, &gy)?;
@@ -408,7 +520,11 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let (x, h) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = spec.geom(&x.shape)?;
             if h.shape != x.shape {
-                return Err(value_err!("pool_select: shapes {:?} and {:?} differ", h.shape, x.shape));
+                return Err(value_err!(
+                    "pool_select: shapes {:?} and {:?} differ",
+                    h.shape,
+                    x.shape
+                ));
             }
             let out = ex.alloc(&g.y_shape, x.dtype, i)?;
             match spec.kind {
@@ -422,7 +538,13 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::Random(st) => {
             let dims: Vec<usize> = shape_value(ex, ins[0], &name)?
                 .iter()
-                .map(|&d| if d < 0 { Err(value_err!("{name}: negative dimension {d}")) } else { Ok(d as usize) })
+                .map(|&d| {
+                    if d < 0 {
+                        Err(value_err!("{name}: negative dimension {d}"))
+                    } else {
+                        Ok(d as usize)
+                    }
+                })
                 .collect::<Result<_>>()?;
             let n: usize = dims.iter().product();
             let (key, call) = random::next_call(st);
@@ -433,7 +555,14 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             };
             let out = ex.alloc(&dims, node.dtype(), i)?;
             let pipe = pipelines::family(ex.ctx, "random", "random", tag(node.dtype())?)?;
-            let params = vec![n as u32, key[0], key[1], call as u32, (call >> 32) as u32, dist];
+            let params = vec![
+                n as u32,
+                key[0],
+                key[1],
+                call as u32,
+                (call >> 32) as u32,
+                dist,
+            ];
             ex.dispatch(pipe, &[(1, &out)], params, grid(n));
             out
         }
@@ -454,7 +583,11 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         | Op::TupleGet(_)
         | Op::HostCall(_)
         | Op::Ctc(_)
-        | Op::CtcDecode(_) => return Err(Error::Runtime(format!("internal: {name} has no hand-written GPU kernel"))),
+        | Op::CtcDecode(_) => {
+            return Err(Error::Runtime(format!(
+                "internal: {name} has no hand-written GPU kernel"
+            )))
+        }
     };
     Ok(Slot::dev(out))
 }
@@ -464,15 +597,27 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     let b = ex.dev(ins[1])?;
     let (sa, sb) = (a.shape.clone(), b.shape.clone());
     let (ra, rb) = (sa.len(), sb.len());
-    let (m, ka) = if ta { (sa[ra - 1], sa[ra - 2]) } else { (sa[ra - 2], sa[ra - 1]) };
-    let (kb, n) = if tb { (sb[rb - 1], sb[rb - 2]) } else { (sb[rb - 2], sb[rb - 1]) };
+    let (m, ka) = if ta {
+        (sa[ra - 1], sa[ra - 2])
+    } else {
+        (sa[ra - 2], sa[ra - 1])
+    };
+    let (kb, n) = if tb {
+        (sb[rb - 1], sb[rb - 2])
+    } else {
+        (sb[rb - 2], sb[rb - 1])
+    };
     if ka != kb {
-        return Err(value_err!("dot: shapes {sa:?} and {sb:?} are incompatible: the contracted dims are {ka} and {kb}"));
+        return Err(value_err!(
+            "dot: shapes {sa:?} and {sb:?} are incompatible: the contracted dims are {ka} and {kb}"
+        ));
     }
     let bshape = broadcast_runtime("matmul", &sa[..ra - 2], &sb[..rb - 2])?;
     let batches: usize = bshape.iter().product();
     if batches > 65535 {
-        return Err(Error::Device(format!("matmul: {batches} batch matrices exceed the GPU grid limit of 65535")));
+        return Err(Error::Device(format!(
+            "matmul: {batches} batch matrices exceed the GPU grid limit of 65535"
+        )));
     }
     let mut shape = bshape.clone();
     shape.extend([m, n]);
@@ -490,7 +635,16 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     let (a_cols, b_cols) = (sa[ra - 1], sb[rb - 1]);
     let (a_rs, a_cs) = if ta { (1, a_cols) } else { (a_cols, 1) };
     let (b_rs, b_cs) = if tb { (1, b_cols) } else { (b_cols, 1) };
-    let mut p = vec![m as u32, n as u32, ka as u32, bshape.len() as u32, a_rs as u32, a_cs as u32, b_rs as u32, b_cs as u32];
+    let mut p = vec![
+        m as u32,
+        n as u32,
+        ka as u32,
+        bshape.len() as u32,
+        a_rs as u32,
+        a_cs as u32,
+        b_rs as u32,
+        b_cs as u32,
+    ];
     p.extend(bshape.iter().map(|&d| d as u32));
     p.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
     p.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
@@ -527,7 +681,19 @@ fn geom_words(g: &Geom) -> Vec<u32> {
 /// chunk]`, the parameter block of every `conv.wgsl` kernel.
 fn conv_words(g: &Geom, splits: usize, chunk: usize) -> Vec<u32> {
     let mut p = geom_words(g);
-    p.extend([g.cin, g.cout, g.groups, g.cin / g.groups, g.cout / g.groups, 0, splits, chunk].map(|v| v as u32));
+    p.extend(
+        [
+            g.cin,
+            g.cout,
+            g.groups,
+            g.cin / g.groups,
+            g.cout / g.groups,
+            0,
+            splits,
+            chunk,
+        ]
+        .map(|v| v as u32),
+    );
     p
 }
 
@@ -540,9 +706,20 @@ const DIRECT_BELOW: usize = 16;
 
 /// Records tiled kernel `kernel` over a `rows` x `cols` GEMM per z slice, as dispatches
 /// of at most 65535 row tiles each (the grid limit per dimension).
-fn conv_tiled(ex: &mut Exec, kernel: &str, dtype: DType, p: Vec<u32>, bufs: &[(u32, &DTensor)], rows: usize, cols: usize, z: usize) -> Result<()> {
+fn conv_tiled(
+    ex: &mut Exec,
+    kernel: &str,
+    dtype: DType,
+    p: Vec<u32>,
+    bufs: &[(u32, &DTensor)],
+    rows: usize,
+    cols: usize,
+    z: usize,
+) -> Result<()> {
     if z > 65535 {
-        return Err(Error::Device(format!("conv: {z} groups exceed the GPU grid limit of 65535")));
+        return Err(Error::Device(format!(
+            "conv: {z} groups exceed the GPU grid limit of 65535"
+        )));
     }
     let pipe = pipelines::family(ex.ctx, "conv", kernel, tag(dtype)?)?;
     let tiles = rows.div_ceil(64);
@@ -550,7 +727,16 @@ fn conv_tiled(ex: &mut Exec, kernel: &str, dtype: DType, p: Vec<u32>, bufs: &[(u
     for t0 in (0..tiles).step_by(per) {
         let mut p = p.clone();
         p[ROW_BASE] = (t0 * 64) as u32;
-        ex.dispatch(pipe.clone(), bufs, p, [cols.div_ceil(64) as u32, per.min(tiles - t0) as u32, z as u32]);
+        ex.dispatch(
+            pipe.clone(),
+            bufs,
+            p,
+            [
+                cols.div_ceil(64) as u32,
+                per.min(tiles - t0) as u32,
+                z as u32,
+            ],
+        );
     }
     Ok(())
 }
@@ -563,7 +749,16 @@ fn conv_fwd(ex: &mut Exec, g: &Geom, out: &DTensor, x: &DTensor, w: &DTensor) ->
         ex.dispatch(pipe, &[(1, out), (2, x), (3, w)], p, grid(out.numel()));
         Ok(())
     } else {
-        conv_tiled(ex, "conv_fwd", x.dtype, p, &[(1, out), (2, x), (3, w)], g.n * g.opix(), og, g.groups)
+        conv_tiled(
+            ex,
+            "conv_fwd",
+            x.dtype,
+            p,
+            &[(1, out), (2, x), (3, w)],
+            g.n * g.opix(),
+            og,
+            g.groups,
+        )
     }
 }
 
@@ -573,7 +768,12 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
     let cg = g.cin / g.groups;
     if cg < DIRECT_BELOW {
         let pipe = pipelines::family(ex.ctx, "conv", "conv_dx_direct", tag(gy.dtype)?)?;
-        ex.dispatch(pipe, &[(1, out), (2, gy), (3, w)], conv_words(g, 1, 0), grid(out.numel()));
+        ex.dispatch(
+            pipe,
+            &[(1, out), (2, gy), (3, w)],
+            conv_words(g, 1, 0),
+            grid(out.numel()),
+        );
         return Ok(());
     }
     for r0 in 0..g.s[0] {
@@ -585,7 +785,16 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
                 for field in 0..5 {
                     p.extend(ph.iter().map(|q| q[field] as u32));
                 }
-                conv_tiled(ex, "conv_dx", gy.dtype, p, &[(1, out), (2, gy), (3, w)], rows, cg, g.groups)?;
+                conv_tiled(
+                    ex,
+                    "conv_dx",
+                    gy.dtype,
+                    p,
+                    &[(1, out), (2, gy), (3, w)],
+                    rows,
+                    cg,
+                    g.groups,
+                )?;
             }
         }
     }
@@ -599,11 +808,21 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
 fn stride_phase(g: &Geom, t: usize, r: usize) -> [usize; 5] {
     let (s, d, x, k, p) = (g.s[t], g.d[t], g.x[t], g.k[t], g.p[t].0);
     let first = (r + s - p % s) % s;
-    let count = if first < x { (x - first).div_ceil(s) } else { 0 };
+    let count = if first < x {
+        (x - first).div_ceil(s)
+    } else {
+        0
+    };
     let kps: Vec<usize> = (0..k).filter(|&kp| (kp * d) % s == r).collect();
     let step = if kps.len() > 1 { kps[1] - kps[0] } else { 1 };
     debug_assert!(kps.windows(2).all(|q| q[1] - q[0] == step));
-    [first, count, kps.first().copied().unwrap_or(0), step, kps.len()]
+    [
+        first,
+        count,
+        kps.first().copied().unwrap_or(0),
+        step,
+        kps.len(),
+    ]
 }
 
 /// The kernel gradient, a GEMM whose reduction runs over batch * output pixels. That axis
@@ -622,9 +841,17 @@ fn conv_dw(ex: &mut Exec, i: usize, g: &Geom, x: &DTensor, gy: &DTensor) -> Resu
     let direct = og < DIRECT_BELOW;
     let rows = g.kk() * cg;
     let groups_z = if direct { 1 } else { g.groups };
-    let workgroups = if direct { wn.div_ceil(256) } else { rows.div_ceil(64) * og.div_ceil(64) * g.groups };
+    let workgroups = if direct {
+        wn.div_ceil(256)
+    } else {
+        rows.div_ceil(64) * og.div_ceil(64) * g.groups
+    };
     let max_parts = ((ex.ctx.max_binding / 4) as usize / wn).clamp(1, 256);
-    let want = (1024 / workgroups.max(1)).clamp(1, max_parts).min(m.div_ceil(256)).min(65535 / groups_z).max(1);
+    let want = (1024 / workgroups.max(1))
+        .clamp(1, max_parts)
+        .min(m.div_ceil(256))
+        .min(65535 / groups_z)
+        .max(1);
     let chunk = m.div_ceil(want).next_multiple_of(16);
     let splits = m.div_ceil(chunk);
     if splits == 1 {
@@ -639,14 +866,27 @@ fn conv_dw(ex: &mut Exec, i: usize, g: &Geom, x: &DTensor, gy: &DTensor) -> Resu
     part_shape.extend_from_slice(&g.w_shape);
     let part = ex.alloc(&part_shape, DType::F32, i)?;
     conv_dw_partials(ex, g, direct, DType::F32, &part, x, gy, splits, chunk)?;
-    let part = DTensor { dtype: x.dtype, ..part };
+    let part = DTensor {
+        dtype: x.dtype,
+        ..part
+    };
     reduce(ex, i, &part, &[0], 0, &g.w_shape)
 }
 
 /// The kernel gradient's `splits` partial sums over chunks of `chunk` batch*spatial
 /// positions into `out` (`(splits, *w_shape)`, or `w_shape` for one), computed as `dtype`.
 #[allow(clippy::too_many_arguments)]
-fn conv_dw_partials(ex: &mut Exec, g: &Geom, direct: bool, dtype: DType, out: &DTensor, x: &DTensor, gy: &DTensor, splits: usize, chunk: usize) -> Result<()> {
+fn conv_dw_partials(
+    ex: &mut Exec,
+    g: &Geom,
+    direct: bool,
+    dtype: DType,
+    out: &DTensor,
+    x: &DTensor,
+    gy: &DTensor,
+    splits: usize,
+    chunk: usize,
+) -> Result<()> {
     let p = conv_words(g, splits, chunk);
     if direct {
         let pipe = pipelines::family(ex.ctx, "conv", "conv_dw_direct", tag(dtype)?)?;
@@ -656,7 +896,16 @@ fn conv_dw_partials(ex: &mut Exec, g: &Geom, direct: bool, dtype: DType, out: &D
         Ok(())
     } else {
         let (rows, og) = (g.kk() * g.cin / g.groups, g.cout / g.groups);
-        conv_tiled(ex, "conv_dw", dtype, p, &[(1, out), (2, x), (3, gy)], rows, og, g.groups * splits)
+        conv_tiled(
+            ex,
+            "conv_dw",
+            dtype,
+            p,
+            &[(1, out), (2, x), (3, gy)],
+            rows,
+            og,
+            g.groups * splits,
+        )
     }
 }
 
@@ -668,7 +917,15 @@ fn pool_mode(kind: PoolKind) -> u32 {
 }
 
 /// One `pool.wgsl` kernel, one thread per element of `out`.
-fn pool_dispatch(ex: &mut Exec, kernel: &str, g: &Geom, mode: u32, out: &DTensor, a: &DTensor, b: &DTensor) -> Result<()> {
+fn pool_dispatch(
+    ex: &mut Exec,
+    kernel: &str,
+    g: &Geom,
+    mode: u32,
+    out: &DTensor,
+    a: &DTensor,
+    b: &DTensor,
+) -> Result<()> {
     let mut p = geom_words(g);
     p.extend([g.cin as u32, mode]);
     let pipe = pipelines::family(ex.ctx, "pool", kernel, tag(out.dtype)?)?;

@@ -45,7 +45,11 @@ impl DTensor {
     /// buffers are at least 256 bytes and a multiple of 64, so this stays inside).
     pub fn as_vec4(&self) -> DTensor {
         let words = self.numel().div_ceil(4).max(1) * 4;
-        DTensor { buf: self.buf.clone(), shape: vec![words], dtype: self.dtype }
+        DTensor {
+            buf: self.buf.clone(),
+            shape: vec![words],
+            dtype: self.dtype,
+        }
     }
 }
 

@@ -12,7 +12,10 @@ use std::sync::Arc;
 
 /// Every WGSL source, loaded in one place.
 pub const SHADERS: &[(&str, &str)] = &[
-    ("elementwise", include_str!("../../../shaders/elementwise.wgsl")),
+    (
+        "elementwise",
+        include_str!("../../../shaders/elementwise.wgsl"),
+    ),
     ("movement", include_str!("../../../shaders/movement.wgsl")),
     ("reduce", include_str!("../../../shaders/reduce.wgsl")),
     ("scatter", include_str!("../../../shaders/scatter.wgsl")),
@@ -23,7 +26,11 @@ pub const SHADERS: &[(&str, &str)] = &[
 ];
 
 fn shader(family: &str) -> &'static str {
-    SHADERS.iter().find(|(n, _)| *n == family).map(|(_, s)| *s).expect("family is in the shader table")
+    SHADERS
+        .iter()
+        .find(|(n, _)| *n == family)
+        .map(|(_, s)| *s)
+        .expect("family is in the shader table")
 }
 
 /// The kernel-name suffix of a dtype on the device; `None` for dtypes WGSL lacks.
@@ -112,16 +119,33 @@ pub struct PipelineCache {
 pub fn family(ctx: &Arc<Context>, fam: &str, kernel: &str, tag: &str) -> Result<Arc<Pipe>> {
     let entry = format!("{kernel}_{tag}");
     let key = format!("{fam}/{entry}");
-    if let Some(p) = ctx.pipelines.lock().unwrap_or_else(|e| e.into_inner()).by_key.get(&key) {
+    if let Some(p) = ctx
+        .pipelines
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .by_key
+        .get(&key)
+    {
         return Ok(p.clone());
     }
-    let src = format!("{}{}{}", common(ctx.has_f16), prelude(tag, ctx.has_f16), shader(fam).replace("$T", tag));
+    let src = format!(
+        "{}{}{}",
+        common(ctx.has_f16),
+        prelude(tag, ctx.has_f16),
+        shader(fam).replace("$T", tag)
+    );
     build(ctx, key, &src, &entry)
 }
 
 /// The pipeline of a generated kernel (cached by its source).
 pub fn generated(ctx: &Arc<Context>, src: &str, entry: &str) -> Result<Arc<Pipe>> {
-    if let Some(p) = ctx.pipelines.lock().unwrap_or_else(|e| e.into_inner()).by_key.get(src) {
+    if let Some(p) = ctx
+        .pipelines
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .by_key
+        .get(src)
+    {
         return Ok(p.clone());
     }
     build(ctx, src.to_string(), src, entry)
@@ -132,20 +156,26 @@ pub fn generated(ctx: &Arc<Context>, src: &str, entry: &str) -> Result<Arc<Pipe>
 pub fn build(ctx: &Arc<Context>, key: String, src: &str, entry: &str) -> Result<Arc<Pipe>> {
     ctx.check("compiling a shader")?;
     let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(entry),
-        source: wgpu::ShaderSource::Wgsl(src.into()),
-    });
-    let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(entry),
-        layout: None,
-        module: &module,
-        entry_point: Some(entry),
-        compilation_options: Default::default(),
-        cache: None,
-    });
+    let module = ctx
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(entry),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+    let pipeline = ctx
+        .device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
     if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(Error::Device(format!("GPU shader compile failed for kernel '{entry}': {e}")));
+        return Err(Error::Device(format!(
+            "GPU shader compile failed for kernel '{entry}': {e}"
+        )));
     }
     let layout = pipeline.get_bind_group_layout(0);
     let pipe = Arc::new(Pipe { pipeline, layout });

@@ -45,7 +45,9 @@ pub struct Pool {
 }
 
 fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok())
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
 }
 
 impl Default for Pool {
@@ -56,8 +58,10 @@ impl Default for Pool {
             free_bytes: 0,
             free_buffers: 0,
             submits: 0,
-            max_idle_bytes: env_u64("FERROKERAS_GPU_POOL_MAX_IDLE_MB").map_or(DEFAULT_MAX_IDLE_BYTES, |mb| mb << 20),
-            max_idle_submits: env_u64("FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS").unwrap_or(DEFAULT_MAX_IDLE_SUBMITS),
+            max_idle_bytes: env_u64("FERROKERAS_GPU_POOL_MAX_IDLE_MB")
+                .map_or(DEFAULT_MAX_IDLE_BYTES, |mb| mb << 20),
+            max_idle_submits: env_u64("FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS")
+                .unwrap_or(DEFAULT_MAX_IDLE_SUBMITS),
             allocated: 0,
             allocations: 0,
             reuses: 0,
@@ -85,10 +89,17 @@ impl Pool {
         for (class, staging, buf) in self.pending.drain(..) {
             self.free_bytes += class;
             self.free_buffers += 1;
-            self.free.entry((class, staging)).or_default().push(Idle { buf, since: now });
+            self.free
+                .entry((class, staging))
+                .or_default()
+                .push(Idle { buf, since: now });
         }
         // Ageing needs a scan of every free buffer; once per 16 submits is plenty.
-        let expire = if now % 16 == 0 { now.checked_sub(self.max_idle_submits) } else { None };
+        let expire = if now % 16 == 0 {
+            now.checked_sub(self.max_idle_submits)
+        } else {
+            None
+        };
         if expire.is_some() || self.free_bytes > self.max_idle_bytes {
             self.trim(expire, self.max_idle_bytes);
         }
@@ -107,8 +118,11 @@ impl Pool {
         }
         let mut bytes = self.free_bytes - dead.iter().map(|b| b.buf.size()).sum::<u64>();
         if bytes > keep {
-            let mut all: Vec<(u64, (u64, bool))> =
-                self.free.iter().flat_map(|(&k, v)| v.iter().map(move |b| (b.since, k))).collect();
+            let mut all: Vec<(u64, (u64, bool))> = self
+                .free
+                .iter()
+                .flat_map(|(&k, v)| v.iter().map(move |b| (b.since, k)))
+                .collect();
             all.sort_unstable();
             for (_, k) in all {
                 if bytes <= keep {
@@ -197,19 +211,34 @@ pub fn alloc(ctx: &Arc<Context>, bytes: u64, what: &dyn Fn() -> String) -> Resul
         )));
     }
     let class = size_class(bytes);
-    let class = if class > ctx.limits.max_buffer_size { bytes.div_ceil(64) * 64 } else { class };
+    let class = if class > ctx.limits.max_buffer_size {
+        bytes.div_ceil(64) * 64
+    } else {
+        class
+    };
     take(ctx, class, false, what)
 }
 
 /// A MAP_READ staging buffer for readbacks.
 pub fn alloc_staging(ctx: &Arc<Context>, bytes: u64) -> Result<Arc<DevBuf>> {
-    take(ctx, size_class(bytes), true, &|| "readback staging buffer".to_string())
+    take(ctx, size_class(bytes), true, &|| {
+        "readback staging buffer".to_string()
+    })
 }
 
-fn take(ctx: &Arc<Context>, class: u64, staging: bool, what: &dyn Fn() -> String) -> Result<Arc<DevBuf>> {
+fn take(
+    ctx: &Arc<Context>,
+    class: u64,
+    staging: bool,
+    what: &dyn Fn() -> String,
+) -> Result<Arc<DevBuf>> {
     let reused = {
         let mut p = ctx.pool.lock().unwrap_or_else(|e| e.into_inner());
-        let b = p.free.get_mut(&(class, staging)).and_then(|v| v.pop()).map(|i| i.buf);
+        let b = p
+            .free
+            .get_mut(&(class, staging))
+            .and_then(|v| v.pop())
+            .map(|i| i.buf);
         if b.is_some() {
             p.free_bytes -= class;
             p.free_buffers -= 1;
@@ -223,7 +252,9 @@ fn take(ctx: &Arc<Context>, class: u64, staging: bool, what: &dyn Fn() -> String
             let usage = if staging {
                 wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST
             } else {
-                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST
             };
             let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
             let b = ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -245,7 +276,12 @@ fn take(ctx: &Arc<Context>, class: u64, staging: bool, what: &dyn Fn() -> String
             b
         }
     };
-    Ok(Arc::new(DevBuf { buf: Some(buf), bytes: class, staging, ctx: ctx.clone() }))
+    Ok(Arc::new(DevBuf {
+        buf: Some(buf),
+        bytes: class,
+        staging,
+        ctx: ctx.clone(),
+    }))
 }
 
 #[cfg(test)]

@@ -40,14 +40,31 @@ pub fn from_words(dtype: DType, shape: &[usize], w: &[u32]) -> Value {
     }
     match dtype {
         DType::F32 => mk(shape, bytemuck::cast_slice::<u32, f32>(w).to_vec()),
-        DType::F16 => mk(shape, w.iter().map(|&x| f16::from_f32(f32::from_bits(x))).collect::<Vec<_>>()),
+        DType::F16 => mk(
+            shape,
+            w.iter()
+                .map(|&x| f16::from_f32(f32::from_bits(x)))
+                .collect::<Vec<_>>(),
+        ),
         DType::I32 => mk(shape, w.iter().map(|&x| x as i32).collect::<Vec<_>>()),
-        DType::I16 => mk(shape, w.iter().map(|&x| x as i32 as i16).collect::<Vec<_>>()),
+        DType::I16 => mk(
+            shape,
+            w.iter().map(|&x| x as i32 as i16).collect::<Vec<_>>(),
+        ),
         DType::I8 => mk(shape, w.iter().map(|&x| x as i32 as i8).collect::<Vec<_>>()),
         DType::U8 => mk(shape, w.iter().map(|&x| x as u8).collect::<Vec<_>>()),
         DType::Bool => mk(shape, w.iter().map(|&x| x != 0).collect::<Vec<_>>()),
-        DType::I64 => mk(shape, w.iter().map(|&x| x as i32 as i64).collect::<Vec<_>>()),
-        DType::F64 => mk(shape, bytemuck::cast_slice::<u32, f32>(w).iter().map(|&x| x as f64).collect::<Vec<_>>()),
+        DType::I64 => mk(
+            shape,
+            w.iter().map(|&x| x as i32 as i64).collect::<Vec<_>>(),
+        ),
+        DType::F64 => mk(
+            shape,
+            bytemuck::cast_slice::<u32, f32>(w)
+                .iter()
+                .map(|&x| x as f64)
+                .collect::<Vec<_>>(),
+        ),
     }
 }
 

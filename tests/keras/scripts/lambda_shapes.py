@@ -3,9 +3,10 @@ import numpy as np
 from keras.models import Sequential
 from keras.layers import Lambda, Dense, Input
 from keras import backend as K
+
 m = Sequential([Lambda(lambda x: K.mean(x, axis=1), input_shape=(5, 8)), Dense(3)])
 m.summary()
-m.compile('adam', 'mse')
+m.compile("adam", "mse")
 m.fit(np.random.rand(16, 5, 8), np.random.rand(16, 3), verbose=2)
 m2 = Sequential([Lambda(lambda x: K.concatenate([x, x], axis=-1), input_shape=(4,)), Dense(2)])
 m2.summary()
