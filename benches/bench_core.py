@@ -9,9 +9,8 @@ import os
 import statistics
 import time
 
-import numpy as np
-
 import ferrokeras
+import numpy as np
 from ferrokeras import backend as K
 
 

@@ -25,9 +25,8 @@ numbers say nothing about GPU speed.
 import argparse
 import time
 
-import numpy as np
-
 import ferrokeras
+import numpy as np
 from ferrokeras import _core
 from ferrokeras import backend as K
 

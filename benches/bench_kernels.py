@@ -21,11 +21,9 @@ import statistics
 import time
 
 import numpy as np
-
 from ferrokeras import _core
 from ferrokeras import backend as K
 from ferrokeras.tensor import wrap
-
 
 CLOCK = time.perf_counter
 

@@ -8,7 +8,6 @@ with T. Run: .venv/bin/python benches/bench_loop.py
 import time
 
 import numpy as np
-
 from ferrokeras import backend as K
 
 

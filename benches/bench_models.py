@@ -145,7 +145,6 @@ def worker(framework, names):
     """Runs the models in this process; prints one JSON line of results."""
     sys.path.insert(0, HERE)
     import numpy as np
-
     import peer_worker
 
     keras, _, versions = peer_worker.load_framework(framework)

@@ -48,8 +48,8 @@ def load_framework(name):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if name == "ferrokeras":
         os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
-        import keras
         import ferrokeras
+        import keras
 
         device = getattr(ferrokeras, "device", lambda: "cpu")()
         return (

@@ -11,13 +11,12 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "ferrokeras.backend")
 
-import numpy as np  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
-
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 from keras.layers import LSTM, Dense  # noqa: E402
 from keras.models import Sequential  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
 
 
 def main(epochs=40, batch_size=32):

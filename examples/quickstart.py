@@ -10,9 +10,8 @@ Run it with `make demo`, or `python examples/quickstart.py` once ferrokeras is i
 import sys
 import time
 
-import numpy as np
-
 import ferrokeras
+import numpy as np
 from ferrokeras import backend as K
 
 N_SAMPLES, N_IN, N_HIDDEN = 512, 20, 64

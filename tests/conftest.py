@@ -11,10 +11,9 @@ evaluated in float64.
 import sys
 from pathlib import Path
 
+import ferrokeras
 import numpy as np
 import pytest
-
-import ferrokeras
 from ferrokeras import backend as K
 
 _THIS_MODULE = sys.modules[__name__]

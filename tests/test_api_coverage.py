@@ -11,7 +11,6 @@ import inspect
 import os
 
 import pytest
-
 from ferrokeras import backend as K
 
 API_TSV = os.path.join(os.path.dirname(__file__), "data", "api.tsv")

@@ -3,7 +3,6 @@ the backend keeps working after the error (DESIGN.md, "What done means")."""
 
 import numpy as np
 import pytest
-
 from conftest import assert_mentions
 from ferrokeras import backend as K
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
 from conftest import assert_mentions, check_grad, run
 from ferrokeras import backend as K
 

@@ -4,9 +4,8 @@ variables and callbacks are never merged. Launch counts are read with CPU fusion
 where each node is one launch.
 """
 
-import numpy as np
-
 import ferrokeras
+import numpy as np
 from ferrokeras import backend as K
 
 

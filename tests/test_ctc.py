@@ -9,7 +9,6 @@ import itertools
 
 import numpy as np
 import pytest
-
 from ferrokeras import backend as K
 
 

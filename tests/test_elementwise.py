@@ -10,7 +10,6 @@ from typing import Callable, Tuple
 
 import numpy as np
 import pytest
-
 from conftest import check_grad, run, tolerances
 from ferrokeras import backend as K
 

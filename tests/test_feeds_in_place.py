@@ -11,7 +11,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from ferrokeras import _core
 from ferrokeras import backend as K
 

@@ -11,10 +11,9 @@ a convolution's epilogue; on the CPU they check the launches saved. On a GPU dev
 same graphs run there (no folding) and must give the same values.
 """
 
+import ferrokeras
 import numpy as np
 import pytest
-
-import ferrokeras
 from ferrokeras import backend as K
 
 

@@ -7,10 +7,9 @@ GPU device the functions run there and the comparison still holds; launch counts
 checked on the CPU.
 """
 
+import ferrokeras
 import numpy as np
 import pytest
-
-import ferrokeras
 from ferrokeras import backend as K
 
 

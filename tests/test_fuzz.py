@@ -31,11 +31,11 @@ import warnings
 
 import numpy as np
 import pytest
+from ferrokeras import backend as K
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-from ferrokeras import backend as K
 from test_api_coverage import ROWS
+from test_layout import np_pad, np_resize
 from test_linalg import default_axes, np_batch_dot
 from test_nn import (
     np_bce,
@@ -50,7 +50,6 @@ from test_nn import (
     np_scce,
     np_softmax,
 )
-from test_layout import np_pad, np_resize
 
 # ---- profiles --------------------------------------------------------------------------------
 

@@ -12,10 +12,9 @@ import os
 import subprocess
 import sys
 
+import ferrokeras
 import numpy as np
 import pytest
-
-import ferrokeras
 from ferrokeras import _core
 from ferrokeras import backend as K
 from ferrokeras.tensor import wrap

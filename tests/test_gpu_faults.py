@@ -15,10 +15,9 @@ import subprocess
 import sys
 import textwrap
 
+import ferrokeras
 import numpy as np
 import pytest
-
-import ferrokeras
 from ferrokeras import _core
 from ferrokeras import backend as K
 

@@ -6,10 +6,9 @@ from before the call, and readers on other threads never see a half-written vari
 
 import threading
 
+import ferrokeras
 import numpy as np
 import pytest
-
-import ferrokeras
 from ferrokeras import backend as K
 
 

@@ -14,7 +14,6 @@ from typing import Callable, Tuple
 
 import numpy as np
 import pytest
-
 from conftest import assert_mentions, check_grad, run, tolerances
 from ferrokeras import backend as K
 

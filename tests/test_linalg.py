@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from conftest import check_grad, run, tolerances
 from ferrokeras import backend as K
 

@@ -10,9 +10,8 @@
 
 import numpy as np
 import pytest
-
-from ferrokeras import backend as K
 from conftest import check_grad
+from ferrokeras import backend as K
 
 SLICES = [
     ((5, 7), np.s_[:, 2:5]),

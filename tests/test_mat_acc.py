@@ -6,10 +6,9 @@ variable, a fed array, an output or an operand of the product is copied first. T
 tests check the sums against NumPy and that nothing read as `acc` changes.
 """
 
+import ferrokeras
 import numpy as np
 import pytest
-
-import ferrokeras
 from ferrokeras import backend as K
 
 

@@ -14,10 +14,9 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from scipy import stats
-
 from conftest import assert_mentions, run
 from ferrokeras import backend as K
+from scipy import stats
 
 N = 20000
 # KS critical distance for n = 20000 at significance 1e-4 (sqrt(-ln(alpha / 2) / (2 n))).

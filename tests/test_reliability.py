@@ -19,7 +19,6 @@ import weakref
 
 import numpy as np
 import pytest
-
 from ferrokeras import backend as K
 
 # ==================================================================== (a) atomic updates

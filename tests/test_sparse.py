@@ -8,7 +8,6 @@ densified matrix, gradients included.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-
 from conftest import run
 from ferrokeras import backend as K
 

@@ -10,9 +10,7 @@ tensors, conv, rnn, ctc or py_function are not here.
 
 import numpy as np
 import pytest
-
 from ferrokeras import backend as K
-
 
 # ---- seed 004, "Using the abstract Keras backend to write new code" -------------------------
 

@@ -10,10 +10,9 @@ third call launches fewer kernels. A scalar feed that is a `select` condition (K
 learning phase) is fixed by value too: each phase's plan runs only the branch it takes.
 """
 
+import ferrokeras
 import numpy as np
 import pytest
-
-import ferrokeras
 from ferrokeras import backend as K
 
 

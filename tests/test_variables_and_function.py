@@ -9,10 +9,8 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import check_grad, run
 from ferrokeras import backend as K
-
 
 # ---- variable / constant / placeholder -----------------------------------------------------
 

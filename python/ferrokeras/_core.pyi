@@ -1,6 +1,7 @@
 """Type stubs for the private native module ``ferrokeras._core`` (kept by hand)."""
 
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Optional, Union
 
 import numpy as np
 

@@ -7,6 +7,8 @@ documentation; where it is silent, behaviour follows ``tf.keras.backend`` and Ke
 The functions live in ``ferrokeras._k``, one module per family; this module re-exports them.
 """
 
+# isort: skip_file
+
 from ._k.conv import *  # noqa: F401,F403
 from ._k.control import *  # noqa: F401,F403
 from ._k.ctc import *  # noqa: F401,F403

@@ -5,8 +5,7 @@ and the Python operators. Nothing here computes; every operator builds a graph n
 
 import numpy as np
 
-from . import _core
-from . import config
+from . import _core, config
 
 
 def non_numeric(arr):

@@ -6,14 +6,12 @@ import re
 import subprocess
 import sys
 
+import ferrokeras.backend as FK
+import keras
 import numpy as np
 import pytest
-
-import keras
-from keras import backend as K
-
-import ferrokeras.backend as FK
 from ferrokeras._k import keras_compat
+from keras import backend as K
 
 
 def test_keras_reports_the_backend_module():

@@ -5,10 +5,9 @@ One table drives it (STYLE.md item 10): a case is the layer, its input shape, an
 generator and, where the formula is short, a NumPy reference of the forward pass.
 """
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 from keras import layers as L
 from keras.models import Model, Sequential, load_model
 

@@ -5,10 +5,9 @@ reports the loss and metrics of ``y_pred`` itself; the references are NumPy tran
 of the formulas in Keras 2.3.1's ``losses.py`` and ``metrics.py`` (epsilon 1e-7).
 """
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 from keras.layers import Activation
 from keras.models import Sequential
 

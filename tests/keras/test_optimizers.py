@@ -6,10 +6,9 @@ known in closed form: for residuals ``r = x @ W + b - y`` over ``N`` samples and
 outputs, ``dL/dW = 2 / (N * O) * x.T @ r`` and ``dL/db = 2 / (N * O) * r.sum(0)``.
 """
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 from keras import optimizers
 from keras.layers import Dense
 from keras.models import Sequential

@@ -2,10 +2,9 @@
 
 import json
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 from keras.layers import Activation, Dense, Dropout, Input, concatenate
 from keras.models import Model, Sequential, load_model
 

@@ -1,10 +1,9 @@
 """Sequential and functional models trained the way users write them: every optimizer,
 ``fit`` with validation and callbacks, ``evaluate``, ``predict``, the ``*_on_batch`` calls."""
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 from keras import backend as K
 from keras import optimizers
 from keras.layers import Activation, Dense, Dropout, Input, concatenate

@@ -3,7 +3,6 @@
 import numpy as np
 
 from ..config import floatx
-
 from ..tensor import convert
 
 _DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")

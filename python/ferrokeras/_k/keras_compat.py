@@ -26,7 +26,6 @@ from ..tensor import Variable, wrap
 from . import variables as _variables
 from .common import _t
 
-
 # ======================================================================= import shims
 
 

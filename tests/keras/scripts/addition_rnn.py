@@ -1,7 +1,7 @@
 # addition_rnn: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
-from keras.models import Sequential
 from keras import layers
+from keras.models import Sequential
 
 RNN = layers.LSTM
 HIDDEN_SIZE = 32

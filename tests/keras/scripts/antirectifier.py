@@ -1,9 +1,9 @@
 # antirectifier: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
-import numpy as np
 import keras
-from keras.models import Sequential
-from keras import layers
+import numpy as np
 from keras import backend as K
+from keras import layers
+from keras.models import Sequential
 
 
 class Antirectifier(layers.Layer):

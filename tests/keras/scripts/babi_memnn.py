@@ -1,8 +1,8 @@
 # babi_memnn: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
-from keras.models import Sequential, Model
+from keras.layers import LSTM, Activation, Dense, Dropout, Input, Permute, add, concatenate, dot
 from keras.layers.embeddings import Embedding
-from keras.layers import Input, Activation, Dense, Permute, Dropout, add, dot, concatenate, LSTM
+from keras.models import Model, Sequential
 
 vocab_size = 22
 story_maxlen = 20

@@ -1,8 +1,8 @@
 # conv_filter_visualization: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
 from keras import backend as K
-from keras.models import Sequential
 from keras.layers import Conv2D, MaxPooling2D
+from keras.models import Sequential
 
 model = Sequential(
     [

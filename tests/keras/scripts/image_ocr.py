@@ -1,7 +1,7 @@
 # image_ocr: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
 from keras import backend as K
-from keras.layers import Conv2D, MaxPooling2D, Input, Dense, Activation, Reshape, Lambda
+from keras.layers import Activation, Conv2D, Dense, Input, Lambda, MaxPooling2D, Reshape
 from keras.layers.merge import add, concatenate
 from keras.layers.recurrent import GRU
 from keras.models import Model

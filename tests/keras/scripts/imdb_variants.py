@@ -1,19 +1,19 @@
 # imdb_variants: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
-from keras.preprocessing import sequence
-from keras.models import Sequential
 from keras.layers import (
+    LSTM,
+    Activation,
+    Bidirectional,
+    Conv1D,
     Dense,
     Dropout,
-    Activation,
     Embedding,
-    Conv1D,
-    GlobalMaxPooling1D,
     GlobalAveragePooling1D,
-    Bidirectional,
-    LSTM,
+    GlobalMaxPooling1D,
     MaxPooling1D,
 )
+from keras.models import Sequential
+from keras.preprocessing import sequence
 
 max_features = 500
 maxlen = 40

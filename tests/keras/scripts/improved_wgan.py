@@ -1,20 +1,21 @@
 # improved_wgan: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
-import numpy as np
 from functools import partial
-from keras.models import Model, Sequential
+
+import numpy as np
+from keras import backend as K
 from keras.layers import (
-    Input,
-    Dense,
-    Reshape,
-    Flatten,
+    BatchNormalization,
     Conv2D,
     Conv2DTranspose,
+    Dense,
+    Flatten,
+    Input,
     LeakyReLU,
-    BatchNormalization,
+    Reshape,
 )
 from keras.layers.merge import _Merge
+from keras.models import Model, Sequential
 from keras.optimizers import Adam
-from keras import backend as K
 
 BATCH_SIZE = 16
 GRADIENT_PENALTY_WEIGHT = 10

@@ -1,8 +1,8 @@
 # lambda_shapes: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
-from keras.models import Sequential
-from keras.layers import Lambda, Dense, Input
 from keras import backend as K
+from keras.layers import Dense, Lambda
+from keras.models import Sequential
 
 m = Sequential([Lambda(lambda x: K.mean(x, axis=1), input_shape=(5, 8)), Dense(3)])
 m.summary()

@@ -1,17 +1,17 @@
 # layer_zoo: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
-import numpy as np
 import keras
-from keras.models import Sequential, Model
-from keras.layers import *
-from keras.preprocessing.image import ImageDataGenerator
-from keras.callbacks import (
-    ReduceLROnPlateau,
-    LearningRateScheduler,
-    EarlyStopping,
-    TerminateOnNaN,
-    CSVLogger,
-)
+import numpy as np
 from keras import regularizers
+from keras.callbacks import (
+    CSVLogger,
+    EarlyStopping,
+    LearningRateScheduler,
+    ReduceLROnPlateau,
+    TerminateOnNaN,
+)
+from keras.layers import *
+from keras.models import Model, Sequential
+from keras.preprocessing.image import ImageDataGenerator
 
 x = np.random.rand(128, 16, 16, 3).astype("float32")
 y = keras.utils.to_categorical(np.random.randint(0, 10, 128), 10)

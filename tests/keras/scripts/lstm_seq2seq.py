@@ -1,7 +1,7 @@
 # lstm_seq2seq: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
+from keras.layers import LSTM, Dense, Input
 from keras.models import Model
-from keras.layers import Input, LSTM, Dense
 
 num_encoder_tokens = 12
 num_decoder_tokens = 14

@@ -1,9 +1,10 @@
 # mnist_siamese: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
-import numpy as np, random
-from keras.models import Model
-from keras.layers import Input, Flatten, Dense, Dropout, Lambda
-from keras.optimizers import RMSprop
+
+import numpy as np
 from keras import backend as K
+from keras.layers import Dense, Dropout, Flatten, Input, Lambda
+from keras.models import Model
+from keras.optimizers import RMSprop
 
 
 def euclidean_distance(vects):

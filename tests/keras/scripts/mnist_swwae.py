@@ -1,17 +1,17 @@
 # mnist_swwae: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
-from keras.models import Model
+from keras import backend as K
 from keras.layers import (
     Activation,
-    Input,
     BatchNormalization,
     Conv2D,
+    Input,
+    Lambda,
     MaxPooling2D,
     UpSampling2D,
-    Lambda,
     add,
 )
-from keras import backend as K
+from keras.models import Model
 
 
 def convresblock(x, nfeats=8, ksize=3, nskipped=2, elu=True):

@@ -1,9 +1,9 @@
 # neural_style_transfer: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 import numpy as np
-from scipy.optimize import fmin_l_bfgs_b
 from keras import backend as K
-from keras.layers import Input, Conv2D, AveragePooling2D
+from keras.layers import AveragePooling2D, Conv2D, Input
 from keras.models import Model
+from scipy.optimize import fmin_l_bfgs_b
 
 img_nrows, img_ncols = 24, 24
 base_image = K.variable(np.random.rand(1, img_nrows, img_ncols, 3).astype("float32"))

@@ -1,10 +1,10 @@
 # variational_autoencoder: in the style of the Keras 2.3.1 example of that name, shortened, on random data.
 # variational_autoencoder.py (Keras 2.3.1 examples), on random data
 import numpy as np
-from keras.layers import Lambda, Input, Dense
-from keras.models import Model
-from keras.losses import mse, binary_crossentropy
 from keras import backend as K
+from keras.layers import Dense, Input, Lambda
+from keras.losses import binary_crossentropy
+from keras.models import Model
 
 
 def sampling(args):
