@@ -123,7 +123,7 @@ macro_rules! binary_table {
                     }
                 })* }
             }
-            fn float_kernel<F: KMath + Send + Sync>(self, a: &Arr<F>, b: &Arr<F>) -> Result<Value> where F: Elem + PredOrSame<F> {
+            fn float_kernel<F>(self, a: &Arr<F>, b: &Arr<F>) -> Result<Value> where F: KMath + Send + Sync + Elem + PredOrSame<F> {
                 match self { $(BinaryOp::$V => {
                     let f = |$a: F, $b: F| $f;
                     float_out::<F, _>(self, a, b, f)

@@ -23,6 +23,7 @@ pub enum Value {
 
 /// A float buffer of `len` elements left unwritten, for kernels that write every element
 /// before any is read (a forward convolution's result, a fused group's output).
+#[allow(clippy::uninit_vec)] // the point of the function; see SAFETY below
 pub fn uninit<T: num_traits::Float>(len: usize) -> Vec<T> {
     let mut v = Vec::with_capacity(len);
     // SAFETY: floats have no invalid bit patterns, and every caller writes each element

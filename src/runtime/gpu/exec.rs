@@ -46,8 +46,11 @@ pub(crate) struct Layout {
     /// Folded constants already uploaded.
     consts: Mutex<HashMap<usize, DTensor>>,
     /// Generated pipelines per (sink, input modes).
-    pub fused: Mutex<HashMap<(usize, Vec<u32>), Arc<Pipe>>>,
+    pub fused: Mutex<HashMap<FusedKey, Arc<Pipe>>>,
 }
+
+/// A generated pipeline's key: the sink node and its inputs' modes.
+type FusedKey = (usize, Vec<u32>);
 
 /// A `Function`'s GPU state, rebuilt when the device changes.
 #[derive(Default)]

@@ -706,6 +706,7 @@ const DIRECT_BELOW: usize = 16;
 
 /// Records tiled kernel `kernel` over a `rows` x `cols` GEMM per z slice, as dispatches
 /// of at most 65535 row tiles each (the grid limit per dimension).
+#[allow(clippy::too_many_arguments)] // the GEMM geometry, spelled out at each call
 fn conv_tiled(
     ex: &mut Exec,
     kernel: &str,
