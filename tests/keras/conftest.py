@@ -28,19 +28,6 @@ if (
 ):  # tests/keras itself imports as `keras` without Keras installed
     collect_ignore_glob = ["test_*.py"]
 
-STUB_MESSAGE = "is not implemented in ferrokeras yet"
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    try:
-        return (yield)
-    except NotImplementedError as exc:
-        if STUB_MESSAGE in str(exc):
-            pytest.skip(str(exc).split(";")[0])
-        raise
-
-
 @pytest.fixture(autouse=True)
 def _fresh_session():
     """Each test starts with fresh layer names and an unfixed learning phase."""
