@@ -7,7 +7,8 @@
 #   make wheel-check  install that wheel in a throw-away venv and run the quickstart there
 #                     with no cargo/rustc on PATH
 #   make bench        run benches/bench_core.py, then benches/bench_keras.py (ferrokeras vs
-#                     TF, Keras 3 + JAX, Keras 3 + PyTorch; peer venvs created on first use)
+#                     TF, Keras 3 + JAX, Keras 3 + PyTorch; peer venvs created on first use;
+#                     raw results in benches/out/, compared with benches/baselines/)
 #   make bench-quick  the same, as a ~2 minute smoke run
 #   make bench-profile  where ferrokeras' time goes in the MLP and LSTM steps (py-spy)
 #   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (the peer
@@ -123,7 +124,7 @@ PEER_DISK_tf := 4
 PEER_DISK_jax := 2
 PEER_DISK_torch := 10
 PEER_DISK_tools := 1
-PROFILE_DIR ?= $(or $(TMPDIR),/tmp)/ferrokeras-profile
+PROFILE_DIR ?= benches/out/profile
 
 bench: build bench-venvs
 	$(VENV_PY) benches/bench_core.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick,)
@@ -134,7 +135,8 @@ bench-quick:
 
 bench-venvs: $(foreach p,$(BENCH_PEERS),$(PEER_DIR)/$(p)/.stamp)
 
-# The measurements behind benches/PROFILE.md (py-spy comes from PyPI into $(PEER_DIR)/tools).
+# The measurements behind docs/performance.md (py-spy comes from PyPI into $(PEER_DIR)/tools;
+# its profiles go to $(PROFILE_DIR), under the git-ignored benches/out/).
 bench-profile: build $(PEER_DIR)/tools/.stamp
 	@mkdir -p $(PROFILE_DIR)
 	for w in mlp lstm; do \
