@@ -3,7 +3,7 @@
 The suite runs on whatever device ``FERROKERAS_DEVICE`` selects (``make test`` runs it
 once per available device), so no test is parametrised over devices.
 
-References are NumPy (STYLE.md item 9): every forward result is compared with a NumPy
+References are NumPy (CONTRIBUTING.md, "How the code reads"): every forward result is compared with a NumPy
 computation and every gradient with central finite differences of the forward function,
 evaluated in float64.
 """

@@ -1,4 +1,4 @@
-"""GPU reliability (issue 8): the buffer pool gives idle memory back, and device faults
+"""GPU reliability: the buffer pool gives idle memory back, and device faults
 (a tensor too large for the device, device loss, a shader that does not compile) are
 Python exceptions after which the CPU, and a freshly opened GPU, keep working.
 

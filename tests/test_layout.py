@@ -1,6 +1,6 @@
-"""Shape and layout functions against NumPy (issue 3).
+"""Shape and layout functions against NumPy.
 
-Table-driven (STYLE.md item 10): one record per case names the K call, its NumPy
+Table-driven (CONTRIBUTING.md, "How the code reads"): one record per case names the K call, its NumPy
 reference, the input shapes and whether it is differentiable. Each record drives
   - the forward test, float32 and float64, with placeholders of static shape and with
     placeholders whose every dimension is unknown (``None``) so that the run-time shape

@@ -1,6 +1,6 @@
-"""Activations, crossentropies, normalisation and bias against NumPy (issue 3).
+"""Activations, crossentropies, normalisation and bias against NumPy.
 
-Table-driven (STYLE.md item 10): each record gives the K call (differentiable inputs
+Table-driven (CONTRIBUTING.md, "How the code reads"): each record gives the K call (differentiable inputs
 only; fixed targets are captured NumPy arrays), the NumPy reference, the input shapes and
 domain, the float32 tolerance and whether it is differentiable. The records drive a
 forward test (float32 and float64) and a finite-difference gradient test (float64).

@@ -486,7 +486,7 @@ const fn strip<T>() -> usize {
 /// strips walk them. Sums add each 8 rows as a tree, then Kahan-add that into the strip:
 /// the compensation's dependency chain runs once per 8 rows, and the error stays a few
 /// ulps of the sum of magnitudes, where plain accumulation of a million float32 terms
-/// drifts by ~1% (issue 8). The compensation is folded into `o` at the end.
+/// drifts by ~1%. The compensation is folded into `o` at the end.
 #[inline(always)]
 fn fold_rows_strips<T: Acc>(
     op: ReduceOp,

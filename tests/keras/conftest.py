@@ -28,6 +28,7 @@ if (
 ):  # tests/keras itself imports as `keras` without Keras installed
     collect_ignore_glob = ["test_*.py"]
 
+
 @pytest.fixture(autouse=True)
 def _fresh_session():
     """Each test starts with fresh layer names and an unfixed learning phase."""

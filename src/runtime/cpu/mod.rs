@@ -32,7 +32,7 @@ const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 /// thread; so do plans with a Python callback (the calling thread holds the GIL's
 /// hand-off) and, with `FERROKERAS_CPU_TEAM=0`, every plan. With `FERROKERAS_CPU_POOL=1`
 /// (and no callback) long runs still move to a rayon worker, without the poller: it was
-/// measured mixed (benches/PROFILE.md) and is off by default.
+/// measured mixed (docs/performance.md) and is off by default.
 ///
 /// With `lend`, the schedule's infallible tail may write the new values of the variables
 /// the call assigns into the variables' own buffers (`Lend`).
@@ -388,7 +388,7 @@ pub fn run_node(
     match node.op() {
         Op::Loop(body) => {
             // A loop runs hundreds of small kernels per call: always worth a worker
-            // (Keras LSTM step: 1.26x, benches/PROFILE.md), with a second one polling
+            // (Keras LSTM step: 1.26x, docs/performance.md), with a second one polling
             // for halves of them (`team`).
             let read = results_read(plan, i, body.n_results());
             let results = on_worker(&body.plan(), || {
