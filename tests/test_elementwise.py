@@ -6,7 +6,7 @@ with K.eval), the dtype test and the finite-difference gradient test.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -93,9 +93,9 @@ class Op:
     k: Callable  # takes K tensors, returns a K tensor
     ref: Callable  # NumPy reference, takes float64 arrays
     arity: int = 1
-    domain: Tuple[Callable, ...] = (uniform(-3, 3),)  # one sampler per input
-    dtypes: Tuple[str, ...] = FLOATS
-    tol32: Tuple[float, float] = (1e-5, 1e-6)  # (rtol, atol) for float32
+    domain: tuple[Callable, ...] = (uniform(-3, 3),)  # one sampler per input
+    dtypes: tuple[str, ...] = FLOATS
+    tol32: tuple[float, float] = (1e-5, 1e-6)  # (rtol, atol) for float32
     grad: bool = True
     boolean: bool = False  # result is a bool tensor (comparisons)
 

@@ -1793,7 +1793,7 @@ def _crossentropy(data, name):
     def ref():
         # logits in float64; clipped probabilities in the tensor's dtype, since the clip to
         # [eps, 1 - eps] rounds differently in float32 (as in TF)
-        T, O = (f64(t), f64(out_arr)) if from_logits else (t.astype(dt), out_arr)
+        T, O = (f64(t), f64(out_arr)) if from_logits else (t.astype(dt), out_arr)  # noqa: E741 (target, output)
         if name == "binary_crossentropy":
             return rounded(np_bce_logits(T, O) if from_logits else np_bce(T, O), dt)
         if name == "categorical_crossentropy":

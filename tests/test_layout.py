@@ -10,7 +10,7 @@ References are written from the documented (NumPy / TF) semantics, never from fe
 """
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -64,7 +64,7 @@ class Rec:
     name: str
     k: Callable  # K tensors -> K tensor
     ref: Callable  # float64 arrays -> array
-    shapes: Tuple[tuple, ...]  # one input shape per argument
+    shapes: tuple[tuple, ...]  # one input shape per argument
     grad: bool = True
     dynamic: bool = True  # also run with every placeholder dimension unknown
 

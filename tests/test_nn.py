@@ -10,7 +10,7 @@ in_top_k's tie rule and the argument checks.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -147,9 +147,9 @@ class Rec:
     name: str
     k: Callable
     ref: Callable
-    shapes: Tuple[tuple, ...]
-    domain: Tuple[Callable, ...] = (normal(),)
-    tol32: Tuple[float, float] = (1e-5, 1e-6)
+    shapes: tuple[tuple, ...]
+    domain: tuple[Callable, ...] = (normal(),)
+    tol32: tuple[float, float] = (1e-5, 1e-6)
     grad: bool = True
 
     def sample(self, rng):

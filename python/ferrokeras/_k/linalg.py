@@ -313,7 +313,6 @@ def concatenate(tensors, axis=-1):
     return wrap(_core.concat([t._core for t in ts], _int(axis, "concatenate: axis")))
 
 
-
 def _tensor_matmul(self, other):
     return _matmul(self, convert(other, like=self))
 

@@ -124,7 +124,7 @@ def py_function(func, inp, Tout, name=None):
         >>> y = K.py_function(func=log_huber, inp=[x, m], Tout='float32')
         >>> dy_dx = K.gradients(y, [x])[0]
         >>> K.function([x, m], [y, dy_dx])([1.0, 2.0])
-        [array(1., dtype=float32), array(2., dtype=float32)]
+        [np.float32(1.0), np.float32(2.0)]
     """
     if not callable(func):
         raise TypeError(f"py_function: func must be callable, got {type(func).__name__}")

@@ -78,7 +78,7 @@ def control_dependencies(control_inputs):
         ...     result = total * 10
         >>> f = K.function([], [result], updates=[op])
         >>> f([])[0], K.get_value(total)
-        (array(30., dtype=float32), array(3., dtype=float32))
+        (np.float32(30.0), array(3., dtype=float32))
     """
     saved = []
     for op in _updates_in(control_inputs):

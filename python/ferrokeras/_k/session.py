@@ -50,7 +50,7 @@ def learning_phase():
         >>> from ferrokeras import backend as K
         >>> f = K.function([K.learning_phase()], [K.cast(K.learning_phase(), 'int32')])
         >>> f([1])[0]
-        array(1, dtype=int32)
+        np.int32(1)
     """
     global _LEARNING_PHASE
     if _LEARNING_PHASE_VALUE is not None:

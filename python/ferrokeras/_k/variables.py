@@ -552,7 +552,6 @@ def moving_average_update(x, value, momentum):
     return update(x, x * momentum + value * (1.0 - momentum))
 
 
-
 # `Variable.assign(value)` is `update(variable, value)`, as on a ``tf.Variable``.
 Variable.assign = update
 Variable.assign_add = update_add
