@@ -2,7 +2,10 @@
 #
 #   make demo         set up .venv, build the extension, run examples/quickstart.py and the
 #                     Keras 2.3.1 CNN on scikit-learn's digits (examples/digits_cnn.py)
-#   make test         set up, build, run the Rust tests and the pytest suite
+#   make test         set up, build, run the Rust tests and the pytest suite (docstring
+#                     examples included) once per device
+#   make lint         the checks CI gates on: rustfmt, clippy (warnings are errors), ruff
+#                     (lint and format), and _core.pyi against the built module (stubtest)
 #   make wheel        build one abi3 wheel into dist/
 #   make wheel-check  install that wheel in a throw-away venv and run the quickstart there
 #                     with no cargo/rustc on PATH
@@ -28,7 +31,7 @@ VENV := .venv
 VENV_PY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
-DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn
+DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn ruff mypy
 
 # maturin must see the project venv, and only it (it refuses to run when a conda env is
 # also active).
@@ -50,14 +53,15 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu clean distclean
+.PHONY: help venv .venv build demo test lint wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
 
 venv .venv: $(VENV_STAMP)
 
-$(VENV_STAMP):
+# The Makefile holds DEV_DEPS, so editing it brings an existing venv up to date.
+$(VENV_STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q $(DEV_DEPS)
 	touch $@
@@ -78,6 +82,18 @@ test: build
 	  echo "== pytest, FERROKERAS_DEVICE=$$d"; \
 	  FERROKERAS_DEVICE=$$d $(VENV_PY) -m pytest $(PYTEST_ARGS) tests; \
 	done
+
+# Python sources and the stub are checked from the repository root; clippy runs over both
+# feature sets (the bindings and GPU device, and the bare core that `cargo test` builds).
+PY_SOURCES := python tests benches examples
+
+lint: build
+	cargo fmt --check
+	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --release --all-targets --no-default-features -- -D warnings
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
+	$(VENV_PY) -m mypy.stubtest ferrokeras._core
 
 wheel: $(VENV_STAMP)
 	rm -f dist/ferrokeras-*.whl
