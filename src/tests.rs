@@ -1,14 +1,14 @@
 //! Core tests in pure Rust: shape rules, plans and gradients checked against finite
 //! differences through the CPU executor (the Python suite covers the K API on top).
 
+use crate::base::dtype::DType;
+use crate::base::shape::{broadcast_static, Shape};
+use crate::base::value::Value;
 use crate::compile::Function;
-use crate::dtype::DType;
 use crate::graph::Tensor;
 use crate::ops::build::*;
 use crate::ops::source::{constant, placeholder};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
-use crate::runtime::value::Value;
-use crate::shape::{broadcast_static, Shape};
 
 fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
     placeholder(name, Shape(dims.to_vec()), DType::F64, None).unwrap()

@@ -27,7 +27,7 @@
 
 use super::build::*;
 use super::{FusedOp, GpuKind, Op, SliceAxis};
-use crate::error::Result;
+use crate::base::error::Result;
 use crate::graph::{topo_order, Tensor};
 use std::cell::RefCell;
 use std::collections::HashSet;

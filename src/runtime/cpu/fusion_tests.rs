@@ -2,14 +2,14 @@
 //! code), over broadcast patterns, several outputs, bool values, special values, empty and
 //! rank-0 tensors, and the parallel path.
 
+use crate::base::dtype::DType;
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::compile::Function;
-use crate::dtype::DType;
 use crate::graph::Tensor;
 use crate::ops::build::*;
 use crate::ops::source::{constant, placeholder};
 use crate::ops::{BinaryOp, UnaryOp};
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 
 fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
     placeholder(name, Shape(dims.to_vec()), DType::F32, None).unwrap()

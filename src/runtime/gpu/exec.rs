@@ -8,12 +8,12 @@
 use super::pipelines::{dtag, Pipe};
 use super::pool::{self, DevBuf};
 use super::{fusion, kernels, transfer, Context, DTensor, Resident};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::value::Value;
 use crate::compile::{Plan, Step};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::ops::{movement, GpuKind, Op, ViewOp};
-use crate::runtime::value::Value;
 use crate::runtime::{Out, RunStats};
 use std::collections::HashMap;
 use std::num::NonZeroU64;

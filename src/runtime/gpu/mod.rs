@@ -20,9 +20,9 @@ mod transfer;
 pub use context::{adapters, open, why_none, AdapterDesc, Context};
 pub use exec::{run, PlanCache};
 
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::runtime::value::Value;
+use crate::base::dtype::DType;
+use crate::base::error::Result;
+use crate::base::value::Value;
 use pool::DevBuf;
 use std::sync::Arc;
 
