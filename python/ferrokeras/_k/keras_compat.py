@@ -23,6 +23,7 @@ import numpy as np
 from .. import _core
 from .. import tensor as _tensor
 from ..tensor import Variable, wrap
+from . import keras_callbacks as _keras_callbacks
 from . import variables as _variables
 from .common import _t
 
@@ -229,6 +230,7 @@ def _join_keras(kb, lb):
         return
     _patch_h5py()
     _after_import("keras.layers.core", _patch_lambda)
+    _after_import("keras.callbacks", _keras_callbacks.patch_callbacks)
     from .. import backend as FK
     from .. import config
 
