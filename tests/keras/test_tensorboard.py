@@ -238,3 +238,15 @@ def test_unmodified_keras_script_in_a_fresh_process(tmp_path):
     assert {"dense_1/kernel", "dense_1_out", "dense_2_out"} <= set(tags["histograms"])
     assert tags["graph"]
     assert [e.step for e in acc.Histograms("dense_2_out")] == [0, 1]
+
+
+def test_digits_tensorboard_example(tmp_path):
+    pytest.importorskip("sklearn")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "digits_tensorboard.py")
+    spec = importlib.util.spec_from_file_location("digits_tensorboard", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(str(tmp_path), epochs=4) >= 0.85
+    tags = _read(tmp_path).Tags()
+    assert {"loss", "val_loss", "lr"} <= set(tags["scalars"])
+    assert "dense_1/kernel_grad" in tags["histograms"] and tags["images"] and tags["graph"]
