@@ -12,6 +12,7 @@ import io
 import os
 import sys
 import time
+import types
 import warnings
 
 import numpy as np
@@ -25,7 +26,8 @@ _TENSORBOARD_MISSING = (
 
 
 def _tb():
-    """The parts of the ``tensorboard`` package the callback uses, imported on first use."""
+    """The parts of the ``tensorboard`` package the callback uses (imported on first use;
+    later calls find them in ``sys.modules``)."""
     try:
         from tensorboard.compat.proto import (
             attr_value_pb2,
@@ -38,18 +40,14 @@ def _tb():
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError as e:
         raise ImportError(_TENSORBOARD_MISSING) from e
-    return type(
-        "tb",
-        (),
-        {
-            "attr_value_pb2": attr_value_pb2,
-            "event_pb2": event_pb2,
-            "graph_pb2": graph_pb2,
-            "summary_pb2": summary_pb2,
-            "tensor_shape_pb2": tensor_shape_pb2,
-            "types_pb2": types_pb2,
-            "EventFileWriter": EventFileWriter,
-        },
+    return types.SimpleNamespace(
+        attr_value_pb2=attr_value_pb2,
+        event_pb2=event_pb2,
+        graph_pb2=graph_pb2,
+        summary_pb2=summary_pb2,
+        tensor_shape_pb2=tensor_shape_pb2,
+        types_pb2=types_pb2,
+        EventFileWriter=EventFileWriter,
     )
 
 
@@ -250,67 +248,108 @@ def _dims(shape):
     return [-1 if d is None else int(d) for d in shape]
 
 
+def _is_model(layer):
+    return hasattr(layer, "_network_nodes") and hasattr(layer, "_output_coordinates")
+
+
+def _layer_attrs(node, layer, tb):
+    """The attributes TensorBoard shows for a layer's node."""
+    attr_value_pb2, tensor_shape_pb2 = tb.attr_value_pb2, tb.tensor_shape_pb2
+    node.attr["keras_class"].s = type(layer).__name__.encode()
+    try:
+        dtype = np.dtype(getattr(layer, "dtype", None) or K.floatx()).name
+        node.attr["dtype"].type = tb.types_pb2.DataType.Value("DT_" + _DTYPE_NAMES[dtype])
+    except (KeyError, TypeError):
+        pass
+    try:
+        shapes = layer.output_shape
+    except (AttributeError, RuntimeError):  # a layer never called, or shared at several shapes
+        shapes = None
+    if shapes is not None:
+        shapes = shapes if isinstance(shapes, list) else [shapes]
+        protos = [
+            tensor_shape_pb2.TensorShapeProto(
+                dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in _dims(s)]
+            )
+            for s in shapes
+            if isinstance(s, tuple)
+        ]
+        node.attr["_output_shapes"].CopyFrom(
+            attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(shape=protos))
+        )
+    weights = [f"{w.name} {tuple(K.int_shape(w))}".encode() for w in getattr(layer, "weights", [])]
+    if weights:
+        node.attr["weights"].list.s.extend(weights)
+
+
+def _add_network(graph, nodes, model, scope, tb):
+    """Adds the layers of ``model`` under the name scope ``scope``; returns the node names
+    of its outputs (``model.outputs`` order). A nested model is added under its own name
+    as a scope: its input layers take the edges into it, its output layers give the edges
+    out of it."""
+    layers = list(getattr(model, "_layers", None) or model.layers)
+    names = {layer.name for layer in layers}
+    network_nodes = getattr(model, "_network_nodes", None)
+    outputs_of = {
+        layer.name: _add_network(graph, nodes, layer, f"{scope}{layer.name}/", tb)
+        for layer in layers
+        if _is_model(layer)
+    }
+
+    def source(layer, tensor_index):
+        if layer.name in outputs_of:
+            outs = outputs_of[layer.name]
+            return outs[tensor_index or 0] if outs else None
+        return scope + layer.name if layer.name in names else None
+
+    for layer in layers:
+        if layer.name not in outputs_of:
+            node = graph.node.add(name=scope + layer.name, op=type(layer).__name__)
+            nodes[node.name] = node
+            _layer_attrs(node, layer, tb)
+        for index, inbound in enumerate(getattr(layer, "_inbound_nodes", [])):
+            if network_nodes is not None and f"{layer.name}_ib-{index}" not in network_nodes:
+                continue
+            srcs = [
+                source(src, t)
+                for src, t in zip(
+                    inbound.inbound_layers,
+                    getattr(inbound, "tensor_indices", None) or [0] * len(inbound.inbound_layers),
+                )
+            ]
+            if layer.name in outputs_of:  # into a nested model: to its input layers
+                inner = [f"{scope}{layer.name}/{x.name}" for x in layer._input_layers]
+                targets = list(zip(inner, srcs))
+            else:
+                targets = [(scope + layer.name, src) for src in srcs]
+            for target, src in targets:
+                if src is not None and target in nodes and src not in nodes[target].input:
+                    nodes[target].input.append(src)
+    return [source(layer, t) for layer, _, t in model._output_coordinates]
+
+
 def model_graph(model):
     """The layer graph of a Keras model as a TensorBoard ``GraphDef``: one node per layer
     (its op is the layer's class), an edge per connection within the model, and attributes
     TensorBoard shows: the output shapes (also drawn on the edges), dtype, the Keras class
-    and the layer's weights with their shapes. A nested model is one node."""
+    and the layer's weights with their shapes. A nested model is a name scope holding its
+    own layers, which TensorBoard draws as one box that opens."""
     tb = _tb()
-    attr_value_pb2, tensor_shape_pb2 = tb.attr_value_pb2, tb.tensor_shape_pb2
     graph = tb.graph_pb2.GraphDef()
-    layers = list(getattr(model, "_layers", None) or model.layers)
-    names = {layer.name for layer in layers}
-    network_nodes = getattr(model, "_network_nodes", None)
-    for layer in layers:
-        node = graph.node.add(name=layer.name, op=type(layer).__name__)
-        inputs = []
-        for index, inbound in enumerate(getattr(layer, "_inbound_nodes", [])):
-            if network_nodes is not None and f"{layer.name}_ib-{index}" not in network_nodes:
-                continue
-            for src in getattr(inbound, "inbound_layers", []):
-                if src.name in names and src.name not in inputs:
-                    inputs.append(src.name)
-        node.input.extend(inputs)
-        node.attr["keras_class"].s = type(layer).__name__.encode()
-        dtype = getattr(layer, "dtype", None) or K.floatx()
-        try:
-            node.attr["dtype"].type = _DTYPES[np.dtype(dtype).name]
-        except (KeyError, TypeError):
-            pass
-        try:
-            shapes = layer.output_shape
-        except (AttributeError, RuntimeError):
-            shapes = None
-        if shapes is not None:
-            shapes = shapes if isinstance(shapes, list) else [shapes]
-            protos = [
-                tensor_shape_pb2.TensorShapeProto(
-                    dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in _dims(s)]
-                )
-                for s in shapes
-                if isinstance(s, tuple)
-            ]
-            node.attr["_output_shapes"].CopyFrom(
-                attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(shape=protos))
-            )
-        weights = [
-            f"{w.name} {tuple(K.int_shape(w))}".encode() for w in getattr(layer, "weights", [])
-        ]
-        if weights:
-            node.attr["weights"].list.s.extend(weights)
+    _add_network(graph, {}, model, "", tb)
     return graph
 
 
-_DTYPES = {
-    "float16": 19,  # DT_HALF
-    "float32": 1,  # DT_FLOAT
-    "float64": 2,  # DT_DOUBLE
-    "int32": 3,  # DT_INT32
-    "int64": 9,  # DT_INT64
-    "uint8": 4,  # DT_UINT8
-    "int8": 6,  # DT_INT8
-    "int16": 5,  # DT_INT16
-    "bool": 10,  # DT_BOOL
+_DTYPE_NAMES = {
+    "float16": "HALF",
+    "float32": "FLOAT",
+    "float64": "DOUBLE",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "uint8": "UINT8",
+    "bool": "BOOL",
 }
 
 
@@ -356,12 +395,13 @@ class TensorBoard(Callback):
         ImportError: the ``tensorboard`` package is not installed.
         ValueError: an argument is out of range, or ``embeddings_freq > 0``.
 
-    Example:
-        >>> import os, tempfile
-        >>> os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
-        >>> import keras  # doctest: +SKIP
-        >>> model.fit(x, y, validation_split=0.1,  # doctest: +SKIP
-        ...           callbacks=[keras.callbacks.TensorBoard("logs", histogram_freq=1)])
+    Example (an unmodified Keras 2.3.1 script; on ferrokeras without TensorFlow
+    ``keras.callbacks.TensorBoard`` is this class)::
+
+        from keras.callbacks import TensorBoard
+        model.fit(x, y, epochs=10, validation_split=0.1,
+                  callbacks=[TensorBoard(log_dir="logs/run1", histogram_freq=1)])
+        # then: tensorboard --logdir logs
     """
 
     def __init__(
@@ -423,7 +463,7 @@ class TensorBoard(Callback):
         self.samples_seen_at_last_write = 0
         self.writer = None
         self._probe = None
-        self._probe_model = None
+        self._probe_fns = {}
         self._warned = set()
 
     # ---------------------------------------------------------------- writing
@@ -586,9 +626,8 @@ class TensorBoard(Callback):
         return self._probe_fns[with_phase]
 
     def _validation_histograms(self):
-        if self._probe is None or self._probe_model is not self.model:
+        if self._probe is None:
             self._make_probe()
-            self._probe_model = self.model
         feeds, tags, n_out, grad_tags, _ = self._probe
         data = list(self.validation_data)
         with_phase = len(data) == len(feeds) + 1

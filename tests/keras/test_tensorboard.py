@@ -250,3 +250,28 @@ def test_digits_tensorboard_example(tmp_path):
     tags = _read(tmp_path).Tags()
     assert {"loss", "val_loss", "lr"} <= set(tags["scalars"])
     assert "dense_1/kernel_grad" in tags["histograms"] and tags["images"] and tags["graph"]
+
+
+def test_nested_model_is_a_scope_with_its_layers(tmp_path):
+    # A base network shared by two inputs (as in Keras's mnist_siamese example).
+    base = keras.models.Sequential(
+        [Dense(4, activation="relu", input_shape=(3,), name="hidden"), Dense(2, name="embed")],
+        name="base",
+    )
+    a = keras.layers.Input((3,), name="a")
+    b = keras.layers.Input((3,), name="b")
+    merged = keras.layers.Subtract(name="diff")([base(a), base(b)])
+    model = keras.models.Model([a, b], Dense(1, name="score")(merged))
+    model.compile("sgd", "mse")
+    cb = ferrokeras.callbacks.TensorBoard(str(tmp_path))
+    model.fit([np.ones((4, 3))] * 2, np.ones((4, 1)), epochs=1, callbacks=[cb], verbose=0)
+    nodes = {n.name: n for n in _read(tmp_path).Graph().node}
+    assert "base" not in nodes
+    base_input = base._input_layers[0].name
+    assert sorted(nodes[f"base/{base_input}"].input) == ["a", "b"]
+    assert list(nodes["base/hidden"].input) == [f"base/{base_input}"]
+    assert list(nodes["base/embed"].input) == ["base/hidden"]
+    assert list(nodes["diff"].input) == ["base/embed"]
+    assert list(nodes["score"].input) == ["diff"]
+    assert nodes["base/embed"].op == "Dense"
+    assert nodes["base/hidden"].attr["weights"].list.s[0].startswith(b"hidden/kernel")
