@@ -59,3 +59,34 @@ def test_nonfinite_values_are_counted_out():
 def test_empty_histogram():
     p = Histogram().proto()
     assert p.num == 0 and len(p.bucket) == 0
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import ferrokeras.callbacks
+
+    result = doctest.testmod(ferrokeras.callbacks)
+    assert result.failed == 0 and result.attempted >= 3
+
+
+def test_weight_images_are_scaled_as_tensorflow_scales_float_images():
+    import io
+
+    from ferrokeras.callbacks import _png, _weight_images
+    from PIL import Image
+
+    def pixels(a):
+        data, shape = _png(np.array(a, dtype=np.float32))
+        img = np.asarray(Image.open(io.BytesIO(data)))
+        assert img.shape == shape
+        return img.tolist()
+
+    assert pixels([[0.0, 1.0, 2.0]]) == [[0, 128, 255]]
+    assert pixels([[-2.0, 0.0, 1.0]]) == [[1, 128, 192]]
+    assert pixels([[0.0, 0.0]]) == [[0, 0]]
+    # Keras's layouts: a kernel wider than tall, conv channels first, a bias as a column.
+    assert [i.shape for i in _weight_images(np.zeros((5, 2)), True)] == [(2, 5)]
+    assert [i.shape for i in _weight_images(np.zeros((3, 3, 1, 4)), True)] == [(3, 3)] * 4
+    assert [i.shape for i in _weight_images(np.zeros(6), True)] == [(6, 1)]
+    assert _weight_images(np.zeros((3, 3, 2, 4)), True) == []

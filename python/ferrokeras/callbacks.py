@@ -223,18 +223,17 @@ def _weight_images(value, channels_last):
 
 
 def _png(image):
-    """A grey-scale PNG of a 2-D float array, scaled as TensorFlow's image summaries are:
-    non-negative values so that the largest is 255; otherwise 0 at 127 and the largest
-    magnitude at 0 or 255."""
+    """A grey-scale PNG of a 2-D float array, scaled as TensorFlow's image summaries scale
+    float images: non-negative values so that the largest is 255; otherwise 0 at 128 and
+    the largest magnitude at 1 or 255. Returns (PNG bytes, (height, width))."""
     from PIL import Image  # a dependency of the tensorboard package
 
-    a = np.nan_to_num(np.asarray(image, dtype=np.float64))
+    a = np.nan_to_num(np.asarray(image, dtype=np.float64), posinf=0.0, neginf=0.0)
     if a.min() >= 0:
         top = a.max()
         scaled = a * (255.0 / top) if top > 0 else a
     else:
-        scale = 127.0 / max(-a.min(), a.max()) if a.max() > 0 else 127.0 / -a.min()
-        scaled = a * scale + 127.0
+        scaled = a * (127.0 / np.abs(a).max()) + 128.0
     pixels = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels, mode="L").save(buf, format="PNG")
@@ -356,6 +355,16 @@ _DTYPE_NAMES = {
 # ======================================================================= the callback
 
 
+def _unique(weights):
+    """The weights in order, each once (a weight shared by two layers is listed by both)."""
+    seen, out = set(), []
+    for w in weights:
+        if id(w) not in seen:
+            seen.add(id(w))
+            out.append(w)
+    return out
+
+
 class TensorBoard(Callback):
     """TensorBoard logging for Keras 2.3.1 models on ferrokeras, without TensorFlow.
 
@@ -368,7 +377,7 @@ class TensorBoard(Callback):
       batch logs after every batch or every N samples. The step is the epoch with
       ``update_freq='epoch'``, else the number of samples seen, as in Keras.
     - Histograms, every ``histogram_freq`` epochs (step: the epoch): every weight
-      (tag ``<weight name>`` with ``:`` as ``_``, e.g. ``dense_1/kernel_0``); when
+      (tag: the weight's name, ``:`` written ``_``, e.g. ``dense_1/kernel``); when
       validation data is given to ``fit``, every layer's output over it
       (``<layer>_out``) and, with ``write_grads=True``, the gradient of the loss with
       respect to every trainable weight (``<weight>_grad``), averaged over the validation
@@ -494,7 +503,7 @@ class TensorBoard(Callback):
                 continue  # not a scalar: nothing TensorBoard can chart
             values.append(Value(tag=name, simple_value=scalar))
         self._summary(index, values)
-        self.writer.flush()
+        self._open().flush()
 
     # ---------------------------------------------------------------- Keras hooks
 
@@ -504,7 +513,7 @@ class TensorBoard(Callback):
         self._open()
         if self.write_graph:
             self._event(0, graph_def=model_graph(model).SerializeToString())
-            self.writer.flush()
+            self._open().flush()
 
     def on_train_begin(self, logs=None):
         self._open()
@@ -559,10 +568,8 @@ class TensorBoard(Callback):
 
     def _write_histograms(self, epoch):
         hists = {}
-        for layer in self.model.layers:
-            for w in layer.weights:
-                h = hists.setdefault(w.name.replace(":", "_"), Histogram())
-                h.add(K.get_value(w))
+        for w in _unique(w for layer in self.model.layers for w in layer.weights):
+            hists.setdefault(w.name.replace(":", "_"), Histogram()).add(K.get_value(w))
         if self.validation_data:
             hists.update(self._validation_histograms())
         elif self.write_grads:
@@ -582,7 +589,7 @@ class TensorBoard(Callback):
                 )
             values.append(Value(tag=tag, histo=h.proto()))
         self._summary(epoch, values)
-        self.writer.flush()
+        self._open().flush()
 
     def _make_probe(self):
         """A function from the validation feeds to every layer output and (with
@@ -609,7 +616,7 @@ class TensorBoard(Callback):
         n_out = len(outputs)
         grad_tags = []
         if self.write_grads and getattr(model, "total_loss", None) is not None:
-            weights = [w for layer in model.layers for w in layer.trainable_weights]
+            weights = _unique(w for layer in model.layers for w in layer.trainable_weights)
             grads = K.gradients(model.total_loss, weights)
             for w, g in zip(weights, grads):
                 if g is not None:
@@ -660,20 +667,19 @@ class TensorBoard(Callback):
         summary_pb2 = _tb().summary_pb2
         channels_last = K.image_data_format() == "channels_last"
         values = []
-        for layer in self.model.layers:
-            for w in layer.weights:
-                name = w.name.replace(":", "_")
-                images = _weight_images(K.get_value(w), channels_last)
-                # Keras (tf.summary.image) writes at most three images per weight.
-                for i, image in enumerate(images[:3]):
-                    data, (height, width) = _png(image)
-                    tag = f"{name}/image" if len(images) == 1 else f"{name}/image/{i}"
-                    img = summary_pb2.Summary.Image(
-                        height=height, width=width, colorspace=1, encoded_image_string=data
-                    )
-                    values.append(summary_pb2.Summary.Value(tag=tag, image=img))
+        for w in _unique(w for layer in self.model.layers for w in layer.weights):
+            name = w.name.replace(":", "_")
+            images = _weight_images(K.get_value(w), channels_last)
+            # Keras (tf.summary.image) writes at most three images per weight.
+            for i, image in enumerate(images[:3]):
+                data, (height, width) = _png(image)
+                tag = f"{name}/image" if len(images) == 1 else f"{name}/image/{i}"
+                img = summary_pb2.Summary.Image(
+                    height=height, width=width, colorspace=1, encoded_image_string=data
+                )
+                values.append(summary_pb2.Summary.Value(tag=tag, image=img))
         self._summary(epoch, values)
-        self.writer.flush()
+        self._open().flush()
 
 
 __all__ = ["TensorBoard", "Callback", "Histogram", "model_graph"]
