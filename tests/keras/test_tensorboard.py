@@ -275,3 +275,22 @@ def test_nested_model_is_a_scope_with_its_layers(tmp_path):
     assert list(nodes["score"].input) == ["diff"]
     assert nodes["base/embed"].op == "Dense"
     assert nodes["base/hidden"].attr["weights"].list.s[0].startswith(b"hidden/kernel")
+
+
+def test_driven_by_hand_with_train_on_batch(tmp_path):
+    # The pattern of GAN scripts: set_model, on_epoch_end with their own logs, on_train_end.
+    model = _model()
+    x, y = _data(16)
+    cb = ferrokeras.callbacks.TensorBoard(str(tmp_path), histogram_freq=1)
+    cb.set_model(model)
+    losses = []
+    for step in range(3):
+        loss, _ = model.train_on_batch(x, y)
+        losses.append(loss)
+        cb.on_epoch_end(step, {"g_loss": loss})
+    cb.on_train_end(None)
+    acc = _read(tmp_path)
+    np.testing.assert_allclose([e.value for e in acc.Scalars("g_loss")], losses, rtol=1e-6)
+    assert [e.step for e in acc.Scalars("lr")] == [0, 1, 2]
+    kernel = model.layers[-1].weights[0]
+    assert [e.step for e in acc.Histograms(kernel.name)] == [0, 1, 2]
