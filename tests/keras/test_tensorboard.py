@@ -240,6 +240,7 @@ def test_unmodified_keras_script_in_a_fresh_process(tmp_path):
     assert [e.step for e in acc.Histograms("dense_2_out")] == [0, 1]
 
 
+@pytest.mark.skipif(HAS_TF, reason="with TensorFlow installed Keras uses its own TensorBoard")
 def test_digits_tensorboard_example(tmp_path):
     pytest.importorskip("sklearn")
     path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "digits_tensorboard.py")
