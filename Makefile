@@ -31,7 +31,8 @@ VENV := .venv
 VENV_PY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
-DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn ruff mypy
+DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn tensorboard \
+            ruff mypy
 
 # maturin must see the project venv, and only it (it refuses to run when a conda env is
 # also active).

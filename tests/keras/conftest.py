@@ -4,10 +4,6 @@ Keras picks its backend once, when it is first imported, so this file sets
 ``KERAS_BACKEND`` (and a throw-away ``KERAS_HOME``, so that Keras does not write
 ``~/.keras/keras.json``) before anything imports it. The tests are skipped as a whole where
 Keras 2.3.1 is not installed (``pip install "ferrokeras[keras]"``).
-
-A test that reaches a ``K`` function ferrokeras does not implement yet (one of the stubs in
-``ferrokeras._k.keras_compat``) is reported as skipped, naming the function, rather than
-failed: the set of such skips is the remaining gap to full Keras support.
 """
 
 import os
