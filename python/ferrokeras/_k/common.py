@@ -70,6 +70,16 @@ def _data_format(value, fn, allow_none=True):
     return value
 
 
+def _known_shape(x):
+    """``x``'s static shape, with dims the graph does not know taken from the shape Keras
+    recorded on it (``_keras_shape``), as ``K.int_shape`` reads it."""
+    static = tuple(x.shape)
+    keras_shape = getattr(x, "_keras_shape", None)
+    if keras_shape is None or len(keras_shape) != len(static):
+        return static
+    return tuple(s if s is not None else k for s, k in zip(static, keras_shape))
+
+
 def _check_float(x, fn, what="x"):
     if x.dtype not in ("float16", "float32", "float64"):
         raise TypeError(f"{fn}: {what} must be a float tensor, got dtype {x.dtype}")

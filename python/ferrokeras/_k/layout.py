@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import _core
 from ..tensor import Tensor, wrap
-from .common import _axis, _data_format, _dtype, _int, _t
+from .common import _axis, _data_format, _dtype, _int, _known_shape, _t
 from .linalg import _dims, _prod, _reshape, _shape_tensor
 from .variables import cast
 
@@ -93,7 +93,14 @@ def repeat_elements(x, rep, axis):
     d = _dims(x)
     y = wrap(_core.expand_dims(x._core, [axis + 1]))
     y = wrap(_core.broadcast_to(y._core, _shape_tensor(d[: axis + 1] + [rep] + d[axis + 1 :])))
-    return _merge_axes(y, axis, d, rep)
+    y = _merge_axes(y, axis, d, rep)
+    # The static shape Keras's backends record on the result, also where the graph knows
+    # only part of it (an axis of unknown size, a repeat count given as a tensor).
+    known = list(_known_shape(x))
+    if known[axis] is not None:
+        known[axis] = known[axis] * rep if not isinstance(rep, Tensor) else None
+    y._keras_shape = tuple(known)
+    return y
 
 
 def repeat(x, n):

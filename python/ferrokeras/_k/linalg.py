@@ -289,7 +289,7 @@ def concatenate(tensors, axis=-1):
 
     Arguments:
         tensors: list of tensors to concatenate (same rank and dtype; equal dimensions
-            except along ``axis``).
+            except along ``axis``). When all of them are sparse, so is the result.
         axis: concatenation axis.
 
     Returns:
@@ -310,7 +310,10 @@ def concatenate(tensors, axis=-1):
         )
     like = next((t for t in tensors if isinstance(t, Tensor)), None)
     ts = [_t(t, like=like) for t in tensors]
-    return wrap(_core.concat([t._core for t in ts], _int(axis, "concatenate: axis")))
+    out = wrap(_core.concat([t._core for t in ts], _int(axis, "concatenate: axis")))
+    if ts and _b.all(getattr(t, "_is_sparse", False) for t in ts):
+        out._is_sparse = True  # TF's sparse concat: sparse inputs give a sparse result
+    return out
 
 
 __all__ = [

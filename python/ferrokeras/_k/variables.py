@@ -25,6 +25,8 @@ def variable(value, dtype=None, name=None, constraint=None):
 
     Arguments:
         value: NumPy array (or nested list, number, scipy.sparse matrix), initial value.
+            A scipy.sparse value is stored dense and the variable is flagged sparse
+            (``is_sparse`` is True).
         dtype: Tensor type; defaults to ``floatx()``.
         name: Optional name string for the variable.
         constraint: Optional projection function applied after an optimizer update.
@@ -45,12 +47,16 @@ def variable(value, dtype=None, name=None, constraint=None):
     dtype = _dtype(dtype)
     if isinstance(value, Tensor):
         value = eval(value)
-    if hasattr(value, "toarray"):
+    sparse = hasattr(value, "toarray")
+    if sparse:
         value = value.toarray()
     arr = _as_array("variable", value, dtype, copy=True, order="C")
     if name is None:
         name = f"variable_{get_uid('variable')}"
-    return Variable(arr, name, constraint=constraint)
+    v = Variable(arr, name, constraint=constraint)
+    if sparse:
+        v._is_sparse = True  # stored dense, flagged sparse for `is_sparse` (as TF keeps it)
+    return v
 
 
 def constant(value, dtype=None, shape=None, name=None):
@@ -166,15 +172,47 @@ def is_keras_tensor(x):
     return hasattr(x, "_keras_history")
 
 
-def _filled_variable(shape, fill, dtype, name):
+def _has_tensor(shape):
+    return isinstance(shape, Tensor) or (
+        isinstance(shape, (list, tuple)) and _b.any(isinstance(d, Tensor) for d in shape)
+    )
+
+
+def _filled_variable(shape, fill, dtype, name, fn):
     dtype = _dtype(dtype)
+    if _has_tensor(shape):
+        from .random import _shape_arg
+
+        t = wrap(
+            _core.broadcast_to(_t(np.full((), fill, dtype=dtype))._core, _shape_arg(shape, fn)),
+            name=name,
+        )
+        if _b.any(d is None for d in t.shape):
+            return t  # a size known only at run time: a tensor, as in TensorFlow
+        return variable(eval(t), dtype=dtype, name=name)
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
-    return variable(np.full(tuple(shape), fill, dtype=dtype), dtype=dtype, name=name)
+    if not isinstance(shape, (list, tuple, np.ndarray)):
+        raise TypeError(f"{fn}: shape must be a tuple of ints, got {type(shape).__name__}")
+    shape = tuple(_int(d, f"{fn}: shape entry") for d in shape)
+    if _b.any(d < 0 for d in shape):
+        raise ValueError(f"{fn}: negative dimension in shape {shape}")
+    return variable(np.full(shape, fill, dtype=dtype), dtype=dtype, name=name)
 
 
 def zeros(shape, dtype=None, name=None):
     """Instantiates an all-zeros variable and returns it.
+
+    Arguments:
+        shape: Tuple of integers, shape of returned variable. Entries may be scalar int
+            tensors (``K.shape(x)[0]``), or the shape a 1-D int tensor; when a size is
+            then known only at run time the result is a tensor, not a variable (as in
+            TensorFlow).
+        dtype: String, data type of returned variable (default ``floatx()``).
+        name: String, name of returned variable.
+
+    Returns:
+        A variable (including Keras metadata), filled with ``0.0``.
 
     Example:
         >>> from ferrokeras import backend as K
@@ -182,11 +220,22 @@ def zeros(shape, dtype=None, name=None):
         array([[0., 0., 0.],
                [0., 0., 0.]], dtype=float32)
     """
-    return _filled_variable(shape, 0, dtype, name)
+    return _filled_variable(shape, 0, dtype, name, "zeros")
 
 
 def ones(shape, dtype=None, name=None):
     """Instantiates an all-ones variable and returns it.
+
+    Arguments:
+        shape: Tuple of integers, shape of returned variable. Entries may be scalar int
+            tensors (``K.shape(x)[0]``), or the shape a 1-D int tensor; when a size is
+            then known only at run time the result is a tensor, not a variable (as in
+            TensorFlow).
+        dtype: String, data type of returned variable (default ``floatx()``).
+        name: String, name of returned variable.
+
+    Returns:
+        A variable (including Keras metadata), filled with ``1.0``.
 
     Example:
         >>> from ferrokeras import backend as K
@@ -194,7 +243,7 @@ def ones(shape, dtype=None, name=None):
         array([[1., 1.],
                [1., 1.]], dtype=float32)
     """
-    return _filled_variable(shape, 1, dtype, name)
+    return _filled_variable(shape, 1, dtype, name, "ones")
 
 
 def eye(size, dtype=None, name=None):
@@ -254,6 +303,14 @@ def identity(x, name=None):
     return Tensor(x._core, name=name)
 
 
+def _variable_seed(seed):
+    """The seed of a random variable: ``seed``, else one drawn from NumPy's global
+    generator (so ``np.random.seed`` makes unseeded variables reproducible)."""
+    if seed is None:
+        return int(np.random.randint(0, 2**31 - 1, dtype=np.int64))
+    return _int(seed, "seed")
+
+
 def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
     """Instantiates a variable with values drawn from a uniform distribution.
 
@@ -263,7 +320,7 @@ def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
         high: Float, upper boundary of the output interval.
         dtype: String, dtype of returned variable.
         name: String, name of returned variable.
-        seed: Integer, random seed.
+        seed: Integer, random seed (default: one drawn from NumPy's global generator).
 
     Example:
         >>> from ferrokeras import backend as K
@@ -271,7 +328,7 @@ def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
         >>> K.int_shape(kvar)
         (2, 3)
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(_variable_seed(seed))
     return variable(rng.uniform(low, high, size=tuple(shape)), dtype=dtype, name=name)
 
 
@@ -284,14 +341,14 @@ def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None)
         scale: Float, standard deviation of the normal distribution.
         dtype: String, dtype of returned variable.
         name: String, name of returned variable.
-        seed: Integer, random seed.
+        seed: Integer, random seed (default: one drawn from NumPy's global generator).
 
     Example:
         >>> from ferrokeras import backend as K
         >>> K.int_shape(K.random_normal_variable((2, 3), 0, 1, seed=1))
         (2, 3)
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(_variable_seed(seed))
     return variable(rng.normal(mean, scale, size=tuple(shape)), dtype=dtype, name=name)
 
 
