@@ -61,6 +61,15 @@ def test_like_functions_of_python_floats_are_floatx(fn):
     assert fn(np.array([0.5, 1.0])).dtype == "float64"  # NumPy arrays keep their dtype
 
 
+def test_numpy_scalars_keep_their_dtype():
+    # As tf.convert_to_tensor: NumPy scalars keep their dtype, Python numbers do not.
+    assert K.sqrt(np.float64(2.0)).dtype == "float64"
+    assert K.sqrt(2.0).dtype == "float32"
+    assert K.abs(np.int64(3)).dtype == "int64"
+    assert K.abs(3).dtype == "int32"
+    assert (K.constant([1.0]) * np.float64(2.0)).dtype == "float32"  # a tensor's dtype wins
+
+
 def test_python_lists_convert_as_in_tensorflow():
     assert (K.constant([1.0]) + [0.5, 1.5]).dtype == "float32"
     assert K.switch(K.constant(True, dtype="bool"), K.zeros_like([0.5]), [1.0]).dtype == "float32"
@@ -83,6 +92,34 @@ def test_filled_tensors_from_a_shape_with_tensors(fn, fill):
     v = fn((K.shape(K.ones((2, 5)))[1], 2), dtype="float64")
     assert K.is_variable(v) and v.dtype == "float64"
     np.testing.assert_array_equal(K.get_value(v), np.full((5, 2), fill))
+
+
+def test_other_shape_taking_functions_accept_tensors():
+    x = K.placeholder(shape=(None, 2))
+    n = K.shape(x)[0]
+    feed = [np.zeros((3, 2), "float32")]
+    outs = K.function(
+        [x],
+        [
+            K.eye(n),
+            K.eye((n, 2)),
+            K.constant(2.5, shape=(n, 2)),
+            K.ones(n),
+            K.random_uniform((n, 2)),
+            K.random_normal(K.shape(x)),
+        ],
+    )(feed)
+    np.testing.assert_array_equal(outs[0], np.eye(3, dtype="float32"))
+    np.testing.assert_array_equal(outs[1], np.eye(3, 2, dtype="float32"))
+    np.testing.assert_array_equal(outs[2], np.full((3, 2), 2.5, "float32"))
+    np.testing.assert_array_equal(outs[3], np.ones(3, "float32"))
+    assert outs[4].shape == (3, 2) and outs[5].shape == (3, 2)
+    with pytest.raises(ValueError, match="scalar value"):
+        K.constant([1.0, 2.0], shape=(n, 2))
+    with pytest.raises(TypeError, match="static"):
+        K.random_uniform_variable((n, 2), 0, 1)
+    with pytest.raises(TypeError, match="static"):
+        K.random_normal_variable((n, 2), 0, 1)
 
 
 def test_filled_variables_reject_bad_shapes():

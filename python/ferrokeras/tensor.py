@@ -337,12 +337,12 @@ def convert(x, like=None, dtype=None):
         # scalars keep their dtype.
         python = _python_numbers(x)
         if arr.dtype.kind == "f" and arr.dtype != np.float16:
-            dtype = config.floatx() if python or isinstance(x, float) else str(arr.dtype)
+            dtype = config.floatx() if python else str(arr.dtype)
         elif arr.dtype == np.float16:
             dtype = "float16"
         elif arr.dtype.kind in "iu":
             fits = arr.size == 0 or -(2**31) <= arr.min() and arr.max() < 2**31
-            dtype = "int32" if (python or isinstance(x, int)) and fits else str(arr.dtype)
+            dtype = "int32" if python and fits else str(arr.dtype)
             if dtype in ("uint16", "uint32", "uint64"):
                 dtype = "int64"
         elif arr.dtype.kind == "b":
@@ -467,6 +467,8 @@ def getitem(x, key):
 
 
 def _int_index(k):
+    if isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype.kind in "iu":
+        k = k[()]
     if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
         return int(k)
     raise TypeError(f"tensor indices must be integers, slices, None or ..., got {type(k).__name__}")

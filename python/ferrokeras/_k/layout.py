@@ -203,8 +203,10 @@ def arange(start, stop=None, step=1, dtype="int32"):
         start: Start value (or stop, when ``stop`` is None).
         stop: Stop value (exclusive).
         step: Difference between two successive values; must not be zero.
-        dtype: Dtype of the result; the sequence is computed in the arguments' type
-            (float when any is a float) and then cast, as in TensorFlow.
+        dtype: Dtype of the result, ``'int32'`` by default as documented; the sequence is
+            computed in the arguments' type (float when any is a float) and then cast.
+            TensorFlow departs from that default: it skips the cast when ``dtype`` is
+            ``'int32'``, so float arguments give a float32 result there.
 
     Returns:
         A 1-D tensor.

@@ -553,7 +553,8 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
 
     Returns:
         A tuple length of 3, ``(normalized_tensor, mean, variance)``; ``mean`` and
-        ``variance`` (the biased, population variance) have the reduced axes removed.
+        ``variance`` (the biased, population variance, as TensorFlow and Theano compute
+        it) have the reduced axes removed.
         ``gamma`` and ``beta`` are reshaped to ``x``'s rank with 1s on the reduced axes.
 
     Raises:

@@ -65,7 +65,8 @@ def constant(value, dtype=None, shape=None, name=None):
     Arguments:
         value: A constant value (or list).
         dtype: The type of the elements of the resulting tensor; defaults to ``floatx()``.
-        shape: Optional dimensions of resulting tensor; a scalar ``value`` is filled in.
+        shape: Optional dimensions of resulting tensor; a scalar ``value`` is filled in
+            (entries may then be scalar int tensors, such as ``K.shape(x)[0]``).
         name: Optional name for the tensor.
 
     Returns:
@@ -80,6 +81,12 @@ def constant(value, dtype=None, shape=None, name=None):
     if isinstance(value, Tensor):
         value = eval(value)
     arr = _as_array("constant", value, dtype)
+    if shape is not None and _has_tensor(shape):
+        if arr.size != 1:
+            raise ValueError(
+                f"constant: a shape with tensors in it needs a scalar value, got shape {arr.shape}"
+            )
+        return _filled(shape, arr.reshape(()), dtype, name, "constant")
     if shape is not None:
         shape = tuple(shape)
         if arr.size == 1:
@@ -172,32 +179,55 @@ def is_keras_tensor(x):
     return hasattr(x, "_keras_history")
 
 
+_INTS = ("int8", "int16", "int32", "int64", "uint8")
+
+
 def _has_tensor(shape):
     return isinstance(shape, Tensor) or (
         isinstance(shape, (list, tuple)) and _b.any(isinstance(d, Tensor) for d in shape)
     )
 
 
-def _filled_variable(shape, fill, dtype, name, fn):
-    dtype = _dtype(dtype)
-    if _has_tensor(shape):
-        from .random import _shape_arg
+def _filled(shape, fill, dtype, name, fn):
+    """``fill`` broadcast to ``shape``, which holds scalar int tensors (or is a 1-D or a
+    0-d int tensor)."""
+    from .random import _shape_arg
 
-        t = wrap(
-            _core.broadcast_to(_t(np.full((), fill, dtype=dtype))._core, _shape_arg(shape, fn)),
-            name=name,
-        )
-        if _b.any(d is None for d in t.shape):
-            return t  # a size known only at run time: a tensor, as in TensorFlow
-        return variable(eval(t), dtype=dtype, name=name)
+    if isinstance(shape, Tensor) and shape.ndim == 0:
+        shape = (shape,)
+    fill = fill if isinstance(fill, Tensor) else _t(np.full((), fill, dtype=dtype))
+    return wrap(_core.broadcast_to(fill._core, _shape_arg(shape, fn)), name=name)
+
+
+def _tensor_or_variable(t, dtype, name):
+    """A tensor built from a shape with tensors in it: a variable of its value where its
+    size is static, as TensorFlow makes one, else the tensor."""
+    if _b.any(d is None for d in t.shape):
+        return t
+    return variable(eval(t), dtype=dtype, name=name)
+
+
+def _static_shape(shape, fn):
+    """``shape`` as a tuple of non-negative ints, for a variable (whose shape is static)."""
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
+    if _has_tensor(shape):
+        raise TypeError(
+            f"{fn}: shape must be a tuple of ints (a variable's shape is static), got {shape!r}"
+        )
     if not isinstance(shape, (list, tuple, np.ndarray)):
         raise TypeError(f"{fn}: shape must be a tuple of ints, got {type(shape).__name__}")
     shape = tuple(_int(d, f"{fn}: shape entry") for d in shape)
     if _b.any(d < 0 for d in shape):
         raise ValueError(f"{fn}: negative dimension in shape {shape}")
-    return variable(np.full(shape, fill, dtype=dtype), dtype=dtype, name=name)
+    return shape
+
+
+def _filled_variable(shape, fill, dtype, name, fn):
+    dtype = _dtype(dtype)
+    if _has_tensor(shape):
+        return _tensor_or_variable(_filled(shape, fill, dtype, name, fn), dtype, name)
+    return variable(np.full(_static_shape(shape, fn), fill, dtype=dtype), dtype=dtype, name=name)
 
 
 def zeros(shape, dtype=None, name=None):
@@ -249,6 +279,9 @@ def ones(shape, dtype=None, name=None):
 def eye(size, dtype=None, name=None):
     """Instantiate an identity matrix variable; ``size`` is an int or a ``(rows, cols)`` tuple.
 
+    Sizes may be scalar int tensors (``K.shape(x)[0]``); when one is known only at run
+    time the result is a tensor, not a variable, as for ``zeros``.
+
     Example:
         >>> from ferrokeras import backend as K
         >>> K.eval(K.eye(2))
@@ -256,8 +289,26 @@ def eye(size, dtype=None, name=None):
                [0., 1.]], dtype=float32)
     """
     dtype = _dtype(dtype)
-    n, m = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    if isinstance(size, (list, tuple)):
+        if len(size) != 2:
+            raise ValueError(f"eye: size must be an int or a (rows, cols) pair, got {size!r}")
+        n, m = size
+    else:
+        n = m = size
+    if isinstance(n, Tensor) or isinstance(m, Tensor):
+        from .layout import arange
+
+        for what, d in (("rows", n), ("cols", m)):
+            if isinstance(d, Tensor) and (d.ndim != 0 or d.dtype not in _INTS):
+                raise TypeError(f"eye: {what} must be an int or a scalar int tensor, got {d!r}")
+        t = cast(_core_equal(arange(n)[:, None], arange(m)[None, :]), dtype)
+        return _tensor_or_variable(t, dtype, name)
+    n, m = _static_shape((n, m), "eye")
     return variable(np.eye(n, m, dtype=dtype), dtype=dtype, name=name)
+
+
+def _core_equal(a, b):
+    return wrap(_core.binary("equal", a._core, b._core))
 
 
 def zeros_like(x, dtype=None, name=None):
@@ -328,8 +379,9 @@ def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
         >>> K.int_shape(kvar)
         (2, 3)
     """
+    shape = _static_shape(shape, "random_uniform_variable")
     rng = np.random.default_rng(_variable_seed(seed))
-    return variable(rng.uniform(low, high, size=tuple(shape)), dtype=dtype, name=name)
+    return variable(rng.uniform(low, high, size=shape), dtype=dtype, name=name)
 
 
 def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None):
@@ -348,8 +400,9 @@ def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None)
         >>> K.int_shape(K.random_normal_variable((2, 3), 0, 1, seed=1))
         (2, 3)
     """
+    shape = _static_shape(shape, "random_normal_variable")
     rng = np.random.default_rng(_variable_seed(seed))
-    return variable(rng.normal(mean, scale, size=tuple(shape)), dtype=dtype, name=name)
+    return variable(rng.normal(mean, scale, size=shape), dtype=dtype, name=name)
 
 
 # =============================================================== introspection
