@@ -122,6 +122,24 @@ def test_other_shape_taking_functions_accept_tensors():
         K.random_normal_variable((n, 2), 0, 1)
 
 
+def test_padding_amounts_may_be_tensors():
+    x = K.placeholder(shape=(None, 3, 2))
+    n = K.shape(x)[0]
+    a = np.arange(12, dtype="float32").reshape(2, 3, 2)
+    y = K.temporal_padding(x, (n, 1))
+    assert y.shape == (None, None, 2)
+    out, g = K.function([x], [y, K.gradients(K.sum(y * y), [x])[0]])([a])
+    np.testing.assert_array_equal(out, np.pad(a, ((0, 0), (2, 1), (0, 0))))
+    np.testing.assert_array_equal(g, 2 * a)
+    img = np.arange(24, dtype="float32").reshape(1, 2, 3, 4)
+    z = K.spatial_2d_padding(K.constant(img), ((1, _int(2)), (0, _int(1))), "channels_first")
+    np.testing.assert_array_equal(K.eval(z), np.pad(img, ((0, 0), (0, 0), (1, 2), (0, 1))))
+    with pytest.raises(ValueError, match="non-negative"):
+        K.temporal_padding(x, (-1, 1))
+    with pytest.raises(TypeError, match="scalar int tensor"):
+        K.temporal_padding(x, (K.constant(1.0), 1))
+
+
 def test_filled_variables_reject_bad_shapes():
     with pytest.raises(ValueError, match="negative"):
         K.zeros((2, -1))

@@ -393,9 +393,8 @@ def _pad_pair(p, fn, what):
         raise ValueError(
             f"{fn}: {what} must be a pair of non-negative ints (before, after), got {p!r}"
         )
-    a, b = (_int(v, f"{fn}: {what} entry") for v in p)
-    if a < 0 or b < 0:
-        raise ValueError(f"{fn}: {what} entries must be non-negative, got {p!r}")
+    # As in TensorFlow (whose pad packs the list), an entry may be a scalar int tensor.
+    a, b = (_count(v, f"{fn}: {what} entry") for v in p)
     return (a, b)
 
 
@@ -411,7 +410,23 @@ def _spatial_pad(x, pairs, data_format, fn):
     _rank(x, r, fn)
     df = _data_format(data_format, fn)
     pads = [(0, 0)] + pairs + [(0, 0)] if df == "channels_last" else [(0, 0), (0, 0)] + pairs
-    return wrap(_core.pad(x._core, pads, 0.0))
+    static = [p if not _b.any(isinstance(v, Tensor) for v in p) else (0, 0) for p in pads]
+    out = wrap(_core.pad(x._core, static, 0.0))
+    for axis, p in enumerate(pads):
+        if p is not static[axis]:
+            # Sizes known only at run time: zeros of that size concatenated on each side.
+            d = _dims(out)
+            zeros = [
+                wrap(
+                    _core.broadcast_to(
+                        _t(np.zeros((), x.dtype))._core,
+                        _shape_tensor(d[:axis] + [v] + d[axis + 1 :]),
+                    )
+                )
+                for v in p
+            ]
+            out = wrap(_core.concat([zeros[0]._core, out._core, zeros[1]._core], axis))
+    return out
 
 
 def temporal_padding(x, padding=(1, 1)):
@@ -419,8 +434,8 @@ def temporal_padding(x, padding=(1, 1)):
 
     Arguments:
         x: 3-D tensor or variable.
-        padding: Tuple of 2 non-negative integers, how many zeros to add at the start
-            and end of dim 1.
+        padding: Tuple of 2 non-negative integers (or scalar int tensors), how many zeros
+            to add at the start and end of dim 1.
 
     Returns:
         A padded 3D tensor.
@@ -443,7 +458,8 @@ def spatial_2d_padding(x, padding=((1, 1), (1, 1)), data_format=None):
 
     Arguments:
         x: 4-D tensor or variable.
-        padding: Tuple of 2 tuples, ``((top, bottom), (left, right))``.
+        padding: Tuple of 2 tuples, ``((top, bottom), (left, right))``, of non-negative
+            ints (or scalar int tensors).
         data_format: ``"channels_last"`` or ``"channels_first"`` (default:
             ``image_data_format()``). With ``channels_first`` the padded axes are 2 and 3.
 
@@ -473,7 +489,7 @@ def spatial_3d_padding(x, padding=((1, 1), (1, 1), (1, 1)), data_format=None):
 
     Arguments:
         x: 5-D tensor or variable.
-        padding: Tuple of 3 tuples of 2 ints.
+        padding: Tuple of 3 tuples of 2 non-negative ints (or scalar int tensors).
         data_format: ``"channels_last"`` or ``"channels_first"`` (default:
             ``image_data_format()``).
 
