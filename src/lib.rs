@@ -5,7 +5,6 @@
 pub mod autodiff;
 pub mod base;
 pub mod compile;
-pub mod graph;
 pub mod ops;
 pub mod runtime;
 
@@ -17,4 +16,4 @@ mod tests;
 
 pub use base::dtype::DType;
 pub use base::error::{Error, Result};
-pub use graph::Tensor;
+pub use ops::graph::Tensor;

@@ -5,8 +5,8 @@ use crate::base::dtype::DType;
 use crate::base::shape::{broadcast_static, Shape};
 use crate::base::value::Value;
 use crate::compile::Function;
-use crate::graph::Tensor;
 use crate::ops::build::*;
+use crate::ops::graph::Tensor;
 use crate::ops::source::{constant, placeholder};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
 

@@ -3,8 +3,8 @@
 //! and can be differentiated again.
 
 use crate::base::error::{Error, Result};
-use crate::graph::{topo_order, Tensor};
 use crate::ops::build::{add, concat, constant_like};
+use crate::ops::graph::{topo_order, Tensor};
 use crate::ops::movement::resolve_slice;
 use crate::ops::{Op, SliceAxis};
 use std::collections::{HashMap, HashSet};

@@ -4,7 +4,7 @@
 
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
-use crate::graph::{topo_order, Tensor};
+use crate::ops::graph::{topo_order, Tensor};
 use crate::ops::{Op, VarCell};
 use crate::runtime::{Out, RunStats};
 use std::collections::HashMap;

@@ -11,7 +11,7 @@ use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::base::value::Value;
 use crate::compile::Plan;
-use crate::graph::{topo_order, Tensor};
+use crate::ops::graph::{topo_order, Tensor};
 use crate::runtime::cpu::SlotShapes;
 use crate::value_err;
 use ndarray::Axis;

@@ -8,7 +8,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::base::value::Value;
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use crate::value_err;
 use rayon::prelude::*;
 use std::collections::HashMap;

@@ -9,7 +9,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{broadcast_runtime, broadcast_static, Shape};
 use crate::base::value::{Arr, Elem, Value};
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use crate::ops::source;
 use half::f16;
 use ndarray::{IxDyn, Zip};

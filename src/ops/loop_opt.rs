@@ -28,7 +28,7 @@
 use super::build::*;
 use super::{FusedOp, GpuKind, Op, SliceAxis};
 use crate::base::error::Result;
-use crate::graph::{topo_order, Tensor};
+use crate::ops::graph::{topo_order, Tensor};
 use std::cell::RefCell;
 use std::collections::HashSet;
 

@@ -9,7 +9,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{broadcast_runtime, broadcast_static, Dim, Shape};
 use crate::base::value::{Arr, Elem, Value};
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use crate::value_err;
 use gemm::Parallelism;
 use half::f16;

@@ -7,6 +7,7 @@ pub mod control;
 pub mod conv;
 pub mod ctc;
 pub mod elementwise;
+pub mod graph;
 pub mod host;
 pub mod loop_opt;
 pub mod matmul;
@@ -21,7 +22,7 @@ use crate::base::dtype::DType;
 use crate::base::error::Result;
 use crate::base::shape::Shape;
 use crate::base::value::Value;
-use crate::graph::Tensor;
+use graph::Tensor;
 use std::sync::Arc;
 
 pub use elementwise::{BinaryOp, UnaryOp};

@@ -9,7 +9,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{Dim, Shape};
 use crate::base::value::{Arr, Elem, Value};
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use crate::ops::source;
 use crate::{map_value, value_err, with_value};
 use ndarray::{ArrayView, ArrayViewMut, Axis, IxDyn, Slice};

@@ -15,7 +15,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::base::value::{Arr, Value};
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use crate::value_err;
 use num_traits::Float;
 use rayon::prelude::*;

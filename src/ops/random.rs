@@ -7,7 +7,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::base::value::Value;
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

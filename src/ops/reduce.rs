@@ -9,7 +9,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::base::value::Value;
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use ndarray::IxDyn;
 use rayon::prelude::*;
 

@@ -6,7 +6,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::base::value::Value;
-use crate::graph::{fresh_id, Tensor};
+use crate::ops::graph::{fresh_id, Tensor};
 use crate::runtime::gpu::Resident;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};

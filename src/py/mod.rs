@@ -8,8 +8,8 @@ use crate::base::shape::{norm_axes, norm_axis, Shape};
 use crate::base::value::foreign::Lease;
 use crate::base::value::Value;
 use crate::compile::{check_feed, Function};
-use crate::graph::Tensor;
 use crate::ops::conv::{ConvSpec, Padding};
+use crate::ops::graph::Tensor;
 use crate::ops::pool::{PoolKind, PoolSpec};
 use crate::ops::{
     self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell,

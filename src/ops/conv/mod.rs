@@ -21,7 +21,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::{Dim, Shape};
 use crate::base::value::Value;
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use crate::ops::movement::partial_value;
 use crate::value_err;
 use std::sync::Arc;

@@ -12,7 +12,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
 use crate::compile::{Plan, Step};
-use crate::graph::Tensor;
+use crate::ops::graph::Tensor;
 use crate::ops::{movement, GpuKind, Op, ViewOp};
 use crate::runtime::{Out, RunStats};
 use std::collections::HashMap;
