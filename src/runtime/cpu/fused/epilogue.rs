@@ -1,0 +1,106 @@
+//! Conv/pool epilogues: a group run on each image of a conv or pool result as soon as
+//! the kernel has written it, while the image is still in cache.
+
+use super::exec::{exec, Kernel};
+use super::run::{run_driven, split_exec};
+use crate::base::error::Result;
+use crate::base::value::{uninit, Arr, Value};
+use crate::compile::fuse::Group;
+use crate::compile::Plan;
+use crate::ops::Op;
+use crate::runtime::cpu::Lend;
+use ndarray::IxDyn;
+
+/// A kernel that writes a whole f32 result and calls `after(i)` once image `i` of it is
+/// written, on the thread that wrote it (`conv::cpu::forward_f32_then`, `pool::f32_then`).
+pub type Then<'a> = Box<dyn Fn(&mut [f32], &(dyn Fn(usize) + Sync)) + Sync + 'a>;
+
+/// Node `f`'s result shape, image count and kernel, when it has an image-by-image f32
+/// kernel for these inputs.
+fn first_kernel<'a>(
+    plan: &'a Plan,
+    f: usize,
+    ins: &'a [Value],
+) -> Result<Option<(Vec<usize>, usize, Then<'a>)>> {
+    match plan.nodes[f].op() {
+        Op::Conv(spec) => {
+            let (Value::F32(x), Value::F32(w)) = (&ins[0], &ins[1]) else {
+                return Ok(None);
+            };
+            let geo = crate::ops::conv::forward_geom(spec, x.shape(), w.shape())?;
+            let (shape, n) = (geo.y_shape.clone(), geo.n);
+            let (x, w) = (x.as_standard_layout(), w.as_standard_layout());
+            let k: Then<'a> = Box::new(move |y, after| {
+                let (x, w) = (
+                    x.as_slice().expect("standard"),
+                    w.as_slice().expect("standard"),
+                );
+                crate::ops::conv::cpu::forward_f32_then(&geo, x, w, y, after)
+            });
+            Ok(Some((shape, n, k)))
+        }
+        Op::Pool(spec) => crate::ops::pool::f32_then(spec, &ins[0], None),
+        Op::PoolGrad(spec) => crate::ops::pool::f32_then(spec, &ins[0], Some(&ins[1])),
+        _ => Ok(None),
+    }
+}
+
+/// Runs node `f` and then `g` on each image of its result as soon as the image is
+/// written (see `fuse::Group::first`). The result's buffer is put in slot `f` before it
+/// is computed, so the group's program, inputs and buffer donation see it as any input
+/// (the group may write its output in place there).
+pub(super) fn run_after(
+    plan: &Plan,
+    g: &Group,
+    f: usize,
+    slots: &mut [Option<Value>],
+    lend: Option<&Lend>,
+) -> Result<Option<Vec<Value>>> {
+    let ins: Vec<Value> = plan.inputs[f]
+        .iter()
+        .map(|&j| slots[j].clone().expect("computed"))
+        .collect();
+    let plain = |slots: &mut [Option<Value>]| -> Result<()> {
+        let refs: Vec<&Value> = ins.iter().collect();
+        slots[f] = Some(plan.nodes[f].op().cpu(&refs)?);
+        Ok(())
+    };
+    let Some((shape, images, kernel)) = first_kernel(plan, f, &ins)? else {
+        plain(slots)?;
+        return run_driven(plan, g, slots, lend, &|kern, shape| {
+            split_exec(kern, shape.iter().product(), g.cost)
+        });
+    };
+    let len: usize = shape.iter().product();
+    let mut y: Vec<f32> = uninit(len);
+    let dst = crate::ops::matmul::SharedDst(y.as_mut_ptr());
+    slots[f] = Some(Value::F32(
+        Arr::from_shape_vec(IxDyn(&shape), y).expect("length of the shape"),
+    ));
+    let ran = std::cell::Cell::new(false);
+    let drive = |kern: &Kernel<'_>, gshape: &[usize]| {
+        let d = dst;
+        // SAFETY: the buffer of slot f (or of the output it was donated to) holds `len`
+        // elements, and nothing reads it before the kernel writes it: the group reads
+        // image i only in `after(i)`.
+        let y = unsafe { std::slice::from_raw_parts_mut(d.0, len) };
+        if gshape == shape.as_slice()
+            && images > 0
+            && kern.folds.is_none_or(|f| (len / images) % f.q == 0)
+        {
+            let img = len / images;
+            kernel(y, &|i| exec(kern, i * img, (i + 1) * img));
+        } else {
+            kernel(y, &|_| {});
+            split_exec(kern, gshape.iter().product(), g.cost);
+        }
+        ran.set(true);
+    };
+    let out = run_driven(plan, g, slots, lend, &drive)?;
+    if !ran.get() {
+        // The group did not run (outputs of different shapes, or nothing to compute): the
+        // members read a computed result.
+        plain(slots)?;
+    }
+    Ok(out)
+}
