@@ -5,8 +5,10 @@
 //! member, so a node may join only if no other node placed before it reads a member
 //! (nothing has to move). Members read outside the group (or returned) are its outputs;
 //! the rest never get a buffer. A slice (`view`) may be a member too: the group reads it
-//! as a strided view of its input. The GPU executor does not look at this: it walks the plan.
+//! as a strided view of its input. A group that computes an optimizer update rule becomes
+//! an `Item::Update` (`update_rule`). The GPU executor does not look at this: it walks the plan.
 
+use super::update_rule::{self, Update};
 use super::{Plan, Step};
 use crate::base::dtype::DType;
 use crate::base::shape::Shape;
@@ -36,6 +38,9 @@ pub enum Item {
     /// Plan step `i`, as the plain executor runs it.
     Node(usize),
     Group(Group),
+    /// A group that computes an optimizer update rule (`update_rule`), run by the CPU
+    /// executor with the rule's kernel where the run's shapes allow.
+    Update(Box<Update>),
     /// `add = acc + mm` where plan step `mm` is a 2-D f32 product read by that add alone:
     /// the product is added into `acc`'s buffer by `gemm` (taken when `acc` dies here and
     /// nothing else holds it, else copied) instead of written out and read back
@@ -78,6 +83,25 @@ pub struct Group {
 pub struct Fold {
     pub node: usize,
     pub member: usize,
+}
+
+impl Item {
+    /// The fused group the item runs (a group or an update rule), if any.
+    pub fn group(&self) -> Option<&Group> {
+        match self {
+            Item::Group(g) => Some(g),
+            Item::Update(u) => Some(&u.group),
+            Item::Node(_) | Item::MatAcc { .. } => None,
+        }
+    }
+
+    /// The update rule the item's group computes, if it is an `Item::Update`.
+    pub fn update(&self) -> Option<&Update> {
+        match self {
+            Item::Update(u) => Some(u),
+            Item::Group(_) | Item::Node(_) | Item::MatAcc { .. } => None,
+        }
+    }
 }
 
 impl Group {
@@ -283,14 +307,14 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     // Groups that nothing reads (they compute update values and outputs only) and that
     // cannot fail run last, in order: the run may then overwrite variables in place there
     // (`tail`). Keras places each parameter's update right after its gradient.
-    let unread = |item: &Item| match item {
-        Item::Group(g) => {
+    let unread = |item: &Item| match item.group() {
+        Some(g) => {
             g.folds.is_empty()
                 && g.outputs
                     .iter()
                     .all(|&o| users[o].iter().all(|u| g.members.contains(u)))
         }
-        Item::Node(_) | Item::MatAcc { .. } => false,
+        None => false,
     };
     let (last_items, mut items): (Vec<Item>, Vec<Item>) = items
         .into_iter()
@@ -304,15 +328,17 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             Item::MatAcc { mm, acc, .. } => {
                 plan.inputs[*mm].iter().copied().chain([*acc]).collect()
             }
-            Item::Group(g) => g
-                .members
-                .iter()
-                .chain(&g.first)
-                .copied()
-                .chain(g.fold_nodes())
-                .flat_map(|m| plan.inputs[m].iter().copied())
-                .filter(|&j| group[j].is_none() || !g.members.contains(&j))
-                .collect(),
+            Item::Group(_) | Item::Update(_) => {
+                let g = item.group().expect("a group item");
+                g.members
+                    .iter()
+                    .chain(&g.first)
+                    .copied()
+                    .chain(g.fold_nodes())
+                    .flat_map(|m| plan.inputs[m].iter().copied())
+                    .filter(|&j| group[j].is_none() || !g.members.contains(&j))
+                    .collect()
+            }
         }
     };
     for (t, item) in items.iter().enumerate() {
@@ -337,6 +363,15 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         .iter()
         .rposition(|item| !infallible(plan, item))
         .map_or(0, |t| t + 1);
+    if fuse {
+        items = items
+            .into_iter()
+            .map(|item| match item {
+                Item::Group(g) => update_rule::recognise(plan, g),
+                Item::Node(_) | Item::MatAcc { .. } | Item::Update(_) => item,
+            })
+            .collect();
+    }
     Schedule {
         items,
         frees,
@@ -455,7 +490,10 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
                 pos[*mm] = t;
                 pos[*add] = t;
             }
-            Item::Group(g) => g.members.iter().chain(&g.first).for_each(|&m| pos[m] = t),
+            Item::Group(_) | Item::Update(_) => {
+                let g = item.group().expect("a group item");
+                g.members.iter().chain(&g.first).for_each(|&m| pos[m] = t)
+            }
         }
     }
     let reducible = |r: usize| {
@@ -554,10 +592,12 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
             && data_inputs(plan, i).all(fixed)
     };
     match item {
-        Item::Group(g) if g.first.is_some() || !g.folds.is_empty() => false,
-        Item::Group(g) => {
+        Item::Group(_) | Item::Update(_) => {
+            let g = item.group().expect("a group item");
             let shape = |o: &usize| plan.nodes[*o].shape().to_known();
-            g.members.iter().all(|&m| elementwise(m))
+            g.first.is_none()
+                && g.folds.is_empty()
+                && g.members.iter().all(|&m| elementwise(m))
                 && g.outputs.iter().all(|o| shape(o) == shape(&g.outputs[0]))
         }
         Item::Node(i) => match plan.steps[*i] {

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 pub mod fuse;
+pub mod update_rule;
 
 #[derive(Debug)]
 pub enum Step {

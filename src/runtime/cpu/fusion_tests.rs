@@ -5,6 +5,7 @@
 use crate::base::dtype::DType;
 use crate::base::shape::Shape;
 use crate::base::value::Value;
+use crate::compile::update_rule::Rule;
 use crate::compile::Function;
 use crate::ops::build::*;
 use crate::ops::graph::Tensor;
@@ -501,27 +502,40 @@ fn programs_are_reused_across_calls_and_rebuilt_for_new_layouts() {
     }
 }
 
-/// `same`, then the update rules recognised in the fused run's groups.
-fn rules(
+/// `same`, then the update rules the compiler recognised (`Item::Update`) and the fused
+/// run lowered onto its programs (the two must agree).
+fn rules(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> Vec<Rule> {
+    let (recognised, lowered) = rules_recognised_and_run(feeds, outs, vs);
+    assert_eq!(recognised, lowered);
+    lowered
+}
+
+/// `same`, then the rules of the schedule's `Item::Update`s and those the run lowered.
+fn rules_recognised_and_run(
     feeds: &[Tensor],
     outs: &[Tensor],
     vs: &[Value],
-) -> Vec<crate::runtime::cpu::fused_rules::Rule> {
+) -> (Vec<Rule>, Vec<Rule>) {
+    use crate::compile::fuse::Item;
+    use crate::runtime::cpu::fused::rules_of;
     same(feeds, outs, vs);
     let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
     f.plan.init_cpu_schedule(true);
+    let items = &f.plan.cpu_schedule().items;
+    let recognised: Vec<Rule> = items
+        .iter()
+        .filter_map(|it| Some(it.update()?.rule))
+        .collect();
     crate::runtime::cpu::run(&f.plan, vs.to_vec(), None).unwrap();
-    f.plan
-        .cpu_schedule()
-        .items
+    let lowered = items
         .iter()
         .flat_map(|it| match it {
-            crate::compile::fuse::Item::Group(g) => crate::runtime::cpu::fused::rules_of(g),
-            crate::compile::fuse::Item::Node(_) | crate::compile::fuse::Item::MatAcc { .. } => {
-                vec![]
-            }
+            Item::Update(u) => rules_of(&u.group),
+            Item::Group(g) => rules_of(g),
+            Item::Node(_) | Item::MatAcc { .. } => vec![],
         })
-        .collect()
+        .collect();
+    (recognised, lowered)
 }
 
 /// `sqrt` as `K.sqrt` builds it: clipped at 0 first.
@@ -535,7 +549,6 @@ fn k_sqrt(x: &Tensor) -> Tensor {
 
 #[test]
 fn optimizer_updates_run_as_rules_bitwise_equal() {
-    use crate::runtime::cpu::fused_rules::Rule;
     // Odd sizes (a tail after the 16-lane blocks), one large enough to run in parallel;
     // special values (NaN, infinities, negatives under the clipped sqrt) in every input.
     for shape in [[3usize, 5], [37, 29], [300, 301]] {
@@ -687,4 +700,34 @@ fn optimizer_updates_run_as_rules_bitwise_equal() {
             []
         );
     }
+}
+
+/// An update rule is recognised from the static shapes; a run whose inputs the rule's
+/// kernel cannot read in place (a parameter broadcast over the rows) runs the group's
+/// ordinary program instead, with the unfused results.
+#[test]
+fn update_rules_fall_back_to_the_program_when_the_run_does_not_fit() {
+    let (p, g, a) = (
+        ph("p", &[Some(1), Some(29)]),
+        ph("g", &[Some(37), Some(29)]),
+        ph("a", &[Some(37), Some(29)]),
+    );
+    let a2 = add(
+        &mul(&c(0.9), &a).unwrap(),
+        &mul(&c(0.1), &unary(UnaryOp::Square, &g).unwrap()).unwrap(),
+    )
+    .unwrap();
+    let p2 = sub(
+        &p,
+        &div(
+            &mul(&c(1e-3), &g).unwrap(),
+            &add(&k_sqrt(&a2), &c(1e-7)).unwrap(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let vs = vec![data(&[1, 29], 1), data(&[37, 29], 2), data(&[37, 29], 3)];
+    let (recognised, lowered) = rules_recognised_and_run(&[p, g, a], &[a2, p2], &vs);
+    assert_eq!(recognised, [Rule::RmsProp]);
+    assert_eq!(lowered, []);
 }

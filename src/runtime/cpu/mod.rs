@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 pub mod alloc;
 pub mod fused;
-pub mod fused_rules;
 
 /// Runs whose previous run took this long or longer (and less than `TEAM_MAX_RUN`) have a
 /// helper thread polling (`team`); shorter ones would pay its start (a hand-off to the
@@ -213,8 +212,9 @@ impl<'a> Run<'a> {
                     )?;
                     slots[add] = Some(v);
                 }
-                Item::Group(g) => {
-                    match fused::run(plan, g, slots, lend)? {
+                Item::Group(_) | Item::Update(_) => {
+                    let g = item.group().expect("a group item");
+                    match fused::run(plan, g, item.update(), slots, lend)? {
                         Some(vals) => {
                             for (o, v) in g.outputs.iter().copied().chain(g.fold_nodes()).zip(vals)
                             {
@@ -235,7 +235,10 @@ impl<'a> Run<'a> {
                 let set: Vec<usize> = match item {
                     Item::Node(i) => vec![*i],
                     Item::MatAcc { add, .. } => vec![*add],
-                    Item::Group(g) => g.members.iter().copied().chain(g.fold_nodes()).collect(),
+                    Item::Group(_) | Item::Update(_) => {
+                        let g = item.group().expect("a group item");
+                        g.members.iter().copied().chain(g.fold_nodes()).collect()
+                    }
                 };
                 for j in set {
                     s[j] = match &slots[j] {

@@ -6,6 +6,7 @@ use super::run::{run_driven, split_exec};
 use crate::base::error::Result;
 use crate::base::value::{uninit, Arr, Value};
 use crate::compile::fuse::Group;
+use crate::compile::update_rule::Update;
 use crate::compile::Plan;
 use crate::ops::Op;
 use crate::runtime::cpu::Lend;
@@ -52,6 +53,7 @@ fn first_kernel<'a>(
 pub(super) fn run_after(
     plan: &Plan,
     g: &Group,
+    update: Option<&Update>,
     f: usize,
     slots: &mut [Option<Value>],
     lend: Option<&Lend>,
@@ -67,7 +69,7 @@ pub(super) fn run_after(
     };
     let Some((shape, images, kernel)) = first_kernel(plan, f, &ins)? else {
         plain(slots)?;
-        return run_driven(plan, g, slots, lend, &|kern, shape| {
+        return run_driven(plan, g, update, slots, lend, &|kern, shape| {
             split_exec(kern, shape.iter().product(), g.cost)
         });
     };
@@ -96,7 +98,7 @@ pub(super) fn run_after(
         }
         ran.set(true);
     };
-    let out = run_driven(plan, g, slots, lend, &drive)?;
+    let out = run_driven(plan, g, update, slots, lend, &drive)?;
     if !ran.get() {
         // The group did not run (outputs of different shapes, or nothing to compute): the
         // members read a computed result.

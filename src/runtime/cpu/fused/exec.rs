@@ -4,10 +4,10 @@
 
 use super::fold::{fold_exec, FoldRun};
 use super::layout::Layout;
+use super::update::{self, UpdateKernel};
 use super::{Data, Ins, Opd, OutBuf, CH, LOAD_BASE, OUT_BASE};
 use crate::ops::elementwise::{Lane, Splat};
 use crate::ops::{BinaryOp, UnaryOp};
-use crate::runtime::cpu::fused_rules::{self, Special};
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
@@ -22,7 +22,7 @@ pub(super) struct Kernel<'a> {
     pub(super) scal: &'a [f32],
     pub(super) outs: &'a [(Opd, OutBuf)],
     /// A recognised update rule and the outputs' buffers in group output order.
-    pub(super) special: Option<(&'a Special, &'a [*mut f32])>,
+    pub(super) update: Option<(&'a UpdateKernel, &'a [*mut f32])>,
     /// The group's folds, when they run fused: `exec` then runs tile by tile.
     pub(super) folds: Option<&'a FoldRun>,
 }
@@ -94,9 +94,9 @@ pub(super) fn exec(k: &Kernel<'_>, start: usize, end: usize) {
 // the one `with` takes) would be compiled without the wider instruction sets.
 #[inline(always)]
 fn exec_chunks_body(k: &Kernel<'_>, regs: *mut f32, start: usize, end: usize) {
-    if let Some((sp, outs)) = k.special {
+    if let Some((sp, outs)) = k.update {
         // SAFETY: the inputs and outputs hold n >= end elements each.
-        unsafe { fused_rules::run(sp, k.ext, k.scal, outs, start, end - start) };
+        unsafe { update::run(sp, k.ext, k.scal, outs, start, end - start) };
         return;
     }
     let mut off = start;

@@ -16,6 +16,7 @@
 //! - `donation`: outputs written into dead inputs' buffers;
 //! - `epilogue`: groups run image by image after a conv or pool;
 //! - `fold`: sums and means folded into the pass;
+//! - `update`: the kernel of optimizer update rules (`compile::update_rule`);
 //! - `exec`: the unsafe chunk executor.
 
 mod donation;
@@ -26,6 +27,7 @@ mod layout;
 mod program;
 mod regalloc;
 mod run;
+mod update;
 
 pub use epilogue::Then;
 #[cfg(test)]

@@ -4,14 +4,15 @@
 
 use super::layout::{fused_op, gather_layout, member_shapes, periodic, slice_layout, Layout};
 use super::regalloc::{allocate, operands};
+use super::update::{lower, UpdateKernel};
 use super::{Ins, Opd, Out, LOAD_BASE, OUT_BASE};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
 use crate::compile::fuse::Group;
+use crate::compile::update_rule::Update;
 use crate::compile::Plan;
 use crate::ops::{FusedOp, GpuKind, Op, UnaryOp};
-use crate::runtime::cpu::fused_rules::{self, Leaf, Special};
 use std::sync::{Arc, Mutex};
 
 /// Programs compiled for a group (`Group::programs`), one per input layout.
@@ -57,12 +58,17 @@ pub(super) struct Body {
     /// Same-size f32 inputs that die here and may donate their buffers to the first
     /// `spare.len()` f32 outputs, one each.
     pub(super) spare: Vec<usize>,
-    /// The group is an optimizer update run with its values in registers (`fused_rules`).
-    pub(super) special: Option<Special>,
+    /// The group's update rule, lowered for this layout: run with its values in registers.
+    pub(super) update: Option<UpdateKernel>,
 }
 
 /// The program of `g` for the inputs now in `slots`: cached, or compiled and cached.
-pub(super) fn program(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Arc<Program>> {
+pub(super) fn program(
+    plan: &Plan,
+    g: &Group,
+    update: Option<&Update>,
+    slots: &[Option<Value>],
+) -> Result<Arc<Program>> {
     let fits = |p: &Program| {
         g.ext.iter().zip(&p.ext).all(|(&j, (dt, sh))| {
             let v = slots[j].as_ref().expect("computed");
@@ -102,7 +108,7 @@ pub(super) fn program(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result
         ext,
         target_slots,
         targets,
-        body: compile(plan, g, slots)?,
+        body: compile(plan, g, update, slots)?,
     });
     if cache.len() == MAX_PROGRAMS {
         cache.remove(0);
@@ -112,7 +118,12 @@ pub(super) fn program(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result
 }
 
 /// Builds the register program of `g` for the shapes and dtypes of the inputs in `slots`.
-fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Body>> {
+fn compile(
+    plan: &Plan,
+    g: &Group,
+    update: Option<&Update>,
+    slots: &[Option<Value>],
+) -> Result<Option<Body>> {
     let shapes = member_shapes(plan, g, slots)?;
     let pos = |m: usize| g.members.iter().position(|&x| x == m).expect("member");
     let shape = shapes[pos(g.written().next().expect("a group writes a member"))].clone();
@@ -264,23 +275,11 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
             }
         }
     }
-    let special = if g.folds.is_empty() && outs.iter().all(|o| matches!(o, Out::F32(_))) {
-        let leaf = |j: usize| -> Option<Leaf> {
-            let opd = match g.members.iter().position(|&x| x == j) {
-                Some(q) => mem_opd[q],
-                None => inputs[g.ext.iter().position(|&x| x == j)?],
-            };
-            match opd {
-                Opd::Ext(x) => Some(Leaf::Vec(x)),
-                Opd::Scal(k) => Some(Leaf::Scal(k)),
-                Opd::Reg(v) if v < LOAD_BASE => Some(Leaf::Member),
-                Opd::Reg(_) | Opd::Out(_) | Opd::Tile(_) => None,
-            }
-        };
-        fused_rules::detect(plan, g, &leaf)
-    } else {
-        None
-    };
+    // The rule's kernel reads every member per element (none computed once as a scalar)
+    // and writes f32 outputs only.
+    let update = update
+        .filter(|_| prelude.is_empty() && outs.iter().all(|o| matches!(o, Out::F32(_))))
+        .and_then(|u| lower(u, g, &inputs));
     direct_writes(&mut prog, &mut outs, &spare, &inputs);
     // Register allocation: a register is free after its last reader; outputs live to the end.
     let out_opds: Vec<Opd> = outs
@@ -311,7 +310,7 @@ fn compile(plan: &Plan, g: &Group, slots: &[Option<Value>]) -> Result<Option<Bod
         tiles,
         outs,
         spare,
-        special,
+        update,
     }))
 }
 
@@ -372,10 +371,10 @@ fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[
 
 /// The update rules recognised in the programs compiled so far for group `g`.
 #[cfg(test)]
-pub fn rules_of(g: &Group) -> Vec<fused_rules::Rule> {
+pub fn rules_of(g: &Group) -> Vec<crate::compile::update_rule::Rule> {
     let cache = g.programs.0.lock().unwrap_or_else(|e| e.into_inner());
     cache
         .iter()
-        .filter_map(|p| p.body.as_ref()?.special.as_ref().map(|s| s.rule))
+        .filter_map(|p| p.body.as_ref()?.update.as_ref().map(|s| s.rule))
         .collect()
 }

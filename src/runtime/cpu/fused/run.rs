@@ -13,6 +13,7 @@ use crate::base::error::{Error, Result};
 use crate::base::team;
 use crate::base::value::{uninit, Arr, Value};
 use crate::compile::fuse::Group;
+use crate::compile::update_rule::Update;
 use crate::compile::Plan;
 use crate::ops::elementwise::grain;
 use crate::runtime::cpu::Lend;
@@ -59,16 +60,18 @@ fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
 /// Runs group `g` reading its inputs from `slots` (dead inputs may be taken out of them,
 /// and variables `lend` names overwritten). Returns the output values in `g.outputs`
 /// order, or `None` when the outputs' runtime shapes differ (the caller then runs the
-/// members one by one).
+/// members one by one). `update` is the rule the group computes (`Item::Update`): its
+/// kernel runs where the run's shapes suit it, else the group's program.
 pub fn run(
     plan: &Plan,
     g: &Group,
+    update: Option<&Update>,
     slots: &mut [Option<Value>],
     lend: Option<&Lend>,
 ) -> Result<Option<Vec<Value>>> {
     match g.first {
-        Some(f) => run_after(plan, g, f, slots, lend),
-        None => run_driven(plan, g, slots, lend, &|kern, shape| {
+        Some(f) => run_after(plan, g, update, f, slots, lend),
+        None => run_driven(plan, g, update, slots, lend, &|kern, shape| {
             split_exec(kern, shape.iter().product(), g.cost)
         }),
     }
@@ -116,11 +119,12 @@ pub(super) fn split_exec(kern: &Kernel<'_>, n: usize, cost: usize) {
 pub(super) fn run_driven(
     plan: &Plan,
     g: &Group,
+    update: Option<&Update>,
     slots: &mut [Option<Value>],
     lend: Option<&Lend>,
     drive: &dyn Fn(&Kernel<'_>, &[usize]),
 ) -> Result<Option<Vec<Value>>> {
-    let p = program(plan, g, slots)?;
+    let p = program(plan, g, update, slots)?;
     let Some(b) = &p.body else { return Ok(None) };
     if b.n == 0 {
         let mut vals: Vec<Value> = g
@@ -139,7 +143,7 @@ pub(super) fn run_driven(
         return Ok(Some(vals));
     }
     let written: Vec<usize> = g.written().collect();
-    let folds = if g.folds.is_empty() || b.special.is_some() {
+    let folds = if g.folds.is_empty() || b.update.is_some() {
         None
     } else {
         fold_run(plan, g, b, &written, slots)
@@ -236,7 +240,7 @@ pub(super) fn run_driven(
             }
         }
     }
-    let out_ptrs: Vec<*mut f32> = match &b.special {
+    let out_ptrs: Vec<*mut f32> = match &b.update {
         Some(_) => outs
             .iter()
             .map(|(_, o)| match o {
@@ -246,7 +250,7 @@ pub(super) fn run_driven(
             .collect(),
         None => Vec::new(),
     };
-    let special = b.special.as_ref().map(|sp| (sp, out_ptrs.as_slice()));
+    let update = b.update.as_ref().map(|sp| (sp, out_ptrs.as_slice()));
     let kern = Kernel {
         prog: &b.prog,
         nregs: b.nregs,
@@ -256,7 +260,7 @@ pub(super) fn run_driven(
         tiles: &tiles,
         scal: &scal,
         outs: &outs,
-        special,
+        update,
         folds: folds.as_ref(),
     };
     drive(&kern, &b.shape);
