@@ -2,9 +2,10 @@
 //! `CH` elements. The members become a small register program (bool values are
 //! 1.0/0.0 in f32 registers), compiled once per input layout and kept on the group, so a
 //! call only collects pointers; members whose inputs are all single values are computed
-//! once per call, as scalars. Each external input is read with its own broadcast pattern: directly (same
-//! size), as one value, or gathered through strides into a register. Outputs are written
-//! once per chunk, into a dead input's buffer when the plan holds its only reference.
+//! once per call, as scalars. Each external input is read with its own broadcast pattern:
+//! directly (same size), as one value, or gathered through strides into a register.
+//! Outputs are written once per chunk, into a dead input's buffer when the plan holds its
+//! only reference.
 //! The per-element code is the op tables' (`UnaryOp::map`, `BinaryOp::zip`), so fused and
 //! unfused results are bitwise equal.
 //!
