@@ -14,6 +14,7 @@ use std::sync::Arc;
 pub mod alloc;
 pub mod fused;
 pub mod fused_rules;
+pub mod loops;
 
 /// Runs whose previous run took this long or longer (and less than `TEAM_MAX_RUN`) have a
 /// helper thread polling (`team`); shorter ones would pay its start (a hand-off to the
@@ -95,7 +96,7 @@ fn on_worker<R: Send>(plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
 }
 
 /// What a call that assigns variables lets its run overwrite in place (built by
-/// `compile::Function`). A variable read at slot `j` whose last reader is a fused group in
+/// `runtime::Function`). A variable read at slot `j` whose last reader is a fused group in
 /// the schedule's infallible tail gives that group its buffer for an output, when nothing
 /// but the variable and the run holds it (`VarCell::lend`). Nothing after the group can
 /// fail, so the run ends by assigning the lent variables their new values (`Run::lending`).
@@ -390,9 +391,10 @@ pub fn run_node(
             // (Keras LSTM step: 1.26x, docs/performance.md), with a second one polling
             // for halves of them (`team`).
             let read = results_read(plan, i, body.n_results());
-            let results = on_worker(&body.plan(), || {
+            let body_plan = plan.body(body);
+            let results = on_worker(body_plan, || {
                 crate::base::team::with_team(|| {
-                    crate::ops::control::run(body, args, &read, &run_recording)
+                    loops::run(body, body_plan, args, &read, &run_recording)
                 })
             })?;
             multi.insert(i, results);
@@ -437,3 +439,5 @@ fn results_read(plan: &Plan, i: usize, n: usize) -> Vec<bool> {
 
 #[cfg(test)]
 mod fusion_tests;
+#[cfg(test)]
+mod specialize_tests;
