@@ -1,0 +1,243 @@
+"""Writes the tf.keras fixtures of ``tests/keras/test_tf_keras_models.py``.
+
+Each model below is built with tf.keras 2.x (the ``tf_keras`` package, Keras 2 for
+TensorFlow >= 2.16; ``tensorflow.keras`` on older TensorFlow), saved to ``<name>.h5`` with
+``model.save``, and its predictions on a fixed input are stored in ``expected.npz`` as
+``<name>/x0``, ``<name>/x1``, ... (inputs) and ``<name>/y0``, ... (outputs). For the
+compiled models that take a training step in the test (``TRAIN_STEP``), the batch and the
+predictions after one ``train_on_batch`` on it are stored as ``<name>/train_x0``,
+``<name>/train_y0`` and ``<name>/after0``.
+
+The tests need no TensorFlow; this script does. It runs where TensorFlow is installed:
+
+    python -m venv /tmp/tfvenv && /tmp/tfvenv/bin/pip install tensorflow-cpu tf-keras h5py
+    /tmp/tfvenv/bin/python tests/data/tf_keras/make_fixtures.py
+"""
+
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+try:
+    import tf_keras as keras
+except ImportError:  # TensorFlow < 2.16 ships Keras 2 as tensorflow.keras
+    from tensorflow import keras
+
+import tensorflow as tf
+
+L = keras.layers
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def mlp():
+    """Sequential MLP with Dropout and BatchNormalization, Adam state after a few steps."""
+    m = keras.Sequential(
+        [
+            L.Dense(16, activation="relu", input_shape=(8,)),
+            L.BatchNormalization(),
+            L.Dropout(0.25),
+            L.Dense(4, activation="softmax"),
+        ]
+    )
+    m.compile("adam", "categorical_crossentropy", metrics=["accuracy"])
+    return m, [(32, 8)]
+
+
+def mlp_step():
+    """Functional MLP (no Dropout, so a training step is deterministic), Adam state."""
+    x = L.Input((6,))
+    h = L.Dense(12, activation="tanh")(x)
+    h = L.Dense(12, activation="relu", kernel_regularizer=keras.regularizers.l2(1e-3))(h)
+    y = L.Dense(3)(h)
+    m = keras.Model(x, y)
+    m.compile(keras.optimizers.Adam(learning_rate=0.01), "mse", metrics=["mae"])
+    return m, [(16, 6)]
+
+
+def sgd_step():
+    """Sequential regression with SGD + momentum (legacy optimizer), Nesterov."""
+    m = keras.Sequential([L.Dense(5, activation="sigmoid", input_shape=(4,)), L.Dense(2)])
+    opt = keras.optimizers.legacy.SGD(learning_rate=0.05, momentum=0.9, nesterov=True)
+    m.compile(opt, "mean_absolute_error")
+    return m, [(16, 4)]
+
+
+def cnn2d():
+    """2-D convolutions of every kind, pooling, BatchNormalization; RMSprop state."""
+    x = L.Input((12, 12, 3))
+    h = L.Conv2D(6, 3, padding="same", activation="relu")(x)
+    h = L.BatchNormalization(momentum=0.9)(h)
+    h = L.MaxPooling2D(2)(h)
+    h = L.SeparableConv2D(8, 3, padding="same", depth_multiplier=2)(h)
+    h = L.DepthwiseConv2D(3, padding="valid", depth_multiplier=1, activation="elu")(h)
+    h = L.Conv2DTranspose(5, 3, strides=2, padding="same")(h)
+    h = L.Conv2D(4, 3, strides=2, dilation_rate=1, use_bias=False)(h)
+    h = L.AveragePooling2D(2, padding="same")(h)
+    a = L.GlobalAveragePooling2D()(h)
+    b = L.GlobalMaxPooling2D()(h)
+    y = L.Dense(3, activation="softmax")(L.Concatenate()([a, b]))
+    m = keras.Model(x, y)
+    m.compile("rmsprop", "categorical_crossentropy")
+    return m, [(4, 12, 12, 3)]
+
+
+def conv1d():
+    """1-D convolutions (causal and dilated), separable, pooling; uncompiled."""
+    m = keras.Sequential(
+        [
+            L.Conv1D(6, 3, padding="causal", dilation_rate=2, input_shape=(20, 3)),
+            L.Activation("relu"),
+            L.MaxPooling1D(2),
+            L.SeparableConv1D(5, 3, padding="same"),
+            L.AveragePooling1D(2),
+            L.Conv1D(4, 2, strides=2),
+            L.GlobalMaxPooling1D(),
+            L.Dense(2),
+        ]
+    )
+    return m, [(4, 20, 3)]
+
+
+def conv3d():
+    """3-D convolution, its transpose and 3-D pooling; uncompiled."""
+    m = keras.Sequential(
+        [
+            L.Conv3D(4, 3, padding="same", activation="relu", input_shape=(6, 6, 6, 2)),
+            L.MaxPooling3D(2),
+            L.Conv3DTranspose(3, 2, strides=2, padding="valid"),
+            L.AveragePooling3D(2),
+            L.GlobalAveragePooling3D(),
+            L.Dense(2),
+        ]
+    )
+    return m, [(3, 6, 6, 6, 2)]
+
+
+def rnn():
+    """Embedding, LSTM, GRU (both reset_after settings), SimpleRNN, Bidirectional,
+    TimeDistributed; Adam state."""
+    tokens = L.Input((10,), dtype="int32")
+    e = L.Embedding(30, 8)(tokens)
+    s = L.LSTM(6, return_sequences=True)(e)
+    s = L.GRU(5, return_sequences=True, reset_after=True)(s)
+    s = L.Bidirectional(L.LSTM(4, return_sequences=True), merge_mode="concat")(s)
+    s = L.TimeDistributed(L.Dense(3, activation="tanh"))(s)
+    a = L.GRU(4, reset_after=False)(s)
+    b = L.SimpleRNN(4, go_backwards=True)(s)
+    c = L.Bidirectional(L.GRU(2), merge_mode="sum")(e)
+    y = L.Dense(2)(L.Concatenate()([a, b, c]))
+    m = keras.Model(tokens, y)
+    m.compile("adam", "mse")
+    return m, [("int", 4, 10, 30)]
+
+
+def merge():
+    """Two inputs, two outputs: the merge layers, Activation, Reshape, Flatten, Permute."""
+    x1 = L.Input((6,), name="left")
+    x2 = L.Input((6,), name="right")
+    a = L.Dense(6)(x1)
+    b = L.Dense(6)(x2)
+    merged = [
+        L.Add()([a, b]),
+        L.Subtract()([a, b]),
+        L.Multiply()([a, b]),
+        L.Average()([a, b]),
+        L.Maximum()([a, b]),
+        L.Minimum()([a, b]),
+    ]
+    h = L.Concatenate(axis=-1)(merged)
+    h = L.Activation("tanh")(h)
+    h = L.Reshape((4, 9))(h)
+    h = L.Permute((2, 1))(h)
+    h = L.Flatten()(h)
+    out1 = L.Dense(3, name="out_a")(h)
+    out2 = L.Dot(axes=1, normalize=True, name="out_b")([a, b])
+    m = keras.Model([x1, x2], [out1, out2])
+    return m, [(5, 6), (5, 6)]
+
+
+# Models made of what Keras 2.3.1 lacks: loading them must fail with an error naming it.
+def bad_layer():
+    """LayerNormalization is tf.keras-only (Keras 2.3.1 has no such layer)."""
+    m = keras.Sequential([L.Dense(4, input_shape=(3,)), L.LayerNormalization()])
+    return m, None
+
+
+def bad_argument():
+    """Conv2D(groups=2): grouped convolutions are a tf.keras-only argument."""
+    m = keras.Sequential([L.Conv2D(4, 3, groups=2, input_shape=(8, 8, 4))])
+    return m, None
+
+
+MODELS = [mlp, mlp_step, sgd_step, cnn2d, conv1d, conv3d, rnn, merge, bad_layer, bad_argument]
+TRAIN_STEP = {"mlp_step", "sgd_step"}
+
+
+def make_inputs(rng, specs):
+    xs = []
+    for spec in specs:
+        if spec[0] == "int":
+            *shape, high = spec[1:]
+            xs.append(rng.integers(0, high, size=tuple(shape)).astype("int32"))
+        else:
+            xs.append(rng.standard_normal(spec).astype("float32"))
+    return xs
+
+
+def one(arrays):
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def main():
+    tf.random.set_seed(0)
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for build in MODELS:
+        name = build.__name__
+        model, specs = build()
+        if specs is not None:
+            if model.optimizer is not None:
+                # Some optimizer state to carry over: a few steps on random targets.
+                xs = make_inputs(rng, specs)
+                ys = [
+                    rng.standard_normal(
+                        (specs[0][1] if specs[0][0] == "int" else specs[0][0],) + tuple(o.shape[1:])
+                    ).astype("float32")
+                    for o in model.outputs
+                ]
+                if model.loss == "categorical_crossentropy":
+                    ys = [np.eye(y.shape[-1], dtype="float32")[np.argmax(y, -1)] for y in ys]
+                model.fit(one(xs), one(ys), epochs=3, batch_size=8, verbose=0)
+            xs = make_inputs(rng, specs)
+            ys = model.predict(one(xs), verbose=0)
+            ys = ys if isinstance(ys, list) else [ys]
+            for i, x in enumerate(xs):
+                arrays[f"{name}/x{i}"] = x
+            for i, y in enumerate(ys):
+                arrays[f"{name}/y{i}"] = y
+        model.save(os.path.join(HERE, name + ".h5"))
+        if name in TRAIN_STEP:
+            tx = make_inputs(rng, specs)
+            ty = [
+                rng.standard_normal((specs[0][0],) + tuple(o.shape[1:])).astype("float32")
+                for o in model.outputs
+            ]
+            model.train_on_batch(one(tx), one(ty))
+            after = model.predict(one(xs), verbose=0)
+            after = after if isinstance(after, list) else [after]
+            for i, x in enumerate(tx):
+                arrays[f"{name}/train_x{i}"] = x
+            for i, y in enumerate(ty):
+                arrays[f"{name}/train_y{i}"] = y
+            for i, y in enumerate(after):
+                arrays[f"{name}/after{i}"] = y
+        print(f"{name}.h5: {os.path.getsize(os.path.join(HERE, name + '.h5'))} bytes")
+    np.savez_compressed(os.path.join(HERE, "expected.npz"), **arrays)
+    print(f"tf.keras {keras.__version__}, TensorFlow {tf.__version__}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
