@@ -254,9 +254,8 @@ def _join_keras(kb, lb):
 def _join_loaded(kb):
     """``_join_keras`` for a program that imported ferrokeras before Keras: run once
     ``keras.backend`` has been executed (and has loaded its backend)."""
-    lb = sys.modules.get("keras.backend.load_backend")
-    if lb is not None:
-        _join_keras(kb, lb)
+    # Keras 2.2.4 has no `load_backend` module: `keras.backend` loads the backend itself.
+    _join_keras(kb, sys.modules.get("keras.backend.load_backend") or kb)
 
 
 # ======================================================================= graph context
@@ -488,6 +487,9 @@ def _hook_keras():
     if kb is not None and lb is not None:
         # Keras is importing us right now (KERAS_BACKEND or keras.json): join it now.
         _join_keras(kb, lb)
+    elif kb is not None and getattr(kb, "_BACKEND", None) is not None:
+        # Keras 2.2.4 loads its backend in `keras/backend/__init__.py` itself.
+        _join_keras(kb, kb)
     elif kb is None:
         _after_import("keras.backend", _join_loaded)
 

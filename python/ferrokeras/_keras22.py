@@ -1,0 +1,44 @@
+"""What Keras 2.2.4 and 2.2.5 need beyond what Keras 2.3.1 needs.
+
+Keras 2.2.x reads HDF5 files through ``keras.utils.io_utils.H5Dict``, which turns arrays of
+strings read from attributes into lists only when they are NumPy byte-string arrays, as
+h5py 2 returned them; h5py 3 returns object arrays of ``str``, and Keras 2.2.4 then tests
+such an array for truth (``if weight_names:``), which NumPy refuses (for an empty
+attribute, which h5py reads back as an empty float array, too). ``patch_h5dict`` makes
+``H5Dict`` return such one-dimensional string (or empty) attributes as lists (their items keep the
+``.decode()`` method that ``keras_compat._patch_h5py`` gives them). Keras 2.3.1 accepts
+either form.
+"""
+
+import numpy as np
+
+
+def _is_attribute(h5dict, name):
+    attrs = getattr(getattr(h5dict, "data", None), "attrs", None)
+    try:
+        return attrs is not None and name in attrs
+    except TypeError:
+        return False
+
+
+def patch_h5dict(saving):
+    """Patches the ``H5Dict`` class that ``keras.engine.saving`` uses (applied right after
+    that module is imported)."""
+    h5dict = getattr(saving, "H5Dict", None) or getattr(saving, "h5dict", None)  # 2.2.4
+    if not isinstance(h5dict, type) or getattr(h5dict.__getitem__, "_ferrokeras_lists", False):
+        return
+    getitem = h5dict.__getitem__
+
+    def __getitem__(self, attr):
+        value = getitem(self, attr)
+        if (
+            isinstance(value, np.ndarray)
+            and value.ndim == 1
+            and _is_attribute(self, attr)
+            and (value.size == 0 or all(isinstance(v, (str, bytes)) for v in value))
+        ):
+            return value.tolist()
+        return value
+
+    __getitem__._ferrokeras_lists = True
+    h5dict.__getitem__ = __getitem__
