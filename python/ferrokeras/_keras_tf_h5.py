@@ -173,8 +173,8 @@ def _translate_layer(layer, known):
         # Custom classes may take any keyword; only Keras's own layers are checked.
         accepted = _accepted_args(klass)
         for key in list(cfg):
-            if key in accepted:
-                continue
+            if key in accepted or (key == "backward_layer" and cls == "Bidirectional"):
+                continue  # (a backward_layer is checked below)
             if key not in _TF_ONLY_ARGS:
                 unknown.append(key)
             elif not any(_same(cfg[key], ok) for ok in _TF_ONLY_ARGS[key]):
@@ -503,8 +503,11 @@ def _load_optimizer_state(model, names, values):
         else:
             by_slot.setdefault(slot, []).append(value)
     pairs = []
-    if lead >= 1 and step is not None:
-        pairs.append((weights[0], np.asarray(step).reshape(K.int_shape(weights[0]))))
+    if step is not None:
+        # Keras 2.2's RMSprop, Adagrad and Adadelta keep `iterations` out of `weights`.
+        it = weights[0] if lead >= 1 else getattr(opt, "iterations", None)
+        if it is not None:
+            pairs.append((it, np.asarray(step).reshape(K.int_shape(it))))
     if lead == 2 and schedule is not None:
         pairs.append((weights[1], np.asarray(schedule).reshape(K.int_shape(weights[1]))))
     used = 0
