@@ -8,9 +8,36 @@ attribute, which h5py reads back as an empty float array, too). ``patch_h5dict``
 ``H5Dict`` return such one-dimensional string (or empty) attributes as lists (their items keep the
 ``.decode()`` method that ``keras_compat._patch_h5py`` gives them). Keras 2.3.1 accepts
 either form.
+
+Keras 2.2.4 also calls ``inspect.getargspec`` (``keras.preprocessing.image``,
+``keras.utils.generic_utils``), which Python 3.11 removed; ``install_shims`` puts it back,
+built on ``inspect.getfullargspec``.
 """
 
+import collections
+import inspect
+
 import numpy as np
+
+ArgSpec = collections.namedtuple("ArgSpec", "args varargs keywords defaults")
+
+
+def _getargspec(func):
+    """``inspect.getargspec`` as Python 3.10 had it: the positional-or-keyword arguments,
+    ``*args`` and ``**kwargs`` names and the defaults."""
+    spec = inspect.getfullargspec(func)
+    if spec.kwonlyargs or spec.annotations:
+        raise ValueError(
+            "Function has keyword-only parameters or annotations, use inspect.signature() "
+            "API which can support them"
+        )
+    return ArgSpec(spec.args, spec.varargs, spec.varkw, spec.defaults)
+
+
+def install_shims():
+    """Adds ``inspect.getargspec`` where Python no longer has it (3.11+)."""
+    if not hasattr(inspect, "getargspec"):
+        inspect.getargspec = _getargspec
 
 
 def _is_attribute(h5dict, name):

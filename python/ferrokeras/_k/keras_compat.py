@@ -229,8 +229,9 @@ def _join_keras(kb, lb):
         return
     _patch_h5py()
     _after_import("keras.layers.core", _patch_lambda)
-    from .. import _keras_tf_h5
+    from .. import _keras22, _keras_tf_h5
 
+    _keras22.install_shims()
     _after_import("keras.engine.saving", _keras_tf_h5.install)
     from .. import backend as FK
     from .. import config
