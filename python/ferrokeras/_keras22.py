@@ -9,9 +9,10 @@ attribute, which h5py reads back as an empty float array, too). ``patch_h5dict``
 ``.decode()`` method that ``keras_compat._patch_h5py`` gives them). Keras 2.3.1 accepts
 either form.
 
-Keras 2.2.4 also calls ``inspect.getargspec`` (``keras.preprocessing.image``,
-``keras.utils.generic_utils``), which Python 3.11 removed; ``install_shims`` puts it back,
-built on ``inspect.getfullargspec``.
+Keras 2.2.4 also calls ``inspect.getargspec`` (``keras.preprocessing.image``) and Keras
+2.2.5 builds ``inspect.ArgSpec`` tuples (``keras.utils.generic_utils.getargspec``), both
+of which Python 3.11 removed; ``install_shims`` puts them back, ``getargspec`` built on
+``inspect.getfullargspec``.
 """
 
 import collections
@@ -35,7 +36,10 @@ def _getargspec(func):
 
 
 def install_shims():
-    """Adds ``inspect.getargspec`` where Python no longer has it (3.11+)."""
+    """Adds ``inspect.getargspec`` and ``inspect.ArgSpec`` where Python no longer has them
+    (3.11+)."""
+    if not hasattr(inspect, "ArgSpec"):
+        inspect.ArgSpec = ArgSpec
     if not hasattr(inspect, "getargspec"):
         inspect.getargspec = _getargspec
 

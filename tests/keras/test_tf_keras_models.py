@@ -24,8 +24,18 @@ from keras import backend as K
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "tf_keras")
 EXPECTED = np.load(os.path.join(DATA, "expected.npz"))
-MODELS = ["mlp", "mlp_step", "sgd_step", "cnn2d", "conv1d", "conv3d", "rnn", "merge"]
-COMPILED = ["mlp", "mlp_step", "sgd_step", "cnn2d", "rnn"]
+MODELS = [
+    "mlp",
+    "mlp_step",
+    "sgd_step",
+    "cnn2d",
+    "conv1d",
+    "conv3d",
+    "rnn",
+    "merge",
+    "nested",
+    "adagrad",
+]
 
 
 def path(name):
@@ -78,6 +88,8 @@ def test_compile_false_loads_the_same_model(name):
         ("sgd_step", "SGD", "mean_absolute_error"),
         ("cnn2d", "RMSprop", "categorical_crossentropy"),
         ("rnn", "Adam", "mse"),
+        ("nested", "Nadam", "binary_crossentropy"),
+        ("adagrad", "Adagrad", "mse"),
     ],
 )
 def test_compiled_models_come_back_compiled_with_their_optimizer_state(name, optimizer, loss):

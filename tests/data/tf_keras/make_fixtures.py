@@ -158,6 +158,25 @@ def merge():
     return m, [(5, 6), (5, 6)]
 
 
+def nested():
+    """A Sequential model inside a functional one; Nadam state."""
+    inner = keras.Sequential(
+        [L.Dense(5, activation="relu", input_shape=(3,)), L.Dense(4)], name="inner"
+    )
+    x = L.Input((3,))
+    y = L.Dense(2, activation="sigmoid")(inner(x))
+    m = keras.Model(x, y)
+    m.compile(keras.optimizers.Nadam(learning_rate=0.01), "binary_crossentropy")
+    return m, [(8, 3)]
+
+
+def adagrad():
+    """Adagrad (its accumulators) on a small Conv1D model."""
+    m = keras.Sequential([L.Conv1D(3, 2, input_shape=(6, 2)), L.Flatten(), L.Dense(1)])
+    m.compile(keras.optimizers.Adagrad(learning_rate=0.05), "mse")
+    return m, [(8, 6, 2)]
+
+
 # Models made of what Keras 2.3.1 lacks: loading them must fail with an error naming it.
 def bad_layer():
     """LayerNormalization is tf.keras-only (Keras 2.3.1 has no such layer)."""
@@ -171,7 +190,20 @@ def bad_argument():
     return m, None
 
 
-MODELS = [mlp, mlp_step, sgd_step, cnn2d, conv1d, conv3d, rnn, merge, bad_layer, bad_argument]
+MODELS = [
+    mlp,
+    mlp_step,
+    sgd_step,
+    cnn2d,
+    conv1d,
+    conv3d,
+    rnn,
+    merge,
+    nested,
+    adagrad,
+    bad_layer,
+    bad_argument,
+]
 TRAIN_STEP = {"mlp_step", "sgd_step"}
 
 
