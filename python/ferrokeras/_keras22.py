@@ -4,10 +4,14 @@ Keras 2.2.x reads HDF5 files through ``keras.utils.io_utils.H5Dict``, which turn
 strings read from attributes into lists only when they are NumPy byte-string arrays, as
 h5py 2 returned them; h5py 3 returns object arrays of ``str``, and Keras 2.2.4 then tests
 such an array for truth (``if weight_names:``), which NumPy refuses (for an empty
-attribute, which h5py reads back as an empty float array, too). ``patch_h5dict`` makes
-``H5Dict`` return such one-dimensional string (or empty) attributes as lists (their items keep the
-``.decode()`` method that ``keras_compat._patch_h5py`` gives them). Keras 2.3.1 accepts
-either form.
+attribute, which h5py reads back as an empty float array, too). ``adapt_saving`` makes
+``H5Dict`` return such one-dimensional string (or empty) attributes as lists (their items
+keep the ``.decode()`` method that ``keras_compat._patch_h5py`` gives them). Keras 2.3.1
+accepts either form.
+
+Keras 2.2's ``model_from_yaml`` calls ``yaml.load(text)`` without a loader, which PyYAML
+6 refuses; ``adapt_saving`` gives ``keras.engine.saving`` a ``yaml`` whose ``load``
+defaults to ``yaml.FullLoader``, the loader Keras 2.3.1 passes.
 
 Keras 2.2.4 also calls ``inspect.getargspec`` (``keras.preprocessing.image``) and Keras
 2.2.5 builds ``inspect.ArgSpec`` tuples (``keras.utils.generic_utils.getargspec``), both
@@ -52,9 +56,25 @@ def _is_attribute(h5dict, name):
         return False
 
 
-def patch_h5dict(saving):
-    """Patches the ``H5Dict`` class that ``keras.engine.saving`` uses (applied right after
-    that module is imported)."""
+class _YamlDefaultLoader:
+    """The ``yaml`` module, with ``load`` defaulting to ``yaml.FullLoader``."""
+
+    def __init__(self, yaml):
+        self._yaml = yaml
+
+    def __getattr__(self, name):
+        return getattr(self._yaml, name)
+
+    def load(self, stream, Loader=None):  # noqa: N803 (PyYAML's argument name)
+        return self._yaml.load(stream, Loader=Loader or self._yaml.FullLoader)
+
+
+def adapt_saving(saving):
+    """Adapts ``keras.engine.saving`` (applied right after that module is imported): the
+    ``H5Dict`` class it uses, and its ``yaml``."""
+    yaml = getattr(saving, "yaml", None)
+    if yaml is not None and not isinstance(yaml, _YamlDefaultLoader):
+        saving.yaml = _YamlDefaultLoader(yaml)
     h5dict = getattr(saving, "H5Dict", None) or getattr(saving, "h5dict", None)  # 2.2.4
     if not isinstance(h5dict, type) or getattr(h5dict.__getitem__, "_ferrokeras_lists", False):
         return

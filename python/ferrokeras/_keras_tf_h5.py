@@ -595,10 +595,10 @@ def _is_tf_keras(h5dict):
 def install(saving):
     """Wraps ``saving._deserialize_model`` (``keras.engine.saving``) so that
     ``keras.models.load_model`` reads ``.h5`` files written by tf.keras 2.x; also applies
-    the Keras 2.2 adaptation of that module's ``H5Dict`` (``_keras22.patch_h5dict``)."""
+    the Keras 2.2 adaptations of that module (``_keras22.adapt_saving``)."""
     from . import _keras22
 
-    _keras22.patch_h5dict(saving)
+    _keras22.adapt_saving(saving)
     original = getattr(saving, "_deserialize_model", None)
     if original is None or getattr(original, "_ferrokeras_tf_keras", False):
         return
