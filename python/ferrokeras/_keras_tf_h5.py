@@ -309,6 +309,14 @@ def _optimizer(config):
             "have; load it with compile=False and compile it again"
         )
     cfg = dict(config.get("config") or {})
+    if cls == "Nadam" and cfg.get("is_legacy_optimizer") is False:
+        warnings.warn(
+            "The model was compiled with the Nadam of TensorFlow 2.11+, which warms its "
+            "momentum up as 0.96**t; Keras 2's Nadam (and tf.keras's legacy one) as "
+            "0.96**(0.004 t). The model is compiled with Keras 2's Nadam and the saved state: "
+            "further training follows Keras 2's schedule.",
+            stacklevel=2,
+        )
     for key, ok in _TF_ONLY_OPTIMIZER_ARGS.items():
         if key not in cfg:
             continue

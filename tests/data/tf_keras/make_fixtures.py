@@ -204,7 +204,7 @@ MODELS = [
     bad_layer,
     bad_argument,
 ]
-TRAIN_STEP = {"mlp_step", "sgd_step"}
+TRAIN_STEP = {"mlp_step", "sgd_step", "cnn2d", "rnn", "nested", "adagrad"}
 
 
 def make_inputs(rng, specs):
@@ -222,6 +222,19 @@ def one(arrays):
     return arrays[0] if len(arrays) == 1 else arrays
 
 
+def make_targets(rng, model, xs):
+    """Random targets for the model's outputs and loss, for a batch of inputs `xs`."""
+    ys = []
+    for o in model.outputs:
+        y = rng.standard_normal((len(xs[0]),) + tuple(o.shape[1:])).astype("float32")
+        if model.loss == "categorical_crossentropy":
+            y = np.eye(y.shape[-1], dtype="float32")[np.argmax(y, -1)]
+        elif model.loss == "binary_crossentropy":
+            y = (y > 0).astype("float32")
+        ys.append(y)
+    return ys
+
+
 def main():
     tf.random.set_seed(0)
     keras.utils.set_random_seed(0)
@@ -234,14 +247,7 @@ def main():
             if model.optimizer is not None:
                 # Some optimizer state to carry over: a few steps on random targets.
                 xs = make_inputs(rng, specs)
-                ys = [
-                    rng.standard_normal(
-                        (specs[0][1] if specs[0][0] == "int" else specs[0][0],) + tuple(o.shape[1:])
-                    ).astype("float32")
-                    for o in model.outputs
-                ]
-                if model.loss == "categorical_crossentropy":
-                    ys = [np.eye(y.shape[-1], dtype="float32")[np.argmax(y, -1)] for y in ys]
+                ys = make_targets(rng, model, xs)
                 model.fit(one(xs), one(ys), epochs=3, batch_size=8, verbose=0)
             xs = make_inputs(rng, specs)
             ys = model.predict(one(xs), verbose=0)
@@ -253,10 +259,7 @@ def main():
         model.save(os.path.join(HERE, name + ".h5"))
         if name in TRAIN_STEP:
             tx = make_inputs(rng, specs)
-            ty = [
-                rng.standard_normal((specs[0][0],) + tuple(o.shape[1:])).astype("float32")
-                for o in model.outputs
-            ]
+            ty = make_targets(rng, model, tx)
             model.train_on_batch(one(tx), one(ty))
             after = model.predict(one(xs), verbose=0)
             after = after if isinstance(after, list) else [after]
