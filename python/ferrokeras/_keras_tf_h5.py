@@ -48,6 +48,11 @@ _TF_ONLY_ARGS = {
     "keepdims": (False,),
     "time_major": (False,),
     "synchronized": (False,),
+    # Fixes the random draws of GaussianNoise, GaussianDropout, AlphaDropout, ... in
+    # training; Keras 2 draws them unseeded. Dropped whatever its value.
+    "seed": None,
+    # LocallyConnected1D/2D's weight layouts 2 and 3 are tf.keras's; 1 is Keras 2's.
+    "implementation": (1,),
     # Arguments Keras 2 has on other layers only.
     "sparse": (False,),  # Embedding
     "dilation_rate": ((1, 1, 1), 1),  # Conv3DTranspose
@@ -137,11 +142,24 @@ def _known_layer_classes(custom_objects):
     return known
 
 
+# Keys _translate_layer handles after the argument check.
+_CHECKED_BELOW = {
+    ("Bidirectional", "backward_layer"),
+    ("Lambda", "module"),
+    ("Lambda", "output_shape_module"),
+}
+
+# Config keys that a layer's own ``from_config`` takes out before calling ``__init__``.
+_FROM_CONFIG_KEYS = {
+    "Lambda": {"function_type", "output_shape_type"},
+}
+
+
 def _accepted_args(cls):
     """Every argument name that ``cls(**config)`` accepts (the ``__init__`` arguments along
     the class hierarchy, as Keras layers pass ``**kwargs`` up to ``Layer``)."""
     names = {"input_shape", "batch_input_shape", "batch_size", "dtype", "name", "trainable"}
-    names |= {"weights", "input_dtype"}
+    names |= {"weights", "input_dtype"} | _FROM_CONFIG_KEYS.get(cls.__name__, set())
     for klass in inspect.getmro(cls):
         init = klass.__dict__.get("__init__")
         if init is None:
@@ -173,11 +191,13 @@ def _translate_layer(layer, known):
         # Custom classes may take any keyword; only Keras's own layers are checked.
         accepted = _accepted_args(klass)
         for key in list(cfg):
-            if key in accepted or (key == "backward_layer" and cls == "Bidirectional"):
-                continue  # (a backward_layer is checked below)
+            if key in accepted or (cls, key) in _CHECKED_BELOW:
+                continue
             if key not in _TF_ONLY_ARGS:
                 unknown.append(key)
-            elif not any(_same(cfg[key], ok) for ok in _TF_ONLY_ARGS[key]):
+            elif _TF_ONLY_ARGS[key] is not None and not any(
+                _same(cfg[key], ok) for ok in _TF_ONLY_ARGS[key]
+            ):
                 raise _layer_error(
                     layer, cls, f"sets the tf.keras-only argument {key}={cfg[key]!r}"
                 )
@@ -190,6 +210,11 @@ def _translate_layer(layer, known):
             cfg[key] = _initializer(cfg[key])
         elif key.endswith("_regularizer"):
             cfg[key] = _regularizer(cfg[key])
+    if cls == "Lambda":
+        # tf.keras looks the function's globals up in the module it was defined in; Keras 2
+        # in its own and in custom_objects.
+        cfg.pop("module", None)
+        cfg.pop("output_shape_module", None)
     if cls == "BatchNormalization" and isinstance(cfg.get("axis"), list):
         if len(cfg["axis"]) != 1:
             raise _layer_error(layer, cls, f"normalizes over several axes {cfg['axis']}")

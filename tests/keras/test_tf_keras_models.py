@@ -35,6 +35,7 @@ MODELS = [
     "merge",
     "nested",
     "adagrad",
+    "zoo",
 ]
 
 

@@ -177,6 +177,42 @@ def adagrad():
     return m, [(8, 6, 2)]
 
 
+def zoo():
+    """The other layers Keras 2.3.1 also has: padding, cropping, upsampling, the advanced
+    activations, the noise layers, locally connected layers, RepeatVector, Masking, Lambda,
+    ConvLSTM2D, ActivityRegularization, Softmax; uncompiled."""
+    x = L.Input((8, 8, 3))
+    a = L.ZeroPadding2D(1)(x)
+    a = L.Cropping2D(((1, 0), (0, 1)))(a)
+    a = L.UpSampling2D(2)(a)
+    a = L.Conv2D(4, 3, strides=2)(a)
+    a = L.LeakyReLU(0.2)(a)
+    a = L.PReLU(alpha_initializer=keras.initializers.Constant(0.25))(a)
+    a = L.ELU()(a)
+    a = L.ReLU(max_value=3.0)(a)
+    a = L.SpatialDropout2D(0.1)(a)
+    a = L.GaussianNoise(0.1)(a)
+    a = L.GaussianDropout(0.1)(a)
+    a = L.AlphaDropout(0.1)(a)
+    a = L.LocallyConnected2D(2, 2)(a)
+    a = L.Dense(6)(L.Flatten()(a))
+    b = L.Reshape((8, 24))(x)
+    b = L.ZeroPadding1D(1)(b)
+    b = L.Cropping1D(1)(b)
+    b = L.UpSampling1D(2)(b)
+    b = L.LocallyConnected1D(3, 2)(b)
+    b = L.Dense(6)(L.GlobalAveragePooling1D()(b))
+    c = L.Dense(4)(L.Flatten()(x))
+    c = L.RepeatVector(3)(c)
+    c = L.Masking(0.0)(c)
+    c = L.Lambda(lambda t: t * 2.0 - 0.5)(c)
+    c = L.ConvLSTM2D(2, 1, return_sequences=True)(L.Reshape((3, 2, 2, 1))(c))
+    c = L.ActivityRegularization(l1=0.01)(L.Flatten()(c))
+    c = L.Dense(6)(L.Softmax()(c))
+    y = L.Dense(3)(L.Concatenate()([a, b, c]))
+    return keras.Model(x, y), [(4, 8, 8, 3)]
+
+
 # Models made of what Keras 2.3.1 lacks: loading them must fail with an error naming it.
 def bad_layer():
     """LayerNormalization is tf.keras-only (Keras 2.3.1 has no such layer)."""
@@ -201,6 +237,7 @@ MODELS = [
     merge,
     nested,
     adagrad,
+    zoo,
     bad_layer,
     bad_argument,
 ]
