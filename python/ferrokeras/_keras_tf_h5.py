@@ -637,6 +637,7 @@ def install(saving):
         return
 
     def _deserialize_model(h5dict, custom_objects=None, compile=True):
+        custom_objects = dict(extra_layers(), **(custom_objects or {}))
         if not _is_tf_keras(h5dict):
             return original(h5dict, custom_objects, compile)
         view = _TranslatedFile(h5dict, custom_objects)
@@ -656,3 +657,273 @@ def install(saving):
     _deserialize_model.__doc__ = original.__doc__
     saving._deserialize_model = _deserialize_model
     sys.modules[__name__]._installed = saving
+
+
+# ======================================================================= tf.keras-only layers
+
+_EXTRA_LAYERS = {}
+
+
+def extra_layers():
+    """Keras 2 implementations of the tf.keras layers Keras 2 lacks that the tf.keras
+    ``.h5`` files of the supported layer families use: ``Conv1DTranspose`` and
+    ``DepthwiseConv1D`` (same arguments and weight layouts as tf.keras's). ``load_model``
+    finds them by name unless ``custom_objects`` supplies its own."""
+    if _EXTRA_LAYERS:
+        return dict(_EXTRA_LAYERS)
+    from keras import activations, constraints, initializers, regularizers
+    from keras import backend as K
+    from keras.engine.base_layer import InputSpec, Layer
+    from keras.utils import conv_utils
+
+    def one(value, name):
+        value = conv_utils.normalize_tuple(value, 1, name)
+        return value[0]
+
+    class _Conv1DBase(Layer):
+        def _setup(self, kernel_size, strides, padding, data_format, dilation_rate, activation):
+            self.kernel_size = one(kernel_size, "kernel_size")
+            self.strides = one(strides, "strides")
+            self.padding = conv_utils.normalize_padding(padding)
+            self.data_format = K.normalize_data_format(data_format)
+            self.dilation_rate = one(dilation_rate, "dilation_rate")
+            self.activation = activations.get(activation)
+            self.input_spec = InputSpec(ndim=3)
+            self._channel_axis = 1 if self.data_format == "channels_first" else -1
+            self._steps_axis = 2 if self.data_format == "channels_first" else 1
+
+        def _as_2d(self, x):
+            # (batch, steps, channels) -> (batch, 1, steps, channels), or channels first.
+            return K.expand_dims(x, 1 if self.data_format == "channels_last" else 2)
+
+        def _from_2d(self, y):
+            return K.squeeze(y, 1 if self.data_format == "channels_last" else 2)
+
+        def _finish(self, y):
+            if self.use_bias:
+                y = K.bias_add(y, self.bias, data_format=self.data_format)
+            return self.activation(y) if self.activation is not None else y
+
+        def _base_config(self):
+            return {
+                "kernel_size": (self.kernel_size,),
+                "strides": (self.strides,),
+                "padding": self.padding,
+                "data_format": self.data_format,
+                "dilation_rate": (self.dilation_rate,),
+                "activation": activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                "bias_initializer": initializers.serialize(self.bias_initializer),
+                "bias_regularizer": regularizers.serialize(self.bias_regularizer),
+                "activity_regularizer": regularizers.serialize(self.activity_regularizer),
+                "bias_constraint": constraints.serialize(self.bias_constraint),
+            }
+
+        def _out_shape(self, input_shape, channels, length):
+            if self.data_format == "channels_first":
+                return (input_shape[0], channels, length)
+            return (input_shape[0], length, channels)
+
+    class Conv1DTranspose(_Conv1DBase):
+        """Transposed 1-D convolution, as tf.keras's ``Conv1DTranspose`` (kernel of shape
+        ``(kernel_size, filters, input_channels)``), computed with ``K.conv2d_transpose``."""
+
+        def __init__(
+            self,
+            filters,
+            kernel_size,
+            strides=1,
+            padding="valid",
+            output_padding=None,
+            data_format=None,
+            dilation_rate=1,
+            groups=1,
+            activation=None,
+            use_bias=True,
+            kernel_initializer="glorot_uniform",
+            bias_initializer="zeros",
+            kernel_regularizer=None,
+            bias_regularizer=None,
+            activity_regularizer=None,
+            kernel_constraint=None,
+            bias_constraint=None,
+            **kwargs,
+        ):
+            if groups != 1:
+                raise ValueError(f"Conv1DTranspose: groups={groups!r} is not supported")
+            super().__init__(**kwargs)
+            self.activity_regularizer = regularizers.get(activity_regularizer)
+            self.filters = int(filters)
+            self._setup(kernel_size, strides, padding, data_format, dilation_rate, activation)
+            if self.padding == "causal":
+                raise ValueError("Conv1DTranspose: padding='causal' is not supported")
+            self.output_padding = None if output_padding is None else one(output_padding, "op")
+            self.use_bias = use_bias
+            self.kernel_initializer = initializers.get(kernel_initializer)
+            self.bias_initializer = initializers.get(bias_initializer)
+            self.kernel_regularizer = regularizers.get(kernel_regularizer)
+            self.bias_regularizer = regularizers.get(bias_regularizer)
+            self.kernel_constraint = constraints.get(kernel_constraint)
+            self.bias_constraint = constraints.get(bias_constraint)
+
+        def build(self, input_shape):
+            channels = input_shape[self._channel_axis]
+            if channels is None:
+                raise ValueError("Conv1DTranspose: the channel dimension must be known")
+            self.kernel = self.add_weight(
+                shape=(self.kernel_size, self.filters, channels),
+                initializer=self.kernel_initializer,
+                name="kernel",
+                regularizer=self.kernel_regularizer,
+                constraint=self.kernel_constraint,
+            )
+            self.bias = None
+            if self.use_bias:
+                self.bias = self.add_weight(
+                    shape=(self.filters,),
+                    initializer=self.bias_initializer,
+                    name="bias",
+                    regularizer=self.bias_regularizer,
+                    constraint=self.bias_constraint,
+                )
+            self.input_spec = InputSpec(ndim=3, axes={self._channel_axis: channels})
+            self.built = True
+
+        def _length(self, steps):
+            return conv_utils.deconv_length(
+                steps,
+                self.strides,
+                self.kernel_size,
+                self.padding,
+                self.output_padding,
+                self.dilation_rate,
+            )
+
+        def call(self, inputs):
+            shape = K.shape(inputs)
+            length = self._length(shape[self._steps_axis])
+            out = (
+                (shape[0], self.filters, 1, length)
+                if self.data_format == "channels_first"
+                else (shape[0], 1, length, self.filters)
+            )
+            y = K.conv2d_transpose(
+                self._as_2d(inputs),
+                K.expand_dims(self.kernel, 0),
+                out,
+                strides=(1, self.strides),
+                padding=self.padding,
+                data_format=self.data_format,
+                dilation_rate=(1, self.dilation_rate),
+            )
+            return self._finish(self._from_2d(y))
+
+        def compute_output_shape(self, input_shape):
+            steps = input_shape[self._steps_axis]
+            length = None if steps is None else self._length(steps)
+            return self._out_shape(input_shape, self.filters, length)
+
+        def get_config(self):
+            config = dict(super().get_config(), **self._base_config())
+            config.update(
+                filters=self.filters,
+                output_padding=None if self.output_padding is None else (self.output_padding,),
+                kernel_initializer=initializers.serialize(self.kernel_initializer),
+                kernel_regularizer=regularizers.serialize(self.kernel_regularizer),
+                kernel_constraint=constraints.serialize(self.kernel_constraint),
+            )
+            return config
+
+    class DepthwiseConv1D(_Conv1DBase):
+        """Depthwise 1-D convolution, as tf.keras's ``DepthwiseConv1D`` (kernel of shape
+        ``(kernel_size, input_channels, depth_multiplier)``), computed with
+        ``K.depthwise_conv2d``."""
+
+        def __init__(
+            self,
+            kernel_size,
+            strides=1,
+            padding="valid",
+            depth_multiplier=1,
+            data_format=None,
+            dilation_rate=1,
+            activation=None,
+            use_bias=True,
+            depthwise_initializer="glorot_uniform",
+            bias_initializer="zeros",
+            depthwise_regularizer=None,
+            bias_regularizer=None,
+            activity_regularizer=None,
+            depthwise_constraint=None,
+            bias_constraint=None,
+            groups=None,
+            **kwargs,
+        ):
+            super().__init__(**kwargs)
+            self.activity_regularizer = regularizers.get(activity_regularizer)
+            self._setup(kernel_size, strides, padding, data_format, dilation_rate, activation)
+            if self.padding == "causal":
+                raise ValueError("DepthwiseConv1D: padding='causal' is not supported")
+            self.depth_multiplier = int(depth_multiplier)
+            self.use_bias = use_bias
+            self.depthwise_initializer = initializers.get(depthwise_initializer)
+            self.bias_initializer = initializers.get(bias_initializer)
+            self.depthwise_regularizer = regularizers.get(depthwise_regularizer)
+            self.bias_regularizer = regularizers.get(bias_regularizer)
+            self.depthwise_constraint = constraints.get(depthwise_constraint)
+            self.bias_constraint = constraints.get(bias_constraint)
+
+        def build(self, input_shape):
+            channels = input_shape[self._channel_axis]
+            if channels is None:
+                raise ValueError("DepthwiseConv1D: the channel dimension must be known")
+            self.depthwise_kernel = self.add_weight(
+                shape=(self.kernel_size, channels, self.depth_multiplier),
+                initializer=self.depthwise_initializer,
+                name="depthwise_kernel",
+                regularizer=self.depthwise_regularizer,
+                constraint=self.depthwise_constraint,
+            )
+            self.bias = None
+            if self.use_bias:
+                self.bias = self.add_weight(
+                    shape=(channels * self.depth_multiplier,),
+                    initializer=self.bias_initializer,
+                    name="bias",
+                    regularizer=self.bias_regularizer,
+                    constraint=self.bias_constraint,
+                )
+            self.input_spec = InputSpec(ndim=3, axes={self._channel_axis: channels})
+            self.built = True
+
+        def call(self, inputs):
+            y = K.depthwise_conv2d(
+                self._as_2d(inputs),
+                K.expand_dims(self.depthwise_kernel, 0),
+                strides=(1, self.strides),
+                padding=self.padding,
+                data_format=self.data_format,
+                dilation_rate=(1, self.dilation_rate),
+            )
+            return self._finish(self._from_2d(y))
+
+        def compute_output_shape(self, input_shape):
+            steps = input_shape[self._steps_axis]
+            length = conv_utils.conv_output_length(
+                steps, self.kernel_size, self.padding, self.strides, self.dilation_rate
+            )
+            channels = input_shape[self._channel_axis] * self.depth_multiplier
+            return self._out_shape(input_shape, channels, length)
+
+        def get_config(self):
+            config = dict(super().get_config(), **self._base_config())
+            config.update(
+                depth_multiplier=self.depth_multiplier,
+                depthwise_initializer=initializers.serialize(self.depthwise_initializer),
+                depthwise_regularizer=regularizers.serialize(self.depthwise_regularizer),
+                depthwise_constraint=constraints.serialize(self.depthwise_constraint),
+            )
+            return config
+
+    _EXTRA_LAYERS.update(Conv1DTranspose=Conv1DTranspose, DepthwiseConv1D=DepthwiseConv1D)
+    return dict(_EXTRA_LAYERS)

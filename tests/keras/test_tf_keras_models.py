@@ -30,6 +30,7 @@ MODELS = [
     "sgd_step",
     "cnn2d",
     "conv1d",
+    "conv1d_extra",
     "conv3d",
     "rnn",
     "merge",
@@ -139,6 +140,26 @@ def test_nadam_of_tensorflow_2_11_says_its_schedule_differs():
     after = predict(model, "nested")[0]
     assert np.all(np.isfinite(after))
     assert np.abs(after - arrays("nested", "after")[0]).max() < 0.1
+
+
+def test_conv1d_transpose_and_depthwise_conv1d_save_train_and_reload(tmp_path):
+    """ferrokeras's Keras 2 versions of tf.keras's Conv1DTranspose and DepthwiseConv1D
+    round-trip through a Keras 2 ``.h5`` file and train."""
+    model = keras.models.load_model(path("conv1d_extra"))
+    assert [type(lay).__name__ for lay in model.layers[:4]] == [
+        "Conv1DTranspose",
+        "DepthwiseConv1D",
+        "Conv1DTranspose",
+        "DepthwiseConv1D",
+    ]
+    x = arrays("conv1d_extra", "x")[0]
+    model.save(str(tmp_path / "again.h5"))
+    again = keras.models.load_model(str(tmp_path / "again.h5"))
+    np.testing.assert_allclose(again.predict(x), model.predict(x), rtol=1e-6, atol=1e-7)
+    again.compile("sgd", "mse")
+    before = again.get_weights()
+    again.train_on_batch(x, np.ones((len(x), 2), "float32"))
+    assert all(np.abs(a - b).max() > 0 for a, b in zip(again.get_weights(), before))
 
 
 def test_a_tf_keras_only_layer_is_named():

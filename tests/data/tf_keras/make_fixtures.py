@@ -100,6 +100,23 @@ def conv1d():
     return m, [(4, 20, 3)]
 
 
+def conv1d_extra():
+    """tf.keras's Conv1DTranspose and DepthwiseConv1D (ferrokeras provides them to Keras 2)."""
+    m = keras.Sequential(
+        [
+            L.Conv1DTranspose(4, 3, strides=2, padding="same", input_shape=(9, 3)),
+            L.DepthwiseConv1D(3, depth_multiplier=2, padding="same", dilation_rate=2),
+            L.Conv1DTranspose(
+                3, 4, strides=3, padding="valid", output_padding=1, activation="tanh"
+            ),
+            L.DepthwiseConv1D(2, strides=2, activation="relu"),
+            L.Flatten(),
+            L.Dense(2),
+        ]
+    )
+    return m, [(3, 9, 3)]
+
+
 def conv3d():
     """3-D convolution, its transpose and 3-D pooling; uncompiled."""
     m = keras.Sequential(
@@ -232,6 +249,7 @@ MODELS = [
     sgd_step,
     cnn2d,
     conv1d,
+    conv1d_extra,
     conv3d,
     rnn,
     merge,
