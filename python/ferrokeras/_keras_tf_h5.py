@@ -359,6 +359,9 @@ def _optimizer(config):
             "RMSprop does not have; load it with compile=False and compile it again"
         )
     cfg.pop("momentum", None) if cls == "RMSprop" else None
+    if cls == "Nadam" and "decay" in cfg:
+        # tf.keras's legacy Nadam keeps Keras 2's schedule_decay (0.004) as "decay".
+        cfg["schedule_decay"] = cfg.pop("decay")
     lr = cfg.pop("learning_rate", cfg.pop("lr", None))
     if isinstance(lr, dict):
         raise TfKerasConfigError(
@@ -541,14 +544,21 @@ def _load_optimizer_state(model, names, values):
         it = weights[0] if lead >= 1 else getattr(opt, "iterations", None)
         if it is not None:
             pairs.append((it, np.asarray(step).reshape(K.int_shape(it))))
-    if lead == 2 and schedule is not None:
-        pairs.append((weights[1], np.asarray(schedule).reshape(K.int_shape(weights[1]))))
-    used = 0
+    if schedule is not None:
+        # Keras 2.2's Nadam keeps m_schedule out of `weights`.
+        ms = weights[1] if lead == 2 else getattr(opt, "m_schedule", None)
+        if ms is not None:
+            pairs.append((ms, np.asarray(schedule).reshape(K.int_shape(ms))))
+    unknown = set(by_slot) - {s for slot_names in groups for s in slot_names}
+    if unknown:
+        return f"slots {sorted(unknown)} have no counterpart in Keras 2's {type(opt).__name__}"
     for g, slot_names in enumerate(groups):
         found = [by_slot[s] for s in slot_names if s in by_slot]
         targets = weights[lead + g * n : lead + (g + 1) * n]
         if not found:
-            continue  # e.g. Keras 2's placeholder vhat of a non-AMSGrad Adam
+            # A slot tf.keras does not create here (SGD without momentum, Adam without
+            # AMSGrad): Keras 2's stays at zero, which is what tf.keras's update uses.
+            continue
         found = found[0]
         if len(found) != n:
             return f"{len(found)} {slot_names[0]} slots in the file for {n} parameters"
@@ -556,9 +566,6 @@ def _load_optimizer_state(model, names, values):
             if K.int_shape(var) != tuple(np.shape(value)):
                 return f"slot shape {np.shape(value)} for a variable of shape {K.int_shape(var)}"
             pairs.append((var, np.asarray(value)))
-        used += 1
-    if used == 0 and n:
-        return "no optimizer slot in the file matches the optimizer"
     K.batch_set_value(pairs)
     return None
 

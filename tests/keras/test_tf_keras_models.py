@@ -38,6 +38,19 @@ MODELS = [
     "adagrad",
     "zoo",
 ]
+# Small models compiled with each optimizer, as tf.keras 2.11+ and its legacy optimizers
+# save them.
+OPTIMIZER_MODELS = {
+    "opt_sgd": "SGD",
+    "opt_adamax": "Adamax",
+    "opt_adadelta": "Adadelta",
+    "opt_legacy_adam_amsgrad": "Adam",
+    "opt_legacy_rmsprop": "RMSprop",
+    "opt_legacy_nadam": "Nadam",
+    "opt_legacy_adagrad": "Adagrad",
+    "opt_legacy_adadelta": "Adadelta",
+    "opt_legacy_adamax": "Adamax",
+}
 
 
 def path(name):
@@ -61,7 +74,7 @@ def predict(model, name):
     return ys if isinstance(ys, list) else [ys]
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + list(OPTIMIZER_MODELS))
 def test_predictions_match_tensorflow(name):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -92,7 +105,8 @@ def test_compile_false_loads_the_same_model(name):
         ("rnn", "Adam", "mse"),
         ("nested", "Nadam", "binary_crossentropy"),
         ("adagrad", "Adagrad", "mse"),
-    ],
+    ]
+    + [(name, opt, "mse") for name, opt in OPTIMIZER_MODELS.items() if name != "opt_sgd"],
 )
 def test_compiled_models_come_back_compiled_with_their_optimizer_state(name, optimizer, loss):
     model = keras.models.load_model(path(name))
@@ -120,11 +134,13 @@ def test_compiled_models_come_back_compiled_with_their_optimizer_state(name, opt
         assert any(f.shape == s.shape and np.array_equal(f, s) for f in firsts), first
 
 
-@pytest.mark.parametrize("name", ["mlp_step", "sgd_step", "cnn2d", "rnn", "adagrad"])
+@pytest.mark.parametrize(
+    "name", ["mlp_step", "sgd_step", "cnn2d", "rnn", "adagrad"] + list(OPTIMIZER_MODELS)
+)
 def test_training_continues_as_in_tensorflow(name):
     """One more step from the saved optimizer state (Adam's moments and step count, SGD's
-    Nesterov momentum, RMSprop's and Adagrad's accumulators; batch normalization's moving
-    statistics) gives TensorFlow's weights."""
+    Nesterov momentum, the accumulators of RMSprop, Adagrad, Adadelta, Adamax, the legacy
+    Nadam's schedule; batch normalization's moving statistics) gives TensorFlow's weights."""
     model = keras.models.load_model(path(name))
     model.train_on_batch(one(arrays(name, "train_x")), one(arrays(name, "train_y")))
     for g, w in zip(predict(model, name), arrays(name, "after")):

@@ -230,6 +230,33 @@ def zoo():
     return keras.Model(x, y), [(4, 8, 8, 3)]
 
 
+def optimizer_model(name, make_optimizer):
+    """A small regression model compiled with one optimizer (its state and one more step
+    are checked)."""
+
+    def build():
+        m = keras.Sequential([L.Dense(4, activation="tanh", input_shape=(3,)), L.Dense(2)])
+        m.compile(make_optimizer(), "mse")
+        return m, [(16, 3)]
+
+    build.__name__ = "opt_" + name
+    return build
+
+
+OPT, LEGACY = keras.optimizers, keras.optimizers.legacy
+OPTIMIZERS = [
+    optimizer_model("sgd", lambda: OPT.SGD(0.1)),
+    optimizer_model("adamax", lambda: OPT.Adamax(0.01)),
+    optimizer_model("adadelta", lambda: OPT.Adadelta(1.0)),
+    optimizer_model("legacy_adam_amsgrad", lambda: LEGACY.Adam(0.01, amsgrad=True)),
+    optimizer_model("legacy_rmsprop", lambda: LEGACY.RMSprop(0.01)),
+    optimizer_model("legacy_nadam", lambda: LEGACY.Nadam(0.01)),
+    optimizer_model("legacy_adagrad", lambda: LEGACY.Adagrad(0.1)),
+    optimizer_model("legacy_adadelta", lambda: LEGACY.Adadelta(1.0)),
+    optimizer_model("legacy_adamax", lambda: LEGACY.Adamax(0.01)),
+]
+
+
 # Models made of what Keras 2.3.1 lacks: loading them must fail with an error naming it.
 def bad_layer():
     """LayerNormalization is tf.keras-only (Keras 2.3.1 has no such layer)."""
@@ -256,10 +283,12 @@ MODELS = [
     nested,
     adagrad,
     zoo,
+    *OPTIMIZERS,
     bad_layer,
     bad_argument,
 ]
 TRAIN_STEP = {"mlp_step", "sgd_step", "cnn2d", "rnn", "nested", "adagrad"}
+TRAIN_STEP |= {b.__name__ for b in OPTIMIZERS}
 
 
 def make_inputs(rng, specs):
