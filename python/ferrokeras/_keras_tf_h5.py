@@ -23,7 +23,6 @@ import copy
 import inspect
 import json
 import re
-import sys
 import warnings
 
 import numpy as np
@@ -622,19 +621,26 @@ class _TranslatedFile:
         return names, [np.asarray(group[n]) for n in names]
 
 
-def _is_tf_keras(h5dict):
-    try:
-        version = h5dict["keras_version"] if "keras_version" in h5dict else None
-    except Exception:
-        return False
+def _is_tf_keras_version(version):
+    """Whether a ``keras_version`` is tf.keras's: 2.4 or newer (Keras 2 itself ended at
+    2.3.1), or ``*-tf`` (TensorFlow 1.x and 2.0-2.3)."""
     version = version.decode("utf8") if isinstance(version, bytes) else str(version or "")
     m = re.match(r"(\d+)\.(\d+)", version)
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (2, 4) or version.endswith("-tf")
 
 
+def _is_tf_keras(h5dict):
+    try:
+        return "keras_version" in h5dict and _is_tf_keras_version(h5dict["keras_version"])
+    except Exception:
+        return False
+
+
 def install(saving):
     """Wraps ``saving._deserialize_model`` (``keras.engine.saving``) so that
-    ``keras.models.load_model`` reads ``.h5`` files written by tf.keras 2.x; also applies
+    ``keras.models.load_model`` reads ``.h5`` files written by tf.keras 2.x, and
+    ``saving.model_from_json`` so that ``keras.models.model_from_json`` reads tf.keras's
+    ``model.to_json()``; also applies
     the Keras 2.2 adaptations of that module (``_keras22.adapt_saving``)."""
     from . import _keras22
 
@@ -663,7 +669,20 @@ def install(saving):
     _deserialize_model._ferrokeras_tf_keras = True
     _deserialize_model.__doc__ = original.__doc__
     saving._deserialize_model = _deserialize_model
-    sys.modules[__name__]._installed = saving
+
+    from_json = getattr(saving, "model_from_json", None)
+    if from_json is not None:
+
+        def model_from_json(json_string, custom_objects=None):
+            custom_objects = dict(extra_layers(), **(custom_objects or {}))
+            config = json.loads(json_string)
+            if isinstance(config, dict) and _is_tf_keras_version(config.get("keras_version")):
+                json_string = json.dumps(translate_model_config(config, custom_objects))
+            return from_json(json_string, custom_objects=custom_objects)
+
+        model_from_json.__doc__ = from_json.__doc__
+        # keras.models imports it from keras.engine.saving after this runs.
+        saving.model_from_json = model_from_json
 
 
 # ======================================================================= tf.keras-only layers

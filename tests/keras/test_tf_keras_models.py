@@ -178,6 +178,17 @@ def test_conv1d_transpose_and_depthwise_conv1d_save_train_and_reload(tmp_path):
     assert all(np.abs(a - b).max() > 0 for a, b in zip(again.get_weights(), before))
 
 
+@pytest.mark.parametrize("name", ["merge", "conv1d_extra"])
+def test_model_from_json_of_tf_keras_then_load_weights(name):
+    """tf.keras's ``model.to_json()`` goes through the same translation, and the weights
+    of its ``.h5`` file load into the model."""
+    with open(os.path.join(DATA, name + ".json")) as f:
+        model = keras.models.model_from_json(f.read())
+    model.load_weights(path(name))
+    for g, w in zip(predict(model, name), arrays(name, "y")):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_a_tf_keras_only_layer_is_named():
     with pytest.raises(TfKerasConfigError, match="LayerNormalization"):
         keras.models.load_model(path("bad_layer"))

@@ -6,7 +6,8 @@ TensorFlow >= 2.16; ``tensorflow.keras`` on older TensorFlow), saved to ``<name>
 ``<name>/x0``, ``<name>/x1``, ... (inputs) and ``<name>/y0``, ... (outputs). For the
 compiled models that take a training step in the test (``TRAIN_STEP``), the batch and the
 predictions after one ``train_on_batch`` on it are stored as ``<name>/train_x0``,
-``<name>/train_y0`` and ``<name>/after0``.
+``<name>/train_y0`` and ``<name>/after0``. The models in ``TO_JSON`` are also written as
+``<name>.json`` by ``model.to_json()``.
 
 The tests need no TensorFlow; this script does. It runs where TensorFlow is installed:
 
@@ -289,6 +290,7 @@ MODELS = [
 ]
 TRAIN_STEP = {"mlp_step", "sgd_step", "cnn2d", "rnn", "nested", "adagrad"}
 TRAIN_STEP |= {b.__name__ for b in OPTIMIZERS}
+TO_JSON = {"merge", "conv1d_extra"}  # also written as <name>.json (model.to_json())
 
 
 def make_inputs(rng, specs):
@@ -341,6 +343,9 @@ def main():
             for i, y in enumerate(ys):
                 arrays[f"{name}/y{i}"] = y
         model.save(os.path.join(HERE, name + ".h5"))
+        if name in TO_JSON:
+            with open(os.path.join(HERE, name + ".json"), "w") as f:
+                f.write(model.to_json())
         if name in TRAIN_STEP:
             tx = make_inputs(rng, specs)
             ty = make_targets(rng, model, tx)
