@@ -650,7 +650,7 @@ def install(saving):
         return
 
     def _deserialize_model(h5dict, custom_objects=None, compile=True):
-        custom_objects = dict(extra_layers(), **(custom_objects or {}))
+        custom_objects = dict(extra_objects(), **(custom_objects or {}))
         if not _is_tf_keras(h5dict):
             return original(h5dict, custom_objects, compile)
         view = _TranslatedFile(h5dict, custom_objects)
@@ -674,7 +674,7 @@ def install(saving):
     if from_json is not None:
 
         def model_from_json(json_string, custom_objects=None):
-            custom_objects = dict(extra_layers(), **(custom_objects or {}))
+            custom_objects = dict(extra_objects(), **(custom_objects or {}))
             config = json.loads(json_string)
             if isinstance(config, dict) and _is_tf_keras_version(config.get("keras_version")):
                 json_string = json.dumps(translate_model_config(config, custom_objects))
@@ -687,16 +687,16 @@ def install(saving):
 
 # ======================================================================= tf.keras-only layers
 
-_EXTRA_LAYERS = {}
+_EXTRA_OBJECTS = {}
 
 
-def extra_layers():
-    """Keras 2 implementations of the tf.keras layers Keras 2 lacks that the tf.keras
-    ``.h5`` files of the supported layer families use: ``Conv1DTranspose`` and
-    ``DepthwiseConv1D`` (same arguments and weight layouts as tf.keras's). ``load_model``
-    finds them by name unless ``custom_objects`` supplies its own."""
-    if _EXTRA_LAYERS:
-        return dict(_EXTRA_LAYERS)
+def extra_objects():
+    """Keras 2 implementations of tf.keras layers and activations that Keras 2 lacks: the
+    layers ``Conv1DTranspose`` and ``DepthwiseConv1D`` (same arguments and weight layouts
+    as tf.keras's), the activations ``swish``, ``gelu`` and ``mish``. ``load_model`` and
+    ``model_from_json`` find them by name unless ``custom_objects`` supplies its own."""
+    if _EXTRA_OBJECTS:
+        return dict(_EXTRA_OBJECTS)
     from keras import activations, constraints, initializers, regularizers
     from keras import backend as K
     from keras.engine.base_layer import InputSpec, Layer
@@ -951,5 +951,34 @@ def extra_layers():
             )
             return config
 
-    _EXTRA_LAYERS.update(Conv1DTranspose=Conv1DTranspose, DepthwiseConv1D=DepthwiseConv1D)
-    return dict(_EXTRA_LAYERS)
+    def swish(x):
+        """``x * sigmoid(x)``, tf.keras's ``swish`` (``silu``)."""
+        return x * K.sigmoid(x)
+
+    def mish(x):
+        """``x * tanh(softplus(x))``, tf.keras's ``mish``."""
+        return x * K.tanh(K.softplus(x))
+
+    def gelu(x, approximate=False):
+        """tf.keras's ``gelu``: ``0.5 x (1 + erf(x / sqrt(2)))``, or with
+        ``approximate=True`` ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``. The
+        error function is Abramowitz and Stegun's 7.1.26 (absolute error under 1.5e-7)."""
+        if approximate:
+            return 0.5 * x * (1.0 + K.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+        z = K.abs(x) * 0.7071067811865476
+        t = 1.0 / (1.0 + 0.3275911 * z)
+        poly = t * (
+            0.254829592
+            + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+        )
+        erf_abs = 1.0 - poly * K.exp(-z * z)
+        return 0.5 * x * (1.0 + K.sign(x) * erf_abs)
+
+    _EXTRA_OBJECTS.update(
+        Conv1DTranspose=Conv1DTranspose,
+        DepthwiseConv1D=DepthwiseConv1D,
+        swish=swish,
+        mish=mish,
+        gelu=gelu,
+    )
+    return dict(_EXTRA_OBJECTS)

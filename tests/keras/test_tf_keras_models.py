@@ -31,6 +31,7 @@ MODELS = [
     "cnn2d",
     "conv1d",
     "conv1d_extra",
+    "activations",
     "conv3d",
     "rnn",
     "merge",

@@ -118,6 +118,21 @@ def conv1d_extra():
     return m, [(3, 9, 3)]
 
 
+def activations():
+    """tf.keras's swish, gelu and mish (ferrokeras provides them to Keras 2)."""
+    m = keras.Sequential(
+        [
+            L.Dense(8, activation="swish", input_shape=(5,)),
+            L.Dense(8, activation="gelu"),
+            L.Dense(8, activation="mish"),
+            L.Dense(8),
+            L.Activation("gelu"),
+            L.Dense(2),
+        ]
+    )
+    return m, [(6, 5)]
+
+
 def conv3d():
     """3-D convolution, its transpose and 3-D pooling; uncompiled."""
     m = keras.Sequential(
@@ -278,6 +293,7 @@ MODELS = [
     cnn2d,
     conv1d,
     conv1d_extra,
+    activations,
     conv3d,
     rnn,
     merge,
