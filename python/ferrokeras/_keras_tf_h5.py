@@ -384,6 +384,15 @@ _LOSS_DEFAULTS = {
 }
 
 
+# tf.keras loss classes whose Keras 2 function is not their name in snake case.
+_LOSS_FUNCTIONS = {
+    "KLDivergence": "kullback_leibler_divergence",
+    "LogCosh": "logcosh",
+    "Huber": "huber_loss",
+    "CosineSimilarity": "cosine_proximity",  # both -sum(l2_normalize(t) * l2_normalize(p))
+}
+
+
 def _snake(name):
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -398,9 +407,7 @@ def _loss(value):
     if not isinstance(value, dict):
         return value
     cls, cfg = value["class_name"], value.get("config") or {}
-    fn = _snake(cls)
-    if fn == "huber":
-        fn = "huber_loss"
+    fn = _LOSS_FUNCTIONS.get(cls) or _snake(cls)
     for key, default in _LOSS_DEFAULTS.items():
         if key == "name" or key not in cfg:
             continue

@@ -368,6 +368,28 @@ def adam(**config):
     return {"class_name": "Custom>Adam", "config": base}
 
 
+@pytest.mark.parametrize(
+    "cls,fn",
+    [
+        ("MeanSquaredError", "mean_squared_error"),
+        ("SparseCategoricalCrossentropy", "sparse_categorical_crossentropy"),
+        ("KLDivergence", "kullback_leibler_divergence"),
+        ("LogCosh", "logcosh"),
+        ("CosineSimilarity", "cosine_proximity"),
+    ],
+)
+def test_loss_objects_become_keras_2_loss_functions(cls, fn):
+    loss = {
+        "module": "keras.losses",
+        "class_name": cls,
+        "config": {"reduction": "auto", "name": "x", "axis": -1},
+        "registered_name": None,
+    }
+    out = translate_training_config(training(adam(), loss=loss))
+    assert out["loss"] == fn
+    assert callable(keras.losses.get(fn))
+
+
 def test_training_config_translation():
     out = translate_training_config(
         training(
