@@ -2,13 +2,17 @@
 #
 #   make demo         set up .venv, build the extension, run examples/quickstart.py and the
 #                     Keras 2.3.1 CNN on scikit-learn's digits (examples/digits_cnn.py)
-#   make test         set up, build, run the Rust tests and the pytest suite, then
-#                     tests/keras under Keras 2.2.4 and 2.2.5 (.venv-keras224, -225)
+#   make test         set up, build, run the Rust tests and the pytest suite (docstring
+#                     examples included) once per device, then tests/keras under Keras
+#                     2.2.4 and 2.2.5 (.venv-keras224, .venv-keras225)
+#   make lint         the checks CI gates on: rustfmt, clippy (warnings are errors), ruff
+#                     (lint and format), and _core.pyi against the built module (stubtest)
 #   make wheel        build one abi3 wheel into dist/
 #   make wheel-check  install that wheel in a throw-away venv and run the quickstart there
 #                     with no cargo/rustc on PATH
 #   make bench        run benches/bench_core.py, then benches/bench_keras.py (ferrokeras vs
-#                     TF, Keras 3 + JAX, Keras 3 + PyTorch; peer venvs created on first use)
+#                     TF, Keras 3 + JAX, Keras 3 + PyTorch; peer venvs created on first use;
+#                     raw results in benches/out/, compared with benches/baselines/)
 #   make bench-quick  the same, as a ~2 minute smoke run
 #   make bench-profile  where ferrokeras' time goes in the MLP and LSTM steps (py-spy)
 #   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (the peer
@@ -28,7 +32,7 @@ VENV := .venv
 VENV_PY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
-DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn
+DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn ruff mypy
 
 # maturin must see the project venv, and only it (it refuses to run when a conda env is
 # also active).
@@ -59,14 +63,15 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu clean distclean
+.PHONY: help venv .venv build demo test lint wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
 
 venv .venv: $(VENV_STAMP)
 
-$(VENV_STAMP):
+# The Makefile holds DEV_DEPS, so editing it brings an existing venv up to date.
+$(VENV_STAMP): Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q $(DEV_DEPS)
 	touch $@
@@ -101,6 +106,18 @@ test: build $(KERAS_OLD_STAMPS)
 	echo "$(CURDIR)/python" > "$$(.venv-keras$*/bin/python -c \
 	  'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ferrokeras.pth"
 	touch $@
+
+# Python sources and the stub are checked from the repository root; clippy runs over both
+# feature sets (the bindings and GPU device, and the bare core that `cargo test` builds).
+PY_SOURCES := python tests benches examples
+
+lint: build
+	cargo fmt --check
+	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --release --all-targets --no-default-features -- -D warnings
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
+	$(VENV_PY) -m mypy.stubtest ferrokeras._core
 
 wheel: $(VENV_STAMP)
 	rm -f dist/ferrokeras-*.whl
@@ -147,7 +164,7 @@ PEER_DISK_tf := 4
 PEER_DISK_jax := 2
 PEER_DISK_torch := 10
 PEER_DISK_tools := 1
-PROFILE_DIR ?= $(or $(TMPDIR),/tmp)/ferrokeras-profile
+PROFILE_DIR ?= benches/out/profile
 
 bench: build bench-venvs
 	$(VENV_PY) benches/bench_core.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick,)
@@ -158,7 +175,8 @@ bench-quick:
 
 bench-venvs: $(foreach p,$(BENCH_PEERS),$(PEER_DIR)/$(p)/.stamp)
 
-# The measurements behind benches/PROFILE.md (py-spy comes from PyPI into $(PEER_DIR)/tools).
+# The measurements behind docs/performance.md (py-spy comes from PyPI into $(PEER_DIR)/tools;
+# its profiles go to $(PROFILE_DIR), under the git-ignored benches/out/).
 bench-profile: build $(PEER_DIR)/tools/.stamp
 	@mkdir -p $(PROFILE_DIR)
 	for w in mlp lstm; do \

@@ -187,15 +187,17 @@ def main():
                 continue
             got = np.load(os.path.join(d, name + ".npz"))
             errs = []
-            for i, what in enumerate(("y", "dx", "dk")):
+            for i in range(3):  # y, dx, dk
                 r, g = ref[f"arr_{i}"], got[f"arr_{i}"]
                 errs.append(float(np.max(np.abs(r - g)) / (np.max(np.abs(r)) + 1e-30)))
             results[name]["max_rel_err_vs_ferrokeras"] = max(errs)
 
     print(
-        f"\nconv2d 3x3, {x.shape[0]}x56x56x64 -> 64, float32, padding=same, {os.cpu_count()} CPU threads; "
-        f"median of {a.repeat}.\nms = wall time per call, GF/s = direct-convolution FLOPs / wall time, ratio = peer / ferrokeras wall time "
-        f"(> 1: ferrokeras is faster), cpu = CPU ms per call over all threads (less sensitive to other load);\n"
+        f"\nconv2d 3x3, {x.shape[0]}x56x56x64 -> 64, float32, padding=same, "
+        f"{os.cpu_count()} CPU threads; median of {a.repeat}.\n"
+        "ms = wall time per call, GF/s = direct-convolution FLOPs / wall time, "
+        "ratio = peer / ferrokeras wall time (> 1: ferrokeras is faster),\n"
+        "cpu = CPU ms per call over all threads (less sensitive to other load);\n"
         f"load average before the run: {load0:.2f}"
     )
     cols = ["forward", "forward+backward"]
@@ -220,7 +222,8 @@ def main():
             if best[c] is not None:
                 print(
                     f"{c}: ferrokeras / fastest peer = {base[c] / best[c]:.2f} "
-                    f"({'meets' if base[c] <= best[c] else 'misses'} the target of at least the fastest peer)"
+                    f"({'meets' if base[c] <= best[c] else 'misses'} "
+                    "the target of at least the fastest peer)"
                 )
 
 

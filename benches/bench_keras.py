@@ -15,7 +15,11 @@ See benches/README.md.
 
     .venv/bin/python benches/bench_keras.py            # full run (3 rounds), ~12-15 min
     .venv/bin/python benches/bench_keras.py --quick    # smoke run, ~2 min
-    .venv/bin/python benches/bench_keras.py --frameworks ferrokeras   # our row alone
+    .venv/bin/python benches/bench_keras.py --frameworks ferrokeras   # the ferrokeras row alone
+
+Raw results go to benches/out/ (git-ignored). When benches/baselines/ holds a baseline for
+this machine class (`machine_class`, e.g. amd-epyc-2vcpu.json), the ferrokeras row is also
+compared with it.
 """
 
 import argparse
@@ -23,6 +27,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -30,6 +35,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+OUT_DIR = HERE / "out"  # git-ignored
+BASELINES = HERE / "baselines"  # one committed full run per machine class
 WORKER = HERE / "peer_worker.py"
 MARK = "@@RESULT@@"
 
@@ -53,7 +60,8 @@ WORKLOADS = [
 ]
 KERAS2_ONLY = {"call4x4", "dot1024"}  # Keras 3 has no K.function / K.placeholder
 
-# Targets from issue 9: (description, check(ferrokeras value, {peer: value}) -> bool|None)
+# The targets ferrokeras is held to:
+# (description, check(ferrokeras value, {peer: value}) -> bool | None)
 TARGETS = {
     "call4x4": ("<= 20 us", lambda f, p: f <= 20.0),
     "dot1024": (">= 1.0x TF", lambda f, p: f >= p["tf"] if "tf" in p else None),
@@ -177,6 +185,32 @@ def machine():
     return info
 
 
+def machine_class(info):
+    """The name of a machine's baseline file: CPU model and CPU count, `vcpu` under a
+    hypervisor (e.g. `amd-epyc-2vcpu`)."""
+    model = str(info.get("cpu_model") or "").lower().split("@")[0]
+    model = re.sub(r"\((r|tm)\)|\b(processor|cpu)\b", " ", model)
+    model = re.sub(r"[^a-z0-9]+", "-", model).strip("-") or "unknown-cpu"
+    kind = "vcpu" if info.get("hypervisor") else "cpu"
+    return f"{model}-{info.get('cpus', '?')}{kind}"
+
+
+def baseline_rows(results, base):
+    """Rows comparing the ferrokeras cells of `results` with those of a baseline run."""
+    rows = [["workload", "ferrokeras now", "baseline", "now / baseline"]]
+    for key, label, unit, higher in WORKLOADS:
+        now = results.get(key, {}).get("ferrokeras")
+        old = base.get("results", {}).get(key, {}).get("ferrokeras")
+        if not now or not old:
+            continue
+        ratio = "-"
+        if now.get("status") == "ok" and old.get("status") == "ok" and now["value"] > 0:
+            r = now["value"] / old["value"] if higher else old["value"] / now["value"]
+            ratio = f"{r:.2f}x"
+        rows.append([label, fmt(now, unit), fmt(old, unit), ratio])
+    return rows
+
+
 def fmt(res, unit):
     if res is None:
         return "-"
@@ -289,7 +323,15 @@ def main():
         help="comma-separated subset of " + ",".join(w[0] for w in WORKLOADS),
     )
     p.add_argument(
-        "--out", help="where to write the raw JSON (default benches/results/<date>[-tag].json)"
+        "--out",
+        help="where to write the raw JSON (default benches/out/<date>-<time>[-tag].json; "
+        "benches/out/ is git-ignored)",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="JSON",
+        help="compare the ferrokeras row with this earlier run; default: "
+        "benches/baselines/<machine class>.json when it exists; 'none' to skip",
     )
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     p.add_argument(
@@ -305,8 +347,8 @@ def main():
         "--rounds",
         type=int,
         default=None,
-        help="rounds of the training workloads (each round runs them all, the frameworks taking turns) "
-        "(default 3 in a full run, 1 in --quick); a cell is the median round",
+        help="rounds of the training workloads (each round runs them all, the frameworks "
+        "taking turns) (default 3 in a full run, 1 in --quick); a cell is the median round",
     )
     a = p.parse_args()
 
@@ -329,7 +371,8 @@ def main():
     info["omp_wait_policy"] = worker_env("tf")["OMP_WAIT_POLICY"]
     print(
         f"machine: {info.get('cpu_model')}, {info.get('cores')} CPUs, "
-        f"AVX-512: {'yes' if info.get('avx512f') else 'no'}, load average {info['loadavg_start'][0]:.2f}"
+        f"AVX-512: {'yes' if info.get('avx512f') else 'no'}, "
+        f"load average {info['loadavg_start'][0]:.2f}"
     )
     missing = {fw: peer_missing(fw) for fw in frameworks}
     for fw, why in missing.items():
@@ -417,8 +460,8 @@ def main():
             if rounds > 1
             else ". "
         )
-        + "Ratio: ferrokeras speed / best peer's speed\n(above 1x: ferrokeras is ahead; for us/call "
-        "the ratio is best peer time / ferrokeras time). Load average "
+        + "Ratio: ferrokeras speed / best peer's speed\n(above 1x: ferrokeras is ahead; "
+        "for us/call the ratio is best peer time / ferrokeras time). Load average "
         f"{info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}."
     )
     if a.markdown:
@@ -432,12 +475,35 @@ def main():
         tag.append("+".join(frameworks))
     if set(workloads) != {k for k, *_ in WORKLOADS}:
         tag.append("+".join(workloads))
+    if a.baseline and a.baseline != "none":
+        base_path = Path(a.baseline)
+    elif a.baseline is None:
+        base_path = BASELINES / f"{machine_class(info)}.json"
+        base_path = base_path if base_path.exists() else None
+    else:
+        base_path = None
+    if base_path is not None:
+        base = json.loads(base_path.read_text())
+        rows_b = baseline_rows(results, base)
+        if len(rows_b) > 1:
+            inside = base_path.resolve().is_relative_to(ROOT)
+            shown_path = base_path.resolve().relative_to(ROOT) if inside else base_path
+            print(
+                f"\nferrokeras against the baseline {shown_path} (started {base.get('started')}, "
+                f"commit {base.get('machine', {}).get('git_commit')}); above 1x: faster now"
+            )
+            print(render(rows_b))
+    else:
+        print(
+            f"\nno baseline for this machine class ({machine_class(info)}); "
+            f"see benches/README.md to make one"
+        )
+
     out = (
         Path(a.out)
         if a.out
-        else HERE
-        / "results"
-        / (started.strftime("%Y-%m-%d") + ("-" + "-".join(tag) if tag else "") + ".json")
+        else OUT_DIR
+        / (started.strftime("%Y-%m-%d-%H%M") + ("-" + "-".join(tag) if tag else "") + ".json")
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -449,6 +515,7 @@ def main():
         "versions": versions,
         "frameworks": frameworks,
         "peers_from": a.peers_from,
+        "machine_class": machine_class(info),
         "results": results,
         "table": rows,
     }

@@ -4,8 +4,8 @@ Each row is one primitive through `K.function`, median over interleaved repeats.
 `--ab VAR`, every repeat is timed twice, once with the environment variable VAR set and
 once without, in the same process, so the ratio is not at the mercy of a shared
 machine's load; that needs a temporary build whose kernels read VAR to select their
-previous path (benches/PROFILE.md's kernel figures used one, `FK_OLD`, since removed).
-Without one, compare builds by CPU time on one thread:
+previous path. Without one, compare two builds by CPU time on one thread (run the same
+command with each build's extension on PYTHONPATH):
 
     .venv/bin/python benches/bench_kernels.py                  # all groups
     .venv/bin/python benches/bench_kernels.py --only gemm,reduce --filter lstm
@@ -204,7 +204,10 @@ def main():
     print(f"{'kernel':{w}}  {'new':>10}  {'old (' + a.ab + ')' if a.ab else '':>12}  {'ratio':>6}")
     for _, name, f, args, work, unit in rows:
         t, t_old = measure(f, args, a.repeats, a.ab)
-        rate = (lambda s: work / s / 1e9) if unit == "GFLOP/s" else (lambda s: s / work * 1e9)
+        if unit == "GFLOP/s":
+            rate = lambda s, work=work: work / s / 1e9  # noqa: E731
+        else:
+            rate = lambda s, work=work: s / work * 1e9  # noqa: E731
         old = f"{rate(t_old):10.2f}" if t_old else ""
         ratio = f"{t_old / t:6.2f}x" if t_old else ""
         print(

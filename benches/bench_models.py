@@ -1,6 +1,6 @@
 """Eleven more Keras models, ferrokeras next to its peers: training and prediction speed.
 
-`bench_keras.py` times the three workloads of issue 9; this script times a wider set of
+`bench_keras.py` times three Keras workloads (MLP, CNN, LSTM); this script times a wider set of
 the layers real Keras code uses (GRU, Embedding + LSTM, batch normalisation, Conv1D,
 separable and depthwise convolutions, transposed convolutions, strided 5x5 convolutions
 with average pooling, bidirectional and simple RNNs, an autoencoder), to find the ones
@@ -154,16 +154,21 @@ def worker(framework, names):
         i, o, opt, loss, x, y, batch = table[name]()
         model = keras.Model(i, o)
         model.compile(optimizer=opt, loss=loss)
-        times = []
 
         class Timer(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.times = []
+
             def on_epoch_begin(self, epoch, logs=None):
                 self.t = time.perf_counter()
 
             def on_epoch_end(self, epoch, logs=None):
-                times.append(time.perf_counter() - self.t)
+                self.times.append(time.perf_counter() - self.t)
 
-        hist = model.fit(x, y, batch_size=batch, epochs=4, verbose=0, callbacks=[Timer()])
+        timer = Timer()
+        hist = model.fit(x, y, batch_size=batch, epochs=4, verbose=0, callbacks=[timer])
+        times = timer.times
         loss_last = float(hist.history["loss"][-1])
         if not np.isfinite(loss_last):
             raise RuntimeError(f"{name}: non-finite training loss {loss_last}")

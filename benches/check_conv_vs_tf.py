@@ -98,7 +98,8 @@ else:
     for k, v in cases.items():
         v = v.numpy()
         print(
-            f"{k:28} shape {str(v.shape):18} max abs diff vs ferrokeras {np.max(np.abs(v - ref[k])):.2e}",
+            f"{k:28} shape {str(v.shape):18} "
+            f"max abs diff vs ferrokeras {np.max(np.abs(v - ref[k])):.2e}",
             "OK"
             if v.shape == ref[k].shape and np.allclose(v, ref[k], rtol=1e-4, atol=1e-4)
             else "MISMATCH",

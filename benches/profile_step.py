@@ -13,7 +13,7 @@ Three modes, all on ferrokeras through Keras 2.3.1 (run with the project venv):
     # 3. Time single primitives at the shapes the workloads use, next to NumPy.
     .venv/bin/python benches/profile_step.py ops --workload mlp
 
-See benches/PROFILE.md for what these found.
+docs/performance.md says what these find and how to read them.
 """
 
 import argparse
@@ -102,7 +102,7 @@ def cmd_breakdown(a):
     for i in range(3):  # warm-up
         model.train_on_batch(x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch])
     step_times, engine, wrapper = [], [], []
-    for r in range(a.repeats):
+    for _ in range(a.repeats):
         for k in acc:
             acc[k] = 0 if k == "calls" else 0.0
         t0 = time.perf_counter()
@@ -117,13 +117,16 @@ def cmd_breakdown(a):
     st, en, wr = (statistics.median(v) * 1e3 for v in (step_times, engine, wrapper))
     print(f"{a.workload}: train_on_batch {st:.2f} ms/step (median of {a.repeats} x {nb} steps)")
     print(
-        f"  engine (_core.Function.__call__, feeds in, plan run, outputs out): {en:.2f} ms  ({en / st:.0%})"
+        "  engine (_core.Function.__call__, feeds in, plan run, outputs out): "
+        f"{en:.2f} ms  ({en / st:.0%})"
     )
     print(
-        f"  ferrokeras Function wrapper (Python, around the engine):            {wr - en:.3f} ms  ({(wr - en) / st:.1%})"
+        "  ferrokeras Function wrapper (Python, around the engine):            "
+        f"{wr - en:.3f} ms  ({(wr - en) / st:.1%})"
     )
     print(
-        f"  Keras 2.3.1 train_on_batch (standardize data, slice, callbacks):    {st - wr:.3f} ms  ({(st - wr) / st:.1%})"
+        "  Keras 2.3.1 train_on_batch (standardize data, slice, callbacks):    "
+        f"{st - wr:.3f} ms  ({(st - wr) / st:.1%})"
     )
     print(f"  kernel launches per step (plan steps): {getattr(f, 'dispatches', '?')}")
     # fit() adds per-batch work of its own (shuffling, slicing, callbacks, progbar logs)
@@ -320,7 +323,8 @@ def cmd_ops(a):
 
     w = max(len(r[0]) for r in rows)
     print(
-        f"{'op (ferrokeras via K.function)':{w}}  {'ferrokeras':>11}  {'numpy 1 thr':>9}  rate (ferrokeras vs numpy)"
+        f"{'op (ferrokeras via K.function)':{w}}  {'ferrokeras':>11}  {'numpy 1 thr':>9}  "
+        "rate (ferrokeras vs numpy)"
     )
     for name, t, tn, rate in rows:
         print(f"{name:{w}}  {t * 1e6:9.1f}us  {tn * 1e6:7.1f}us  {rate}")

@@ -7,7 +7,7 @@
 py-spy samples the Python thread only (rayon's worker threads have no Python frames), so
 this answers "where does the Python thread's wall time go": Keras and other Python code,
 ferrokeras' Python wrapper, a kernel running on the calling thread, or blocked while the
-rayon workers run a parallel kernel. Use `perf` (see benches/PROFILE.md) for the workers.
+rayon workers run a parallel kernel. Use `perf` (see docs/performance.md) for the workers.
 Only stacks containing --focus (default: the steady-state training loop) are counted.
 """
 

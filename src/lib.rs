@@ -2,15 +2,12 @@
 //! plans and run on the CPU (and, with the `gpu` feature, through wgpu). The Python facade
 //! `ferrokeras.backend` reaches it through the private `ferrokeras._core` module.
 
-pub mod dtype;
-pub mod error;
-pub mod shape;
-#[macro_use]
-pub mod runtime;
 pub mod autodiff;
+pub mod base;
 pub mod compile;
 pub mod graph;
 pub mod ops;
+pub mod runtime;
 
 #[cfg(feature = "python")]
 mod py;
@@ -18,6 +15,6 @@ mod py;
 #[cfg(test)]
 mod tests;
 
-pub use dtype::DType;
-pub use error::{Error, Result};
+pub use base::dtype::DType;
+pub use base::error::{Error, Result};
 pub use graph::Tensor;

@@ -1,14 +1,14 @@
 //! Core tests in pure Rust: shape rules, plans and gradients checked against finite
 //! differences through the CPU executor (the Python suite covers the K API on top).
 
+use crate::base::dtype::DType;
+use crate::base::shape::{broadcast_static, Shape};
+use crate::base::value::Value;
 use crate::compile::Function;
-use crate::dtype::DType;
 use crate::graph::Tensor;
 use crate::ops::build::*;
 use crate::ops::source::{constant, placeholder};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
-use crate::runtime::value::Value;
-use crate::shape::{broadcast_static, Shape};
 
 fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
     placeholder(name, Shape(dims.to_vec()), DType::F64, None).unwrap()
@@ -183,7 +183,7 @@ fn second_order_gradient() {
         .clone()
         .unwrap();
     let xv = vals(&[3], 13);
-    let got = run(&[x], &[gg], &[xv.clone()])[0].to_f64_vec();
+    let got = run(&[x], &[gg], std::slice::from_ref(&xv))[0].to_f64_vec();
     for (g, x) in got.iter().zip(xv.to_f64_vec()) {
         assert!((g - (2.0 * x.cos() - x * x.sin())).abs() < 1e-12);
     }
@@ -194,7 +194,9 @@ fn second_order_gradient() {
 /// loop in f64.
 #[test]
 fn matmul_kernel_paths_match_a_plain_loop() {
-    let cases: &[(&[usize], &[usize], usize, usize, usize)] = &[
+    // (batch dims of a, batch dims of b, m, k, n)
+    type Case<'a> = (&'a [usize], &'a [usize], usize, usize, usize);
+    let cases: &[Case] = &[
         (&[], &[], 33, 17, 10),
         (&[3], &[], 20, 8, 12),
         (&[2, 1], &[1, 3], 5, 6, 7),

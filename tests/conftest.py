@@ -3,7 +3,7 @@
 The suite runs on whatever device ``FERROKERAS_DEVICE`` selects (``make test`` runs it
 once per available device), so no test is parametrised over devices.
 
-References are NumPy (STYLE.md item 9): every forward result is compared with a NumPy
+References are NumPy (CONTRIBUTING.md, "How the code reads"): every forward result is compared with a NumPy
 computation and every gradient with central finite differences of the forward function,
 evaluated in float64.
 """
@@ -44,10 +44,12 @@ def pytest_report_header(config):
         name = device()
         info = [d for d in ferrokeras.devices() if d["device"] == name]
         if info and name != "cpu":
-            name = "%s (%s, %s, %s)" % (name, info[0]["name"], info[0]["backend"], info[0]["type"])
-        return "ferrokeras device: %s" % (name,)
+            name = "{} ({}, {}, {})".format(
+                name, info[0]["name"], info[0]["backend"], info[0]["type"]
+            )
+        return f"ferrokeras device: {name}"
     except Exception as exc:  # the header must never break collection
-        return "ferrokeras device: <error: %r>" % (exc,)
+        return f"ferrokeras device: <error: {exc!r}>"
 
 
 @pytest.fixture
@@ -124,7 +126,7 @@ def check_grad(fn, arrays, wrt=None, eps=1e-3, rtol=1e-4, atol=1e-6, seed=0):
     out = fn(*phs)
     forward = K.function(phs, [out])
     out_val = np.asarray(forward(arrays)[0])
-    assert out_val.dtype == np.float64, "forward of a float64 input gave %s" % out_val.dtype
+    assert out_val.dtype == np.float64, f"forward of a float64 input gave {out_val.dtype}"
 
     proj = np.random.default_rng(seed).uniform(0.5, 1.5, size=out_val.shape)
     loss = K.sum(out * K.constant(proj, dtype="float64"))
@@ -154,7 +156,6 @@ def check_grad(fn, arrays, wrt=None, eps=1e-3, rtol=1e-4, atol=1e-6, seed=0):
 def assert_mentions(excinfo, *words):
     """The exception message mentions at least one of `words` (case-insensitive)."""
     msg = str(excinfo.value).lower()
-    assert any(w.lower() in msg for w in words), "message %r mentions none of %r" % (
-        str(excinfo.value),
-        words,
+    assert any(w.lower() in msg for w in words), (
+        f"message {str(excinfo.value)!r} mentions none of {words!r}"
     )

@@ -103,7 +103,7 @@ def test_non_list_inputs_is_a_type_error():
 
 
 def test_unknown_kwarg_is_a_value_error():
-    # seed 000: "ValueError: if invalid kwargs are passed in"
+    # tf_keras_backend_function.md: "ValueError: if invalid kwargs are passed in"
     with pytest.raises(ValueError):
         K.function([K.placeholder(shape=(2,))], [K.constant(1.0)], bogus_option=3)
 
@@ -167,7 +167,7 @@ def test_many_errors_in_a_row_do_not_break_the_backend():
     assert_backend_still_works()
 
 
-# ---- a second, independent round of bad inputs (issue 8) ------------------------------------
+# ---- more bad inputs ------------------------------------
 
 
 def _conv_int():

@@ -1,4 +1,4 @@
-"""switch, in_train_phase, in_test_phase and the symbolic/eager decorators (issue 3).
+"""switch, in_train_phase, in_test_phase and the symbolic/eager decorators.
 
 The switch records give the condition and both branches as NumPy arrays and the
 reference ``np.where`` with the condition aligned to the branches' leading axes (the

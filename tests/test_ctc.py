@@ -37,7 +37,7 @@ def softmax(z):
 
 @pytest.fixture
 def batch(rng):
-    B, T, C, L = 3, 5, 4, 3
+    B, T, C = 3, 5, 4
     y_pred = softmax(rng.normal(size=(B, T, C)))
     labels = np.array([[0, 1, 1], [2, 0, 0], [1, 0, 2]])
     label_len = np.array([[3], [1], [2]])

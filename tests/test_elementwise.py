@@ -1,12 +1,12 @@
 """Elementwise functions, tensor operators and broadcasting, against NumPy.
 
-Table-driven (STYLE.md item 10): one record per op drives the forward test (three ways
+Table-driven (CONTRIBUTING.md, "How the code reads"): one record per op drives the forward test (three ways
 of giving inputs: placeholder fed through K.function, K.variable and K.constant evaluated
 with K.eval), the dtype test and the finite-difference gradient test.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -93,9 +93,9 @@ class Op:
     k: Callable  # takes K tensors, returns a K tensor
     ref: Callable  # NumPy reference, takes float64 arrays
     arity: int = 1
-    domain: Tuple[Callable, ...] = (uniform(-3, 3),)  # one sampler per input
-    dtypes: Tuple[str, ...] = FLOATS
-    tol32: Tuple[float, float] = (1e-5, 1e-6)  # (rtol, atol) for float32
+    domain: tuple[Callable, ...] = (uniform(-3, 3),)  # one sampler per input
+    dtypes: tuple[str, ...] = FLOATS
+    tol32: tuple[float, float] = (1e-5, 1e-6)  # (rtol, atol) for float32
     grad: bool = True
     boolean: bool = False  # result is a bool tensor (comparisons)
 
@@ -119,7 +119,7 @@ UNARY = [
     Op("exp", K.exp, np.exp, tol32=TRANSCENDENTAL),
     Op("log", K.log, np.log, domain=(uniform(0.1, 5),), tol32=TRANSCENDENTAL),
     Op("sign", K.sign, np.sign, domain=(with_zeros(uniform(-3, 3)),), grad=False),
-    # The doc (seed 004, `round`): "In case of tie, the rounding mode used is
+    # The doc (keras_backends.md, `round`): "In case of tie, the rounding mode used is
     # 'half to even'", which is what np.round does.
     Op("round", K.round, np.round, domain=(with_halves,), grad=False),
     Op("pow2", lambda x: K.pow(x, 2), lambda x: np.power(x, 2)),

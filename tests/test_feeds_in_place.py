@@ -1,4 +1,4 @@
-"""Feeds read in place (issue 9): a `K.function` call reads a large C-contiguous, aligned
+"""Feeds read in place: a `K.function` call reads a large C-contiguous, aligned
 NumPy feed without copying it into the engine. The caller's array is never written, no
 result or variable keeps pointing into it after the call (outputs and assigned values
 are copies), and every leased buffer is let go when its call ends

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every function in spec/api.tsv (issue 8, "Bad input").
+"""Property-based fuzzing of every function in the API table (tests/data/api.tsv): bad input.
 
 Each name in the API table has a driver here (a test fails for a name without one). A
 driver draws random inputs with hypothesis -- shapes with zero-size dims and rank 0,
@@ -12,9 +12,6 @@ the function on placeholders fed through ``K.function``, on constants evaluated 
 * otherwise the call raises ``ValueError``, ``TypeError`` or ``IndexError``; anything
   else fails the test, in particular ``RuntimeError: internal error ...``, which is a
   Rust panic caught by ``guarded()`` in ``src/py/mod.rs``.
-
-Names whose implementation is still a ``NotImplementedError`` stub (``keras_compat``) are
-checked to be stubs; their drivers start running the day the stub is replaced.
 
 Time: the ``ci`` profile (the default) is derandomized and bounded (~60-90 s for the whole
 file on 2 cores). ``HYPOTHESIS_PROFILE=fuzz`` runs many more random examples, e.g.
@@ -1796,7 +1793,7 @@ def _crossentropy(data, name):
     def ref():
         # logits in float64; clipped probabilities in the tensor's dtype, since the clip to
         # [eps, 1 - eps] rounds differently in float32 (as in TF)
-        T, O = (f64(t), f64(out_arr)) if from_logits else (t.astype(dt), out_arr)
+        T, O = (f64(t), f64(out_arr)) if from_logits else (t.astype(dt), out_arr)  # noqa: E741 (target, output)
         if name == "binary_crossentropy":
             return rounded(np_bce_logits(T, O) if from_logits else np_bce(T, O), dt)
         if name == "categorical_crossentropy":
@@ -2523,10 +2520,6 @@ def _session(data, name):
 NAMES = [name for name, _ in ROWS]
 
 
-def _is_stub(fn):
-    return getattr(fn, "_ferrokeras_missing", False)
-
-
 @contextlib.contextmanager
 def _watchdog(seconds):
     """Dumps every thread's stack and exits if the body hangs (a hang fails loudly instead
@@ -2547,10 +2540,6 @@ def test_every_api_name_has_a_driver():
 def test_fuzz(name):
     fn = getattr(K, name, None)
     assert fn is not None, f"ferrokeras.backend has no {name}"
-    if _is_stub(fn):
-        with pytest.raises(NotImplementedError):
-            fn()
-        return
     drive = DRIVERS[name]
 
     @FUZZ

@@ -533,7 +533,7 @@ def test_parity_conv_and_its_gradients(gpu, rng, case):
 # Tiled and direct kernels, and kernel gradients split into chunks (6, 7), whose f32
 # partial sums are rounded to f16 once, as the CPU rounds its f32 accumulation.
 @pytest.mark.parametrize(
-    "case", [CONV_CASES[k] for k in (0, 1, 4, 6, 7, 9)], ids=lambda c: "x%s_w%s" % (c[0], c[1])
+    "case", [CONV_CASES[k] for k in (0, 1, 4, 6, 7, 9)], ids=lambda c: f"x{c[0]}_w{c[1]}"
 )
 def test_parity_conv_float16(gpu, rng, case):
     xs, ws, strides, dilation, padding, groups = case
@@ -610,9 +610,7 @@ def _pool_arrays(rng, mode, xs, window, strides, padding, ties=False):
     return x, _inputs("float32", yshape, rng, -1, 1), _inputs("float32", xs, rng, -1, 1)
 
 
-@pytest.mark.parametrize(
-    "case", POOL_CASES, ids=lambda c: "%s_x%s_k%s_s%s" % (c[0], c[1], c[2], c[3])
-)
+@pytest.mark.parametrize("case", POOL_CASES, ids=lambda c: f"{c[0]}_x{c[1]}_k{c[2]}_s{c[3]}")
 def test_parity_pool_and_its_gradients(gpu, rng, case):
     mode, xs, window, strides, padding = case
     g, c, f = _on_both(_pool_with_grads(mode, window, strides, padding), _pool_arrays(rng, *case))
@@ -621,7 +619,7 @@ def test_parity_pool_and_its_gradients(gpu, rng, case):
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in POOL_CASES if c[0] == "max"][:4], ids=lambda c: "x%s_k%s" % (c[1], c[2])
+    "case", [c for c in POOL_CASES if c[0] == "max"][:4], ids=lambda c: f"x{c[1]}_k{c[2]}"
 )
 def test_max_pool_ties_route_to_the_first_maximum_as_on_the_cpu(gpu, rng, case):
     _, xs, window, strides, padding = case

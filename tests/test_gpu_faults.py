@@ -1,4 +1,4 @@
-"""GPU reliability (issue 8): the buffer pool gives idle memory back, and device faults
+"""GPU reliability: the buffer pool gives idle memory back, and device faults
 (a tensor too large for the device, device loss, a shader that does not compile) are
 Python exceptions after which the CPU, and a freshly opened GPU, keep working.
 
@@ -301,7 +301,7 @@ def test_shader_compile_failure_is_a_device_error_with_the_naga_message(gpu, cas
         assert "shader compile failed" in msg and entry in msg, msg
         assert any(w in msg for w in words), msg
     assert _core.device_stats()[2] == compiled
-    _core.compile_wgsl("// after %s\n@compute @workgroup_size(1) fn main() { }" % case, "main")
+    _core.compile_wgsl(f"// after {case}\n@compute @workgroup_size(1) fn main() {{ }}", "main")
     assert _core.device_stats()[2] == compiled + 1
     x = K.placeholder(shape=(3,))
     np.testing.assert_allclose(

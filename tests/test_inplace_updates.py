@@ -1,4 +1,4 @@
-"""In-place variable updates (issue 9): on the CPU a training step writes the new values
+"""In-place variable updates: on the CPU a training step writes the new values
 of the variables it assigns into the variables' own buffers, where nothing can fail after
 the write; the results are those of NumPy's update rules, outputs still see the values
 from before the call, and readers on other threads never see a half-written variable.

@@ -1,6 +1,6 @@
-"""Shape and layout functions against NumPy (issue 3).
+"""Shape and layout functions against NumPy.
 
-Table-driven (STYLE.md item 10): one record per case names the K call, its NumPy
+Table-driven (CONTRIBUTING.md, "How the code reads"): one record per case names the K call, its NumPy
 reference, the input shapes and whether it is differentiable. Each record drives
   - the forward test, float32 and float64, with placeholders of static shape and with
     placeholders whose every dimension is unknown (``None``) so that the run-time shape
@@ -10,7 +10,7 @@ References are written from the documented (NumPy / TF) semantics, never from fe
 """
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -64,7 +64,7 @@ class Rec:
     name: str
     k: Callable  # K tensors -> K tensor
     ref: Callable  # float64 arrays -> array
-    shapes: Tuple[tuple, ...]  # one input shape per argument
+    shapes: tuple[tuple, ...]  # one input shape per argument
     grad: bool = True
     dynamic: bool = True  # also run with every placeholder dimension unknown
 

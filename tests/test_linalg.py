@@ -12,7 +12,7 @@ def np_batch_dot(x, y, axes):
     """Reference for K.batch_dot with explicit axes (a pair of ints, batch axis 0).
 
     Per sample, contract x's axis axes[0] with y's axis axes[1]; the result keeps x's
-    remaining axes then y's (seed 004, `batch_dot`, "Shape inference"). A rank-1 result
+    remaining axes then y's (keras_backends.md, `batch_dot`, "Shape inference"). A rank-1 result
     is reshaped to (batch, 1).
     """
     out = np.stack(
@@ -46,11 +46,11 @@ def _feed_and_compare(shapes, build, ref_fn, dtype, rng, expected_shape=None):
 # ---- dot ----------------------------------------------------------------------------------
 
 DOT_CASES = [
-    ((2, 3), (3, 4), (2, 4)),  # seed 004 `dot` example 1
+    ((2, 3), (3, 4), (2, 4)),  # keras_backends.md `dot` example 1
     ((1, 3), (3, 1), (1, 1)),
     ((4, 1), (1, 5), (4, 5)),  # outer product
-    ((32, 28, 3), (3, 4), (32, 28, 4)),  # seed 004 `dot` example 2
-    ((2, 3), (4, 3, 5), (2, 4, 5)),  # seed 004: "(2, 3) * (4, 3, 5) -> (2, 4, 5)"
+    ((32, 28, 3), (3, 4), (32, 28, 4)),  # keras_backends.md `dot` example 2
+    ((2, 3), (4, 3, 5), (2, 4, 5)),  # keras_backends.md: "(2, 3) * (4, 3, 5) -> (2, 4, 5)"
     ((2, 3, 4), (5, 4, 6), (2, 3, 5, 6)),
     ((2, 3, 4), (4, 5), (2, 3, 5)),
     ((17, 33), (33, 9), (17, 9)),  # sizes that are not multiples of a tile
@@ -98,9 +98,9 @@ def test_dot_gradient(xs, ys, rng):
 
 BATCH_DOT_CASES = [
     # (x shape, y shape, axes, expected shape, where the expectation comes from)
-    ((32, 20, 1), (32, 30, 20), (1, 2), (32, 1, 30)),  # seed 004 `batch_dot` example
+    ((32, 20, 1), (32, 30, 20), (1, 2), (32, 1, 30)),  # keras_backends.md `batch_dot` example
     ((32, 20, 1), (32, 30, 20), [1, 2], (32, 1, 30)),
-    ((10, 20), (10, 30, 20), (1, 2), (10, 30)),  # seed 004 "Shape inference"
+    ((10, 20), (10, 30, 20), (1, 2), (10, 30)),  # keras_backends.md "Shape inference"
     ((4, 3), (4, 3), 1, (4, 1)),  # 2-D inputs -> (batch, 1)
     ((4, 3), (4, 3), None, (4, 1)),
     ((4, 2, 3), (4, 3, 5), None, (4, 2, 5)),  # axes=None: batched matmul
@@ -135,7 +135,7 @@ def test_batch_dot(xs, ys, axes, expected, dtype, rng):
 
 
 def test_batch_dot_doc_values():
-    # seed 004 `batch_dot`: x = [[1, 2], [3, 4]], y = [[5, 6], [7, 8]],
+    # keras_backends.md `batch_dot`: x = [[1, 2], [3, 4]], y = [[5, 6], [7, 8]],
     # batch_dot(x, y, axes=1) is the main diagonal of x.dot(y.T): 17 and 53,
     # reshaped to (batch_size, 1) because the result has rank 1.
     x = K.variable(np.array([[1, 2], [3, 4]]))

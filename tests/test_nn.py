@@ -1,6 +1,6 @@
-"""Activations, crossentropies, normalisation and bias against NumPy (issue 3).
+"""Activations, crossentropies, normalisation and bias against NumPy.
 
-Table-driven (STYLE.md item 10): each record gives the K call (differentiable inputs
+Table-driven (CONTRIBUTING.md, "How the code reads"): each record gives the K call (differentiable inputs
 only; fixed targets are captured NumPy arrays), the NumPy reference, the input shapes and
 domain, the float32 tolerance and whether it is differentiable. The records drive a
 forward test (float32 and float64) and a finite-difference gradient test (float64).
@@ -10,7 +10,7 @@ in_top_k's tie rule and the argument checks.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -147,9 +147,9 @@ class Rec:
     name: str
     k: Callable
     ref: Callable
-    shapes: Tuple[tuple, ...]
-    domain: Tuple[Callable, ...] = (normal(),)
-    tol32: Tuple[float, float] = (1e-5, 1e-6)
+    shapes: tuple[tuple, ...]
+    domain: tuple[Callable, ...] = (normal(),)
+    tol32: tuple[float, float] = (1e-5, 1e-6)
     grad: bool = True
 
     def sample(self, rng):

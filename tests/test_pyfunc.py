@@ -12,7 +12,7 @@ def log_huber(x, m):
 
 
 def test_log_huber_spec_example():
-    # golden values from the tf.py_function document (spec seed 003): y = 1.0, dy/dx = 2.0
+    # golden values from the tf.py_function document (spec tf_py_function.md): y = 1.0, dy/dx = 2.0
     x = K.placeholder(shape=())
     m = K.placeholder(shape=())
     y = K.py_function(func=log_huber, inp=[x, m], Tout="float32")

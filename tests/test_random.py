@@ -1,4 +1,4 @@
-"""Random tensors and dropout (issue 3).
+"""Random tensors and dropout.
 
 Random values have no golden numbers, so each distribution record is checked against its
 reference distribution (scipy.stats): a Kolmogorov-Smirnov distance for the continuous

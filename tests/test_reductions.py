@@ -1,7 +1,7 @@
 """Reductions and scans against NumPy: every axis form, keepdims, dtypes, gradients."""
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -44,7 +44,7 @@ class Red:
     k: Callable
     ref: Callable
     domain: Callable = distinct
-    tol32: Tuple[float, float] = (1e-5, 1e-5)
+    tol32: tuple[float, float] = (1e-5, 1e-5)
     grad: bool = True
 
     def __repr__(self):

@@ -1,4 +1,4 @@
-"""Reliability (issue 8): atomic updates, concurrency, memory, numerical robustness.
+"""Reliability: atomic updates, concurrency, memory, numerical robustness.
 
 * A ``K.function`` call that fails anywhere (bad feed, an exception in a ``py_function``,
   a shape error found at run time) changes no variable.

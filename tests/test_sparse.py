@@ -1,6 +1,6 @@
-"""Sparse placeholders, is_sparse, to_dense and feeding scipy.sparse matrices (issue 3).
+"""Sparse placeholders, is_sparse, to_dense and feeding scipy.sparse matrices.
 
-The spec's examples (seed 004, `is_sparse`, `to_dense`) first; then every scipy.sparse
+The spec's examples (keras_backends.md, `is_sparse`, `to_dense`) first; then every scipy.sparse
 format fed through `K.function`, compared with the same computation done in NumPy on the
 densified matrix, gradients included.
 """

@@ -1,8 +1,9 @@
-"""The runnable examples of the spec seeds (shared/spec/seeds/), one test each.
+"""The runnable examples of the specification documents (docs/spec/), one test each.
 
-seed 000: tf.keras.backend.function; seed 001: the tf.keras.backend module index (no
-examples); seed 002: a K.function walk-through on a Keras model; seed 003: tf.py_function
-(out of scope here); seed 004: the Keras "backends" page with the backend function docs.
+tf_keras_backend_function.md: tf.keras.backend.function; tf_keras_backend_module.md: the
+tf.keras.backend module index (no examples); k_function_on_a_keras_model.md: a K.function
+walk-through on a Keras model; tf_py_function.md: tf.py_function (tests/test_pyfunc.py);
+keras_backends.md: the Keras "backends" page with the backend function docs.
 Golden values are the documented outputs; where a doc shows random numbers only the
 documented shape/dtype/range is checked. Examples that need Keras layers/models, sparse
 tensors, conv, rnn, ctc or py_function are not here.
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from ferrokeras import backend as K
 
-# ---- seed 004, "Using the abstract Keras backend to write new code" -------------------------
+# ---- keras_backends.md, "Using the abstract Keras backend to write new code" -------------------------
 
 
 def test_intro_placeholders():
@@ -59,7 +60,7 @@ def test_intro_tensor_arithmetic():
     )
 
 
-# ---- seed 004, function by function ----------------------------------------------------------
+# ---- keras_backends.md, function by function ----------------------------------------------------------
 
 
 def test_is_sparse_dense_placeholder():
@@ -245,13 +246,13 @@ def test_transpose_examples():
 
 
 def test_round_is_half_to_even():
-    # seed 004 `round`: "In case of tie, the rounding mode used is 'half to even'."
+    # keras_backends.md `round`: "In case of tie, the rounding mode used is 'half to even'."
     x = K.constant([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5])
     np.testing.assert_array_equal(K.eval(K.round(x)), [-2, -2, -0, 0, 2, 2, 4])
 
 
 def test_set_learning_phase_rejects_other_values():
-    # seed 004 `set_learning_phase`: ValueError if value is neither 0 nor 1.
+    # keras_backends.md `set_learning_phase`: ValueError if value is neither 0 nor 1.
     with pytest.raises(ValueError):
         K.set_learning_phase(3)
 
@@ -288,7 +289,7 @@ def test_image_data_format_examples():
     assert K.image_data_format() == "channels_last"
 
 
-# ---- seed 000: tf.keras.backend.function ---------------------------------------------------------
+# ---- tf_keras_backend_function.md: tf.keras.backend.function ---------------------------------------------------------
 
 
 def test_function_returns_numpy_arrays_and_rejects_invalid_kwargs():
@@ -303,7 +304,7 @@ def test_function_returns_numpy_arrays_and_rejects_invalid_kwargs():
         K.function([x], [x * 2.0], invalid_session_kwarg=True)
 
 
-# ---- seed 002: the K.function walk-through, written with backend ops instead of layers ------
+# ---- k_function_on_a_keras_model.md: the K.function walk-through, written with backend ops instead of layers ------
 
 
 def test_function_walkthrough_shapes_and_dtype():

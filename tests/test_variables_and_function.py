@@ -1,7 +1,7 @@
 """Variables, constants, placeholders, configuration, K.function and its updates,
 learning phase, gradients and slicing.
 
-Where the behaviour is not written in the spec seeds, the expectation is TensorFlow's
+Where the behaviour is not written in the specification documents (docs/spec/), the expectation is TensorFlow's
 `tf.keras.backend` in graph mode (DESIGN.md), said next to the test.
 """
 
@@ -67,7 +67,7 @@ def test_placeholder_shapes_and_dtypes(rng):
     assert K.dtype(p) == "float32"
     q = K.placeholder(ndim=3)
     assert K.int_shape(q) == (None, None, None)
-    r = K.placeholder(shape=(2, 3), ndim=5)  # shape wins over ndim (seed 004)
+    r = K.placeholder(shape=(2, 3), ndim=5)  # shape wins over ndim (keras_backends.md)
     assert K.int_shape(r) == (2, 3)
     d = K.placeholder(shape=(2,), dtype="float64", name="my_input")
     assert K.dtype(d) == "float64"
@@ -95,7 +95,7 @@ def test_is_placeholder():
 
 
 def test_is_keras_tensor():
-    # seed 004 `is_keras_tensor`: a numpy array is not a symbolic tensor -> ValueError;
+    # keras_backends.md `is_keras_tensor`: a numpy array is not a symbolic tensor -> ValueError;
     # a backend variable or placeholder is symbolic but not a Keras tensor -> False.
     with pytest.raises(ValueError):
         K.is_keras_tensor(np.array([1, 2]))
@@ -305,7 +305,7 @@ def test_np_asarray_of_tensors(rng):
 
 
 def test_config_defaults():
-    # keras.json defaults in seed 004: floatx float32, epsilon 1e-07, channels_last.
+    # keras.json defaults in keras_backends.md: floatx float32, epsilon 1e-07, channels_last.
     assert K.floatx() == "float32"
     assert K.epsilon() == pytest.approx(1e-7)
     assert K.image_data_format() == "channels_last"
@@ -533,7 +533,7 @@ def test_set_learning_phase_fixes_it():
         out = K.in_train_phase(x + 1.0, x - 1.0)
         np.testing.assert_allclose(run([x], [out], [a])[0], a + 1.0)
         with pytest.raises(ValueError):
-            K.set_learning_phase(2)  # seed 004: neither 0 nor 1 -> ValueError
+            K.set_learning_phase(2)  # keras_backends.md: neither 0 nor 1 -> ValueError
     finally:
         K.clear_session()
     # As in TF, clear_session makes the learning phase a default-0 input again.

@@ -1,16 +1,68 @@
 """Type stubs for the private native module ``ferrokeras._core`` (kept by hand)."""
 
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import TypeAlias, final
 
 import numpy as np
+
+__all__ = [
+    "Tensor",
+    "Variable",
+    "Function",
+    "placeholder",
+    "constant",
+    "leased_feeds",
+    "unary",
+    "binary",
+    "select",
+    "cast",
+    "stop_gradient",
+    "reduce",
+    "arg",
+    "scan",
+    "reshape",
+    "broadcast_to",
+    "shape_of",
+    "expand_dims",
+    "squeeze",
+    "transpose",
+    "slice",
+    "concat",
+    "pad",
+    "reverse",
+    "gather",
+    "matmul",
+    "random",
+    "conv",
+    "conv_transpose",
+    "pool",
+    "loop_",
+    "host_call",
+    "ctc_loss",
+    "ctc_decode",
+    "gradients",
+    "evaluate",
+    "device",
+    "set_device",
+    "gpu_adapters",
+    "device_stats",
+    "compile_wgsl",
+    "gpu_pool_stats",
+    "gpu_pool_limits",
+    "gpu_pool_clear",
+    "_debug_lose_gpu",
+    "DeviceError",
+    "UNARY_OPS",
+    "BINARY_OPS",
+]
 
 UNARY_OPS: list[str]
 BINARY_OPS: list[str]
 
+@final
 class Tensor:
     @property
-    def shape(self) -> list[Optional[int]]: ...
+    def shape(self) -> list[int | None]: ...
     @property
     def dtype(self) -> str: ...
     @property
@@ -21,8 +73,9 @@ class Tensor:
     def is_variable(self) -> bool: ...
     def is_constant(self) -> bool: ...
 
+@final
 class Variable:
-    def __init__(self, value: np.ndarray, name: str) -> None: ...
+    def __new__(cls, value: np.ndarray, name: str) -> Variable: ...
     @property
     def tensor(self) -> Tensor: ...
     @property
@@ -30,14 +83,16 @@ class Variable:
     def get(self) -> np.ndarray: ...
     def set(self, value: np.ndarray) -> None: ...
     def on_device(self) -> bool: ...
+    def host_address(self) -> int | None: ...
 
+@final
 class Function:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         feeds: Sequence[Tensor],
         outputs: Sequence[Tensor],
         updates: Sequence[tuple[Tensor, Tensor]],
-    ) -> None: ...
+    ) -> Function: ...
     def __call__(self, values: Sequence[np.ndarray]) -> list[np.ndarray]: ...
     @property
     def dispatches(self) -> int: ...
@@ -47,7 +102,7 @@ class Function:
     def host_nodes(self) -> int: ...
 
 def placeholder(
-    name: str, shape: Sequence[Optional[int]], dtype_name: str, default: Optional[np.ndarray] = None
+    name: str, shape: Sequence[int | None], dtype_name: str, default: np.ndarray | None = None
 ) -> Tensor: ...
 def constant(value: np.ndarray) -> Tensor: ...
 def leased_feeds() -> tuple[int, int]: ...
@@ -65,22 +120,22 @@ def shape_of(x: Tensor) -> Tensor: ...
 def expand_dims(x: Tensor, axes: Sequence[int]) -> Tensor: ...
 def squeeze(x: Tensor, axes: Sequence[int]) -> Tensor: ...
 def transpose(x: Tensor, perm: Sequence[int]) -> Tensor: ...
-def slice(x: Tensor, spec: Sequence[tuple[Optional[int], Optional[int], int]]) -> Tensor: ...
+def slice(x: Tensor, spec: Sequence[tuple[int | None, int | None, int]]) -> Tensor: ...
 def concat(xs: Sequence[Tensor], axis: int) -> Tensor: ...
 def pad(x: Tensor, pads: Sequence[tuple[int, int]], value: float) -> Tensor: ...
 def reverse(x: Tensor, axes: Sequence[int]) -> Tensor: ...
 def gather(p: Tensor, i: Tensor, axis: int) -> Tensor: ...
 def matmul(a: Tensor, b: Tensor, ta: bool, tb: bool) -> Tensor: ...
-def random(dist: str, shape: Tensor, dtype_name: str, seed: Optional[int] = None) -> Tensor: ...
+def random(dist: str, shape: Tensor, dtype_name: str, seed: int | None = None) -> Tensor: ...
 
-Padding = Union[str, Sequence[tuple[int, int]]]  # "same" or (before, after) per spatial dim
+_Padding: TypeAlias = str | Sequence[tuple[int, int]]  # "same" or (before, after) per spatial dim
 
 def conv(
     x: Tensor,
     w: Tensor,
     strides: Sequence[int],
     dilation: Sequence[int],
-    padding: Padding,
+    padding: _Padding,
     groups: int,
 ) -> Tensor: ...
 def conv_transpose(
@@ -89,11 +144,11 @@ def conv_transpose(
     x_shape: Tensor,
     strides: Sequence[int],
     dilation: Sequence[int],
-    padding: Padding,
+    padding: _Padding,
     groups: int,
 ) -> Tensor: ...
 def pool(
-    x: Tensor, mode: str, window: Sequence[int], strides: Sequence[int], padding: Padding
+    x: Tensor, mode: str, window: Sequence[int], strides: Sequence[int], padding: _Padding
 ) -> Tensor: ...
 def loop_(
     seqs: Sequence[Tensor],
@@ -108,7 +163,7 @@ def host_call(
     name: str,
     runner: object,
     inputs: Sequence[Tensor],
-    results: Sequence[tuple[Sequence[Optional[int]], str]],
+    results: Sequence[tuple[Sequence[int | None], str]],
 ) -> list[Tensor]: ...
 def ctc_loss(
     logits: Tensor, labels: Tensor, input_length: Tensor, label_length: Tensor
@@ -116,18 +171,16 @@ def ctc_loss(
 def ctc_decode(
     log_probs: Tensor, input_length: Tensor, greedy: bool, beam_width: int, top_paths: int
 ) -> list[Tensor]: ...
-def gradients(
-    y: Tensor, xs: Sequence[Tensor], gy: Optional[Tensor] = None
-) -> list[Optional[Tensor]]: ...
+def gradients(y: Tensor, xs: Sequence[Tensor], gy: Tensor | None = None) -> list[Tensor | None]: ...
 def evaluate(xs: Sequence[Tensor]) -> list[np.ndarray]: ...
 def device() -> str: ...
 def set_device(name: str) -> str: ...
 def gpu_adapters() -> list[tuple[int, str, str, str, bool]]: ...
-def device_stats() -> Optional[tuple[int, int, int]]: ...
+def device_stats() -> tuple[int, int, int] | None: ...
 def compile_wgsl(source: str, entry: str) -> None: ...
-def gpu_pool_stats() -> Optional[dict[str, object]]: ...
+def gpu_pool_stats() -> dict[str, object] | None: ...
 def gpu_pool_limits(
-    max_idle_bytes: Optional[int] = None, max_idle_submits: Optional[int] = None
+    max_idle_bytes: int | None = None, max_idle_submits: int | None = None
 ) -> None: ...
 def gpu_pool_clear() -> None: ...
 def _debug_lose_gpu() -> None: ...  # test-only: destroys the current GPU device

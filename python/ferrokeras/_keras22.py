@@ -6,7 +6,7 @@ h5py 2 returned them; h5py 3 returns object arrays of ``str``, and Keras 2.2.4 t
 such an array for truth (``if weight_names:``), which NumPy refuses (for an empty
 attribute, which h5py reads back as an empty float array, too). ``adapt_saving`` makes
 ``H5Dict`` return such one-dimensional string (or empty) attributes as lists (their items
-keep the ``.decode()`` method that ``keras_compat._patch_h5py`` gives them). Keras 2.3.1
+keep the ``.decode()`` method that ``_keras2._patch_h5py`` gives them). Keras 2.3.1
 accepts either form.
 
 Keras 2.2's ``model_from_yaml`` calls ``yaml.load(text)`` without a loader, which PyYAML

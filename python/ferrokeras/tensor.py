@@ -65,6 +65,10 @@ class Tensor:
     """A symbolic tensor: a lazy node of the ferrokeras graph.
 
     Evaluate it with ``K.eval(t)``, ``np.asarray(t)`` or through ``K.function``.
+
+    The operators that need a ``K`` function (``@``; ``Variable.assign`` and friends) are
+    attached by the module that defines it (``_k/linalg.py``, ``_k/variables.py``), since
+    this module sits below the ``K`` families.
     """
 
     # NumPy defers `array <op> tensor` to our reflected operators.
@@ -200,16 +204,6 @@ class Tensor:
     def __rpow__(self, o):
         return _binary("pow", o, self)
 
-    def __matmul__(self, o):
-        from . import backend
-
-        return backend._matmul(self, convert(o, like=self))
-
-    def __rmatmul__(self, o):
-        from . import backend
-
-        return backend._matmul(convert(o, like=self), self)
-
     def __neg__(self):
         return wrap(_core.unary("neg", self._core))
 
@@ -265,21 +259,6 @@ class Variable(Tensor):
     def __array__(self, dtype=None, copy=None):
         v = self._var.get()
         return v.astype(dtype) if dtype is not None else v
-
-    def assign(self, value):
-        from . import backend
-
-        return backend.update(self, value)
-
-    def assign_add(self, value):
-        from . import backend
-
-        return backend.update_add(self, value)
-
-    def assign_sub(self, value):
-        from . import backend
-
-        return backend.update_sub(self, value)
 
     def value(self):
         return self

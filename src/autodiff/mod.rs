@@ -2,7 +2,7 @@
 //! file) returns graph tensors, so the gradient is itself a graph: it runs on every device
 //! and can be differentiated again.
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 use crate::graph::{topo_order, Tensor};
 use crate::ops::build::{add, concat, constant_like};
 use crate::ops::movement::resolve_slice;
@@ -204,7 +204,7 @@ fn multi_result_vjp(
         }
         Op::CtcDecode(_) => return Ok(None),
         other => {
-            return Err(crate::error::Error::Runtime(format!(
+            return Err(crate::base::error::Error::Runtime(format!(
                 "{} has a single result",
                 other.name()
             )))

@@ -8,9 +8,9 @@
 //! as a strided view of its input. The GPU executor does not look at this: it walks the plan.
 
 use super::{Plan, Step};
-use crate::dtype::DType;
+use crate::base::dtype::DType;
+use crate::base::shape::Shape;
 use crate::ops::{FusedOp, GpuKind, Op};
-use crate::shape::Shape;
 
 /// What the CPU executor runs, in order.
 #[derive(Debug)]

@@ -2,10 +2,10 @@
 //! leaves, constant subgraphs folded once, and the last use of every value recorded so
 //! the runtime can release buffers as soon as they are dead.
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
+use crate::base::value::Value;
 use crate::graph::{topo_order, Tensor};
 use crate::ops::{Op, VarCell};
-use crate::runtime::value::Value;
 use crate::runtime::{Out, RunStats};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -665,7 +665,7 @@ fn switch_feeds(plan: &Plan) -> Vec<usize> {
         fed[i] = match (&plan.steps[i], plan.nodes[i].op()) {
             (Step::Fed(f), _)
                 if plan.nodes[i].rank() == 0
-                    && plan.nodes[i].dtype() != crate::dtype::DType::I64 =>
+                    && plan.nodes[i].dtype() != crate::base::dtype::DType::I64 =>
             {
                 Some(*f)
             }
@@ -787,13 +787,13 @@ pub fn check_feed(t: &Tensor, v: Value) -> Result<Value> {
 #[cfg(test)]
 mod specialize_tests {
     use super::{Plan, Step};
-    use crate::dtype::DType;
+    use crate::base::dtype::DType;
+    use crate::base::shape::Shape;
+    use crate::base::value::Value;
     use crate::ops::build::*;
     use crate::ops::source::placeholder;
     use crate::ops::Op;
     use crate::runtime::cpu::{run_recording, SlotShapes};
-    use crate::runtime::value::Value;
-    use crate::shape::Shape;
 
     fn count(plan: &Plan, pred: impl Fn(&Op) -> bool) -> usize {
         plan.nodes

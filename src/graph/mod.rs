@@ -1,10 +1,10 @@
 //! The lazy graph: immutable, reference-counted nodes. A `Tensor` is a handle to a node;
 //! building one runs the op's shape/dtype rule, so every node has a static shape and dtype.
 
-use crate::dtype::DType;
-use crate::error::Result;
+use crate::base::dtype::DType;
+use crate::base::error::Result;
+use crate::base::shape::Shape;
 use crate::ops::Op;
-use crate::shape::Shape;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

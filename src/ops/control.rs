@@ -6,13 +6,13 @@
 
 use super::build::*;
 use super::Op;
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::compile::Plan;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
 use crate::graph::{topo_order, Tensor};
 use crate::runtime::cpu::SlotShapes;
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 use crate::value_err;
 use ndarray::Axis;
 use std::collections::HashSet;
@@ -488,7 +488,7 @@ fn put_rows<'a>(
         outs.iter_mut().zip(vals).filter(|(o, _)| o.read).collect();
     let bytes = |v: &Value| v.len() * v.dtype().size();
     let total: usize = rows.iter().map(|(_, v)| bytes(v)).sum();
-    if rows.len() < 2 || total < SPLIT_PUT_BYTES || !crate::runtime::cpu::team::available() {
+    if rows.len() < 2 || total < SPLIT_PUT_BYTES || !crate::base::team::available() {
         return rows.into_iter().try_for_each(|(o, v)| o.put(t, v));
     }
     let (mut halves, mut load) = ([Vec::new(), Vec::new()], [0usize; 2]);
@@ -499,7 +499,7 @@ fn put_rows<'a>(
     }
     let halves = halves.map(Mutex::new);
     let failed: Mutex<Option<Error>> = Mutex::new(None);
-    crate::runtime::cpu::team::split2(&|part| {
+    crate::base::team::split2(&|part| {
         let mut half = halves[part].lock().unwrap_or_else(|e| e.into_inner());
         for (o, v) in half.iter_mut() {
             if let Err(e) = o.put(t, v) {
@@ -579,7 +579,7 @@ struct RowBuf<T> {
     written: Vec<bool>,
 }
 
-impl<T: crate::runtime::value::Elem> RowBuf<T> {
+impl<T: crate::base::value::Elem> RowBuf<T> {
     fn new(t_len: usize, row: &[usize]) -> RowBuf<T> {
         let n: usize = row.iter().product();
         RowBuf {
@@ -590,7 +590,7 @@ impl<T: crate::runtime::value::Elem> RowBuf<T> {
     }
 }
 
-impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
+impl<T: crate::base::value::Elem> Rows for RowBuf<T> {
     fn put(&mut self, t: usize, v: &Value) -> Result<()> {
         let src = T::unwrap(v).filter(|a| a.shape() == self.row.as_slice()).ok_or_else(|| {
             value_err!(
@@ -619,7 +619,7 @@ impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
 
     fn finish(mut self: Box<Self>) -> Result<Value> {
         if !self.written.iter().all(|&w| w) {
-            return Err(crate::error::Error::Runtime(
+            return Err(crate::base::error::Error::Runtime(
                 "loop: a stacked result is missing a step".into(),
             ));
         }
@@ -630,7 +630,7 @@ impl<T: crate::runtime::value::Elem> Rows for RowBuf<T> {
         shape.extend_from_slice(&self.row);
         let data = std::mem::take(&mut self.data);
         Ok(T::wrap(
-            crate::runtime::value::Arr::from_shape_vec(ndarray::IxDyn(&shape), data)
+            crate::base::value::Arr::from_shape_vec(ndarray::IxDyn(&shape), data)
                 .expect("rows fill the shape"),
         ))
     }

@@ -4,11 +4,11 @@
 
 use super::control::tuple_get;
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::graph::Tensor;
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 use crate::value_err;
 use rayon::prelude::*;
 use std::collections::HashMap;

@@ -5,12 +5,12 @@
 use super::build::*;
 use super::vmath;
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::{broadcast_runtime, broadcast_static, Shape};
+use crate::base::value::{Arr, Elem, Value};
 use crate::graph::Tensor;
 use crate::ops::source;
-use crate::runtime::value::{Arr, Elem, Value};
-use crate::shape::{broadcast_runtime, broadcast_static, Shape};
 use half::f16;
 use ndarray::{IxDyn, Zip};
 use num_traits::Float;
@@ -123,7 +123,7 @@ macro_rules! binary_table {
                     }
                 })* }
             }
-            fn float_kernel<F: KMath + Send + Sync>(self, a: &Arr<F>, b: &Arr<F>) -> Result<Value> where F: Elem + PredOrSame<F> {
+            fn float_kernel<F>(self, a: &Arr<F>, b: &Arr<F>) -> Result<Value> where F: KMath + Send + Sync + Elem + PredOrSame<F> {
                 match self { $(BinaryOp::$V => {
                     let f = |$a: F, $b: F| $f;
                     float_out::<F, _>(self, a, b, f)
@@ -412,7 +412,7 @@ impl Ret<f64> for bool {
 /// waking a sleeping rayon worker takes 10-20 us on a 2-vCPU VM, so tasks are ~20 us of
 /// work (at 1 << 16 a lone 64x512 `sqrt` was split in two and ran in 42 us instead of
 /// 16). Kernels in a loop or a short run split smaller work with the polling helper
-/// instead (`runtime::cpu::team`).
+/// instead (`base::team`).
 pub const PAR_WORK: usize = 1 << 18;
 
 /// Elements per parallel task for a kernel costing `cost` adds per element.

@@ -4,11 +4,11 @@
 //! the op is differentiable once.
 
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::graph::Tensor;
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 use std::sync::Arc;
 
 /// A function run on the host while a plan executes.

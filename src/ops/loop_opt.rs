@@ -20,14 +20,14 @@
 //! tensor as a leaf), so no graph is copied. `FERROKERAS_LOOP_OPT`, read when a loop is
 //! built, picks them: unset, saved residuals only (the default); `0` / `off`: neither;
 //! `1` / `on`: both; `save`, `hoist`: that one. On the 2-core machine of
-//! `benches/PROFILE.md` saving residuals takes a Keras LSTM(64) training step from ~12.5 to
+//! `docs/performance.md` saving residuals takes a Keras LSTM(64) training step from ~12.5 to
 //! ~11.5 ms of CPU (once stacked results stopped being zero-filled and loop bodies were
 //! specialised to their shapes); hoisting still costs more than it saves there (the
 //! `[T*B, F]` GEMMs; see the "Loops" sections there).
 
 use super::build::*;
 use super::{FusedOp, GpuKind, Op, SliceAxis};
-use crate::error::Result;
+use crate::base::error::Result;
 use crate::graph::{topo_order, Tensor};
 use std::cell::RefCell;
 use std::collections::HashSet;

@@ -5,11 +5,11 @@
 
 use super::build::*;
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::{broadcast_runtime, broadcast_static, Dim, Shape};
+use crate::base::value::{Arr, Elem, Value};
 use crate::graph::Tensor;
-use crate::runtime::value::{Arr, Elem, Value};
-use crate::shape::{broadcast_runtime, broadcast_static, Dim, Shape};
 use crate::value_err;
 use gemm::Parallelism;
 use half::f16;
@@ -193,7 +193,7 @@ struct Plan {
 /// than the work it would share (the LSTM's per-step 64x64x256 is 1M).
 const PAR_MIN_MACS: usize = 1 << 21;
 /// Multiply-adds from which a single product in a loop body is split in two for the
-/// loop's helper thread (`runtime::cpu::team`), which polls instead of sleeping.
+/// loop's helper thread (`base::team`), which polls instead of sleeping.
 const TEAM_MIN_MACS: usize = 1 << 17;
 /// Columns at or below which `C = Aᵀ·B` (A stored `k x m`) is computed column-major: the
 /// `gemm` microkernel runs `MR` rows of its destination at a time, so a row-major `m x 10`
@@ -574,7 +574,7 @@ fn int_matmul(
 fn team_split(m: usize, n: usize, macs: usize) -> bool {
     (TEAM_MIN_MACS..PAR_MIN_MACS).contains(&macs)
         && (n >= 32 || m >= 16)
-        && crate::runtime::cpu::team::available()
+        && crate::base::team::available()
 }
 
 /// The `m x n x k` product of A and B (each a buffer, an offset and row / column strides)
@@ -606,7 +606,7 @@ unsafe fn team_halves<T: GemmElem>(
         (len / 2).div_ceil(8) * 8
     };
     let alpha = if accumulate { T::one() } else { T::zero() };
-    crate::runtime::cpu::team::split2(&|part| {
+    crate::base::team::split2(&|part| {
         let (s, e) = if part == 0 { (0, h) } else { (h, len) };
         let (i0, rows, j0, cols) = if by_cols {
             (0, m, s, e - s)

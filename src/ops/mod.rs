@@ -17,11 +17,11 @@ pub mod reduce;
 pub mod source;
 pub mod vmath;
 
-use crate::dtype::DType;
-use crate::error::Result;
+use crate::base::dtype::DType;
+use crate::base::error::Result;
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::graph::Tensor;
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 use std::sync::Arc;
 
 pub use elementwise::{BinaryOp, UnaryOp};
@@ -234,9 +234,11 @@ impl Op {
             Op::Pool(s) => pool::vjp_pool(s, node, g),
             Op::PoolGrad(s) => pool::vjp_pool_grad(s, node, g),
             Op::PoolSelect(s) => pool::vjp_pool_select(s, node, g),
-            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => Err(crate::error::Error::Runtime(
-                "multi-result nodes are differentiated by autodiff::gradients".into(),
-            )),
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) => {
+                Err(crate::base::error::Error::Runtime(
+                    "multi-result nodes are differentiated by autodiff::gradients".into(),
+                ))
+            }
             Op::Ctc(c) => ctc::vjp(*c, node, g),
             Op::CtcDecode(_) => Ok(vec![None, None]),
         }
@@ -286,9 +288,11 @@ impl Op {
             Op::Pool(s) => pool::cpu_pool(s, inputs[0]),
             Op::PoolGrad(s) => pool::cpu_pool_grad(s, inputs[0], inputs[1]),
             Op::PoolSelect(s) => pool::cpu_pool_select(s, inputs[0], inputs[1]),
-            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) | Op::CtcDecode(_) => Err(
-                crate::error::Error::Runtime("multi-result nodes are run by the executor".into()),
-            ),
+            Op::Loop(_) | Op::TupleGet(_) | Op::HostCall(_) | Op::CtcDecode(_) => {
+                Err(crate::base::error::Error::Runtime(
+                    "multi-result nodes are run by the executor".into(),
+                ))
+            }
             Op::Ctc(c) => ctc::cpu(*c, inputs),
         }
     }

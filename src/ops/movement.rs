@@ -5,12 +5,12 @@
 use super::build::*;
 use super::matmul::SharedDst;
 use super::{BinaryOp, Op, ReduceOp, SliceAxis};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::{Dim, Shape};
+use crate::base::value::{Arr, Elem, Value};
 use crate::graph::Tensor;
 use crate::ops::source;
-use crate::runtime::value::{Arr, Elem, Value};
-use crate::shape::{Dim, Shape};
 use crate::{map_value, value_err, with_value};
 use ndarray::{ArrayView, ArrayViewMut, Axis, IxDyn, Slice};
 
@@ -186,7 +186,7 @@ pub fn infer_broadcast_to(x: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
             t
         ));
     }
-    let b = crate::shape::broadcast_static("broadcast_to", x.shape(), &t)?;
+    let b = crate::base::shape::broadcast_static("broadcast_to", x.shape(), &t)?;
     Ok((
         if b.rank() == t.rank() {
             merge(&t, &b)
@@ -733,7 +733,7 @@ pub fn cpu_broadcast_to(x: &Value, s: &Value) -> Result<Value> {
     if x.shape() == target.as_slice() {
         return Ok(x.clone());
     }
-    let out = crate::shape::broadcast_runtime("broadcast_to", x.shape(), &target)?;
+    let out = crate::base::shape::broadcast_runtime("broadcast_to", x.shape(), &target)?;
     if out != target {
         return Err(value_err!(
             "broadcast_to: cannot broadcast shape {:?} to {target:?}",
@@ -828,17 +828,13 @@ fn to_contiguous<T: Elem>(v: ArrayView<'_, T, IxDyn>) -> Arr<T> {
         // SAFETY: rows r0.. of the `len`-element result; the parts write disjoint rows.
         unsafe { copy_rows(&part, d.0.add(r0 * row)) };
     };
-    if shape.len() >= 2
-        && shape[0] >= 2
-        && len >= TEAM_COPY
-        && crate::runtime::cpu::team::available()
-    {
+    if shape.len() >= 2 && shape[0] >= 2 && len >= TEAM_COPY && crate::base::team::available() {
         // In a loop or a short run, halves of the leading axis on two threads: the rows
         // each one wrote in the kernel before (split the same way) stay in its cache.
         let h = shape[0] / 2;
         let rows_per_index = len / shape[0] / row;
         let (a, b) = v.split_at(Axis(0), h);
-        crate::runtime::cpu::team::split2(&|p| {
+        crate::base::team::split2(&|p| {
             if p == 0 {
                 copy(a.view(), 0)
             } else {
@@ -986,10 +982,10 @@ pub fn cpu_concat(axis: usize, xs: &[&Value]) -> Result<Value> {
                 }
             }
         };
-        if outer >= 2 && total >= TEAM_COPY && crate::runtime::cpu::team::available() {
+        if outer >= 2 && total >= TEAM_COPY && crate::base::team::available() {
             // As in `to_contiguous`: each thread copies the rows it is likely to have written.
             let h = outer / 2;
-            crate::runtime::cpu::team::split2(&|p| {
+            crate::base::team::split2(&|p| {
                 if p == 0 {
                     rows(0, h)
                 } else {

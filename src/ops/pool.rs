@@ -11,11 +11,11 @@
 use super::conv::cpu::Geom;
 use super::conv::{ConvSpec, Padding};
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::Shape;
+use crate::base::value::{Arr, Value};
 use crate::graph::Tensor;
-use crate::runtime::value::{Arr, Value};
-use crate::shape::Shape;
 use crate::value_err;
 use num_traits::Float;
 use rayon::prelude::*;
@@ -164,7 +164,7 @@ pub fn vjp_pool_select(
 
 // ---------------------------------------------------------------- kernels
 
-trait PF: Float + Send + Sync + crate::runtime::value::Elem {}
+trait PF: Float + Send + Sync + crate::base::value::Elem {}
 impl PF for f32 {}
 impl PF for f64 {}
 

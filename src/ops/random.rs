@@ -3,11 +3,11 @@
 //! every run and on every device, while each call of a compiled function draws fresh ones.
 
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::graph::Tensor;
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -5,11 +5,11 @@
 
 use super::build::*;
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::graph::Tensor;
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 use ndarray::IxDyn;
 use rayon::prelude::*;
 
@@ -486,7 +486,7 @@ const fn strip<T>() -> usize {
 /// strips walk them. Sums add each 8 rows as a tree, then Kahan-add that into the strip:
 /// the compensation's dependency chain runs once per 8 rows, and the error stays a few
 /// ulps of the sum of magnitudes, where plain accumulation of a million float32 terms
-/// drifts by ~1% (issue 8). The compensation is folded into `o` at the end.
+/// drifts by ~1%. The compensation is folded into `o` at the end.
 #[inline(always)]
 fn fold_rows_strips<T: Acc>(
     op: ReduceOp,

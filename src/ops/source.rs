@@ -2,12 +2,12 @@
 //! shared by every graph that reads them). The executor supplies their values.
 
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::graph::{fresh_id, Tensor};
 use crate::runtime::gpu::Resident;
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -203,7 +203,7 @@ impl VarCell {
             )));
         }
         // A value read in place from the caller's NumPy array must not outlive the call.
-        let v = match crate::runtime::value::foreign::aliases(&v) {
+        let v = match crate::base::value::foreign::aliases(&v) {
             true => crate::map_value!(v, a => a.to_owned().into_shared()),
             false => v,
         };

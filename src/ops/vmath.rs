@@ -46,34 +46,35 @@ fn exp_tail(r: f32) -> f32 {
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 5e-1;
     p * (r * r)
 }
 
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let xc = sel(x > 89.0, 89.0, sel(x < -104.0, -104.0, x));
-    let (n, r) = reduce_ln2(sel(xc == xc, xc, 0.0));
+    let (n, r) = reduce_ln2(sel(!xc.is_nan(), xc, 0.0));
     let p = 1.0 + r + exp_tail(r);
     // Two factors, so results in the denormal range and near the top are scaled exactly.
     let h = n >> 1;
     let y = p * pow2i(h) * pow2i(n - h);
-    sel(x == x, y, x)
+    sel(!x.is_nan(), y, x)
 }
 
 #[inline(always)]
 pub fn expm1(x: f32) -> f32 {
     let xc = sel(x > 89.0, 89.0, sel(x < -30.0, -30.0, x));
-    let (n, r) = reduce_ln2(sel(xc == xc, xc, 0.0));
-    let q = r + exp_tail(r); // e^r - 1, accurate for small r
-                             // e^x - 1 = 2^n (q + 1) - 1 = 2^n q + (2^n - 1); above 2^100 the -1 is irrelevant.
+    let (n, r) = reduce_ln2(sel(!xc.is_nan(), xc, 0.0));
+    // e^r - 1, accurate for small r.
+    let q = r + exp_tail(r);
+    // e^x - 1 = 2^n (q + 1) - 1 = 2^n q + (2^n - 1); above 2^100 the -1 is irrelevant.
     let big = n > 100;
     let s = pow2i(if big { n - 64 } else { n });
     let small = s * q + (s - 1.0);
     let large = (q + 1.0) * s * pow2i(64);
     let y = sel(big, large, small);
     // x = ±0 and NaN return x (keeping the sign of zero).
-    sel(x == x && x != 0.0, y, x)
+    sel(!x.is_nan() && x != 0.0, y, x)
 }
 
 #[inline(always)]
@@ -100,7 +101,7 @@ pub fn log(x: f32) -> f32 {
         * m
         - 2.499_999_4e-1)
         * m
-        + 3.333_333_1e-1)
+        + 3.333_333e-1)
         * m
         * z;
     let ef = e as f32;
@@ -109,7 +110,7 @@ pub fn log(x: f32) -> f32 {
     let r = (m + y) + ef * LN2_HI;
     let r = sel(x == f32::INFINITY, x, r);
     let r = sel(x == 0.0, f32::NEG_INFINITY, r);
-    sel(x < 0.0 || x != x, f32::NAN, r)
+    sel(x < 0.0 || x.is_nan(), f32::NAN, r)
 }
 
 #[inline(always)]
@@ -118,7 +119,7 @@ pub fn log1p(x: f32) -> f32 {
     // log(u) is off by the rounding of 1 + x; correct it to first order.
     let c = (x - (u - 1.0)) / u;
     // u = 0 or inf make c NaN; log(u) is exact there.
-    let c = sel(c == c, c, 0.0);
+    let c = sel(!c.is_nan(), c, 0.0);
     let y = log(u) + c;
     let y = sel(u == f32::INFINITY, u, y);
     // Tiny x: log1p(x) = x (also keeps -0.0).
@@ -130,9 +131,9 @@ pub fn tanh(x: f32) -> f32 {
     let a = x.abs();
     // |x| < 0.625: odd polynomial (Cephes tanhf).
     let z = x * x;
-    let p = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1)
+    let p = ((((-5.704_988_7e-3 * z + 2.063_909e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1)
         * z
-        - 3.333_328_2e-1)
+        - 3.333_328e-1)
         * z
         * x
         + x;
@@ -141,7 +142,7 @@ pub fn tanh(x: f32) -> f32 {
     let t = 1.0 - 2.0 / (e + 1.0);
     let t = f32::from_bits(t.to_bits() | (x.to_bits() & 0x8000_0000));
     // x = ±0 returns x (the sign of zero); NaN propagates.
-    sel(a < 0.625, sel(x == 0.0, x, p), sel(x == x, t, x))
+    sel(a < 0.625, sel(x == 0.0, x, p), sel(!x.is_nan(), t, x))
 }
 
 #[inline(always)]
@@ -149,13 +150,13 @@ pub fn sigmoid(x: f32) -> f32 {
     // e = e^{-|x|} never overflows; 1 / (1 + e) for x >= 0, e / (1 + e) below.
     let e = exp(-x.abs());
     let s = 1.0 / (1.0 + e);
-    sel(x >= 0.0, s, sel(x == x, e * s, x))
+    sel(x >= 0.0, s, sel(!x.is_nan(), e * s, x))
 }
 
 #[inline(always)]
 pub fn softplus(x: f32) -> f32 {
     let m = sel(x > 0.0, x, 0.0);
-    sel(x == x, m + log1p(exp(-x.abs())), x)
+    sel(!x.is_nan(), m + log1p(exp(-x.abs())), x)
 }
 
 // ---------------------------------------------------------------- instruction sets

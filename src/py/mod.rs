@@ -2,18 +2,18 @@
 //! arguments, calls the Rust core and maps its `Error` through `err()`; the K semantics
 //! (argument normalisation, composites) live in `python/ferrokeras/backend.py`.
 
+use crate::base::dtype::DType;
+use crate::base::error::Error;
+use crate::base::shape::{norm_axes, norm_axis, Shape};
+use crate::base::value::foreign::Lease;
+use crate::base::value::Value;
 use crate::compile::{check_feed, Function};
-use crate::dtype::DType;
-use crate::error::Error;
 use crate::graph::Tensor;
 use crate::ops::conv::{ConvSpec, Padding};
 use crate::ops::pool::{PoolKind, PoolSpec};
 use crate::ops::{
     self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell,
 };
-use crate::runtime::value::foreign::Lease;
-use crate::runtime::value::Value;
-use crate::shape::{norm_axes, norm_axis, Shape};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -253,7 +253,7 @@ fn placeholder(
 /// call ended and were leaked to stay valid: 0 unless a bug let one escape).
 #[pyfunction]
 fn leased_feeds() -> (usize, usize) {
-    crate::runtime::value::foreign::counts()
+    crate::base::value::foreign::counts()
 }
 
 #[pyfunction]

@@ -11,7 +11,7 @@
 //! - `gpu:N`: adapter number N of `list()`.
 
 use super::gpu::{self, AdapterDesc, Context};
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 
 #[derive(Clone)]

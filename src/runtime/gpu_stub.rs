@@ -1,10 +1,10 @@
 //! Stand-in for `runtime/gpu` in builds without the `gpu` feature: no adapters, and
 //! every attempt to open one is a typed error. Keeps `cfg` out of the rest of the code.
 
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::value::Value;
 use crate::compile::Plan;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::runtime::value::Value;
 use crate::runtime::{Out, RunStats};
 use std::sync::Arc;
 

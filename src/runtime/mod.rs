@@ -4,7 +4,6 @@
 
 pub mod cpu;
 pub mod device;
-pub mod value;
 
 #[cfg(feature = "gpu")]
 pub mod gpu;
@@ -12,9 +11,9 @@ pub mod gpu;
 #[path = "gpu_stub.rs"]
 pub mod gpu;
 
+use crate::base::error::Result;
+use crate::base::value::Value;
 use crate::compile::Plan;
-use crate::error::Result;
-use value::Value;
 
 /// One result of a run: a host value, or (for variable updates on a GPU) a buffer that
 /// stays on the device.

@@ -5,10 +5,6 @@ Keras picks its backend once, when it is first imported, so this file sets
 ``~/.keras/keras.json``) before anything imports it. The tests run under Keras 2.3.1
 (``pip install "ferrokeras[keras]"``), 2.2.5 and 2.2.4 (``make test`` runs them in
 ``.venv-keras225`` and ``.venv-keras224`` too), and are skipped as a whole without Keras.
-
-A test that reaches a ``K`` function ferrokeras does not implement yet (one of the stubs in
-``ferrokeras._k.keras_compat``) is reported as skipped, naming the function, rather than
-failed: the set of such skips is the remaining gap to full Keras support.
 """
 
 import os
@@ -24,25 +20,15 @@ try:
     import keras
 except ImportError:  # Keras is an optional dependency: nothing here to run without it.
     keras = None
-if (
-    keras is None or getattr(keras, "__version__", None) not in ("2.2.4", "2.2.5", "2.3.1")
+if keras is None or getattr(keras, "__version__", None) not in (
+    "2.2.4",
+    "2.2.5",
+    "2.3.1",
 ):  # tests/keras itself imports as `keras` without Keras installed
     collect_ignore_glob = ["test_*.py"]
 elif keras.__version__ < "2.3":
     # Loss and metric classes (`keras.losses.MeanSquaredError`, ...) are new in Keras 2.3.
     collect_ignore = ["test_losses_metrics.py"]
-
-STUB_MESSAGE = "is not implemented in ferrokeras yet"
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    try:
-        return (yield)
-    except NotImplementedError as exc:
-        if STUB_MESSAGE in str(exc):
-            pytest.skip(str(exc).split(";")[0])
-        raise
 
 
 @pytest.fixture(autouse=True)

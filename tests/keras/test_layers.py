@@ -1,7 +1,7 @@
 """The Keras 2.3.1 layers, each in a small model: forward values against NumPy (computed
 from the layer's own weights), then a few training steps and an HDF5 round trip.
 
-One table drives it (STYLE.md item 10): a case is the layer, its input shape, an input
+One table drives it (CONTRIBUTING.md, "How the code reads"): a case is the layer, its input shape, an input
 generator and, where the formula is short, a NumPy reference of the forward pass.
 """
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..config import floatx
+from ..config import floatx, image_data_format
 from ..tensor import convert
 
 _DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
@@ -59,7 +59,6 @@ def _axis(axis, rank, fn, what="axis"):
 
 def _data_format(value, fn, allow_none=True):
     """``data_format`` checked: ``'channels_first'``/``'channels_last'``, or the default for None."""
-    from ..config import image_data_format
 
     if value is None and allow_none:
         return image_data_format()

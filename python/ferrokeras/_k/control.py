@@ -1,6 +1,6 @@
 """Graph conditionals and the learning phase (switch, in_train_phase, in_test_phase), and
 the ``symbolic``/``eager`` decorators of Keras 2.3.1 (``name_scope`` and
-``control_dependencies`` live in ``keras_compat``, next to the Keras integration).
+``control_dependencies`` live in ``scope``).
 
 Both branches of a conditional are graph nodes and both are computed; ``select`` picks
 elementwise, and its gradient sends nothing to the branch not taken (so a NaN or inf in

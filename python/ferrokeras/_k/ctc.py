@@ -7,6 +7,11 @@ from .. import _core
 from ..config import epsilon
 from ..tensor import wrap
 from .common import _int, _t
+from .layout import arange
+from .math import log
+from .nn import softmax
+from .pyfunc import py_function
+from .variables import cast, shape
 
 
 class SparseTensor:
@@ -28,8 +33,6 @@ class SparseTensor:
 
 
 def _lengths(x, what):
-    from .variables import cast
-
     x = _t(x)
     if x.ndim == 2:
         if x.shape[1] not in (1, None):
@@ -66,8 +69,6 @@ def ctc_label_dense_to_sparse(labels, label_lengths):
         >>> K.eval(st.values)
         array([1, 2, 3], dtype=int32)
     """
-    from .pyfunc import py_function
-    from .variables import cast, shape
 
     labels = cast(_t(labels), "int32")
     lengths = _lengths(label_lengths, "label_lengths")
@@ -81,8 +82,6 @@ def ctc_label_dense_to_sparse(labels, label_lengths):
     if labels.shape[1] is not None:
         steps = wrap(_core.constant(np.arange(labels.shape[1], dtype=np.int32)))
     else:
-        from .layout import arange
-
         steps = arange(shape(labels)[1])
     keep = wrap(
         _core.binary(
@@ -119,8 +118,6 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
         >>> np.round(K.eval(loss), 4)   # -log(3 paths * 0.25)
         array([[0.2877]], dtype=float32)
     """
-    from .math import log
-    from .variables import cast
 
     y_pred = _t(y_pred)
     if y_pred.ndim != 3:
@@ -165,8 +162,6 @@ def ctc_decode(y_pred, input_length, greedy=True, beam_width=100, top_paths=1):
         >>> K.eval(decoded[0])
         array([[1, 0]])
     """
-    from .math import log
-    from .nn import softmax
 
     y_pred = _t(y_pred)
     if y_pred.ndim != 3:

@@ -5,7 +5,7 @@ import builtins as _b
 import numpy as np
 
 from .. import _core
-from ..tensor import Tensor, wrap
+from ..tensor import Tensor, convert, wrap
 from .common import _int, _t
 from .math import sum
 from .variables import cast, shape
@@ -312,6 +312,17 @@ def concatenate(tensors, axis=-1):
     ts = [_t(t, like=like) for t in tensors]
     return wrap(_core.concat([t._core for t in ts], _int(axis, "concatenate: axis")))
 
+
+def _tensor_matmul(self, other):
+    return _matmul(self, convert(other, like=self))
+
+
+def _tensor_rmatmul(self, other):
+    return _matmul(convert(other, like=self), self)
+
+
+Tensor.__matmul__ = _tensor_matmul
+Tensor.__rmatmul__ = _tensor_rmatmul
 
 __all__ = [
     n

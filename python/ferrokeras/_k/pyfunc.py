@@ -14,6 +14,10 @@ import numpy as np
 from .. import _core
 from ..tensor import EAGER, Tensor, wrap
 from .common import _dtype, _t
+from .function import gradients, stop_gradient
+from .math import sum as k_sum
+from .variables import cast, constant
+from .variables import eval as k_eval
 
 
 class _Eager:
@@ -29,8 +33,6 @@ def _as_list(x):
 
 
 def _evaluate(x):
-    from .variables import eval as k_eval
-
     return np.asarray(k_eval(x)) if isinstance(x, Tensor) else np.asarray(x)
 
 
@@ -42,8 +44,6 @@ class _Runner:
         self.touts = touts
 
     def _run(self, arrays):
-        from .variables import constant
-
         xs = [constant(a, dtype=a.dtype.name) for a in arrays]
         return xs, _as_list(self.func(*xs))
 
@@ -57,10 +57,6 @@ class _Runner:
             return [np.array(_evaluate(o), dtype=t, order="C") for o, t in zip(outs, self.touts)]
 
     def vjp(self, arrays, grads):
-        from .function import gradients
-        from .math import sum as k_sum
-        from .variables import cast, constant
-
         with _Eager():
             xs, outs = self._run(arrays)
             terms = []
@@ -85,8 +81,6 @@ def _result_shapes(func, inp, touts):
     gives the ranks; every dim stays unknown (results may depend on the values)."""
     try:
         with _Eager():
-            from .variables import constant
-
             xs = [
                 constant(
                     np.zeros([1 if d is None else d for d in x.shape], dtype=x.dtype), dtype=x.dtype
@@ -130,7 +124,7 @@ def py_function(func, inp, Tout, name=None):
         >>> y = K.py_function(func=log_huber, inp=[x, m], Tout='float32')
         >>> dy_dx = K.gradients(y, [x])[0]
         >>> K.function([x, m], [y, dy_dx])([1.0, 2.0])
-        [array(1., dtype=float32), array(2., dtype=float32)]
+        [np.float32(1.0), np.float32(2.0)]
     """
     if not callable(func):
         raise TypeError(f"py_function: func must be callable, got {type(func).__name__}")
@@ -164,7 +158,6 @@ def print_tensor(x, message=""):
         >>> _ = K.eval(x)
         x is: [1. 2.]
     """
-    from .function import stop_gradient
 
     x = _t(x)
 

@@ -10,6 +10,8 @@ import numpy as np
 from .. import _core
 from ..tensor import wrap
 from .common import _t
+from .linalg import _dims, _shape_tensor
+from .variables import cast
 
 
 def _body_placeholder(like, what, i, drop_first=True):
@@ -183,7 +185,6 @@ def _masked(mask_t, new, old):
 
 def _zeros_for(output, inputs):
     """Zeros shaped like one step's output, with the batch size read from ``inputs``."""
-    from .linalg import _dims, _shape_tensor
 
     dims = [_dims(inputs)[0]] + list(output.shape)[1:]
     if any(d is None for d in dims[1:]):
@@ -242,8 +243,6 @@ def map_fn(fn, elems, name=None, dtype=None):
     ph = _body_placeholder(elems, "map_elem", 0)
     out = _t(fn(ph))
     if dtype is not None:
-        from .variables import cast
-
         out = cast(out, dtype)
     res = _core.loop_([elems._core], [], [ph._core], [], [out._core], [], False)
     return wrap(res[0])

@@ -5,6 +5,7 @@ import numpy as np
 from .. import _core
 from ..config import floatx, reset_uids
 from ..tensor import Tensor
+from .function import function
 
 
 def backend():
@@ -49,7 +50,7 @@ def learning_phase():
         >>> from ferrokeras import backend as K
         >>> f = K.function([K.learning_phase()], [K.cast(K.learning_phase(), 'int32')])
         >>> f([1])[0]
-        array(1, dtype=int32)
+        np.int32(1)
     """
     global _LEARNING_PHASE
     if _LEARNING_PHASE_VALUE is not None:
@@ -101,16 +102,12 @@ class Session:
     """
 
     def __init__(self, device=None):
-        import ferrokeras
-
-        self.device = device if device is not None else ferrokeras.device()
+        self.device = device if device is not None else _core.device()
         self.graph = None
 
     def run(self, fetches, feed_dict=None):
         """Evaluates ``fetches`` (a tensor or a list of tensors) with ``feed_dict`` values
         for placeholders, and returns NumPy arrays in the same structure."""
-        from .function import function
-
         single = not isinstance(fetches, (list, tuple))
         outs = [fetches] if single else list(fetches)
         feed_dict = dict(feed_dict or {})

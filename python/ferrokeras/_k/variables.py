@@ -322,16 +322,39 @@ def count_params(x):
 def int_shape(x):
     """Returns the shape of a tensor or array as a tuple of ints or ``None`` entries.
 
+    For a tensor on which Keras has recorded a shape (``_keras_shape``, set by every layer
+    from its ``compute_output_shape``), each dimension the graph does not know statically
+    is taken from that record, as Keras's TensorFlow and Theano backends read it: a
+    ``Reshape((3, -1))`` of a ``(None, 2, 3)`` input is ``(None, 3, 2)``, where the graph
+    alone knows ``(None, 3, None)``. Dimensions the graph knows win, so a ``Lambda`` layer
+    without ``output_shape`` still reports its true shape.
+
     Example:
         >>> from ferrokeras import backend as K
         >>> K.int_shape(K.placeholder(shape=(2, 4, 5)))
         (2, 4, 5)
     """
-    if isinstance(x, Tensor):
-        return tuple(x.shape)
-    if hasattr(x, "shape"):
-        return tuple(x.shape)
-    return None
+    if not hasattr(x, "shape"):
+        return None
+    static = tuple(x.shape)
+    keras_shape = getattr(x, "_keras_shape", None)
+    if keras_shape is None or len(keras_shape) != len(static):
+        return static
+    return tuple(
+        s if s is not None else (None if k is None else int(k)) for s, k in zip(static, keras_shape)
+    )
+
+
+def get_variable_shape(x):
+    """Returns the shape of a variable, as a tuple of ints (legacy Keras name for
+    ``int_shape``).
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.get_variable_shape(K.zeros((2, 3)))
+        (2, 3)
+    """
+    return tuple(_t(x).shape)
 
 
 def shape(x):
@@ -343,6 +366,22 @@ def shape(x):
         array([2, 3], dtype=int32)
     """
     return wrap(_core.shape_of(_t(x)._core))
+
+
+def size(x, name=None):
+    """Returns the number of elements of a tensor, as a scalar int32 tensor.
+
+    Arguments:
+        x: Tensor or variable.
+        name: Optional name for the result.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.eval(K.size(K.zeros((2, 3))))
+        array(6, dtype=int32)
+    """
+    x = _t(x)
+    return wrap(_core.reduce("prod", _core.shape_of(x._core), [0], False), name=name)
 
 
 def ndim(x):
@@ -512,6 +551,11 @@ def moving_average_update(x, value, momentum):
     value = _t(value, like=x)
     return update(x, x * momentum + value * (1.0 - momentum))
 
+
+# `Variable.assign(value)` is `update(variable, value)`, as on a ``tf.Variable``.
+Variable.assign = update
+Variable.assign_add = update_add
+Variable.assign_sub = update_sub
 
 __all__ = [
     n

@@ -24,8 +24,8 @@
 //! f16 is computed in f32.
 
 use super::{out_len, winograd, ConvSpec};
-use crate::error::{Error, Result};
-use crate::runtime::value::{Arr, Elem, Value};
+use crate::base::error::{Error, Result};
+use crate::base::value::{Arr, Elem, Value};
 use crate::value_err;
 use gemm::Parallelism;
 use num_traits::Float;
@@ -228,12 +228,12 @@ fn run2(
         (Value::F64(x), Value::F64(y)) => Ok(go(x, y, shape, len, zero, f64k)),
         (Value::F16(_), Value::F16(_)) => {
             let (Value::F32(x), Value::F32(y)) = (
-                a.cast(crate::dtype::DType::F32),
-                b.cast(crate::dtype::DType::F32),
+                a.cast(crate::base::dtype::DType::F32),
+                b.cast(crate::base::dtype::DType::F32),
             ) else {
                 unreachable!("cast to f32")
             };
-            Ok(go(&x, &y, shape, len, zero, f32k).cast(crate::dtype::DType::F16))
+            Ok(go(&x, &y, shape, len, zero, f32k).cast(crate::base::dtype::DType::F16))
         }
         _ => Err(Error::Type(format!(
             "conv: operands must be float tensors of one dtype, got {} and {}",
@@ -255,7 +255,7 @@ fn go<T: F>(
     let mut out = if zero {
         vec![T::zero(); len]
     } else {
-        crate::runtime::value::uninit(len)
+        crate::base::value::uninit(len)
     };
     k(
         a.as_slice().expect("standard"),

@@ -17,12 +17,12 @@ pub mod winograd;
 
 use super::build::*;
 use super::Op;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::{Dim, Shape};
+use crate::base::value::Value;
 use crate::graph::Tensor;
 use crate::ops::movement::partial_value;
-use crate::runtime::value::Value;
-use crate::shape::{Dim, Shape};
 use crate::value_err;
 use std::sync::Arc;
 

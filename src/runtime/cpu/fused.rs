@@ -8,17 +8,18 @@
 //! The per-element code is the op tables' (`UnaryOp::map`, `BinaryOp::zip`), so fused and
 //! unfused results are bitwise equal.
 
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::broadcast_runtime;
+use crate::base::team;
+use crate::base::value::{uninit, Arr, Value};
 use crate::compile::fuse::{Fold, Group};
 use crate::compile::Plan;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
 use crate::ops::elementwise::{grain, Lane, Splat};
 use crate::ops::movement::resolve_slice;
 use crate::ops::{BinaryOp, FusedOp, GpuKind, Op, SliceAxis, UnaryOp};
 use crate::runtime::cpu::fused_rules::{self, Leaf, Special};
-use crate::runtime::cpu::{team, Lend};
-use crate::runtime::value::{uninit, Arr, Value};
-use crate::shape::broadcast_runtime;
+use crate::runtime::cpu::Lend;
 use ndarray::IxDyn;
 use rayon::prelude::*;
 use std::cell::RefCell;

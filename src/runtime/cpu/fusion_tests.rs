@@ -2,14 +2,14 @@
 //! code), over broadcast patterns, several outputs, bool values, special values, empty and
 //! rank-0 tensors, and the parallel path.
 
+use crate::base::dtype::DType;
+use crate::base::shape::Shape;
+use crate::base::value::Value;
 use crate::compile::Function;
-use crate::dtype::DType;
 use crate::graph::Tensor;
 use crate::ops::build::*;
 use crate::ops::source::{constant, placeholder};
 use crate::ops::{BinaryOp, UnaryOp};
-use crate::runtime::value::Value;
-use crate::shape::Shape;
 
 fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
     placeholder(name, Shape(dims.to_vec()), DType::F32, None).unwrap()
@@ -97,7 +97,7 @@ fn chains_with_every_broadcast_pattern_fuse_to_one_pass() {
         data(&[4, 1, 6], 3),
         Value::scalar_f64(DType::F32, 0.25),
     ];
-    let (fused, unfused) = same(&feeds, &[y.clone()], &vs);
+    let (fused, unfused) = same(&feeds, std::slice::from_ref(&y), &vs);
     assert_eq!(fused, 1, "one pass");
     assert!(unfused >= 10);
     // Intermediates read outside become extra outputs; bool outputs too.
@@ -210,25 +210,37 @@ fn slices_are_read_in_place_by_the_groups_that_read_them() {
     .unwrap();
     let h = mul(&sig(&o), &unary(UnaryOp::Tanh, &cell).unwrap()).unwrap();
     let (fused, unfused) = same(
-        &[z.clone()],
+        std::slice::from_ref(&z),
         &[h.clone(), cell.clone()],
         &[data(&[5, 16], 1)],
     );
     // One pass: the slices are not copied on their own.
     assert_eq!(fused, 1, "{fused} vs {unfused}");
-    same(&[z.clone()], &[h.clone()], &[data(&[0, 16], 2)]);
-    same(&[z.clone()], &[h], &[data(&[70_001, 16], 3)]);
+    same(
+        std::slice::from_ref(&z),
+        std::slice::from_ref(&h),
+        &[data(&[0, 16], 2)],
+    );
+    same(std::slice::from_ref(&z), &[h], &[data(&[70_001, 16], 3)]);
     // A slice also returned, a slice read twice, and z itself read by the group too.
     let zi = sub(&i, &mul(&i, &i).unwrap()).unwrap();
-    same(&[z.clone()], &[zi.clone(), i.clone()], &[data(&[7, 16], 4)]);
+    same(
+        std::slice::from_ref(&z),
+        &[zi.clone(), i.clone()],
+        &[data(&[7, 16], 4)],
+    );
     let zz = add(
         &slice(&z, &[ax(None, None, 1), ax(Some(0), Some(16), 1)]).unwrap(),
         &z,
     )
     .unwrap();
-    same(&[z.clone()], &[zz], &[data(&[7, 16], 5)]);
+    same(std::slice::from_ref(&z), &[zz], &[data(&[7, 16], 5)]);
     // A slice nothing fuses with stays a plain node.
-    let (fused, _) = same(&[z.clone()], &[g.clone()], &[data(&[3, 16], 6)]);
+    let (fused, _) = same(
+        std::slice::from_ref(&z),
+        std::slice::from_ref(&g),
+        &[data(&[3, 16], 6)],
+    );
     assert_eq!(fused, 1);
 }
 
@@ -263,7 +275,11 @@ fn strided_and_clamped_slices_of_higher_rank() {
         // Broadcast against a row of the slice's width, read as a second input.
         let row = reduce(crate::ops::ReduceOp::Sum, &s, &[0, 1], true).unwrap();
         let y2 = add(&y, &row).unwrap();
-        same(&[x.clone()], &[y, y2], &[data(&[4, 6, 9], k as u32)]);
+        same(
+            std::slice::from_ref(&x),
+            &[y, y2],
+            &[data(&[4, 6, 9], k as u32)],
+        );
     }
 }
 
@@ -331,7 +347,11 @@ fn a_convolution_runs_with_its_bias_and_activation_image_by_image() {
             data(&[ks, ks, cin / groups, cout], 2),
             data(&[cout], 3),
         ];
-        let (fused, unfused) = same(&[x.clone(), w.clone(), b.clone()], &[act.clone()], &vs);
+        let (fused, unfused) = same(
+            &[x.clone(), w.clone(), b.clone()],
+            std::slice::from_ref(&act),
+            &vs,
+        );
         assert!(fused < unfused, "case {k}: {fused} vs {unfused}");
         // Two outputs (one in the convolution's buffer), and a tanh of the sum too.
         let t = unary(UnaryOp::Tanh, &act).unwrap();

@@ -2,19 +2,18 @@
 //! elementwise groups run by `fused`), releasing every intermediate value right after its
 //! last reader.
 
+use crate::base::error::{Error, Result};
+use crate::base::value::Value;
 use crate::compile::fuse::Item;
 use crate::compile::{Plan, Step};
-use crate::error::{Error, Result};
 use crate::ops::source::VarCell;
 use crate::ops::Op;
-use crate::runtime::value::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 pub mod alloc;
 pub mod fused;
 pub mod fused_rules;
-pub mod team;
 
 /// Runs whose previous run took this long or longer (and less than `TEAM_MAX_RUN`) have a
 /// helper thread polling (`team`); shorter ones would pay its start (a hand-off to the
@@ -32,7 +31,7 @@ const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 /// thread; so do plans with a Python callback (the calling thread holds the GIL's
 /// hand-off) and, with `FERROKERAS_CPU_TEAM=0`, every plan. With `FERROKERAS_CPU_POOL=1`
 /// (and no callback) long runs still move to a rayon worker, without the poller: it was
-/// measured mixed (benches/PROFILE.md) and is off by default.
+/// measured mixed (docs/performance.md) and is off by default.
 ///
 /// With `lend`, the schedule's infallible tail may write the new values of the variables
 /// the call assigns into the variables' own buffers (`Lend`).
@@ -70,8 +69,8 @@ pub fn run_shaped(
         }
     };
     let mut r = Run::new(plan, feeds);
-    let done = if team::enabled() && short && !sched.has_host {
-        on_worker(plan, || team::with_team(|| all(&mut r)))
+    let done = if crate::base::team::enabled() && short && !sched.has_host {
+        on_worker(plan, || crate::base::team::with_team(|| all(&mut r)))
     } else if pool {
         on_worker(plan, || all(&mut r))
     } else {
@@ -136,7 +135,7 @@ fn member_shape(
             let mut out: Vec<usize> = Vec::new();
             for &j in ins {
                 let sj = shapes[j].as_ref()?;
-                out = crate::shape::broadcast_runtime("member", &out, sj).ok()?;
+                out = crate::base::shape::broadcast_runtime("member", &out, sj).ok()?;
             }
             Some(out)
         }
@@ -388,11 +387,13 @@ pub fn run_node(
     match node.op() {
         Op::Loop(body) => {
             // A loop runs hundreds of small kernels per call: always worth a worker
-            // (Keras LSTM step: 1.26x, benches/PROFILE.md), with a second one polling
+            // (Keras LSTM step: 1.26x, docs/performance.md), with a second one polling
             // for halves of them (`team`).
             let read = results_read(plan, i, body.n_results());
             let results = on_worker(&body.plan(), || {
-                team::with_team(|| crate::ops::control::run(body, args, &read, &run_recording))
+                crate::base::team::with_team(|| {
+                    crate::ops::control::run(body, args, &read, &run_recording)
+                })
             })?;
             multi.insert(i, results);
             Ok(Value::scalar_f64(node.dtype(), 0.0))

@@ -7,7 +7,7 @@
 
 use super::pipelines::PipelineCache;
 use super::pool::Pool;
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 use std::sync::{Arc, Mutex, OnceLock};
 
 #[derive(Clone, Debug)]

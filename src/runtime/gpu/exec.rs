@@ -8,12 +8,12 @@
 use super::pipelines::{dtag, Pipe};
 use super::pool::{self, DevBuf};
 use super::{fusion, kernels, transfer, Context, DTensor, Resident};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::value::Value;
 use crate::compile::{Plan, Step};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::ops::{movement, GpuKind, Op, ViewOp};
-use crate::runtime::value::Value;
 use crate::runtime::{Out, RunStats};
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -46,8 +46,11 @@ pub(crate) struct Layout {
     /// Folded constants already uploaded.
     consts: Mutex<HashMap<usize, DTensor>>,
     /// Generated pipelines per (sink, input modes).
-    pub fused: Mutex<HashMap<(usize, Vec<u32>), Arc<Pipe>>>,
+    pub fused: Mutex<HashMap<FusedKey, Arc<Pipe>>>,
 }
+
+/// A generated pipeline's key: the sink node and its inputs' modes.
+type FusedKey = (usize, Vec<u32>);
 
 /// A `Function`'s GPU state, rebuilt when the device changes.
 #[derive(Default)]

@@ -7,12 +7,12 @@
 
 use super::exec::{grid, Exec, Slot};
 use super::pipelines::{self, dtag, is_float, norm_fn};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::broadcast_runtime;
 use crate::compile::Step;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
 use crate::ops::elementwise::BinaryClass;
 use crate::ops::{FusedOp, GpuKind};
-use crate::shape::broadcast_runtime;
 use std::collections::HashMap;
 use std::fmt::Write;
 

@@ -6,15 +6,15 @@ use super::exec::{grid, Exec, Slot};
 use super::pipelines::{self, dtag};
 use super::transfer::scalar_word;
 use super::DTensor;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::shape::broadcast_runtime;
+use crate::base::value::Value;
 use crate::graph::Tensor;
 use crate::ops::conv::{self, cpu::Geom};
 use crate::ops::movement::{indices, resolve_slice, sum_to_axes};
 use crate::ops::pool::PoolKind;
 use crate::ops::{random, ArgOp, Op, ReduceOp, ScanOp, SliceAxis};
-use crate::runtime::value::Value;
-use crate::shape::broadcast_runtime;
 use crate::value_err;
 
 /// Whether the GPU lowering of `t` handles its dtypes (the rest run on the CPU).
@@ -378,7 +378,7 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             if axes.iter().any(|&a| x.shape[a] == 0) {
                 // An empty reduction is its identity, as the CPU kernel defines it (for
                 // integers, the i64 extremes wrapped to the dtype): take it from there.
-                let empty = crate::runtime::value::Value::full(x.dtype, &x.shape, 0.0);
+                let empty = crate::base::value::Value::full(x.dtype, &x.shape, 0.0);
                 return Ok(Slot::host(node.op().cpu(&[&empty])?));
             }
             let shape: Vec<usize> = x
@@ -706,6 +706,7 @@ const DIRECT_BELOW: usize = 16;
 
 /// Records tiled kernel `kernel` over a `rows` x `cols` GEMM per z slice, as dispatches
 /// of at most 65535 row tiles each (the grid limit per dimension).
+#[allow(clippy::too_many_arguments)] // the GEMM geometry, spelled out at each call
 fn conv_tiled(
     ex: &mut Exec,
     kernel: &str,

@@ -20,9 +20,9 @@ mod transfer;
 pub use context::{adapters, open, why_none, AdapterDesc, Context};
 pub use exec::{run, PlanCache};
 
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::runtime::value::Value;
+use crate::base::dtype::DType;
+use crate::base::error::Result;
+use crate::base::value::Value;
 use pool::DevBuf;
 use std::sync::Arc;
 
@@ -70,7 +70,7 @@ impl Resident {
     /// Copies the value back to the host (one submit, one map).
     pub fn download(&self) -> Result<Value> {
         let ctx = self.0.ctx().clone();
-        let words = exec::read_back(&ctx, &[self.0.clone()])?;
+        let words = exec::read_back(&ctx, std::slice::from_ref(&self.0))?;
         Ok(transfer::from_words(self.0.dtype, &self.0.shape, &words[0]))
     }
 }

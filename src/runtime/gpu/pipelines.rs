@@ -5,8 +5,8 @@
 //! `{kernel}_{d}`. Generated fused kernels go through the same cache, keyed by source.
 
 use super::context::Context;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 

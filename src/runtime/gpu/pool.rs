@@ -14,7 +14,7 @@
 //! default 1000). `clear` (from `K.clear_session`) destroys every free buffer.
 
 use super::context::Context;
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -4,8 +4,8 @@
 //! uploaded; i64 is only ever *produced* on the device (arg-reductions, as i32 words,
 //! which always fit) and widened on download.
 
-use crate::dtype::DType;
-use crate::runtime::value::Value;
+use crate::base::dtype::DType;
+use crate::base::value::Value;
 use half::f16;
 
 /// The words of a host value, or `None` for dtypes WGSL lacks.
@@ -35,7 +35,7 @@ pub fn to_words(v: &Value) -> Option<Vec<u32>> {
 pub fn from_words(dtype: DType, shape: &[usize], w: &[u32]) -> Value {
     let n: usize = shape.iter().product();
     let w = &w[..n];
-    fn mk<T: crate::runtime::value::Elem>(shape: &[usize], v: Vec<T>) -> Value {
+    fn mk<T: crate::base::value::Elem>(shape: &[usize], v: Vec<T>) -> Value {
         Value::from_vec(shape, v).expect("word count matches the shape")
     }
     match dtype {

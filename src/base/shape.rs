@@ -1,7 +1,7 @@
 //! Static shapes: a dim is `Some(n)` when known at graph-construction time, `None` otherwise
 //! (a placeholder's batch dim). Runtime shapes are plain `&[usize]`.
 
-use crate::error::Result;
+use crate::base::error::Result;
 use crate::value_err;
 
 pub type Dim = Option<usize>;

@@ -1,8 +1,8 @@
 //! Host values: a dtype-tagged, reference-counted, C-contiguous n-d array.
 //! Cloning is cheap (Arc); kernels that own the only reference may write in place.
 
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
 use half::f16;
 use ndarray::{ArcArray, IxDyn};
 
@@ -23,6 +23,7 @@ pub enum Value {
 
 /// A float buffer of `len` elements left unwritten, for kernels that write every element
 /// before any is read (a forward convolution's result, a fused group's output).
+#[allow(clippy::uninit_vec)] // the point of the function; see SAFETY below
 pub fn uninit<T: num_traits::Float>(len: usize) -> Vec<T> {
     let mut v = Vec::with_capacity(len);
     // SAFETY: floats have no invalid bit patterns, and every caller writes each element
@@ -36,15 +37,15 @@ pub fn uninit<T: num_traits::Float>(len: usize) -> Vec<T> {
 macro_rules! with_value {
     ($v:expr, $a:ident => $e:expr) => {
         match $v {
-            $crate::runtime::value::Value::F16($a) => $e,
-            $crate::runtime::value::Value::F32($a) => $e,
-            $crate::runtime::value::Value::F64($a) => $e,
-            $crate::runtime::value::Value::I8($a) => $e,
-            $crate::runtime::value::Value::I16($a) => $e,
-            $crate::runtime::value::Value::I32($a) => $e,
-            $crate::runtime::value::Value::I64($a) => $e,
-            $crate::runtime::value::Value::U8($a) => $e,
-            $crate::runtime::value::Value::Bool($a) => $e,
+            $crate::base::value::Value::F16($a) => $e,
+            $crate::base::value::Value::F32($a) => $e,
+            $crate::base::value::Value::F64($a) => $e,
+            $crate::base::value::Value::I8($a) => $e,
+            $crate::base::value::Value::I16($a) => $e,
+            $crate::base::value::Value::I32($a) => $e,
+            $crate::base::value::Value::I64($a) => $e,
+            $crate::base::value::Value::U8($a) => $e,
+            $crate::base::value::Value::Bool($a) => $e,
         }
     };
 }
@@ -54,15 +55,15 @@ macro_rules! with_value {
 macro_rules! map_value {
     ($v:expr, $a:ident => $e:expr) => {
         match $v {
-            $crate::runtime::value::Value::F16($a) => $crate::runtime::value::Value::F16($e),
-            $crate::runtime::value::Value::F32($a) => $crate::runtime::value::Value::F32($e),
-            $crate::runtime::value::Value::F64($a) => $crate::runtime::value::Value::F64($e),
-            $crate::runtime::value::Value::I8($a) => $crate::runtime::value::Value::I8($e),
-            $crate::runtime::value::Value::I16($a) => $crate::runtime::value::Value::I16($e),
-            $crate::runtime::value::Value::I32($a) => $crate::runtime::value::Value::I32($e),
-            $crate::runtime::value::Value::I64($a) => $crate::runtime::value::Value::I64($e),
-            $crate::runtime::value::Value::U8($a) => $crate::runtime::value::Value::U8($e),
-            $crate::runtime::value::Value::Bool($a) => $crate::runtime::value::Value::Bool($e),
+            $crate::base::value::Value::F16($a) => $crate::base::value::Value::F16($e),
+            $crate::base::value::Value::F32($a) => $crate::base::value::Value::F32($e),
+            $crate::base::value::Value::F64($a) => $crate::base::value::Value::F64($e),
+            $crate::base::value::Value::I8($a) => $crate::base::value::Value::I8($e),
+            $crate::base::value::Value::I16($a) => $crate::base::value::Value::I16($e),
+            $crate::base::value::Value::I32($a) => $crate::base::value::Value::I32($e),
+            $crate::base::value::Value::I64($a) => $crate::base::value::Value::I64($e),
+            $crate::base::value::Value::U8($a) => $crate::base::value::Value::U8($e),
+            $crate::base::value::Value::Bool($a) => $crate::base::value::Value::Bool($e),
         }
     };
 }
@@ -288,39 +289,39 @@ impl Value {
 macro_rules! dispatch_dtype {
     ($dt:expr, $T:ident => $e:expr) => {
         match $dt {
-            $crate::dtype::DType::F16 => {
+            $crate::base::dtype::DType::F16 => {
                 type $T = half::f16;
                 $e
             }
-            $crate::dtype::DType::F32 => {
+            $crate::base::dtype::DType::F32 => {
                 type $T = f32;
                 $e
             }
-            $crate::dtype::DType::F64 => {
+            $crate::base::dtype::DType::F64 => {
                 type $T = f64;
                 $e
             }
-            $crate::dtype::DType::I8 => {
+            $crate::base::dtype::DType::I8 => {
                 type $T = i8;
                 $e
             }
-            $crate::dtype::DType::I16 => {
+            $crate::base::dtype::DType::I16 => {
                 type $T = i16;
                 $e
             }
-            $crate::dtype::DType::I32 => {
+            $crate::base::dtype::DType::I32 => {
                 type $T = i32;
                 $e
             }
-            $crate::dtype::DType::I64 => {
+            $crate::base::dtype::DType::I64 => {
                 type $T = i64;
                 $e
             }
-            $crate::dtype::DType::U8 => {
+            $crate::base::dtype::DType::U8 => {
                 type $T = u8;
                 $e
             }
-            $crate::dtype::DType::Bool => {
+            $crate::base::dtype::DType::Bool => {
                 type $T = bool;
                 $e
             }

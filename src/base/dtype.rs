@@ -1,7 +1,7 @@
 //! Element types. Kernels compute in three classes: f32 (f16 is widened to it), f64, and i64
 //! (every integer type and bool is widened to it); storage keeps the declared type.
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {

@@ -39,10 +39,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 #[macro_export]
 macro_rules! value_err {
-    ($($t:tt)*) => { $crate::error::Error::Value(format!($($t)*)) };
+    ($($t:tt)*) => { $crate::base::error::Error::Value(format!($($t)*)) };
 }
 
 #[macro_export]
 macro_rules! type_err {
-    ($($t:tt)*) => { $crate::error::Error::Type(format!($($t)*)) };
+    ($($t:tt)*) => { $crate::base::error::Error::Type(format!($($t)*)) };
 }

@@ -3,7 +3,7 @@
 //! A Keras LSTM step runs a few dozen kernels of 2-30 us each (64x64x256 products, the
 //! cell's elementwise groups), one after the other. Splitting one over the rayon pool
 //! costs a wake-up of a sleeping worker, longer than the work (measured slower, see
-//! benches/PROFILE.md); so they ran on one core while the other slept. While a loop runs
+//! docs/performance.md); so they ran on one core while the other slept. While a loop runs
 //! (and during a short top-level run, `cpu::run`), `with_team` keeps one other worker
 //! polling a slot instead, so a kernel can hand it half of its work for the price of a
 //! cache-line exchange (`split2`).

@@ -1,4 +1,4 @@
-"""The worked ``K.function`` example of spec/seeds/002, run unchanged."""
+"""The worked ``K.function`` example of docs/spec/k_function_on_a_keras_model.md, run unchanged."""
 
 import numpy as np
 
