@@ -376,7 +376,8 @@ def main():
                 arrays[f"{name}/after{i}"] = y
         print(f"{name}.h5: {os.path.getsize(os.path.join(HERE, name + '.h5'))} bytes")
     np.savez_compressed(os.path.join(HERE, "expected.npz"), **arrays)
-    print(f"tf.keras {keras.__version__}, TensorFlow {tf.__version__}", file=sys.stderr)
+    version = getattr(keras, "__version__", "of TensorFlow")
+    print(f"tf.keras {version}, TensorFlow {tf.__version__}", file=sys.stderr)
 
 
 if __name__ == "__main__":
