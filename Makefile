@@ -32,7 +32,8 @@ VENV := .venv
 VENV_PY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
-DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn ruff mypy
+DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn tensorboard \
+            ruff mypy
 
 # maturin must see the project venv, and only it (it refuses to run when a conda env is
 # also active).
@@ -50,7 +51,7 @@ PYTEST_ARGS ?= -q
 # One pass each, on KERAS_OLD_DEVICES, after the main suite. KERAS_OLD= skips them.
 KERAS_OLD ?= 2.2.4 2.2.5
 KERAS_OLD_DEVICES ?= cpu
-KERAS_OLD_DEPS := numpy pytest scipy h5py scikit-learn
+KERAS_OLD_DEPS := numpy pytest scipy h5py scikit-learn tensorboard
 KERAS_OLD_STAMPS := $(foreach v,$(KERAS_OLD),.venv-keras$(subst .,,$(v))/.stamp-deps)
 
 # Inputs of the compiled extension. Python sources are not listed: `maturin develop`

@@ -8,6 +8,7 @@ joins the two, and only then, once Keras has chosen ferrokeras, are these applie
 - the aliases Keras 2.3.1 needs on Python 3.10+ and NumPy 2 (``_install_shims``);
 - h5py 3 string attributes readable as Keras expects (``_patch_h5py``);
 - ``Lambda`` output shapes inferred as under TensorFlow (``_patch_lambda``);
+- ``keras.callbacks.TensorBoard`` is ferrokeras's when TensorFlow is absent;
 - one configuration (floatx, epsilon, image data format) for Keras and ferrokeras, and
   every documented ``K`` name visible in ``keras.backend`` (``_join_keras``).
 
@@ -154,6 +155,24 @@ def _patch_lambda(core):
     lam.call = record_dtypes
 
 
+def _patch_callbacks(callbacks):
+    """Keras 2.3.1's ``keras.callbacks.TensorBoard`` imports TensorFlow and raises without
+    it. When TensorFlow is not installed, ``callbacks.TensorBoard`` becomes
+    ``ferrokeras.callbacks.TensorBoard``, which writes event files with the ``tensorboard``
+    package alone; with TensorFlow installed Keras's own is kept."""
+    try:
+        has_tf = importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        has_tf = False
+    if has_tf:
+        return
+    # Imported here, once Keras runs on ferrokeras: it is the one module that needs the
+    # tensorboard package.
+    from .callbacks import TensorBoard
+
+    callbacks.TensorBoard = TensorBoard
+
+
 class _AfterImport:
     """Calls ``fn(module)`` right after the module ``fullname`` is first executed."""
 
@@ -218,6 +237,7 @@ def _join_keras(kb, lb, backend):
     _install_shims()
     _patch_h5py()
     _after_import("keras.layers.core", _patch_lambda)
+    _after_import("keras.callbacks", _patch_callbacks)
     from . import _keras22, _keras_tf_h5
 
     _keras22.install_shims()

@@ -1,5 +1,10 @@
 """`function` (compiled calls with updates) and `gradients`."""
 
+import os
+import sys
+import threading
+import time
+
 import numpy as np
 
 from .. import _core
@@ -20,7 +25,7 @@ class Function:
     """A compiled computation: feeds ``inputs``, returns ``outputs`` as NumPy arrays, and
     applies ``updates`` after computing everything from the pre-call values."""
 
-    def __init__(self, inputs, outputs, updates=None, name=None):
+    def __init__(self, inputs, outputs, updates=None, name=None, verbose=None):
         self.inputs = list(inputs)
         self._single = not isinstance(outputs, (list, tuple))
         self.outputs = [outputs] if self._single else list(outputs)
@@ -44,7 +49,13 @@ class Function:
                 )
         self.name = name
         self._dtypes = [np.dtype(t.dtype) for t in self.inputs]
+        self._progress_after = _progress_after(verbose)
+        start = time.perf_counter()
         self._f = _core.Function([t._core for t in self.inputs], [o._core for o in outs], pairs)
+        took = time.perf_counter() - start
+        if self._progress_after is not None and took >= self._progress_after:
+            # The graph is planned with the GIL held: it is reported once it is done.
+            _write_progress(f"ferrokeras: planned {self._label()} in {took:.1f} s\n")
 
     def __call__(self, inputs=()):
         if isinstance(inputs, dict):
@@ -83,11 +94,37 @@ class Function:
                         )
                 arr = arr.astype(dt)
             arrs.append(arr)
-        out = self._f(arrs)
+        if self._progress_after is not None:
+            out = self._first_call(arrs)
+        else:
+            out = self._f(arrs)
         # 0-d results come back as NumPy scalars (np.float32, ...), as TensorFlow's
         # session.run and EagerTensor.numpy() give them.
         out = [o[()] if o.ndim == 0 else o for o in out]
         return out[0] if self._single else out
+
+    def _label(self):
+        return f"K.function '{self.name}'" if self.name else "a K.function"
+
+    def _first_call(self, arrs):
+        """The first call compiles the plan's kernels (the CPU's fused programs, the GPU's
+        pipelines) while it runs; when it takes more than ``_progress_after`` seconds its
+        elapsed time is reported on stderr while it goes on, then its total."""
+        after, label = self._progress_after, self._label()
+        done = threading.Event()
+        start = time.perf_counter()
+        reporter = threading.Thread(
+            target=_report_progress, args=(done, start, after, label), daemon=True
+        )
+        reporter.start()
+        try:
+            out = self._f(arrs)
+        finally:
+            done.set()
+            reporter.join()
+        # Only a call that succeeded compiled everything; a failed one reports again.
+        self._progress_after = None
+        return out
 
     @property
     def dispatches(self):
@@ -101,13 +138,67 @@ class Function:
         return self._f.submits
 
 
+def _progress_after(verbose):
+    """Seconds after which a compile is reported on stderr, or None for never: ``verbose``
+    0/False silences it, 1/True or None (the default) report after the
+    ``FERROKERAS_COMPILE_PROGRESS`` setting: ``0`` (never), or a number of seconds
+    (default 2)."""
+    if verbose is not None and not isinstance(verbose, (bool, int, np.integer)):
+        raise TypeError(f"K.function: verbose must be 0, 1 or None, got {verbose!r}")
+    if verbose is not None and not verbose:
+        return None
+    env = os.environ.get("FERROKERAS_COMPILE_PROGRESS", "").strip()
+    if not env:
+        return 2.0
+    try:
+        seconds = float(env)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(
+            "FERROKERAS_COMPILE_PROGRESS must be 0 (no compile progress) or a number of "
+            f"seconds after which a compile is reported, got {env!r}"
+        )
+    return None if seconds == 0 else seconds
+
+
+def _write_progress(text):
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass  # no usable stderr (closed, or None under pythonw)
+
+
+def _report_progress(done, start, after, label):
+    """Waits for ``done``; past ``after`` seconds reports the elapsed time: on a terminal one
+    line rewritten every second, elsewhere a line at 1x, 2x, 4x, ... ``after``, and the
+    total when the call returns."""
+    if done.wait(after):
+        return
+    tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    what = f"ferrokeras: compiling and running the first call of {label}"
+    next_line = after
+    while True:
+        elapsed = time.perf_counter() - start
+        if tty:
+            _write_progress(f"\r{what}: {elapsed:.0f} s")
+        elif elapsed >= next_line:
+            _write_progress(f"{what}: {elapsed:.1f} s so far\n")
+            next_line *= 2
+        if done.wait(1.0 if tty else max(0.05, next_line - elapsed)):
+            break
+    total = time.perf_counter() - start
+    _write_progress(f"{chr(13) if tty else ''}{what}: done in {total:.1f} s\n")
+
+
 def _integral(arr):
     """Whether every value of a float array is a whole number (inf and NaN are not)."""
     with np.errstate(invalid="ignore"):
         return bool(np.all(np.mod(arr, 1) == 0))
 
 
-def function(inputs, outputs, updates=None, name=None, **kwargs):
+def function(inputs, outputs, updates=None, name=None, verbose=None, **kwargs):
     """Instantiates a Keras function.
 
     Arguments:
@@ -115,7 +206,13 @@ def function(inputs, outputs, updates=None, name=None, **kwargs):
         outputs: List of output tensors.
         updates: List of update ops (``K.update(...)``) or ``(variable, new_value)`` pairs.
         name: String, name of the function.
-        **kwargs: Not supported; any keyword raises ``ValueError``.
+        verbose: Compile progress on stderr. The first call compiles the plan's kernels
+            while it runs; when it (or building the plan) takes longer than 2 seconds
+            (``FERROKERAS_COMPILE_PROGRESS=<seconds>`` changes that, ``=0`` turns it
+            off) the elapsed time is reported until it is done. ``0`` silences it for
+            this function; ``None`` (default) and ``1`` follow the environment. Under
+            Keras, ``model.compile(..., verbose=0)`` passes it on.
+        **kwargs: Not supported; any other keyword raises ``ValueError``.
 
     Returns:
         A callable: given a list of NumPy arrays, one per input, it returns the list of
@@ -136,13 +233,14 @@ def function(inputs, outputs, updates=None, name=None, **kwargs):
     """
     if kwargs:
         raise ValueError(
-            f"Invalid argument(s) {sorted(kwargs)} passed to K.function: it takes inputs, outputs, updates and name"
+            f"Invalid argument(s) {sorted(kwargs)} passed to K.function: "
+            "it takes inputs, outputs, updates, name and verbose"
         )
     if not isinstance(inputs, (list, tuple)):
         raise TypeError(
             f"K.function: `inputs` must be a list or tuple of placeholders, got {type(inputs).__name__}"
         )
-    return Function(inputs, outputs, updates=updates, name=name)
+    return Function(inputs, outputs, updates=updates, name=name, verbose=verbose)
 
 
 def gradients(loss, variables):
