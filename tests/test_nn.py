@@ -61,12 +61,12 @@ def uniform(lo, hi):
 
 
 def np_relu(x, alpha=0.0, max_value=None, threshold=0.0):
-    # Keras doc: max_value for x >= max_value; x for threshold <= x < max_value;
-    # alpha * (x - threshold) otherwise.
-    y = np.where(x >= threshold, x, alpha * (x - threshold))
+    # TensorFlow's: x for x > threshold, clipped to [0, max_value] when there is a
+    # max_value, minus alpha * (threshold - x) below the threshold.
+    y = np.where(x > threshold, x, 0.0)
     if max_value is not None:
-        y = np.where(x >= max_value, max_value, y)
-    return y
+        y = np.clip(y, 0.0, max_value)
+    return y - alpha * np.maximum(threshold - x, 0.0)
 
 
 def np_softmax(x, axis=-1):

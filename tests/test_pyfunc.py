@@ -81,12 +81,18 @@ def test_tout_mismatch_is_a_type_error():
 
 def test_print_tensor_prints_and_passes_gradient(capsys):
     x = K.variable(np.array([1.0, 2.0]))
-    p = K.print_tensor(x, message="x is: ")
+    p = K.print_tensor(x, message="x is:")
     g = K.gradients(K.sum(p * p), [x])[0]
     out = K.function([], [p, g])([])
     np.testing.assert_array_equal(out[0], [1.0, 2.0])
     np.testing.assert_array_equal(out[1], [2.0, 4.0])
-    assert "x is: [1. 2.]" in capsys.readouterr().out
+    assert capsys.readouterr().out == "x is: [1. 2.]\n"
+
+
+def test_print_tensor_separates_message_and_value_with_a_space(capsys):
+    # TensorFlow's tf.print(message, x) and Theano's Print write "msg [[1.]]".
+    K.eval(K.print_tensor(K.constant([[1.0]]), "msg"))
+    assert capsys.readouterr().out == "msg [[1.]]\n"
 
 
 def test_exported_from_package():

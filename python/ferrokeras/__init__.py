@@ -8,6 +8,10 @@ device comes from ``FERROKERAS_DEVICE`` (``auto``, ``cpu``, ``gpu``, ``gpu:N``) 
 ``set_device``; see the README's "Devices" section.
 """
 
+import random
+
+import numpy as np
+
 from . import _core
 
 __version__ = "0.1.0"
@@ -68,6 +72,34 @@ def devices():
     return out
 
 
+def set_random_seed(seed):
+    """Seeds every generator a ferrokeras program draws from: NumPy's global generator (from
+    which unseeded random ops take their seeds when they are built, and which Keras uses to
+    shuffle) and Python's ``random`` module.
+
+    Arguments:
+        seed: A non-negative integer below ``2 ** 32``.
+
+    Raises:
+        TypeError: if ``seed`` is not an integer. ValueError: if it is out of range.
+
+    Example:
+        >>> import ferrokeras
+        >>> from ferrokeras import backend as K
+        >>> ferrokeras.set_random_seed(3); a = K.eval(K.random_uniform((2,)))
+        >>> ferrokeras.set_random_seed(3); b = K.eval(K.random_uniform((2,)))
+        >>> bool((a == b).all())
+        True
+    """
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"set_random_seed: seed must be an int, got {seed!r}")
+    seed = int(seed)
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"set_random_seed: seed must be in [0, 2**32), got {seed}")
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def __getattr__(name):
     # `ferrokeras.py_function` is `ferrokeras.backend.py_function`, imported on first use.
     if name == "py_function":
@@ -77,4 +109,12 @@ def __getattr__(name):
     raise AttributeError(f"module 'ferrokeras' has no attribute {name!r}")
 
 
-__all__ = ["device", "set_device", "devices", "DeviceError", "py_function", "__version__"]
+__all__ = [
+    "device",
+    "set_device",
+    "devices",
+    "set_random_seed",
+    "DeviceError",
+    "py_function",
+    "__version__",
+]

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from . import config
+from . import _keras22, _keras_tf_h5, config
 from ._k.variables import int_shape, placeholder
 
 
@@ -238,8 +238,6 @@ def _join_keras(kb, lb, backend):
     _patch_h5py()
     _after_import("keras.layers.core", _patch_lambda)
     _after_import("keras.callbacks", _patch_callbacks)
-    from . import _keras22, _keras_tf_h5
-
     _keras22.install_shims()
     _after_import("keras.engine.saving", _keras_tf_h5.install)
     common = sys.modules.get("keras.backend.common")

@@ -27,6 +27,8 @@ import warnings
 
 import numpy as np
 
+from . import _keras22
+
 __all__ = ["TfKerasConfigError", "translate_model_config", "translate_training_config"]
 
 
@@ -649,8 +651,6 @@ def install(saving):
     ``saving.model_from_json`` so that ``keras.models.model_from_json`` reads tf.keras's
     ``model.to_json()``; also applies
     the Keras 2.2 adaptations of that module (``_keras22.adapt_saving``)."""
-    from . import _keras22
-
     _keras22.adapt_saving(saving)
     original = getattr(saving, "_deserialize_model", None)
     if original is None or getattr(original, "_ferrokeras_tf_keras", False):

@@ -46,6 +46,7 @@ from ._k.function import (
 from ._k.layout import (
     arange,
     batch_flatten,
+    eye,
     flatten,
     gather,
     one_hot,
@@ -166,7 +167,6 @@ from ._k.variables import (
     count_params,
     dtype,
     eval,
-    eye,
     get_value,
     get_variable_shape,
     identity,

@@ -82,7 +82,8 @@ class Tensor:
             if name is not None
             else f"{_node_prefix(core)}_{config.get_uid(_node_prefix(core))}"
         )
-        self._uses_learning_phase = False
+        # No `_uses_learning_phase` here: as in TensorFlow, only placeholders, variables
+        # and outputs that depend on the learning phase carry it (Keras tests `hasattr`).
 
     # ------------------------------------------------------------ introspection
     @property
@@ -248,6 +249,10 @@ class Variable(Tensor):
         super().__init__(self._var.tensor, name=name)
         self.constraint = constraint
         self._keras_shape = tuple(self.shape)
+        self._uses_learning_phase = False
+        # `tf.Variable.trainable`: Keras's `Layer.__setattr__` tracks a variable assigned
+        # as a layer attribute as trainable when this is True.
+        self.trainable = True
 
     def get_value(self):
         return self._var.get()
@@ -306,12 +311,17 @@ def convert(x, like=None, dtype=None):
     if arr.dtype == object:
         raise TypeError(f"cannot convert {type(x).__name__} to a tensor")
     if dtype is None:
+        # Python numbers, and lists and tuples of them, become floatx and int32 tensors as
+        # in TensorFlow (NumPy would make them float64 and int64); NumPy arrays and
+        # scalars keep their dtype.
+        python = _python_numbers(x)
         if arr.dtype.kind == "f" and arr.dtype != np.float16:
-            dtype = config.floatx() if isinstance(x, float) else str(arr.dtype)
+            dtype = config.floatx() if python else str(arr.dtype)
         elif arr.dtype == np.float16:
             dtype = "float16"
         elif arr.dtype.kind in "iu":
-            dtype = "int32" if isinstance(x, int) else str(arr.dtype)
+            fits = arr.size == 0 or -(2**31) <= arr.min() and arr.max() < 2**31
+            dtype = "int32" if python and fits else str(arr.dtype)
             if dtype in ("uint16", "uint32", "uint64"):
                 dtype = "int64"
         elif arr.dtype.kind == "b":
@@ -320,6 +330,13 @@ def convert(x, like=None, dtype=None):
             raise TypeError(f"cannot convert a value of dtype {arr.dtype} to a tensor")
     arr = np.array(arr, dtype=np.dtype(dtype), order="C")
     return wrap(_core.constant(arr))
+
+
+def _python_numbers(x):
+    """Whether ``x`` is a Python int or float, or a (nested) list or tuple of them."""
+    if isinstance(x, (list, tuple)):
+        return all(_python_numbers(e) for e in x)
+    return type(x) in (int, float, bool)
 
 
 def _holds_tensor(xs):
@@ -361,7 +378,10 @@ def _truediv(a, b):
 
 
 def getitem(x, key):
-    """NumPy basic indexing: ints, slices (with steps), ``None`` and ``...``."""
+    """NumPy basic indexing: ints, slices (with steps), ``None`` and ``...``. As in
+    TensorFlow, an index or a slice bound (start, stop or step) may also be a scalar
+    integer tensor: those axes are read with a gather of the indices computed at run time
+    (an index out of range raises then, a slice is clipped to the axis as in NumPy)."""
     if not isinstance(key, tuple):
         key = (key,)
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
@@ -377,7 +397,7 @@ def getitem(x, key):
         else:
             expanded.append(k)
     expanded.extend([slice(None)] * (rank - sum(1 for k in expanded if k is not None)))
-    spec, squeeze_axes, new_axes = [], [], []
+    spec, squeeze_axes, new_axes, dynamic = [], [], [], []
     out_axis = 0
     for k in expanded:
         if k is None:
@@ -385,6 +405,13 @@ def getitem(x, key):
             out_axis += 1
             continue
         if isinstance(k, slice):
+            bounds = (k.start, k.stop, k.step)
+            if any(isinstance(b, Tensor) for b in bounds):
+                bounds = tuple(None if b is None else _index_tensor(b) for b in bounds)
+                dynamic.append((len(spec), bounds))
+                spec.append((None, None, 1))
+                out_axis += 1
+                continue
             step = 1 if k.step is None else _int_index(k.step)
             if step == 0:
                 raise ValueError("slice step cannot be zero")
@@ -397,6 +424,11 @@ def getitem(x, key):
             )
             out_axis += 1
             continue
+        if isinstance(k, Tensor):
+            dynamic.append((len(spec), _index_tensor(k)))
+            spec.append((None, None, 1))
+            squeeze_axes.append(len(spec) - 1)
+            continue
         i = _int_index(k)
         dim = x.shape[len(spec)]
         if dim is not None and not -dim <= i < dim:
@@ -404,6 +436,8 @@ def getitem(x, key):
         spec.append((i, i + 1 if i != -1 else None, 1))
         squeeze_axes.append(len(spec) - 1)
     t = _core.slice(x._core, spec)
+    for axis, index in dynamic:
+        t = _core.gather(t, _dynamic_indices(t, axis, index)._core, axis)
     if squeeze_axes:
         t = _core.squeeze(t, squeeze_axes)
     if new_axes:
@@ -412,8 +446,83 @@ def getitem(x, key):
 
 
 def _int_index(k):
+    if isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype.kind in "iu":
+        k = k[()]
     if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
         return int(k)
-    if isinstance(k, Tensor):
-        raise TypeError("indexing with a tensor is not supported; use K.gather")
     raise TypeError(f"tensor indices must be integers, slices, None or ..., got {type(k).__name__}")
+
+
+def _index_tensor(k):
+    """An index or slice bound given as a tensor (or Python int): a 0-d int32 tensor."""
+    if isinstance(k, Tensor):
+        if k.ndim != 0 or k.dtype not in ("int8", "int16", "int32", "int64", "uint8"):
+            raise TypeError(
+                f"a tensor index must be a scalar integer tensor, got a {k.dtype} tensor of "
+                f"shape {tuple(k.shape)}; use K.gather to pick several entries"
+            )
+        return k if k.dtype == "int32" else wrap(_core.cast(k._core, "int32"))
+    return convert(np.int32(_int_index(k)))
+
+
+def _dynamic_indices(t, axis, index):
+    """The int32 indices along ``axis`` of ``t`` that an index or a slice (a tuple of
+    start, stop, step, each None or a 0-d int32 tensor) reads, computed at run time with
+    NumPy's rules: negative values count from the end, slices are clipped to the axis."""
+
+    def const(v):
+        return convert(np.int32(v))
+
+    def select(c, a, b):
+        return wrap(_core.select(c._core, a._core, b._core))
+
+    def clip(v, lo, hi):
+        return wrap(_core.binary("minimum", _core.binary("maximum", v._core, lo._core), hi._core))
+
+    n = wrap(_core.slice(_core.shape_of(t), [(axis, axis + 1, 1)]))
+    n = wrap(_core.squeeze(n._core, [0]))
+    zero, one, minus_one = const(0), const(1), const(-1)
+    if not isinstance(index, tuple):
+        return wrap(_core.expand_dims(select(index < 0, index + n, index)._core, [0]))
+    start, stop, step = index
+    if step is None:
+        step = one
+    else:
+        step = _nonzero_step(step)
+    # Python's slice rules for either sign of the step (the step's sign may be known only
+    # at run time): bounds below 0 count from the end, then are clipped to [0, n] for a
+    # positive step and to [-1, n - 1] for a negative one.
+    forward = step > 0
+    lo, hi = select(forward, zero, minus_one), select(forward, n, n - 1)
+    start = select(forward, zero, n - 1) if start is None else start
+    stop = select(forward, n, minus_one) if stop is None else stop
+    if index[0] is not None:
+        start = clip(select(start < 0, start + n, start), lo, hi)
+    if index[1] is not None:
+        stop = clip(select(stop < 0, stop + n, stop), lo, hi)
+    span = select(forward, stop - start, start - stop)
+    magnitude = wrap(_core.unary("abs", step._core))
+    count = wrap(_core.binary("maximum", ((span + magnitude - 1) // magnitude)._core, zero._core))
+    shape = _core.reshape(count._core, convert(np.array([1], dtype=np.int32))._core)
+    iota = _core.scan("cumsum", _core.broadcast_to(one._core, shape), 0, True, False)
+    return start + wrap(iota) * step
+
+
+class _StepCheck:
+    """Host callback that passes a slice step through, raising for a zero step."""
+
+    def call(self, arrays):
+        if int(arrays[0]) == 0:
+            raise ValueError("slice step cannot be zero")
+        return [np.array(arrays[0], dtype=np.int32)]
+
+    def vjp(self, arrays, grads):
+        return [None]
+
+
+def _nonzero_step(step):
+    if step._core.is_constant():
+        if int(np.asarray(_core.evaluate([step._core])[0])) == 0:
+            raise ValueError("slice step cannot be zero")
+        return step
+    return wrap(_core.host_call("slice_step", _StepCheck(), [step._core], [([], "int32")])[0])

@@ -5,6 +5,7 @@ import numpy as np
 from ..config import floatx, image_data_format
 from ..tensor import convert
 
+_INTS = ("int8", "int16", "int32", "int64", "uint8")
 _DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
 
@@ -67,6 +68,16 @@ def _data_format(value, fn, allow_none=True):
             f"{fn}: unknown data_format {value!r}; expected 'channels_first' or 'channels_last'"
         )
     return value
+
+
+def _known_shape(x):
+    """``x``'s static shape, with dims the graph does not know taken from the shape Keras
+    recorded on it (``_keras_shape``), as ``K.int_shape`` reads it."""
+    static = tuple(x.shape)
+    keras_shape = getattr(x, "_keras_shape", None)
+    if keras_shape is None or len(keras_shape) != len(static):
+        return static
+    return tuple(s if s is not None else k for s, k in zip(static, keras_shape))
 
 
 def _check_float(x, fn, what="x"):

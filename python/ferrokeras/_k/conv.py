@@ -15,7 +15,8 @@ from .. import _core
 from ..config import normalize_data_format
 from ..tensor import Tensor, wrap
 from .common import _t
-from .linalg import _dims, _reshape, _shape_tensor, permute_dimensions
+from .linalg import _reshape, permute_dimensions
+from .shapes import _dims, _shape_tensor
 from .variables import shape
 
 _FORMATS = ("channels_last", "channels_first")

@@ -13,29 +13,15 @@ import numpy as np
 
 from .. import _core
 from ..tensor import Tensor, wrap
-from .common import _axis, _data_format, _dtype, _int, _t
-from .linalg import _dims, _prod, _reshape, _shape_tensor
-from .variables import cast
+from .common import _INTS, _axis, _data_format, _dtype, _int, _known_shape, _t
+from .linalg import _reshape
+from .shapes import _count, _dims, _prod, _shape_tensor
+from .variables import _static_shape, _tensor_or_variable, cast, variable
 
-_INTS = ("int8", "int16", "int32", "int64", "uint8")
 _FLOATS = ("float16", "float32", "float64")
 
 
 # ---------------------------------------------------------------- argument helpers
-
-
-def _count(n, what):
-    """A non-negative count: a Python int, or a scalar int tensor (checked at run time)."""
-    if isinstance(n, Tensor):
-        if n.ndim != 0 or n.dtype not in _INTS:
-            raise TypeError(
-                f"{what} must be a non-negative int or a scalar int tensor, got a {n.dtype} tensor of shape {tuple(n.shape)}"
-            )
-        return n if n.dtype == "int32" else cast(n, "int32")
-    v = _int(n, what)
-    if v < 0:
-        raise ValueError(f"{what} must be non-negative, got {v}")
-    return v
 
 
 def _factor(f, what):
@@ -93,7 +79,14 @@ def repeat_elements(x, rep, axis):
     d = _dims(x)
     y = wrap(_core.expand_dims(x._core, [axis + 1]))
     y = wrap(_core.broadcast_to(y._core, _shape_tensor(d[: axis + 1] + [rep] + d[axis + 1 :])))
-    return _merge_axes(y, axis, d, rep)
+    y = _merge_axes(y, axis, d, rep)
+    # The static shape Keras's backends record on the result, also where the graph knows
+    # only part of it (an axis of unknown size, a repeat count given as a tensor).
+    known = list(_known_shape(x))
+    if known[axis] is not None:
+        known[axis] = known[axis] * rep if not isinstance(rep, Tensor) else None
+    y._keras_shape = tuple(known)
+    return y
 
 
 def repeat(x, n):
@@ -196,8 +189,10 @@ def arange(start, stop=None, step=1, dtype="int32"):
         start: Start value (or stop, when ``stop`` is None).
         stop: Stop value (exclusive).
         step: Difference between two successive values; must not be zero.
-        dtype: Dtype of the result; the sequence is computed in the arguments' type
-            (float when any is a float) and then cast, as in TensorFlow.
+        dtype: Dtype of the result, ``'int32'`` by default as documented; the sequence is
+            computed in the arguments' type (float when any is a float) and then cast.
+            TensorFlow departs from that default: it skips the cast when ``dtype`` is
+            ``'int32'``, so float arguments give a float32 result there.
 
     Returns:
         A 1-D tensor.
@@ -239,6 +234,37 @@ def arange(start, stop=None, step=1, dtype="int32"):
             vals = float(start) + np.arange(n, dtype=np.float64) * float(step)
         return wrap(_core.constant(np.ascontiguousarray(vals.astype(dtype))))
     return _arange_dynamic(start, stop, step, dtype)
+
+
+def eye(size, dtype=None, name=None):
+    """Instantiate an identity matrix variable; ``size`` is an int or a ``(rows, cols)`` tuple.
+
+    Sizes may be scalar int tensors (``K.shape(x)[0]``); when one is known only at run
+    time the result is a tensor, not a variable, as for ``zeros``.
+
+    Example:
+        >>> from ferrokeras import backend as K
+        >>> K.eval(K.eye(2))
+        array([[1., 0.],
+               [0., 1.]], dtype=float32)
+    """
+    dtype = _dtype(dtype)
+    if isinstance(size, (list, tuple)):
+        if len(size) != 2:
+            raise ValueError(f"eye: size must be an int or a (rows, cols) pair, got {size!r}")
+        n, m = size
+    else:
+        n = m = size
+    if isinstance(n, Tensor) or isinstance(m, Tensor):
+        for what, d in (("rows", n), ("cols", m)):
+            if isinstance(d, Tensor) and (d.ndim != 0 or d.dtype not in _INTS):
+                raise TypeError(f"eye: {what} must be an int or a scalar int tensor, got {d!r}")
+        t = cast(
+            wrap(_core.binary("equal", arange(n)[:, None]._core, arange(m)[None, :]._core)), dtype
+        )
+        return _tensor_or_variable(t, dtype, name)
+    n, m = _static_shape((n, m), "eye")
+    return variable(np.eye(n, m, dtype=dtype), dtype=dtype, name=name)
 
 
 def _arange_dynamic(start, stop, step, dtype):
@@ -384,9 +410,8 @@ def _pad_pair(p, fn, what):
         raise ValueError(
             f"{fn}: {what} must be a pair of non-negative ints (before, after), got {p!r}"
         )
-    a, b = (_int(v, f"{fn}: {what} entry") for v in p)
-    if a < 0 or b < 0:
-        raise ValueError(f"{fn}: {what} entries must be non-negative, got {p!r}")
+    # As in TensorFlow (whose pad packs the list), an entry may be a scalar int tensor.
+    a, b = (_count(v, f"{fn}: {what} entry") for v in p)
     return (a, b)
 
 
@@ -402,7 +427,23 @@ def _spatial_pad(x, pairs, data_format, fn):
     _rank(x, r, fn)
     df = _data_format(data_format, fn)
     pads = [(0, 0)] + pairs + [(0, 0)] if df == "channels_last" else [(0, 0), (0, 0)] + pairs
-    return wrap(_core.pad(x._core, pads, 0.0))
+    static = [p if not _b.any(isinstance(v, Tensor) for v in p) else (0, 0) for p in pads]
+    out = wrap(_core.pad(x._core, static, 0.0))
+    for axis, p in enumerate(pads):
+        if p is not static[axis]:
+            # Sizes known only at run time: zeros of that size concatenated on each side.
+            d = _dims(out)
+            zeros = [
+                wrap(
+                    _core.broadcast_to(
+                        _t(np.zeros((), x.dtype))._core,
+                        _shape_tensor(d[:axis] + [v] + d[axis + 1 :]),
+                    )
+                )
+                for v in p
+            ]
+            out = wrap(_core.concat([zeros[0]._core, out._core, zeros[1]._core], axis))
+    return out
 
 
 def temporal_padding(x, padding=(1, 1)):
@@ -410,8 +451,8 @@ def temporal_padding(x, padding=(1, 1)):
 
     Arguments:
         x: 3-D tensor or variable.
-        padding: Tuple of 2 non-negative integers, how many zeros to add at the start
-            and end of dim 1.
+        padding: Tuple of 2 non-negative integers (or scalar int tensors), how many zeros
+            to add at the start and end of dim 1.
 
     Returns:
         A padded 3D tensor.
@@ -434,7 +475,8 @@ def spatial_2d_padding(x, padding=((1, 1), (1, 1)), data_format=None):
 
     Arguments:
         x: 4-D tensor or variable.
-        padding: Tuple of 2 tuples, ``((top, bottom), (left, right))``.
+        padding: Tuple of 2 tuples, ``((top, bottom), (left, right))``, of non-negative
+            ints (or scalar int tensors).
         data_format: ``"channels_last"`` or ``"channels_first"`` (default:
             ``image_data_format()``). With ``channels_first`` the padded axes are 2 and 3.
 
@@ -464,7 +506,7 @@ def spatial_3d_padding(x, padding=((1, 1), (1, 1), (1, 1)), data_format=None):
 
     Arguments:
         x: 5-D tensor or variable.
-        padding: Tuple of 3 tuples of 2 ints.
+        padding: Tuple of 3 tuples of 2 non-negative ints (or scalar int tensors).
         data_format: ``"channels_last"`` or ``"channels_first"`` (default:
             ``image_data_format()``).
 

@@ -8,53 +8,12 @@ from .. import _core
 from ..tensor import Tensor, convert, wrap
 from .common import _int, _t
 from .math import sum
-from .variables import cast, shape
-
-
-def _shape_tensor(parts):
-    """A 1-D int32 shape tensor from a list of ints and scalar int tensors."""
-    pieces = []
-    consts = []
-    for p in parts:
-        if isinstance(p, Tensor):
-            if consts:
-                pieces.append(_core.constant(np.asarray(consts, dtype=np.int32)))
-                consts = []
-            q = p if p.dtype == "int32" else cast(p, "int32")
-            pieces.append(_core.reshape(q._core, _core.constant(np.asarray([1], dtype=np.int32))))
-        else:
-            consts.append(int(p))
-    if consts or not pieces:
-        pieces.append(_core.constant(np.asarray(consts, dtype=np.int32)))
-    return pieces[0] if len(pieces) == 1 else _core.concat(pieces, 0)
-
-
-def _dims(x):
-    """``x``'s shape as a list: ints where static, scalar tensors where only known at run time."""
-    st = x.shape
-    if _b.all(d is not None for d in st):
-        return list(st)
-    dyn = shape(x)
-    return [d if d is not None else dyn[i] for i, d in enumerate(st)]
+from .shapes import _dims, _prod, _shape_tensor
+from .variables import cast
 
 
 def _reshape(x, parts):
     return wrap(_core.reshape(x._core, _shape_tensor(parts)))
-
-
-def _prod(parts):
-    """The product of dims from ``_dims`` (ints and scalar tensors): an int when all are
-    static. Used instead of a ``-1`` entry, which is ambiguous for a zero-size tensor."""
-    static, dyn = 1, None
-    for p in parts:
-        if isinstance(p, Tensor):
-            q = p if p.dtype == "int32" else cast(p, "int32")
-            dyn = q if dyn is None else dyn * q
-        else:
-            static *= int(p)
-    if dyn is None:
-        return static
-    return dyn if static == 1 else dyn * static
 
 
 def _matmul(x, y):
@@ -289,7 +248,7 @@ def concatenate(tensors, axis=-1):
 
     Arguments:
         tensors: list of tensors to concatenate (same rank and dtype; equal dimensions
-            except along ``axis``).
+            except along ``axis``). When all of them are sparse, so is the result.
         axis: concatenation axis.
 
     Returns:
@@ -310,7 +269,10 @@ def concatenate(tensors, axis=-1):
         )
     like = next((t for t in tensors if isinstance(t, Tensor)), None)
     ts = [_t(t, like=like) for t in tensors]
-    return wrap(_core.concat([t._core for t in ts], _int(axis, "concatenate: axis")))
+    out = wrap(_core.concat([t._core for t in ts], _int(axis, "concatenate: axis")))
+    if ts and _b.all(getattr(t, "_is_sparse", False) for t in ts):
+        out._is_sparse = True  # TF's sparse concat: sparse inputs give a sparse result
+    return out
 
 
 def _tensor_matmul(self, other):

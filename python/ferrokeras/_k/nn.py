@@ -14,14 +14,13 @@ import numpy as np
 from .. import _core
 from ..config import epsilon
 from ..tensor import Tensor, wrap
-from .common import _axis, _check_float, _data_format, _int, _t
+from .common import _INTS, _axis, _check_float, _data_format, _int, _t
 from .function import stop_gradient
-from .layout import _dims, _int_tensor, _one_hot_mask
-from .linalg import _prod, _reshape
+from .layout import _int_tensor, _one_hot_mask
+from .linalg import _reshape
 from .math import _bin, _unary, clip, exp, log, max, mean, square, sum
+from .shapes import _dims, _prod
 from .variables import cast, zeros_like
-
-_INTS = ("int8", "int16", "int32", "int64", "uint8")
 
 
 def _nonzero(v):
@@ -51,7 +50,12 @@ def relu(x, alpha=0.0, max_value=None, threshold=0.0):
 
     With default values, it returns element-wise ``max(x, 0)``. Otherwise:
     ``f(x) = max_value`` for ``x >= max_value``, ``f(x) = x`` for
-    ``threshold <= x < max_value``, ``f(x) = alpha * (x - threshold)`` otherwise.
+    ``threshold < x < max_value``, ``f(x) = alpha * (x - threshold)`` otherwise.
+
+    Two details follow TensorFlow rather than that description: at ``x == threshold``
+    the result is ``0`` (TF keeps ``x > threshold``), and with a ``max_value`` the
+    kept part is clipped to ``[0, max_value]``, so a negative ``threshold`` gives ``0``,
+    not ``x``, for ``threshold < x < 0`` (as Keras's NumPy reference backend does too).
 
     Arguments:
         x: A tensor or variable.
@@ -66,6 +70,8 @@ def relu(x, alpha=0.0, max_value=None, threshold=0.0):
         >>> from ferrokeras import backend as K
         >>> K.eval(K.relu(K.constant([-2.0, 1.0, 8.0]), alpha=0.1, max_value=6.0))
         array([-0.2,  1. ,  6. ], dtype=float32)
+        >>> K.eval(K.relu(K.constant([-0.5, 0.25]), alpha=0.1, max_value=5.0, threshold=-2.8))
+        array([0.  , 0.25], dtype=float32)
     """
     x = _t(x)
     alpha = _number_or_tensor(alpha, "relu", "alpha")
@@ -75,9 +81,11 @@ def relu(x, alpha=0.0, max_value=None, threshold=0.0):
     if _nonzero(alpha):
         neg = _unary("relu", _bin("subtract", threshold, x) if _nonzero(threshold) else -x)
     if _nonzero(threshold):
-        # x for threshold <= x (the doc), NaN kept; a select, not x * mask, which is NaN at -inf
-        keep = _unary("logical_not", _bin("less", x, threshold))
+        # x for x > threshold (TF), NaN kept; a select, not x * mask, which is NaN at -inf
+        keep = _unary("logical_not", _bin("less_equal", x, threshold))
         out = wrap(_core.select(keep._core, x._core, zeros_like(x)._core))
+        if max_value is not None and (isinstance(threshold, Tensor) or threshold < 0):
+            out = _bin("maximum", out, 0)  # TF's clip_by_value(x, 0, max_value)
     else:
         out = _unary("relu", x)
     if max_value is not None:
@@ -265,8 +273,9 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
 
     Arguments:
         target: An integer tensor (float tensors holding integers are cast, as Keras
-            feeds them), of ``output``'s shape without the class axis; a trailing axis of
-            size 1 is accepted.
+            feeds them), of ``output``'s shape without the class axis, or any shape with
+            one label per such position (Keras's targets have ``output``'s rank with a
+            class axis of size 1): it is then flattened, as in TensorFlow.
         output: A tensor resulting from a softmax (unless ``from_logits`` is True, in
             which case ``output`` is expected to be the logits).
         from_logits: Boolean, whether ``output`` is the result of a softmax, or is a
@@ -305,8 +314,9 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
         logp = log(p) - log(sum(p, -1, keepdims=True))
     d = _dims(logp)
     n_classes = d[-1]
-    if target.ndim == logp.ndim and target.shape[-1] in (1, None):
-        target = wrap(_core.squeeze(target._core, [-1]))
+    # A target of another rank than the output without its class axis (Keras feeds one of
+    # the output's rank, with a size-1 class axis wherever `axis` is) is flattened to one
+    # label per row of the class-last output, as TensorFlow does.
     if target.ndim != logp.ndim - 1:
         nt, nl = target.shape, logp.shape[:-1]
         if _b.all(v is not None for v in (*nt, *nl)) and int(np.prod(nt)) != int(np.prod(nl)):
@@ -542,7 +552,8 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
 
     Returns:
         A tuple length of 3, ``(normalized_tensor, mean, variance)``; ``mean`` and
-        ``variance`` (the biased, population variance) have the reduced axes removed.
+        ``variance`` (the biased, population variance, as TensorFlow and Theano compute
+        it) have the reduced axes removed.
         ``gamma`` and ``beta`` are reshaped to ``x``'s rank with 1s on the reduced axes.
 
     Raises:

@@ -147,14 +147,15 @@ def print_tensor(x, message=""):
 
     Arguments:
         x: Tensor to print.
-        message: Message to print jointly with the tensor.
+        message: Message to print jointly with the tensor; it is followed by a space and
+            the value, as in TensorFlow.
 
     Returns:
         The same tensor ``x``, unchanged (its gradient passes through).
 
     Example:
         >>> from ferrokeras import backend as K
-        >>> x = K.print_tensor(K.constant([1., 2.]), message='x is: ')
+        >>> x = K.print_tensor(K.constant([1., 2.]), message='x is:')
         >>> _ = K.eval(x)
         x is: [1. 2.]
     """
@@ -162,7 +163,9 @@ def print_tensor(x, message=""):
     x = _t(x)
 
     def show(v):
-        print(f"{message}{np.asarray(v)}", file=sys.stdout, flush=True)
+        # `message`, a space, the value: what TensorFlow's `tf.print(message, x)` and
+        # Theano's `Print` write.
+        print(f"{message} {np.asarray(v)}", file=sys.stdout, flush=True)
         return v
 
     res = _core.host_call(

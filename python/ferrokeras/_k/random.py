@@ -1,44 +1,35 @@
 """Random tensors and dropout, on the counter-based ``random`` primitive.
 
 A seeded op gives the same numbers on every device and in every process (its n-th
-execution depends only on the seed and n); an unseeded op gets a fresh seed when it is
-built. Each execution of a compiled function draws new numbers, so a dropout mask changes
-at every training step.
+execution depends only on the seed and n). An unseeded op draws its seed from NumPy's
+global generator when it is built, as Keras's Theano and CNTK backends do, so
+``np.random.seed(n)`` (or ``ferrokeras.set_random_seed(n)``) before building a model makes
+its initial weights and dropout masks the same run after run. Each execution of a compiled
+function draws new numbers, so a dropout mask changes at every training step.
 """
 
 import numpy as np
 
 from .. import _core
 from ..tensor import Tensor, wrap
-from .common import _dtype, _int, _t
-from .layout import _count
-from .linalg import _dims, _shape_tensor
+from .common import _INTS, _dtype, _int, _t
 from .math import _bin, _unary
+from .shapes import _dims, _shape_arg
 from .variables import cast
 
 _FLOATS = ("float16", "float32", "float64")
-_INTS = ("int8", "int16", "int32", "int64", "uint8")
-
-
-def _shape_arg(shape, fn):
-    """A 1-D int32 shape tensor from a tuple of ints (or scalar int tensors) or a 1-D int tensor."""
-    if isinstance(shape, Tensor):
-        if shape.ndim != 1 or shape.shape[0] is None or shape.dtype not in _INTS:
-            raise ValueError(
-                f"{fn}: shape must be a tuple of ints or a 1-D int tensor of known length, got {shape!r}"
-            )
-        return (shape if shape.dtype == "int32" else cast(shape, "int32"))._core
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-        shape = (shape,)
-    if not isinstance(shape, (tuple, list, np.ndarray)):
-        raise TypeError(f"{fn}: shape must be a tuple of ints, got {type(shape).__name__}")
-    return _shape_tensor([_count(d, f"{fn}: shape entry") for d in shape])
 
 
 def _seed(seed, fn):
     if seed is None:
-        return None
+        return _global_seed()
     return _int(seed, f"{fn}: seed") & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _global_seed():
+    """A seed for an unseeded op, drawn from NumPy's global generator (``np.random.seed``
+    makes it reproducible)."""
+    return int(np.random.randint(0, 2**31 - 1, dtype=np.int64))
 
 
 def _draw(dist, shape, dtype, seed, fn):
@@ -71,7 +62,8 @@ def random_normal(shape, mean=0.0, stddev=1.0, dtype=None, seed=None):
         stddev: A float (or scalar tensor), standard deviation of the normal distribution
             to draw samples.
         dtype: String, dtype of returned tensor (a float type; default ``floatx()``).
-        seed: Integer, random seed.
+        seed: Integer, random seed (default: one drawn from NumPy's global generator when
+            the op is built).
 
     Returns:
         A tensor.
@@ -97,7 +89,8 @@ def truncated_normal(shape, mean=0.0, stddev=1.0, dtype=None, seed=None):
         mean: Mean of the values.
         stddev: Standard deviation of the values.
         dtype: String, dtype of returned tensor (a float type; default ``floatx()``).
-        seed: Integer, random seed.
+        seed: Integer, random seed (default: one drawn from NumPy's global generator when
+            the op is built).
 
     Returns:
         A tensor.
@@ -122,7 +115,8 @@ def random_uniform(shape, minval=0.0, maxval=1.0, dtype=None, seed=None):
         dtype: String, dtype of returned tensor (default ``floatx()``). For an integer
             dtype the values are integers in ``[minval, maxval)``, a range of at most
             ``2 ** 24``.
-        seed: Integer, random seed.
+        seed: Integer, random seed (default: one drawn from NumPy's global generator when
+            the op is built).
 
     Returns:
         A tensor.
@@ -165,7 +159,8 @@ def random_binomial(shape, p=0.0, dtype=None, seed=None):
         p: A float, ``0. <= p <= 1``, probability of binomial distribution (or a tensor).
         dtype: String, dtype of returned tensor (default ``floatx()``; integer and bool
             dtypes work too).
-        seed: Integer, random seed.
+        seed: Integer, random seed (default: one drawn from NumPy's global generator when
+            the op is built).
 
     Returns:
         A tensor.
@@ -206,7 +201,8 @@ def dropout(x, level, noise_shape=None, seed=None):
             ``[0, 1)`` (or a scalar tensor).
         noise_shape: shape for randomly generated keep/drop flags, must be broadcastable
             to the shape of ``x``; ``None`` entries take ``x``'s dimension.
-        seed: random seed to ensure determinism.
+        seed: random seed to ensure determinism (default: one drawn from NumPy's global
+            generator when the op is built).
 
     Returns:
         A tensor.

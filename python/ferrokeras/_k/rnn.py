@@ -10,7 +10,7 @@ import numpy as np
 from .. import _core
 from ..tensor import wrap
 from .common import _t
-from .linalg import _dims, _shape_tensor
+from .shapes import _dims, _shape_tensor
 from .variables import cast
 
 
@@ -75,7 +75,9 @@ def rnn(
     Returns:
         A tuple ``(last_output, outputs, new_states)``: the latest output of the rnn of
         shape ``(samples, ...)``, all outputs of shape ``(samples, time, ...)``, and the
-        latest states, each of shape ``(samples, ...)``.
+        latest states, each of shape ``(samples, ...)``. ``new_states`` is a list, as
+        documented, whatever sequence ``initial_states`` is (TensorFlow returns it in the
+        structure of ``initial_states``, a tuple for a tuple).
 
     Raises:
         ValueError: if ``inputs`` has rank < 3, if the mask has the wrong shape, or if the

@@ -6,6 +6,7 @@ from .. import _core
 from ..config import floatx, reset_uids
 from ..tensor import Tensor
 from .function import function
+from .variables import _Update
 
 
 def backend():
@@ -107,11 +108,14 @@ class Session:
 
     def run(self, fetches, feed_dict=None):
         """Evaluates ``fetches`` (a tensor or a list of tensors) with ``feed_dict`` values
-        for placeholders, and returns NumPy arrays in the same structure."""
+        for placeholders, and returns NumPy arrays in the same structure. As in TensorFlow,
+        fetching an update op (``K.update``, ``K.update_add``, ...) also assigns it; all of
+        them are computed from the values before the call."""
         single = not isinstance(fetches, (list, tuple))
         outs = [fetches] if single else list(fetches)
         feed_dict = dict(feed_dict or {})
-        f = function(list(feed_dict.keys()), outs)
+        updates = [o for o in outs if isinstance(o, _Update)]
+        f = function(list(feed_dict.keys()), outs, updates=updates)
         res = f(list(feed_dict.values()))
         return res[0] if single else res
 

@@ -8,6 +8,7 @@ from .. import _core
 from ..config import get_uid
 from ..tensor import Tensor, Variable, check_numeric, is_tensor, wrap
 from .common import _dtype, _int, _t
+from .shapes import _shape_arg
 
 
 def _as_array(fn, value, dtype, **kw):
@@ -25,6 +26,8 @@ def variable(value, dtype=None, name=None, constraint=None):
 
     Arguments:
         value: NumPy array (or nested list, number, scipy.sparse matrix), initial value.
+            A scipy.sparse value is stored dense and the variable is flagged sparse
+            (``is_sparse`` is True).
         dtype: Tensor type; defaults to ``floatx()``.
         name: Optional name string for the variable.
         constraint: Optional projection function applied after an optimizer update.
@@ -45,12 +48,16 @@ def variable(value, dtype=None, name=None, constraint=None):
     dtype = _dtype(dtype)
     if isinstance(value, Tensor):
         value = eval(value)
-    if hasattr(value, "toarray"):
+    sparse = hasattr(value, "toarray")
+    if sparse:
         value = value.toarray()
     arr = _as_array("variable", value, dtype, copy=True, order="C")
     if name is None:
         name = f"variable_{get_uid('variable')}"
-    return Variable(arr, name, constraint=constraint)
+    v = Variable(arr, name, constraint=constraint)
+    if sparse:
+        v._is_sparse = True  # stored dense, flagged sparse for `is_sparse` (as TF keeps it)
+    return v
 
 
 def constant(value, dtype=None, shape=None, name=None):
@@ -59,7 +66,8 @@ def constant(value, dtype=None, shape=None, name=None):
     Arguments:
         value: A constant value (or list).
         dtype: The type of the elements of the resulting tensor; defaults to ``floatx()``.
-        shape: Optional dimensions of resulting tensor; a scalar ``value`` is filled in.
+        shape: Optional dimensions of resulting tensor; a scalar ``value`` is filled in
+            (entries may then be scalar int tensors, such as ``K.shape(x)[0]``).
         name: Optional name for the tensor.
 
     Returns:
@@ -74,6 +82,12 @@ def constant(value, dtype=None, shape=None, name=None):
     if isinstance(value, Tensor):
         value = eval(value)
     arr = _as_array("constant", value, dtype)
+    if shape is not None and _has_tensor(shape):
+        if arr.size != 1:
+            raise ValueError(
+                f"constant: a shape with tensors in it needs a scalar value, got shape {arr.shape}"
+            )
+        return _filled(shape, arr.reshape(()), dtype, name, "constant")
     if shape is not None:
         shape = tuple(shape)
         if arr.size == 1:
@@ -166,15 +180,66 @@ def is_keras_tensor(x):
     return hasattr(x, "_keras_history")
 
 
-def _filled_variable(shape, fill, dtype, name):
-    dtype = _dtype(dtype)
+def _has_tensor(shape):
+    return isinstance(shape, Tensor) or (
+        isinstance(shape, (list, tuple)) and _b.any(isinstance(d, Tensor) for d in shape)
+    )
+
+
+def _filled(shape, fill, dtype, name, fn):
+    """``fill`` broadcast to ``shape``, which holds scalar int tensors (or is a 1-D or a
+    0-d int tensor)."""
+
+    if isinstance(shape, Tensor) and shape.ndim == 0:
+        shape = (shape,)
+    fill = fill if isinstance(fill, Tensor) else _t(np.full((), fill, dtype=dtype))
+    return wrap(_core.broadcast_to(fill._core, _shape_arg(shape, fn)), name=name)
+
+
+def _tensor_or_variable(t, dtype, name):
+    """A tensor built from a shape with tensors in it: a variable of its value where its
+    size is static, as TensorFlow makes one, else the tensor."""
+    if _b.any(d is None for d in t.shape):
+        return t
+    return variable(eval(t), dtype=dtype, name=name)
+
+
+def _static_shape(shape, fn):
+    """``shape`` as a tuple of non-negative ints, for a variable (whose shape is static)."""
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
-    return variable(np.full(tuple(shape), fill, dtype=dtype), dtype=dtype, name=name)
+    if _has_tensor(shape):
+        raise TypeError(
+            f"{fn}: shape must be a tuple of ints (a variable's shape is static), got {shape!r}"
+        )
+    if not isinstance(shape, (list, tuple, np.ndarray)):
+        raise TypeError(f"{fn}: shape must be a tuple of ints, got {type(shape).__name__}")
+    shape = tuple(_int(d, f"{fn}: shape entry") for d in shape)
+    if _b.any(d < 0 for d in shape):
+        raise ValueError(f"{fn}: negative dimension in shape {shape}")
+    return shape
+
+
+def _filled_variable(shape, fill, dtype, name, fn):
+    dtype = _dtype(dtype)
+    if _has_tensor(shape):
+        return _tensor_or_variable(_filled(shape, fill, dtype, name, fn), dtype, name)
+    return variable(np.full(_static_shape(shape, fn), fill, dtype=dtype), dtype=dtype, name=name)
 
 
 def zeros(shape, dtype=None, name=None):
     """Instantiates an all-zeros variable and returns it.
+
+    Arguments:
+        shape: Tuple of integers, shape of returned variable. Entries may be scalar int
+            tensors (``K.shape(x)[0]``), or the shape a 1-D int tensor; when a size is
+            then known only at run time the result is a tensor, not a variable (as in
+            TensorFlow).
+        dtype: String, data type of returned variable (default ``floatx()``).
+        name: String, name of returned variable.
+
+    Returns:
+        A variable (including Keras metadata), filled with ``0.0``.
 
     Example:
         >>> from ferrokeras import backend as K
@@ -182,11 +247,22 @@ def zeros(shape, dtype=None, name=None):
         array([[0., 0., 0.],
                [0., 0., 0.]], dtype=float32)
     """
-    return _filled_variable(shape, 0, dtype, name)
+    return _filled_variable(shape, 0, dtype, name, "zeros")
 
 
 def ones(shape, dtype=None, name=None):
     """Instantiates an all-ones variable and returns it.
+
+    Arguments:
+        shape: Tuple of integers, shape of returned variable. Entries may be scalar int
+            tensors (``K.shape(x)[0]``), or the shape a 1-D int tensor; when a size is
+            then known only at run time the result is a tensor, not a variable (as in
+            TensorFlow).
+        dtype: String, data type of returned variable (default ``floatx()``).
+        name: String, name of returned variable.
+
+    Returns:
+        A variable (including Keras metadata), filled with ``1.0``.
 
     Example:
         >>> from ferrokeras import backend as K
@@ -194,21 +270,7 @@ def ones(shape, dtype=None, name=None):
         array([[1., 1.],
                [1., 1.]], dtype=float32)
     """
-    return _filled_variable(shape, 1, dtype, name)
-
-
-def eye(size, dtype=None, name=None):
-    """Instantiate an identity matrix variable; ``size`` is an int or a ``(rows, cols)`` tuple.
-
-    Example:
-        >>> from ferrokeras import backend as K
-        >>> K.eval(K.eye(2))
-        array([[1., 0.],
-               [0., 1.]], dtype=float32)
-    """
-    dtype = _dtype(dtype)
-    n, m = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
-    return variable(np.eye(n, m, dtype=dtype), dtype=dtype, name=name)
+    return _filled_variable(shape, 1, dtype, name, "ones")
 
 
 def zeros_like(x, dtype=None, name=None):
@@ -254,6 +316,14 @@ def identity(x, name=None):
     return Tensor(x._core, name=name)
 
 
+def _variable_seed(seed):
+    """The seed of a random variable: ``seed``, else one drawn from NumPy's global
+    generator (so ``np.random.seed`` makes unseeded variables reproducible)."""
+    if seed is None:
+        return int(np.random.randint(0, 2**31 - 1, dtype=np.int64))
+    return _int(seed, "seed")
+
+
 def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
     """Instantiates a variable with values drawn from a uniform distribution.
 
@@ -263,7 +333,7 @@ def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
         high: Float, upper boundary of the output interval.
         dtype: String, dtype of returned variable.
         name: String, name of returned variable.
-        seed: Integer, random seed.
+        seed: Integer, random seed (default: one drawn from NumPy's global generator).
 
     Example:
         >>> from ferrokeras import backend as K
@@ -271,8 +341,9 @@ def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
         >>> K.int_shape(kvar)
         (2, 3)
     """
-    rng = np.random.default_rng(seed)
-    return variable(rng.uniform(low, high, size=tuple(shape)), dtype=dtype, name=name)
+    shape = _static_shape(shape, "random_uniform_variable")
+    rng = np.random.default_rng(_variable_seed(seed))
+    return variable(rng.uniform(low, high, size=shape), dtype=dtype, name=name)
 
 
 def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None):
@@ -284,15 +355,16 @@ def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None)
         scale: Float, standard deviation of the normal distribution.
         dtype: String, dtype of returned variable.
         name: String, name of returned variable.
-        seed: Integer, random seed.
+        seed: Integer, random seed (default: one drawn from NumPy's global generator).
 
     Example:
         >>> from ferrokeras import backend as K
         >>> K.int_shape(K.random_normal_variable((2, 3), 0, 1, seed=1))
         (2, 3)
     """
-    rng = np.random.default_rng(seed)
-    return variable(rng.normal(mean, scale, size=tuple(shape)), dtype=dtype, name=name)
+    shape = _static_shape(shape, "random_normal_variable")
+    rng = np.random.default_rng(_variable_seed(seed))
+    return variable(rng.normal(mean, scale, size=shape), dtype=dtype, name=name)
 
 
 # =============================================================== introspection
