@@ -9,6 +9,8 @@ joins the two, and only then, once Keras has chosen ferrokeras, are these applie
 - h5py 3 string attributes readable as Keras expects (``_patch_h5py``);
 - ``Lambda`` output shapes inferred as under TensorFlow (``_patch_lambda``);
 - ``keras.callbacks.TensorBoard`` is ferrokeras's when TensorFlow is absent;
+- what Keras 2.2.4/2.2.5 also need (``_keras22``), and ``load_model``/``model_from_json``
+  reading models saved by tf.keras 2.x (``_keras_tf_h5``);
 - one configuration (floatx, epsilon, image data format) for Keras and ferrokeras, and
   every documented ``K`` name visible in ``keras.backend`` (``_join_keras``).
 
