@@ -3,7 +3,8 @@
 #   make demo         set up .venv, build the extension, run examples/quickstart.py and the
 #                     Keras 2.3.1 CNN on scikit-learn's digits (examples/digits_cnn.py)
 #   make test         set up, build, run the Rust tests and the pytest suite (docstring
-#                     examples included) once per device
+#                     examples included) once per device, then tests/keras under Keras
+#                     2.2.4 and 2.2.5 (.venv-keras224, .venv-keras225)
 #   make lint         the checks CI gates on: rustfmt, clippy (warnings are errors), ruff
 #                     (lint and format), and _core.pyi against the built module (stubtest)
 #   make wheel        build one abi3 wheel into dist/
@@ -44,6 +45,15 @@ MATURIN := env -u CONDA_PREFIX VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturi
 TEST_DEVICES ?= cpu gpu
 PYTEST_ARGS ?= -q
 
+# Older Keras releases that tests/keras also runs under, each in its own venv
+# (.venv-keras224, .venv-keras225: Keras, its test dependencies and a .pth file putting
+# this tree's python/ on the path, as `maturin develop` does for .venv), made on first use.
+# One pass each, on KERAS_OLD_DEVICES, after the main suite. KERAS_OLD= skips them.
+KERAS_OLD ?= 2.2.4 2.2.5
+KERAS_OLD_DEVICES ?= cpu
+KERAS_OLD_DEPS := numpy pytest scipy h5py scikit-learn tensorboard
+KERAS_OLD_STAMPS := $(foreach v,$(KERAS_OLD),.venv-keras$(subst .,,$(v))/.stamp-deps)
+
 # Inputs of the compiled extension. Python sources are not listed: `maturin develop`
 # installs python/ferrokeras in editable mode, so edits there need no rebuild.
 RUST_INPUTS := $(shell find src shaders -type f 2>/dev/null) \
@@ -77,12 +87,26 @@ demo: build
 	$(VENV_PY) examples/quickstart.py
 	KERAS_BACKEND=ferrokeras.backend $(VENV_PY) examples/digits_cnn.py
 
-test: build
+test: build $(KERAS_OLD_STAMPS)
 	cargo test --release --no-default-features
 	for d in $(TEST_DEVICES); do \
 	  echo "== pytest, FERROKERAS_DEVICE=$$d"; \
 	  FERROKERAS_DEVICE=$$d $(VENV_PY) -m pytest $(PYTEST_ARGS) tests; \
 	done
+	for v in $(KERAS_OLD); do for d in $(KERAS_OLD_DEVICES); do \
+	  echo "== pytest tests/keras, Keras $$v, FERROKERAS_DEVICE=$$d"; \
+	  env -u PYTHONPATH FERROKERAS_DEVICE=$$d .venv-keras$${v//./}/bin/python -m pytest \
+	    $(PYTEST_ARGS) tests/keras; \
+	done; done
+
+# .venv-keras224/.stamp-deps installs Keras 2.2.4 (the digits of the name, dotted).
+.venv-keras%/.stamp-deps:
+	$(PYTHON) -m venv .venv-keras$*
+	.venv-keras$*/bin/pip install -q keras==$$(sed -E 's/^(.)(.)(.+)$$/\1.\2.\3/' <<<'$*') \
+	  $(KERAS_OLD_DEPS)
+	echo "$(CURDIR)/python" > "$$(.venv-keras$*/bin/python -c \
+	  'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ferrokeras.pth"
+	touch $@
 
 # Python sources and the stub are checked from the repository root; clippy runs over both
 # feature sets (the bindings and GPU device, and the bare core that `cargo test` builds).
@@ -194,4 +218,4 @@ clean:
 	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-keras*/
