@@ -3,6 +3,9 @@ what Keras reads and writes on tensors (``name``, ``_keras_shape``, ``_keras_his
 and the Python operators. Nothing here computes; every operator builds a graph node.
 """
 
+import itertools
+import weakref
+
 import numpy as np
 
 from . import _core, config
@@ -244,6 +247,11 @@ class Tensor:
         return getitem(self, key)
 
 
+# Every live variable, keyed by creation order (ferrokeras.distributed broadcasts them all).
+LIVE_VARIABLES = weakref.WeakValueDictionary()
+_VARIABLE_ORDER = itertools.count()
+
+
 class Variable(Tensor):
     """A mutable tensor that owns its value; graphs read its current value when they run."""
 
@@ -254,6 +262,7 @@ class Variable(Tensor):
         super().__init__(self._var.tensor, name=name)
         self.constraint = constraint
         self._keras_shape = tuple(self.shape)
+        LIVE_VARIABLES[next(_VARIABLE_ORDER)] = self
 
     def get_value(self):
         return self._var.get()
