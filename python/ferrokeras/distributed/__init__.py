@@ -79,6 +79,20 @@ def local_size():
     return _comm.require().local_size
 
 
+def stats(reset=False):
+    """Counters of the gradient average on this rank since ``init`` (or the last reset).
+
+    Returns a dict: ``steps`` (gradient averages run), ``wait_s`` (seconds spent waiting
+    for every rank to reach the average: the agreement check plus load imbalance),
+    ``allreduce_s`` (seconds in ``MPI_Allreduce`` itself), ``bytes`` and ``buffers``
+    (reduced per rank). ``reset=True`` zeroes them after reading.
+    """
+    out = dict(_comm.require().stats)
+    if reset:
+        _comm.reset_stats()
+    return out
+
+
 def mpi_threads_supported():
     """Whether the MPI library was initialised with MPI_THREAD_MULTIPLE."""
     MPI = _comm.require().MPI
@@ -146,6 +160,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "mpi_threads_supported",
+    "stats",
     "allreduce",
     "allgather",
     "broadcast",

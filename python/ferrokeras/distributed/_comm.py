@@ -62,6 +62,7 @@ class _State:
     local_rank = 0
     local_size = 1
     counts = {}  # collective kind -> how many this rank ran (named in error messages)
+    stats = None  # the gradient average's counters (ferrokeras.distributed.stats)
     previous_hook = None
     shutting_down = False
     failed = False
@@ -108,9 +109,14 @@ def init(comm=None):
     S.local_rank = S.local_comm.Get_rank()
     S.local_size = S.local_comm.Get_size()
     S.counts = {}
+    reset_stats()
     S.previous_hook = sys.excepthook
     sys.excepthook = _excepthook
     atexit.register(_at_exit)
+
+
+def reset_stats():
+    S.stats = {"steps": 0, "wait_s": 0.0, "allreduce_s": 0.0, "bytes": 0, "buffers": 0}
 
 
 def require():

@@ -3,6 +3,7 @@ packed gradient average that DistributedOptimizer puts in a training step."""
 
 import gc
 import os
+import time
 
 import numpy as np
 
@@ -301,15 +302,23 @@ class _GradientAverage:
         self.detail = detail
 
     def call(self, arrays):
-        from ._comm import agree
+        from ._comm import S, agree
 
+        t0 = time.perf_counter()
         agree("gradient allreduce", self.layout, self.detail)
+        t1 = time.perf_counter()
         out = []
         for a in arrays:
             a = np.ascontiguousarray(a)
             if not a.flags.writeable:
                 a = a.copy()
             out.append(_reduce_in_place(a, Average))
+        st = S.stats
+        st["steps"] += 1
+        st["wait_s"] += t1 - t0
+        st["allreduce_s"] += time.perf_counter() - t1
+        st["bytes"] += sum(a.nbytes for a in out)
+        st["buffers"] += len(out)
         return out
 
     def vjp(self, arrays, grads):
