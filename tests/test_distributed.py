@@ -121,11 +121,17 @@ def test_one_node_per_step_on_the_gpu(trained):
 
 
 def test_save_and_load_on_rank_0(trained):
-    r0, r1, _ = trained
+    r0, r1, single = trained
     # train_keras.py asserts that the model saved with DistributedOptimizer loads as a
     # plain keras.optimizers.Adam with the same weights; its step count came back too.
     assert r0["loaded_iterations"] == 18
     assert "loaded_iterations" not in r1
+    # hvd.load_model on every rank: the state comes back, the ranks train on in step.
+    for r in (r0, r1):
+        assert r["resumed_iterations"] == 18
+        assert r["resumed_collectives"] == 6
+    np.testing.assert_array_equal(r0["resumed_w0"], r1["resumed_w0"])
+    np.testing.assert_allclose(r0["resumed_w0"], single["resumed_w0"], rtol=1e-4, atol=2e-5)
 
 
 def test_learning_rate_warmup(trained):

@@ -114,5 +114,16 @@ if hvd.rank() == 0:
     # The optimizer state comes back too: one more step from it matches.
     out["loaded_iterations"] = K.get_value(loaded.optimizer.iterations)
 
+# Every rank resumes from rank 0's checkpoint with hvd.load_model: a distributed
+# optimizer of the saved class, with its state, and training goes on in step.
+hvd.allreduce(np.zeros(1), name="checkpoint written")
+resumed = hvd.load_model(prefix + ".h5")
+assert type(resumed.optimizer).__name__ == "Adam" and resumed.optimizer._ferrokeras_distributed
+out["resumed_iterations"] = K.get_value(resumed.optimizer.iterations)
+before = hvd._comm.S.counts.get("gradient allreduce", 0)
+resumed.fit(x_shard, y_shard, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+out["resumed_collectives"] = hvd._comm.S.counts.get("gradient allreduce", 0) - before
+out["resumed_w0"] = resumed.get_weights()[0]
+
 np.savez(f"{prefix}.rank{hvd.rank()}.npz", **out)
 print(f"TRAINED {hvd.rank()} of {hvd.size()}", flush=True)

@@ -33,7 +33,7 @@ from ._ops import (
     broadcast_global_variables,
     broadcast_variables,
 )
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer, load_model
 
 
 def init(comm=None):
@@ -169,6 +169,7 @@ __all__ = [
     "allreduce_gradients",
     "shard",
     "DistributedOptimizer",
+    "load_model",
     "DistributedError",
     "MismatchError",
     "RankFailedError",

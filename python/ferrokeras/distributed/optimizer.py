@@ -65,6 +65,13 @@ def DistributedOptimizer(optimizer, name=None, op=Average):
         raise TypeError(
             f"DistributedOptimizer wraps a Keras optimizer, got {type(optimizer).__name__}"
         )
+    cls = distributed_class(base, op)
+    return cls.from_config(optimizer.get_config())
+
+
+def distributed_class(base, op=Average):
+    """The subclass of the optimizer class ``base`` that DistributedOptimizer instantiates:
+    same ``__name__``, ``__module__`` and configuration, gradients averaged over ranks."""
     methods = {
         k: v
         for k, v in vars(_DistributedMethods).items()
@@ -73,5 +80,31 @@ def DistributedOptimizer(optimizer, name=None, op=Average):
     methods["__module__"] = base.__module__
     methods["__doc__"] = base.__doc__
     methods["_ferrokeras_op"] = op
-    cls = type(base.__name__, (base,), methods)
-    return cls.from_config(optimizer.get_config())
+    return type(base.__name__, (base,), methods)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None):
+    """Loads a Keras model saved by ``model.save`` with its optimizer made distributed,
+    its state (iterations, moments) restored: to resume training on every rank.
+
+    Arguments:
+        filepath: The HDF5 file.
+        custom_optimizers: Optimizer classes of your own that the file may name.
+        custom_objects: As for ``keras.models.load_model``.
+    """
+    import inspect
+
+    import keras
+
+    require()
+    classes = [
+        c
+        for c in vars(keras.optimizers).values()
+        if inspect.isclass(c) and issubclass(c, keras.optimizers.Optimizer)
+    ]
+    objects = {}
+    for c in classes + list(custom_optimizers or []):
+        # keras.optimizers.deserialize looks built-in names up in lower case.
+        objects[c.__name__] = objects[c.__name__.lower()] = distributed_class(c)
+    objects.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objects)
