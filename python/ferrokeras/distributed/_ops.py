@@ -312,7 +312,7 @@ class _GradientAverage:
             a = np.ascontiguousarray(a)
             if not a.flags.writeable:
                 a = a.copy()
-            out.append(_reduce_in_place(a, Average))
+            out.append(_reduce_in_place(a, Sum))
         st = S.stats
         st["steps"] += 1
         st["wait_s"] += t1 - t0
@@ -322,7 +322,7 @@ class _GradientAverage:
         return out
 
     def vjp(self, arrays, grads):
-        # The average is linear and self-adjoint: its gradient is the average of the
+        # The sum over ranks is linear and self-adjoint: its gradient is the sum of the
         # incoming gradients.
         return self.call([np.array(g, order="C", copy=True) for g in grads])
 
@@ -333,19 +333,23 @@ def _static_size(shape):
     return int(np.prod(shape, dtype=np.int64))
 
 
-def allreduce_gradients(grads, names=None):
-    """Averages ``grads`` (tensors) over all ranks with one graph node.
+def allreduce_gradients(grads, names=None, op=Average):
+    """Averages (``op=hvd.Average``) or sums (``hvd.Sum``) ``grads`` (tensors) over all
+    ranks with one graph node.
 
     The gradients are flattened and concatenated into one buffer per dtype (split into
     chunks of at most :func:`chunk_bytes` where a size limit demands), one host node
-    averages all buffers with one in-place ``Allreduce`` each, and the results are sliced
-    and reshaped back. On the first call and on every later one the node checks that all
-    ranks have the same gradient layout. With one rank the gradients are returned as
-    they are.
+    sums all buffers with one in-place ``Allreduce`` each, and the results are sliced
+    and reshaped back; the average's ``1 / size`` is a product in the graph, which fuses
+    with whatever reads the gradient next (the optimizer's update). On the first call and
+    on every later one the node checks that all ranks have the same gradient layout. With
+    one rank the gradients are returned as they are.
     """
     from .. import backend as K
 
     s = require()
+    if op not in (Average, Sum):
+        raise ValueError(f"allreduce_gradients: op must be hvd.Average or hvd.Sum, got {op!r}")
     grads = list(grads)
     if s.size == 1 or not grads:
         return grads
@@ -426,5 +430,6 @@ def allreduce_gradients(grads, names=None):
         p = parts_of[i]
         flat = p[0] if len(p) == 1 else K.concatenate(p, axis=0)
         shape = shapes[i] if sizes[i] is not None else K.shape(g)
-        result.append(K.reshape(flat, shape))
+        g_sum = K.reshape(flat, shape)
+        result.append(g_sum * K.constant(1.0 / s.size, dtype=g.dtype) if op == Average else g_sum)
     return result

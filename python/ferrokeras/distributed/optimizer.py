@@ -26,9 +26,8 @@ class _DistributedMethods:
                 "have a gradient defined (i.e. are differentiable). Common ops without "
                 "gradient: K.argmax, K.round, K.eval."
             )
-        grads = allreduce_gradients(grads, [getattr(p, "name", str(p)) for p in params])
-        if self._ferrokeras_op == Sum and require().size > 1:
-            grads = [g * float(require().size) for g in grads]
+        names = [getattr(p, "name", str(p)) for p in params]
+        grads = allreduce_gradients(grads, names, op=self._ferrokeras_op)
         if getattr(self, "clipnorm", 0) and self.clipnorm > 0:
             norm = K.sqrt(sum([K.sum(K.square(g)) for g in grads]))
             grads = [clip_norm(g, self.clipnorm, norm) for g in grads]
