@@ -295,13 +295,19 @@ def chunk_bytes():
 
 
 class _GradientAverage:
-    """Runner of the one node that averages a training step's gradients."""
+    """Runner of the one node that sums a training step's gradients over the ranks.
 
-    def __init__(self, layout, detail):
+    Its inputs are the packed buffers. Its results are the same buffers summed, or, with
+    ``split`` (a list per buffer of ``(offset, size, shape)``), the summed gradients one
+    by one: NumPy views of the buffers that the runtime copies out once, instead of
+    slices in the graph that would copy them once more."""
+
+    def __init__(self, layout, detail, split=None):
         self.layout = layout
         self.detail = detail
+        self.split = split
 
-    def call(self, arrays):
+    def _sum(self, arrays):
         from ._comm import S, agree
 
         t0 = time.perf_counter()
@@ -321,10 +327,27 @@ class _GradientAverage:
         st["buffers"] += len(out)
         return out
 
+    def call(self, arrays):
+        out = self._sum(arrays)
+        if self.split is None:
+            return out
+        return [
+            buf[off : off + n].reshape(shape)
+            for buf, pieces in zip(out, self.split)
+            for off, n, shape in pieces
+        ]
+
     def vjp(self, arrays, grads):
         # The sum over ranks is linear and self-adjoint: its gradient is the sum of the
-        # incoming gradients.
-        return self.call([np.array(g, order="C", copy=True) for g in grads])
+        # incoming gradients (packed like the inputs when the results are split).
+        if self.split is not None:
+            packed, k = [], 0
+            for pieces in self.split:
+                part = [np.asarray(grads[k + j]).reshape(-1) for j in range(len(pieces))]
+                packed.append(np.concatenate(part) if len(part) > 1 else part[0].copy())
+                k += len(pieces)
+            grads = packed
+        return self._sum([np.array(g, order="C", copy=True) for g in grads])
 
 
 def _static_size(shape):
@@ -404,24 +427,40 @@ def allreduce_gradients(grads, names=None, op=Average):
     detail = f"{len(grads)} gradients: " + ", ".join(
         f"{n} {g.dtype}{list(sh)}" for n, g, sh in zip(names, grads, shapes)
     )
-    res = _core.host_call(
-        "gradient_allreduce",
-        _GradientAverage(f"{len(chunks)} buffers; {layout}", detail),
-        [b._core for b in inputs],
-        specs,
-    )
+    runner = _GradientAverage(f"{len(chunks)} buffers; {layout}", detail)
+    # On the CPU (no size limit) the node hands back each gradient by itself; on a GPU
+    # one buffer each way (one download, one upload) and slices in the graph.
+    split = limit_bytes is None and all(b is not None for _, pieces in chunks for _, _, b in pieces)
+    if split:
+        runner.split = []
+        specs = []
+        for dt, pieces in chunks:
+            off, mine = 0, []
+            for i, a, b in pieces:
+                mine.append((off, b - a, shapes[i]))
+                specs.append((list(shapes[i]), dt))
+                off += b - a
+            runner.split.append(mine)
+    res = _core.host_call("gradient_allreduce", runner, [b._core for b in inputs], specs)
     outs = [wrap(r) for r in res]
     # Back to one tensor per gradient.
     parts_of = {}
-    for (_, pieces), out in zip(chunks, outs):
-        off = 0
-        for i, a, b in pieces:
-            if b is None or len(pieces) == 1:
-                parts_of.setdefault(i, []).append(out)
-                continue
-            n = b - a
-            parts_of.setdefault(i, []).append(out[off : off + n])
-            off += n
+    if split:
+        k = 0
+        for _, pieces in chunks:
+            for i, _, _ in pieces:
+                parts_of[i] = [outs[k]]
+                k += 1
+    else:
+        for (_, pieces), out in zip(chunks, outs):
+            off = 0
+            for i, a, b in pieces:
+                if b is None or len(pieces) == 1:
+                    parts_of.setdefault(i, []).append(out)
+                    continue
+                n = b - a
+                parts_of.setdefault(i, []).append(out[off : off + n])
+                off += n
     result = []
     for i, g in enumerate(grads):
         if sizes[i] == 0:
