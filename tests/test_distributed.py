@@ -29,13 +29,13 @@ def _mpiexec():
     return found
 
 
-def launch(n, script, *args, timeout=120):
-    """Runs `script` on `n` ranks (plain python when n is None); returns
-    (returncode, combined output, seconds)."""
+def launch(n, script, *args, timeout=120, env=None):
+    """Runs `script` on `n` ranks (plain python when n is None), with `env` added to the
+    environment; returns (returncode, combined output, seconds)."""
     cmd = [sys.executable, str(script), *map(str, args)]
     if n is not None:
         cmd = [_mpiexec(), "-n", str(n)] + cmd
-    env = dict(os.environ, KERAS_BACKEND="ferrokeras.backend", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, KERAS_BACKEND="ferrokeras.backend", PYTHONUNBUFFERED="1", **(env or {}))
     src = str(ROOT / "python")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     start = time.monotonic()
@@ -189,6 +189,16 @@ def test_rank_out_of_data_fails_the_others():
     assert "rank 1: exit #1" in out and "rank 0: gradient allreduce" in out, out
     assert "ran out of data" in out, out
     assert seconds < 30, out
+
+
+def test_a_stalled_rank_times_out_when_asked():
+    # Without FERROKERAS_DIST_TIMEOUT a rank waits as long as the others need (with a
+    # warning after FERROKERAS_DIST_STALL_WARNING seconds); with it, it gives up.
+    env = {"FERROKERAS_DIST_TIMEOUT": "1", "FERROKERAS_DIST_ABORT_GRACE": "1"}
+    rc, out, seconds = launch(2, SCRIPTS / "faults.py", "timeout", timeout=60, env=env)
+    assert rc != 0, out
+    assert "rank 0: waited 1 s at gradient allreduce" in out, out
+    assert seconds < 20, out  # rank 1 would sleep 30 s
 
 
 def test_shard():

@@ -9,6 +9,7 @@ python faults.py outofdata   rank 1 has half the data; when it finishes, both fa
 
 import os
 import sys
+import time
 
 os.environ.setdefault("KERAS_BACKEND", "ferrokeras.backend")
 
@@ -42,6 +43,8 @@ if case == "mismatch":
         print(f"CAUGHT rank {rank}: {e}", flush=True)
     sys.exit(0)
 
+if case == "timeout" and rank == 1:
+    time.sleep(30)
 if case == "outofdata" and rank == 1:
     x, y = x[:32], y[:32]
 model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[RaiseAt()])
