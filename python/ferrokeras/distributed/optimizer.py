@@ -19,6 +19,11 @@ class _DistributedMethods:
 
         from .. import backend as K
 
+        size = require().size
+        if self._ferrokeras_op == Average and size > 1:
+            # The average's 1/size scales the loss, so that backpropagation carries it
+            # at no cost, and the ranks' gradients are then summed.
+            loss = loss * K.constant(1.0 / size, dtype=loss.dtype)
         grads = K.gradients(loss, params)
         if any(g is None for g in grads):
             raise ValueError(
@@ -27,7 +32,7 @@ class _DistributedMethods:
                 "gradient: K.argmax, K.round, K.eval."
             )
         names = [getattr(p, "name", str(p)) for p in params]
-        grads = allreduce_gradients(grads, names, op=self._ferrokeras_op)
+        grads = allreduce_gradients(grads, names, op=Sum)
         if getattr(self, "clipnorm", 0) and self.clipnorm > 0:
             norm = K.sqrt(sum([K.sum(K.square(g)) for g in grads]))
             grads = [clip_norm(g, self.clipnorm, norm) for g in grads]
@@ -49,7 +54,8 @@ def DistributedOptimizer(optimizer, name=None, op=Average):
         A new optimizer of a subclass of ``optimizer``'s class with the same ``__name__``
         and the same configuration, so that a model saved with it loads without
         ferrokeras.distributed. Its ``get_gradients`` packs all gradients into one buffer
-        and reduces them with one host node (one ``Allreduce``) per step; ``clipnorm`` and
+        and sums them with one host node (one ``Allreduce``) per step (for the average, the
+        loss is scaled by ``1 / size`` before differentiating); ``clipnorm`` and
         ``clipvalue`` apply to the averaged gradient. Scale the learning rate with the
         number of ranks yourself (``lr * hvd.size()``), as with Horovod.
     """
