@@ -8,7 +8,8 @@ single process (weak scaling: N ranks train on N times the samples per step).
 Workloads are those of bench_keras.py: MLP 784-512-512-10 with dropout, RMSprop, batch
 128; CNN conv32-conv64-pool-d128, Adam, batch 64. ``--threads 1`` runs every process with
 one compute thread (RAYON_NUM_THREADS=1, FERROKERAS_CPU_TEAM=0), ``default`` with
-ferrokeras' own choice. For each configuration it prints samples/s (all ranks together,
+ferrokeras' own choice. For each configuration (``--rounds`` runs each, one process and N
+ranks taking turns; the median run is reported) it prints samples/s (all ranks together,
 median epoch), the speed-up over one process with the same threads, and per step the
 time inside the gradient average: waiting for the other ranks (agreement check and load
 imbalance) and MPI_Allreduce itself.
@@ -126,6 +127,11 @@ def run(workload, ranks, threads, epochs):
     raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
 
 
+def median_run(runs):
+    """The run with the median throughput."""
+    return sorted(runs, key=lambda r: r["samples_per_s"])[len(runs) // 2]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", metavar="WORKLOAD", help=argparse.SUPPRESS)
@@ -133,6 +139,7 @@ def main():
     p.add_argument("--workloads", default="mlp,cnn")
     p.add_argument("--threads", default="1,default")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up)")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each configuration")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     if args.worker:
@@ -147,10 +154,14 @@ def main():
         if workload not in WORKLOADS:
             raise SystemExit(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
         for threads in args.threads.split(","):
-            one = run(workload, 1, threads, args.epochs)
-            many = run(workload, args.ranks, threads, args.epochs)
-            for r in (one, many):
+            ones, manys = [], []
+            for _ in range(args.rounds):  # the two take turns, against drifts in load
+                ones.append(run(workload, 1, threads, args.epochs))
+                manys.append(run(workload, args.ranks, threads, args.epochs))
+            one, many = (median_run(r) for r in (ones, manys))
+            for r, rounds in ((one, ones), (many, manys)):
                 r["threads"] = threads
+                r["rounds_samples_per_s"] = [x["samples_per_s"] for x in rounds]
                 rows.append(r)
             print(
                 f"{workload:4s} threads={threads:7s} 1 process {one['samples_per_s']:9.0f} "
@@ -158,7 +169,10 @@ def main():
                 f"= {many['samples_per_s'] / one['samples_per_s']:.2f}x | per step: wait "
                 f"{many['wait_ms_per_step']:.2f} ms, allreduce {many['allreduce_ms_per_step']:.2f} "
                 f"ms of {many['allreduce_mb_per_step']:.2f} MiB | CPU ms per step "
-                f"{one['cpu_ms_per_step']:.2f} -> {many['cpu_ms_per_step']:.2f}",
+                f"{one['cpu_ms_per_step']:.2f} -> {many['cpu_ms_per_step']:.2f} | rounds "
+                + " ".join(f"{x:.0f}" for x in one["rounds_samples_per_s"])
+                + " / "
+                + " ".join(f"{x:.0f}" for x in many["rounds_samples_per_s"]),
                 flush=True,
             )
     print(f"# load average {os.getloadavg()[0]:.2f} at the end")
