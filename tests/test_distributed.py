@@ -142,10 +142,16 @@ def test_learning_rate_warmup(trained):
         expect = np.where(epoch < 2, 0.1 * (epoch * (size - 1) / 2 + 1) / size, 0.1)
         np.testing.assert_allclose(lr, expect, rtol=1e-6)
         assert run["momentum_after"] == pytest.approx(0.5)
-    # Momentum correction: scaled by new_lr / old_lr on the batches where the rate moved.
-    np.testing.assert_allclose(
-        r0["warmup_momentum"][1], 0.5 * r0["warmup_lr"][1] / r0["warmup_lr"][0], rtol=1e-6
-    )
+    # Momentum correction: scaled by new_lr / old_lr on the batches where the rate moved
+    # within the warm-up (from 0.1 to 0.05 on the first), restored after each batch.
+    lr, momentum = r0["warmup_lr"], r0["warmup_momentum"]
+    np.testing.assert_allclose(momentum[0], 0.5 * lr[0] / 0.1, rtol=1e-6)
+    np.testing.assert_allclose(momentum[1:6], 0.5 * lr[1:6] / lr[0:5], rtol=1e-6)
+    np.testing.assert_allclose(momentum[6:], 0.5, rtol=1e-6)
+    # LearningRateScheduleCallback: 0.1 * 0.5 ** epoch on epochs 1 and 2, then left alone.
+    for run in (r0, r1, single):
+        expect = np.repeat([0.1, 0.05, 0.025, 0.025], 3)
+        np.testing.assert_allclose(run["schedule_lr"], expect, rtol=1e-6)
 
 
 def test_example_distributed_digits(tmp_path):

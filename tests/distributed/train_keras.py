@@ -92,17 +92,18 @@ warm = [
     hvd.callbacks.LearningRateWarmupCallback(warmup_epochs=2),
     RecordLR(),
 ]
-warm_model.fit(
-    x_shard[: 3 * batch],
-    y_shard[: 3 * batch],
-    batch_size=batch,
-    epochs=3,
-    callbacks=warm,
-    verbose=0,
-)
-out["warmup_lr"] = np.array(lrs)
-out["warmup_momentum"] = np.array(moms)
+x_few, y_few = x_shard[: 3 * batch], y_shard[: 3 * batch]
+warm_model.fit(x_few, y_few, batch_size=batch, epochs=3, callbacks=warm, verbose=0)
+out["warmup_lr"], out["warmup_momentum"] = np.array(lrs), np.array(moms)
 out["momentum_after"] = K.get_value(warm_model.optimizer.momentum)
+
+# Then a staircase schedule on epochs 1 and 2: 0.1 * 0.5 ** epoch.
+lrs.clear()
+sched = hvd.callbacks.LearningRateScheduleCallback(
+    multiplier=lambda epoch: 0.5**epoch, start_epoch=1, end_epoch=3
+)
+warm_model.fit(x_few, y_few, batch_size=batch, epochs=4, callbacks=[sched, RecordLR()], verbose=0)
+out["schedule_lr"] = np.array(lrs)
 
 if hvd.rank() == 0:
     path = prefix + ".h5"

@@ -63,7 +63,105 @@ class MetricAverageCallback(Callback):
             logs[k] = float(v)
 
 
-class LearningRateWarmupCallback(Callback):
+class LearningRateScheduleCallback(Callback):
+    """Sets the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch``
+    up to (not including) ``end_epoch``, as Horovod's callback of that name.
+
+    Arguments:
+        initial_lr: The base learning rate; defaults to the optimizer's learning rate when
+            training starts.
+        multiplier: A number, or a function of the epoch (fractional when ``staircase``
+            is False) returning the factor.
+        start_epoch, end_epoch: The epochs it acts on (``end_epoch=None``: to the end).
+        staircase: True: set once at the start of each epoch; False: at every batch, with
+            the fractional epoch ``epoch + batch / steps_per_epoch``.
+        momentum_correction: Scale an optimizer's ``momentum`` by new_lr / old_lr for the
+            batch where the rate changes (Goyal et al., 2017), as Horovod does.
+        steps_per_epoch: Batches per epoch; read from ``fit``'s parameters when None.
+    """
+
+    def __init__(
+        self,
+        initial_lr=None,
+        multiplier=1.0,
+        start_epoch=0,
+        end_epoch=None,
+        staircase=True,
+        momentum_correction=True,
+        steps_per_epoch=None,
+    ):
+        super().__init__()
+        self.initial_lr = initial_lr
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            factor = float(multiplier)
+            self.multiplier = lambda epoch: factor
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+        self._restore_momentum = None
+
+    def _lr_variable(self):
+        opt = self.model.optimizer
+        lr = getattr(opt, "learning_rate", None)
+        if lr is None:
+            lr = getattr(opt, "lr", None)
+        if lr is None:
+            raise ValueError(f"{type(self).__name__}: the optimizer has no learning rate")
+        return lr
+
+    def _steps(self):
+        if self.steps_per_epoch:
+            return self.steps_per_epoch
+        p = self.params or {}
+        if p.get("steps"):
+            return p["steps"]
+        if p.get("samples") and p.get("batch_size"):
+            return int(np.ceil(p["samples"] / p["batch_size"]))
+        raise ValueError(
+            f"{type(self).__name__}: cannot tell the steps per epoch; pass steps_per_epoch"
+        )
+
+    def _active(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, new):
+        lr = self._lr_variable()
+        old = float(K.get_value(lr))
+        K.set_value(lr, new)
+        opt = self.model.optimizer
+        if self.momentum_correction and hasattr(opt, "momentum") and old > 0 and new != old:
+            self._restore_momentum = float(K.get_value(opt.momentum))
+            K.set_value(opt.momentum, self._restore_momentum * new / old)
+
+    def on_train_begin(self, logs=None):
+        if self.initial_lr is None:
+            self.initial_lr = float(K.get_value(self._lr_variable()))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+
+    def on_batch_begin(self, batch, logs=None):
+        if not self._active(self.current_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._set(self.initial_lr * self.multiplier(self.current_epoch))
+        else:
+            epoch = self.current_epoch + batch / self._steps()
+            self._set(self.initial_lr * self.multiplier(epoch))
+
+    def on_batch_end(self, batch, logs=None):
+        if self._restore_momentum is not None:
+            K.set_value(self.model.optimizer.momentum, self._restore_momentum)
+            self._restore_momentum = None
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Raises the learning rate gradually from ``initial_lr / size`` to ``initial_lr``
     over the first ``warmup_epochs`` epochs, batch by batch (Goyal et al., "Accurate,
     Large Minibatch SGD", 2017): large learning rates scaled with the number of ranks
@@ -79,7 +177,7 @@ class LearningRateWarmupCallback(Callback):
         verbose: 1 prints a line when warm-up ends (rank 0 only).
 
     The rate at (fractional) epoch ``e`` is ``initial_lr * (e * (size - 1) / warmup_epochs
-    + 1) / size``; from epoch ``warmup_epochs`` on it is ``initial_lr``.
+    + 1) / size``; at the start of epoch ``warmup_epochs`` it is set to ``initial_lr``.
     """
 
     def __init__(
@@ -90,52 +188,27 @@ class LearningRateWarmupCallback(Callback):
         steps_per_epoch=None,
         verbose=0,
     ):
-        super().__init__()
         if warmup_epochs <= 0:
             raise ValueError(f"warmup_epochs must be positive, got {warmup_epochs!r}")
-        self.initial_lr = initial_lr
+        super().__init__(
+            initial_lr=initial_lr,
+            multiplier=self._warmup,
+            start_epoch=0,
+            end_epoch=warmup_epochs,
+            staircase=False,
+            momentum_correction=momentum_correction,
+            steps_per_epoch=steps_per_epoch,
+        )
         self.warmup_epochs = warmup_epochs
-        self.momentum_correction = momentum_correction
-        self.steps_per_epoch = steps_per_epoch
         self.verbose = verbose
-        self.current_epoch = 0
-        self._restore_momentum = None
         self._done = False
 
-    def _lr_variable(self):
-        opt = self.model.optimizer
-        lr = getattr(opt, "learning_rate", None)
-        if lr is None:
-            lr = getattr(opt, "lr", None)
-        if lr is None:
-            raise ValueError("LearningRateWarmupCallback: the optimizer has no learning rate")
-        return lr
-
-    def _steps(self):
-        if self.steps_per_epoch:
-            return self.steps_per_epoch
-        p = self.params or {}
-        if p.get("steps"):
-            return p["steps"]
-        if p.get("samples") and p.get("batch_size"):
-            return int(np.ceil(p["samples"] / p["batch_size"]))
-        raise ValueError(
-            "LearningRateWarmupCallback: cannot tell the steps per epoch; pass steps_per_epoch"
-        )
-
-    def multiplier(self, epoch):
-        """The factor on ``initial_lr`` at fractional epoch ``epoch``."""
+    def _warmup(self, epoch):
         size = require().size
-        if epoch >= self.warmup_epochs:
-            return 1.0
         return (epoch * (size - 1) / self.warmup_epochs + 1.0) / size
 
-    def on_train_begin(self, logs=None):
-        if self.initial_lr is None:
-            self.initial_lr = float(K.get_value(self._lr_variable()))
-
     def on_epoch_begin(self, epoch, logs=None):
-        self.current_epoch = epoch
+        super().on_epoch_begin(epoch, logs)
         if epoch >= self.warmup_epochs and not self._done:
             K.set_value(self._lr_variable(), self.initial_lr)
             self._done = True
@@ -143,27 +216,10 @@ class LearningRateWarmupCallback(Callback):
                 lr = self.initial_lr
                 print(f"\nEpoch {epoch + 1}: finished the learning-rate warm-up, lr={lr:.6g}")
 
-    def on_batch_begin(self, batch, logs=None):
-        if self.current_epoch >= self.warmup_epochs:
-            return
-        lr = self._lr_variable()
-        old = float(K.get_value(lr))
-        new = self.initial_lr * self.multiplier(self.current_epoch + batch / self._steps())
-        K.set_value(lr, new)
-        opt = self.model.optimizer
-        if self.momentum_correction and hasattr(opt, "momentum") and old > 0 and new != old:
-            m = opt.momentum
-            self._restore_momentum = float(K.get_value(m))
-            K.set_value(m, self._restore_momentum * new / old)
-
-    def on_batch_end(self, batch, logs=None):
-        if self._restore_momentum is not None:
-            K.set_value(self.model.optimizer.momentum, self._restore_momentum)
-            self._restore_momentum = None
-
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback",
     "LearningRateWarmupCallback",
+    "LearningRateScheduleCallback",
 ]
