@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _core
 from ..tensor import LIVE_VARIABLES, Tensor, wrap
-from ._comm import require
+from ._comm import S, agree, require
 
 Average = "average"
 Sum = "sum"
@@ -75,15 +75,11 @@ def _np_allreduce(arr, op, name):
     if arr.dtype.kind == "b":
         raise TypeError("allreduce: bool arrays cannot be reduced; cast them to int32")
     s_name = name or "unnamed"
-    from ._comm import agree
-
     agree("allreduce", f"{s_name} {op} {_layout(arr)}")
     return _reduce_in_place(arr, op)
 
 
 def _np_allgather(arr, name):
-    from ._comm import agree
-
     s = require()
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -103,8 +99,6 @@ def _np_allgather(arr, name):
 
 
 def _np_broadcast(arr, root_rank, name):
-    from ._comm import agree
-
     s = require()
     _check_root(root_rank)
     agree("broadcast", f"{name or 'unnamed'} root {root_rank} {_layout(arr)}")
@@ -231,8 +225,6 @@ def broadcast_variables(variables, root_rank):
     """Sets every variable in ``variables`` to its value on ``root_rank`` (one ``Bcast``
     per dtype). The ranks must pass variables of the same shapes and dtypes, in the
     same order; otherwise every rank raises ``MismatchError`` naming them."""
-    from ._comm import agree
-
     s = require()
     _check_root(root_rank)
     variables = list(variables)
@@ -308,8 +300,6 @@ class _GradientAverage:
         self.split = split
 
     def _sum(self, arrays):
-        from ._comm import S, agree
-
         t0 = time.perf_counter()
         agree("gradient allreduce", self.layout, self.detail)
         t1 = time.perf_counter()
