@@ -107,6 +107,38 @@ def worker(args):
         print(MARK, json.dumps(res), flush=True)
 
 
+def allreduce_worker(args):
+    """MPI_Allreduce alone (in place, float32, the gradient sizes of the workloads) and a
+    memcpy of the same size: the floor under the gradient average's cost per step."""
+    import ferrokeras.distributed as hvd
+    import numpy as np
+
+    hvd.init()
+    comm, MPI = hvd._comm.S.comm, hvd._comm.S.MPI
+    res = {}
+    for name, params in (("mlp", 669_706), ("cnn", 1_199_882)):
+        a = np.ones(params, np.float32)
+        b = np.empty_like(a)
+        for _ in range(5):
+            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+        times, copies = [], []
+        for _ in range(50):
+            comm.Barrier()
+            t = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+            times.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            np.copyto(b, a)
+            copies.append(time.perf_counter() - t)
+        res[name] = {
+            "mib": a.nbytes / 2**20,
+            "allreduce_ms": 1e3 * statistics.median(times),
+            "memcpy_ms": 1e3 * statistics.median(copies),
+        }
+    if hvd.rank() == 0:
+        print(MARK, json.dumps(res), flush=True)
+
+
 def mpiexec():
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else "mpiexec"
@@ -142,6 +174,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="runs of each configuration")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    if args.worker == "allreduce":
+        return allreduce_worker(args)
     if args.worker:
         args.workload = args.worker
         return worker(args)
@@ -175,6 +209,13 @@ def main():
                 + " ".join(f"{x:.0f}" for x in many["rounds_samples_per_s"]),
                 flush=True,
             )
+    ar = run("allreduce", args.ranks, "1", 0)
+    for name, r in ar.items():
+        print(
+            f"{name:4s} gradient alone: {r['mib']:.2f} MiB, MPI_Allreduce on {args.ranks} ranks "
+            f"{r['allreduce_ms']:.2f} ms, memcpy {r['memcpy_ms']:.2f} ms (medians of 50)"
+        )
+    rows.append({"allreduce_alone": ar})
     print(f"# load average {os.getloadavg()[0]:.2f} at the end")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -167,11 +167,13 @@ def _wait(request, what):
                 file=sys.stderr,
                 flush=True,
             )
-        # Give the core to a rank that still computes (several ranks per core).
-        if waited < 0.01:
+        # Give the core to whatever else wants it (another rank still computing), but
+        # stay runnable: a rank that sleeps here holds up the others in the Allreduce
+        # that follows. Only long waits (a rank evaluating, saving) sleep.
+        if waited < 0.2:
             os.sched_yield()
         else:
-            time.sleep(0.0002)
+            time.sleep(0.001)
     _poll_errors()
 
 
