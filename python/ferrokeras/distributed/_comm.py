@@ -258,6 +258,9 @@ def _handle_failure(exc_type, exc, tb):
         deadline = time.monotonic() + _grace()
         while not req.Test() and time.monotonic() < deadline:
             time.sleep(0.001)
+    elif isinstance(exc, KeyboardInterrupt):
+        # mpiexec passes Ctrl-C to every rank: nobody would wait for the others' reports.
+        _report("interrupted, aborting the job", exc_type, exc, tb)
     else:
         text = _report("uncaught exception, aborting the job", exc_type, exc, tb)
         if S.size > 1:
