@@ -18,6 +18,7 @@
 #   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (the peer
 #                     venvs of make bench, benches/.venvs/tf and torch, made on first use)
 #   make bench-gpu    run benches/bench_gpu.py (GPU vs CPU vs NumPy, optional PyTorch CUDA)
+#   make bench-dist   data-parallel scaling: 1 process vs 2 MPI ranks (benches/bench_distributed.py)
 #   make clean        remove build outputs (make distclean also removes .venv)
 #
 # Everything a fresh machine needs besides python3 (with venv + pip) and cargo is
@@ -34,6 +35,10 @@ VENV_STAMP := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
 DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn tensorboard \
             ruff mypy
+# ferrokeras.distributed's tests launch `mpiexec -n 2`: MPICH from PyPI and mpi4py (the
+# `mpi` extra), in a stamp of their own so that existing venvs get them too.
+MPI_DEPS := mpi4py mpich
+MPI_STAMP := $(VENV)/.stamp-mpi
 
 # maturin must see the project venv, and only it (it refuses to run when a conda env is
 # also active).
@@ -64,7 +69,7 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test lint wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu clean distclean
+.PHONY: help venv .venv build demo test lint wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu bench-dist clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -79,6 +84,10 @@ $(VENV_STAMP): Makefile
 
 build: $(BUILD_STAMP)
 
+$(MPI_STAMP): $(VENV_STAMP)
+	$(VENV)/bin/pip install -q $(MPI_DEPS)
+	touch $@
+
 $(BUILD_STAMP): $(VENV_STAMP) $(RUST_INPUTS)
 	$(MATURIN) develop --release
 	touch $@
@@ -87,7 +96,7 @@ demo: build
 	$(VENV_PY) examples/quickstart.py
 	KERAS_BACKEND=ferrokeras.backend $(VENV_PY) examples/digits_cnn.py
 
-test: build $(KERAS_OLD_STAMPS)
+test: build $(KERAS_OLD_STAMPS) $(MPI_STAMP)
 	cargo test --release --no-default-features
 	for d in $(TEST_DEVICES); do \
 	  echo "== pytest, FERROKERAS_DEVICE=$$d"; \
@@ -211,6 +220,9 @@ bench-conv: build $(PEER_DIR)/tf/.stamp $(PEER_DIR)/torch/.stamp
 
 bench-gpu: build
 	$(VENV_PY) benches/bench_gpu.py
+
+bench-dist: build $(MPI_STAMP)
+	$(VENV_PY) benches/bench_distributed.py
 
 clean:
 	rm -rf target dist .pytest_cache .hypothesis $(BUILD_STAMP)

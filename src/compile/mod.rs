@@ -294,7 +294,7 @@ impl Plan {
 
 impl Plan {
     /// Whether every slot's shape is a function of the feeds' shapes, as `specialize`
-    /// assumes: no callback makes values of its own shapes, and every shape operand
+    /// assumes: no callback makes values of shapes it did not declare, and every shape operand
     /// (of reshape, broadcast_to, sum_to, random, the conv gradients) is computed from
     /// `shape` nodes, constants and the feeds `keyed` says the caller specialises on by
     /// value as well (a loop's captured shape vectors), not from data
@@ -310,7 +310,12 @@ impl Plan {
                 (_, op) => pure(op) && !ins.is_empty() && ins.iter().all(|&j| from_shapes[j]),
             };
             let shape_operand = match op {
-                Op::HostCall(_) | Op::CtcDecode(_) => return false,
+                // A callback whose declared results are fully static cannot change them
+                // (`host::run` checks them), as ferrokeras.distributed's gradient average.
+                Op::HostCall(h) if !h.results.iter().all(|(s, _)| s.to_known().is_some()) => {
+                    return false;
+                }
+                Op::CtcDecode(_) => return false,
                 Op::Reshape | Op::BroadcastTo | Op::SumTo => Some(1),
                 Op::Random(_) => Some(0),
                 Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) => Some(2),
