@@ -17,7 +17,9 @@ var<workgroup> As: array<T, 1024>;  // [16 k][64 rows]
 var<workgroup> Bs: array<T, 1024>;  // [16 k][64 cols]
 
 // P = [M, N, K, nb, a_rs, a_cs, b_rs, b_cs, out_batch[nb], a_batch_stride[nb],
-//      b_batch_stride[nb], vec4 (bit 0: A by vec4, bit 1: B by vec4), ta, tb]
+//      b_batch_stride[nb], vec4 (bit 0: A by vec4, bit 1: B by vec4), ta, tb,
+//      col_tile0, row_tile0, batch0]: the grid's first tile and batch (a product whose
+//      grid exceeds the adapter's limit per dimension is split over several dispatches).
 @compute @workgroup_size(16, 16)
 fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
     let M = P[0];
@@ -28,7 +30,8 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
     let a_cs = P[5];
     let b_rs = P[6];
     let b_cs = P[7];
-    var rem = w.z;
+    let bz = w.z + P[13u + 3u * nb];
+    var rem = bz;
     var aoff = 0u;
     var boff = 0u;
     for (var q = 0u; q < nb; q++) {
@@ -39,8 +42,8 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
         aoff += c * P[8u + nb + d];
         boff += c * P[8u + 2u * nb + d];
     }
-    let row0 = w.y * 64u;
-    let col0 = w.x * 64u;
+    let row0 = (w.y + P[12u + 3u * nb]) * 64u;
+    let col0 = (w.x + P[11u + 3u * nb]) * 64u;
     let tid = l.y * 16u + l.x;
     var acc: array<vec4<T>, 4>;
     for (var i = 0u; i < 4u; i++) { acc[i] = vec4<T>(T(0)); }
@@ -134,7 +137,7 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
         }
         workgroupBarrier();
     }
-    let ooff = w.z * M * N;
+    let ooff = bz * M * N;
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + l.y * 4u + i;
         if (r >= M) { break; }

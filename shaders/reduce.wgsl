@@ -97,8 +97,11 @@ fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) 
     out[i] = best;
 }
 
-// P = [outer, red, inner, op, exclusive, reverse]; op 0 cumsum, 1 cumprod. One thread per
-// (outer, inner) column.
+// P = [outer, red, inner, op, exclusive, reverse, k0, klen]; op 0 cumsum, 1 cumprod. One
+// thread per (outer, inner) column, over steps [k0, k0 + klen) of the scan: the executor
+// splits a long axis over several dispatches (a software rasteriser such as llvmpipe stops
+// any shader loop after 65535 iterations), each going on from the value its predecessor
+// wrote before step k0.
 @compute @workgroup_size(256)
 fn scan_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
@@ -108,9 +111,19 @@ fn scan_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups)
     let op = P[3];
     let excl = P[4] != 0u;
     let rev = P[5] != 0u;
+    let k0 = P[6];
+    let k1 = k0 + P[7];
     let base = (i / inner) * red * inner + i % inner;
     var acc = select(T(0), T(1), op == 1u);
-    for (var k = 0u; k < red; k++) {
+    if (k0 > 0u) {
+        let r = select(k0 - 1u, red - k0, rev);
+        let p = base + r * inner;
+        acc = bitcast<T>(out[p]);
+        if (excl) {
+            if (op == 1u) { acc = acc * ld(p); } else { acc = acc + ld(p); }
+        }
+    }
+    for (var k = k0; k < k1; k++) {
         let r = select(k, red - 1u - k, rev);
         let p = base + r * inner;
         let v = ld(p);

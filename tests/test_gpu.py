@@ -676,3 +676,66 @@ def test_float64_conv_is_an_observable_cpu_fallback(gpu, rng):
     assert f._f.host_nodes >= 2  # WGSL has no f64: conv and pool run their CPU kernels
     ferrokeras.set_device("cpu")
     np.testing.assert_allclose(out, f([xv])[0], rtol=1e-13)
+
+
+# ---------------------------------------------------------------- long axes, large grids
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_scans_along_axes_longer_than_a_shader_loop_may_run(gpu, rng, dtype):
+    # llvmpipe ends any shader loop after 65535 iterations; a long scan is split over
+    # dispatches that go on from one another (here 5 of them, the last one partial).
+    n = 70001
+    ones = np.ones((2, n), dtype=dtype)
+    signs = rng.choice([-1, 1], size=(n, 2)).astype(dtype)
+    for excl in (False, True):
+        for rev in (False, True):
+            g, c, _ = _on_both(lambda p, e=excl, r=rev: _core.scan("cumsum", p, 1, e, r), [ones])
+            _same(g, c, rtol=0, atol=0)
+            g, c, _ = _on_both(lambda p, e=excl, r=rev: _core.scan("cumprod", p, 0, e, r), [signs])
+            _same(g, c, rtol=0, atol=0)
+    got = K.eval(K.cumsum(K.ones(n, dtype=dtype)))
+    np.testing.assert_array_equal(got, np.arange(1, n + 1, dtype=dtype))
+
+
+def test_batched_matmul_past_the_grid_limit(gpu, rng):
+    # 70000 batch matrices: more than the 65535 workgroups a grid dimension may hold.
+    a = rng.standard_normal((70000, 2, 3)).astype("float32")
+    b = rng.standard_normal((70000, 3, 2)).astype("float32")
+    g, c, _ = _on_both(lambda x, y: _core.matmul(x, y, False, False), [a, b])
+    _same(g, c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(g[0], np.einsum("bij,bjk->bik", a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_gather_error_names_the_index(gpu):
+    p = K.placeholder(shape=(5, 2))
+    i = K.placeholder(shape=(3,), dtype="int32")
+    f = K.function([p, i], [_gather(p, i * 2)])  # the indices are computed on the device
+    pv = np.arange(10, dtype="float32").reshape(5, 2)
+    with pytest.raises(ValueError, match="gather: index 6 is out of range for an axis of size 5"):
+        f([pv, np.array([0, 3, 1], "int32")])
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_no_stderr_output_without_a_display_session(device):
+    # With no XDG_RUNTIME_DIR, probing Vulkan adapters used to make libwayland print an
+    # error per probe; the CPU device probes nothing at all.
+    if device == "gpu" and not GPUS:
+        pytest.skip("no GPU adapter on this machine")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("XDG_RUNTIME_DIR", "WAYLAND_DISPLAY", "WAYLAND_SOCKET", "NODEVICE_SELECT")
+    }
+    env.update(FERROKERAS_DEVICE=device, RUST_BACKTRACE="0")
+    code = (
+        "import ferrokeras, ferrokeras.backend as K, os; K.eval(K.ones(2)); "
+        "print(ferrokeras.device(), 'NODEVICE_SELECT' in os.environ)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "", r.stderr
+    assert r.stdout.split()[0].startswith(device), r.stdout
+    assert r.stdout.split()[1] == "False", r.stdout

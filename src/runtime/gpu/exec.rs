@@ -524,7 +524,7 @@ impl<'a> Exec<'a> {
     }
 
     /// Like `dispatch`, binding the call's error-status buffer at binding 4; an index out
-    /// of range makes the call fail with `msg`.
+    /// of range makes the call fail with `msg`, its `{index}` replaced by the index.
     pub fn dispatch_checked(
         &mut self,
         pipe: Arc<Pipe>,
@@ -598,7 +598,7 @@ impl<'a> Exec<'a> {
                 let msg = self
                     .status_msgs
                     .get(&st[0])
-                    .cloned()
+                    .map(|m| m.replace("{index}", &(st[1] as i32).to_string()))
                     .unwrap_or_else(|| "an index is out of range".into());
                 return Err(Error::Value(msg));
             }

@@ -143,6 +143,10 @@ fn slice_geometry(spec: &[SliceAxis], shape: &[usize]) -> (i64, Vec<i64>, Vec<us
     (base, st, dims)
 }
 
+/// Scan steps per dispatch of the `scan` kernel. A long axis takes several dispatches:
+/// software rasterisers (Mesa llvmpipe) end any shader loop after 65535 iterations.
+const SCAN_STEPS: usize = 16384;
+
 /// Reduces `x` over `axes` with reduction op code `code` (0 sum, 1 prod, 2 max, 3 min,
 /// 4 mean) into a tensor of `out_shape`.
 fn reduce(
@@ -327,7 +331,7 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let out = ex.alloc(&shape, p.dtype, i)?;
             let total = outer * idx.numel() * inner;
             let pipe = pipelines::family(ex.ctx, "movement", "gather", "u32")?;
-            let msg = format!("gather: an index is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
+            let msg = format!("gather: index {{index}} is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
             let params = vec![total as u32, idx.numel() as u32, n as u32, inner as u32];
             ex.dispatch_checked(
                 pipe,
@@ -361,7 +365,7 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let out = ex.alloc(&ls, u.dtype, i)?;
             fill(ex, &out, 0)?;
             let pipe = pipelines::family(ex.ctx, "scatter", "scatter_add", tag(u.dtype)?)?;
-            let msg = format!("scatter_add: an index is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
+            let msg = format!("scatter_add: index {{index}} is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
             let params = vec![u.numel() as u32, idx.numel() as u32, n as u32, inner as u32];
             ex.dispatch_checked(
                 pipe,
@@ -470,7 +474,12 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 *exclusive as u32,
                 *reverse as u32,
             ];
-            ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(outer * inner));
+            // Each dispatch goes on from the last value of the one before.
+            for k0 in (0..red).step_by(SCAN_STEPS) {
+                let mut p = params.clone();
+                p.extend([k0 as u32, SCAN_STEPS.min(red - k0) as u32]);
+                ex.dispatch(pipe.clone(), &[(1, &out), (2, &x)], p, grid(outer * inner));
+            }
             out
         }
         Op::MatMul { ta, tb } => matmul(ex, i, &ins, *ta, *tb)?,
@@ -614,11 +623,6 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     }
     let bshape = broadcast_runtime("matmul", &sa[..ra - 2], &sb[..rb - 2])?;
     let batches: usize = bshape.iter().product();
-    if batches > 65535 {
-        return Err(Error::Device(format!(
-            "matmul: {batches} batch matrices exceed the GPU grid limit of 65535"
-        )));
-    }
     let mut shape = bshape.clone();
     shape.extend([m, n]);
     let out = ex.alloc(&shape, a.dtype, i)?;
@@ -655,13 +659,38 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     p.extend([a_v4 as u32 | (b_v4 as u32) << 1, ta as u32, tb as u32]);
     let pipe = pipelines::family(ex.ctx, "matmul", "matmul", tag(a.dtype)?)?;
     let (a4, b4) = (a.as_vec4(), b.as_vec4());
-    ex.dispatch(
-        pipe,
-        &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
-        p,
-        [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batches as u32],
-    );
+    let tiles = [n.div_ceil(64), m.div_ceil(64), batches];
+    for (first, groups) in split_grid(tiles, max_groups(ex)) {
+        let mut p = p.clone();
+        p.extend(first.map(|v| v as u32));
+        ex.dispatch(
+            pipe.clone(),
+            &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
+            p,
+            groups,
+        );
+    }
     Ok(out)
+}
+
+/// The adapter's largest workgroup count per grid dimension.
+fn max_groups(ex: &Exec) -> usize {
+    (ex.ctx.limits.max_compute_workgroups_per_dimension as usize).max(1)
+}
+
+/// Splits a grid of `counts` workgroups into dispatches of at most `limit` per dimension:
+/// (first workgroup of each dimension, workgroup counts) per dispatch, none for an empty grid.
+fn split_grid(counts: [usize; 3], limit: usize) -> Vec<([usize; 3], [u32; 3])> {
+    let starts = |n: usize| (0..n).step_by(limit).map(move |s| (s, limit.min(n - s)));
+    let mut out = Vec::new();
+    for (z0, nz) in starts(counts[2]) {
+        for (y0, ny) in starts(counts[1]) {
+            for (x0, nx) in starts(counts[0]) {
+                out.push(([x0, y0, z0], [nx as u32, ny as u32, nz as u32]));
+            }
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------- convolution and pooling
