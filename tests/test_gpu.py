@@ -739,3 +739,32 @@ def test_no_stderr_output_without_a_display_session(device):
     assert r.stderr == "", r.stderr
     assert r.stdout.split()[0].startswith(device), r.stdout
     assert r.stdout.split()[1] == "False", r.stdout
+
+
+def test_reductions_along_axes_longer_than_a_shader_loop_may_run(gpu, rng):
+    # Fed, not constants (a constant graph is folded on the host): argmax/argmin over 70001
+    # steps (5 dispatches of one thread per output), and sum/max/mean over 17M elements,
+    # 66407 steps for each thread of the workgroup tree.
+    v = rng.standard_normal((2, 70001)).astype("float32")
+    v[0, 70000] = 9.0
+    v[1, 65536] = -9.0
+    g, c, _ = _on_both(lambda p: [_core.arg("argmax", p, 1), _core.arg("argmin", p, 1)], [v])
+    _same(g, c)
+    assert g[0].tolist() == np.argmax(v, axis=1).tolist() and g[1][1] == 65536
+    big = np.ones(17_000_000, dtype="float32")
+    big[-3] = 5.0
+    x = K.placeholder(shape=(None,))
+    s, m, a, mean = K.function([x], [K.sum(x), K.max(x), K.argmax(x), K.mean(x)])([big])
+    assert (float(s), float(m), int(a)) == (17_000_004.0, 5.0, 16_999_997)
+    np.testing.assert_allclose(mean, 17_000_004 / 17_000_000, rtol=1e-6)
+
+
+def test_matmul_with_a_contracted_dim_longer_than_a_shader_loop_may_run(gpu, rng):
+    # K = 70000: three slices of the contracted dim, the later ones added to the first.
+    a = rng.standard_normal((3, 70000)).astype("float32")
+    b = rng.standard_normal((70000, 5)).astype("float32")
+    g, c, _ = _on_both(lambda x, y: _core.matmul(x, y, False, False), [a, b])
+    _same(g, c, rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(g[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-2)
+    g, c, _ = _on_both(lambda x, y: _core.matmul(x, y, False, True), [a, b.T.copy()])
+    _same(g, c, rtol=1e-4, atol=1e-2)

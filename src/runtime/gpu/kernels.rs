@@ -143,9 +143,11 @@ fn slice_geometry(spec: &[SliceAxis], shape: &[usize]) -> (i64, Vec<i64>, Vec<us
     (base, st, dims)
 }
 
-/// Scan steps per dispatch of the `scan` kernel. A long axis takes several dispatches:
-/// software rasterisers (Mesa llvmpipe) end any shader loop after 65535 iterations.
-const SCAN_STEPS: usize = 16384;
+/// Steps along a reduced or scanned axis per dispatch of the `reduce`, `arg` and `scan`
+/// kernels (per thread for `reduce_tree`). A long axis takes several dispatches, each
+/// going on from the one before: software rasterisers (Mesa llvmpipe) end a shader after
+/// 65535 loop iterations.
+const LOOP_STEPS: usize = 16384;
 
 /// Reduces `x` over `axes` with reduction op code `code` (0 sum, 1 prod, 2 max, 3 min,
 /// 4 mean) into a tensor of `out_shape`.
@@ -179,18 +181,26 @@ fn reduce(
     let out = ex.alloc(out_shape, x.dtype, i)?;
     let t = tag(x.dtype)?;
     let params = vec![outer as u32, red as u32, inner as u32, code];
-    if nout < 4096 && red >= 64 {
-        let pipe = pipelines::family(ex.ctx, "reduce", "reduce_tree", t)?;
+    // Steps of the reduced axis per dispatch, each going on from the one before.
+    let (pipe, step, groups) = if nout < 4096 && red >= 64 {
         let x_ = nout.min(65535);
-        ex.dispatch(
-            pipe,
-            &[(1, &out), (2, &x)],
-            params,
+        (
+            pipelines::family(ex.ctx, "reduce", "reduce_tree", t)?,
+            LOOP_STEPS * 256,
             [x_ as u32, nout.div_ceil(x_.max(1)) as u32, 1],
-        );
+        )
     } else {
-        let pipe = pipelines::family(ex.ctx, "reduce", "reduce_serial", t)?;
-        ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(nout));
+        (
+            pipelines::family(ex.ctx, "reduce", "reduce_serial", t)?,
+            LOOP_STEPS,
+            grid(nout),
+        )
+    };
+    for r0 in (0..red.max(1)).step_by(step) {
+        let mut p = params.clone();
+        p.extend([r0, step.min(red - r0)].map(|v| v as u32));
+        p[5] += p[4];
+        ex.dispatch(pipe.clone(), &[(1, &out), (2, &x)], p, groups);
     }
     Ok(out)
 }
@@ -439,12 +449,16 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 ArgOp::ArgMin => 1,
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "arg", tag(x.dtype)?)?;
-            ex.dispatch(
-                pipe,
-                &[(1, &out), (2, &x)],
-                vec![outer as u32, red as u32, inner as u32, code],
-                grid(outer * inner),
-            );
+            for r0 in (0..red).step_by(LOOP_STEPS) {
+                let r1 = red.min(r0 + LOOP_STEPS);
+                let p = [outer, red, inner, code as usize, r0, r1].map(|v| v as u32);
+                ex.dispatch(
+                    pipe.clone(),
+                    &[(1, &out), (2, &x)],
+                    p.to_vec(),
+                    grid(outer * inner),
+                );
+            }
             out
         }
         Op::Scan {
@@ -475,9 +489,9 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 *reverse as u32,
             ];
             // Each dispatch goes on from the last value of the one before.
-            for k0 in (0..red).step_by(SCAN_STEPS) {
+            for k0 in (0..red).step_by(LOOP_STEPS) {
                 let mut p = params.clone();
-                p.extend([k0 as u32, SCAN_STEPS.min(red - k0) as u32]);
+                p.extend([k0 as u32, LOOP_STEPS.min(red - k0) as u32]);
                 ex.dispatch(pipe.clone(), &[(1, &out), (2, &x)], p, grid(outer * inner));
             }
             out
@@ -661,17 +675,26 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     let (a4, b4) = (a.as_vec4(), b.as_vec4());
     let tiles = [n.div_ceil(64), m.div_ceil(64), batches];
     for (first, groups) in split_grid(tiles, max_groups(ex)) {
-        let mut p = p.clone();
-        p.extend(first.map(|v| v as u32));
-        ex.dispatch(
-            pipe.clone(),
-            &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
-            p,
-            groups,
-        );
+        // The first slice of K writes the output, the others add to it; K = 0 writes zeros.
+        for k0 in (0..ka.max(1)).step_by(MATMUL_K_STEP) {
+            let mut p = p.clone();
+            p.extend(first.map(|v| v as u32));
+            p.extend([k0, k0 + MATMUL_K_STEP, (k0 > 0) as usize].map(|v| v as u32));
+            ex.dispatch(
+                pipe.clone(),
+                &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
+                p,
+                groups,
+            );
+        }
     }
     Ok(out)
 }
+
+/// The slice of the contracted dim one matmul dispatch sums (a multiple of its 16-deep
+/// tiles): 2048 tiles of at most 25 loop iterations each stay under the 65535 loop
+/// iterations after which llvmpipe ends a shader.
+const MATMUL_K_STEP: usize = 32768;
 
 /// The adapter's largest workgroup count per grid dimension.
 fn max_groups(ex: &Exec) -> usize {
@@ -876,7 +899,9 @@ fn conv_dw(ex: &mut Exec, i: usize, g: &Geom, x: &DTensor, gy: &DTensor) -> Resu
         rows.div_ceil(64) * og.div_ceil(64) * g.groups
     };
     let max_parts = ((ex.ctx.max_binding / 4) as usize / wn).clamp(1, 256);
+    // At most MATMUL_K_STEP positions per chunk: the chunk is a loop in the shader.
     let want = (1024 / workgroups.max(1))
+        .max(m.div_ceil(MATMUL_K_STEP))
         .clamp(1, max_parts)
         .min(m.div_ceil(256))
         .min(65535 / groups_z)
