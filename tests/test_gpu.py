@@ -768,3 +768,23 @@ def test_matmul_with_a_contracted_dim_longer_than_a_shader_loop_may_run(gpu, rng
     np.testing.assert_allclose(g[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-2)
     g, c, _ = _on_both(lambda x, y: _core.matmul(x, y, False, True), [a, b.T.copy()])
     _same(g, c, rtol=1e-4, atol=1e-2)
+
+
+def test_convolutions_and_pools_with_very_long_windows(gpu, rng):
+    # 3x3 taps over 8000 input channels (72000 products per output) and a 256x256 pooling
+    # window: past what one shader invocation may loop over on llvmpipe, so these nodes run
+    # their CPU kernel inside the GPU plan.
+    x = rng.standard_normal((1, 3, 3, 8000)).astype("float32")
+    w = rng.standard_normal((3, 3, 8000, 16)).astype("float32")
+    xp, wp = K.placeholder(shape=x.shape), K.placeholder(shape=w.shape)
+    f = K.function([xp, wp], [K.conv2d(xp, wp)])
+    got = f([x, w])[0]
+    want = np.einsum("hwc,hwco->o", x[0].astype(np.float64), w)
+    np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-4, atol=1e-2)
+    img = rng.uniform(size=(1, 256, 256, 1)).astype("float32")
+    ip = K.placeholder(shape=img.shape)
+    mean, top = K.function(
+        [ip], [K.pool2d(ip, (256, 256), pool_mode="avg"), K.pool2d(ip, (256, 256))]
+    )([img])
+    np.testing.assert_allclose(mean.reshape(()), img.mean(dtype=np.float64), rtol=1e-5)
+    assert top.reshape(()) == img.max()

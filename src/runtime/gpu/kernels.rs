@@ -143,6 +143,24 @@ fn slice_geometry(spec: &[SliceAxis], shape: &[usize]) -> (i64, Vec<i64>, Vec<us
     (base, st, dims)
 }
 
+/// The most loop iterations one invocation of a convolution or pooling kernel may run:
+/// past it (a convolution over some 40000 input channels per group, a pooling window of
+/// 30000 elements) the node runs its CPU kernel instead, since software rasterisers
+/// (Mesa llvmpipe) end a shader after 65535 loop iterations, counting inner loops.
+const LOOP_BUDGET: usize = 60000;
+
+/// Loop iterations per invocation of the convolution kernels for a GEMM contracting `k`
+/// values into `cols` output channels per group: the direct kernel (under DIRECT_BELOW
+/// channels) loops over them one by one, the tiled one 16 at a time with up to 25 inner
+/// iterations each.
+fn gemm_loop(k: usize, cols: usize) -> usize {
+    if cols < DIRECT_BELOW {
+        2 * k
+    } else {
+        k.div_ceil(16) * 25
+    }
+}
+
 /// Steps along a reduced or scanned axis per dispatch of the `reduce`, `arg` and `scan`
 /// kernels (per thread for `reduce_tree`). A long axis takes several dispatches, each
 /// going on from the one before: software rasterisers (Mesa llvmpipe) end a shader after
@@ -500,6 +518,9 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::Conv(spec) => {
             let (x, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = conv::conv_geom(spec, &x.shape, &w.shape)?;
+            if gemm_loop(g.kk() * g.cin / g.groups, g.cout / g.groups) > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.y_shape, x.dtype, i)?;
             conv_fwd(ex, &g, &out, &x, &w)?;
             out
@@ -508,6 +529,9 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let (gy, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let s = host_value(ex, ins[2], &name)?;
             let g = conv::input_grad_geom(spec, &gy.shape, &w.shape, &s)?;
+            if gemm_loop(g.kk() * g.cout / g.groups, g.cin / g.groups) > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.x_shape, gy.dtype, i)?;
             conv_dx(ex, &g, &out, &gy, &w)?;
             out
@@ -521,6 +545,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::Pool(spec) => {
             let x = ex.dev(ins[0])?;
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.y_shape, x.dtype, i)?;
             pool_dispatch(ex, "pool_fwd", &g, pool_mode(spec.kind), &out, &x, &x)?;
             out
@@ -528,6 +556,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::PoolGrad(spec) => {
             let (x, gy) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             if gy.shape != g.y_shape {
                 return Err(value_err!(
                     "pool_grad: gradient shape {:?} does not match the pooled shape {:?}",
@@ -542,6 +574,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::PoolSelect(spec) => {
             let (x, h) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             if h.shape != x.shape {
                 return Err(value_err!(
                     "pool_select: shapes {:?} and {:?} differ",
