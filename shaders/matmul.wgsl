@@ -17,7 +17,12 @@ var<workgroup> As: array<T, 1024>;  // [16 k][64 rows]
 var<workgroup> Bs: array<T, 1024>;  // [16 k][64 cols]
 
 // P = [M, N, K, nb, a_rs, a_cs, b_rs, b_cs, out_batch[nb], a_batch_stride[nb],
-//      b_batch_stride[nb], vec4 (bit 0: A by vec4, bit 1: B by vec4), ta, tb]
+//      b_batch_stride[nb], vec4 (bit 0: A by vec4, bit 1: B by vec4), ta, tb,
+//      col_tile0, row_tile0, batch0, k_lo, k_hi, add]: the grid's first tile and batch
+//      (a product whose grid exceeds the adapter's limit per dimension is split over
+//      several dispatches), and the slice [k_lo, k_hi) of the contracted dim this dispatch
+//      sums, added to `out` when `add` is set (a long K is split over dispatches: llvmpipe
+//      ends a shader loop after 65535 iterations, counting those of inner loops).
 @compute @workgroup_size(16, 16)
 fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
     let M = P[0];
@@ -28,7 +33,8 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
     let a_cs = P[5];
     let b_rs = P[6];
     let b_cs = P[7];
-    var rem = w.z;
+    let bz = w.z + P[13u + 3u * nb];
+    var rem = bz;
     var aoff = 0u;
     var boff = 0u;
     for (var q = 0u; q < nb; q++) {
@@ -39,15 +45,16 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
         aoff += c * P[8u + nb + d];
         boff += c * P[8u + 2u * nb + d];
     }
-    let row0 = w.y * 64u;
-    let col0 = w.x * 64u;
+    let row0 = (w.y + P[12u + 3u * nb]) * 64u;
+    let col0 = (w.x + P[11u + 3u * nb]) * 64u;
     let tid = l.y * 16u + l.x;
     var acc: array<vec4<T>, 4>;
     for (var i = 0u; i < 4u; i++) { acc[i] = vec4<T>(T(0)); }
     let v4 = P[8u + 3u * nb];
     let ta = P[9u + 3u * nb] != 0u;
     let tb = P[10u + 3u * nb] != 0u;
-    for (var k0 = 0u; k0 < K; k0 += 16u) {
+    let k_hi = min(K, P[15u + 3u * nb]);
+    for (var k0 = P[14u + 3u * nb]; k0 < k_hi; k0 += 16u) {
         if ((v4 & 1u) != 0u && !ta) {
             // A row-major [M, K]: 4 consecutive k of one row.
             let mm = tid / 4u;
@@ -134,13 +141,19 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
         }
         workgroupBarrier();
     }
-    let ooff = w.z * M * N;
+    let ooff = bz * M * N;
+    let add = P[16u + 3u * nb] != 0u;
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + l.y * 4u + i;
         if (r >= M) { break; }
         for (var j = 0u; j < 4u; j++) {
             let c = col0 + l.x * 4u + j;
-            if (c < N) { out[ooff + r * N + c] = bitcast<u32>(t_norm(acc[i][j])); }
+            if (c < N) {
+                let o = ooff + r * N + c;
+                var v = acc[i][j];
+                if (add) { v += bitcast<T>(out[o]); }
+                out[o] = bitcast<u32>(t_norm(v));
+            }
         }
     }
 }

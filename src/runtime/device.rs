@@ -64,6 +64,10 @@ fn require_gpu() -> bool {
 /// Resolves a device name. `from_env` softens "gpu with no adapter" to the CPU.
 fn resolve(name: &str, from_env: bool) -> Result<Device> {
     let want = parse(name)?;
+    if let Want::Cpu = want {
+        // No adapter probing: the CPU device never loads a GPU driver.
+        return Ok(Device::Cpu);
+    }
     let adapters = gpu::adapters();
     let hardware = adapters.iter().find(|a| !a.software).map(|a| a.index);
     let pick = match want {

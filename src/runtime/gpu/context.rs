@@ -87,8 +87,11 @@ fn registry() -> &'static Registry {
     R.get_or_init(|| {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::PRIMARY;
-        let instance = wgpu::Instance::new(desc);
-        let found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+        let (instance, found) = without_display_probe(|| {
+            let instance = wgpu::Instance::new(desc);
+            let found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+            (instance, found)
+        });
         let adapters: Vec<(AdapterDesc, wgpu::Adapter)> = found
             .into_iter()
             .enumerate()
@@ -121,6 +124,28 @@ fn registry() -> &'static Registry {
             open: Mutex::new(vec![None; n]),
         }
     })
+}
+
+/// Runs `f` (creating the Vulkan instance and enumerating adapters) with Mesa's implicit
+/// `VK_LAYER_MESA_device_select` layer off when there is no Wayland display session. That
+/// layer connects to the Wayland display while adapters are enumerated, and without one
+/// libwayland prints "error: XDG_RUNTIME_DIR is invalid or not set in the environment."
+/// for every probe. It only moves the display's GPU first, and there is no display then.
+/// `NODEVICE_SELECT` (the layer's own switch) is set for the enumeration and removed after;
+/// a user who set it, or chose a device with `MESA_VK_DEVICE_SELECT`, keeps the layer as set.
+fn without_display_probe<T>(f: impl FnOnce() -> T) -> T {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    let absolute = |k: &str| std::env::var(k).is_ok_and(|v| v.starts_with('/'));
+    let no_display =
+        !set("WAYLAND_SOCKET") && !absolute("WAYLAND_DISPLAY") && !absolute("XDG_RUNTIME_DIR");
+    let switch_off = no_display && !set("NODEVICE_SELECT") && !set("MESA_VK_DEVICE_SELECT");
+    if !switch_off {
+        return f();
+    }
+    std::env::set_var("NODEVICE_SELECT", "1");
+    let out = f();
+    std::env::remove_var("NODEVICE_SELECT");
+    out
 }
 
 pub fn adapters() -> Vec<AdapterDesc> {
