@@ -8,6 +8,8 @@ import time
 import numpy as np
 
 from .. import _core
+from .. import backend as K
+from .._k.common import _t
 from ..tensor import LIVE_VARIABLES, Tensor, wrap
 from ._comm import S, agree, require
 
@@ -156,8 +158,6 @@ class _Collective:
 
 
 def _host(kind, x, shape, label, **kw):
-    from .._k.common import _t
-
     x = _t(x)
     res = _core.host_call(label, _Collective(kind, **kw), [x._core], [(shape, x.dtype)])
     return wrap(res[0])
@@ -358,8 +358,6 @@ def allreduce_gradients(grads, names=None, op=Average):
     on every later one the node checks that all ranks have the same gradient layout. With
     one rank the gradients are returned as they are.
     """
-    from .. import backend as K
-
     s = require()
     if op not in (Average, Sum):
         raise ValueError(f"allreduce_gradients: op must be hvd.Average or hvd.Sum, got {op!r}")

@@ -1,6 +1,7 @@
 """DistributedOptimizer: a Keras 2.3.1 optimizer whose gradients are averaged over all
 ranks, with one graph node per training step."""
 
+from .. import backend as K
 from ._comm import require
 from ._ops import Average, Sum, allreduce_gradients
 
@@ -16,8 +17,6 @@ class _DistributedMethods:
         ``clipvalue``: clipping sees the global gradient, as one process training on the
         whole batch would."""
         from keras.optimizers import clip_norm
-
-        from .. import backend as K
 
         size = require().size
         if self._ferrokeras_op == Average and size > 1:

@@ -319,7 +319,6 @@ impl<'a> Exec<'a> {
         if lay.sink[i] != i {
             return Ok(()); // computed inside its user's fused kernel
         }
-        let plan = self.plan;
         let slot = match &self.plan.steps[i] {
             Step::Fed(f) => Slot::host(feeds[*f].take().expect("each feed is read once")),
             Step::Folded(v) => {
