@@ -240,12 +240,10 @@ impl Plan {
     }
 
     /// The CPU executor's schedule: elementwise chains fused into groups unless
-    /// `FERROKERAS_CPU_FUSION=0` was set when the plan first ran on the CPU.
+    /// `FERROKERAS_CPU_FUSION=0` (`base::config`) is set.
     pub fn cpu_schedule(&self) -> &fuse::Schedule {
-        self.cpu.get_or_init(|| {
-            let on = std::env::var_os("FERROKERAS_CPU_FUSION").is_none_or(|v| v != "0");
-            fuse::schedule(self, on)
-        })
+        self.cpu
+            .get_or_init(|| fuse::schedule(self, crate::base::config::settings().cpu_fusion))
     }
 
     /// Builds the CPU schedule now, fused or not (tests compare the two); no effect once built.
@@ -502,8 +500,7 @@ impl Function {
             .zip(&cells)
             .all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
         let lend = lending(&plan, outputs.len(), &cells, fixed_updates);
-        let specialises =
-            specialising() && plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
+        let specialises = plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
         let switches = switch_feeds(&plan);
         Ok(Function {
             feeds,
@@ -684,13 +681,6 @@ fn switch_feeds(plan: &Plan) -> Vec<usize> {
     out
 }
 
-/// Whether CPU runs use plans specialised to the feeds' shapes: `FERROKERAS_CPU_SPECIALIZE=0`
-/// (read once per process) turns this off.
-fn specialising() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_SPECIALIZE").is_none_or(|v| v != "0"))
-}
-
 /// Whether the results of every loop in `plan` have shapes that follow the loop's input
 /// shapes: its body's own shapes follow its feeds' shapes, counting none of them by value
 /// (a loop VJP body whose `sum_to`s read captured shape vectors fails this, conservatively).
@@ -710,15 +700,14 @@ fn loops_keep_shapes(plan: &Plan) -> bool {
 /// the variable's static shape (`fixed`: the call's checks after the run cannot fail),
 /// each variable is assigned once and read at one slot (a second read would wait for its
 /// own run).
-/// `FERROKERAS_CPU_INPLACE=0` (read once per process) turns this off.
+/// `FERROKERAS_CPU_INPLACE=0` (`base::config`) turns this off.
 fn lending(
     plan: &Plan,
     n_outputs: usize,
     cells: &[Arc<VarCell>],
     fixed: bool,
 ) -> Option<crate::runtime::cpu::Lend> {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_INPLACE").is_none_or(|v| v != "0")) {
+    if !crate::base::config::settings().cpu_inplace {
         return None;
     }
     let once = cells

@@ -26,8 +26,7 @@ use std::sync::{Arc, Mutex, RwLock};
 /// and the residuals are body nodes a VJP of this loop reads (both what the VJP needs).
 #[derive(Debug)]
 pub struct LoopBody {
-    /// Step inputs, fed with row `t` of each sequence. Usually placeholders; a hoisted
-    /// matmul is an interior node fed the same way (see `loop_opt`).
+    /// Step inputs, fed with row `t` of each sequence.
     pub seq_phs: Vec<Tensor>,
     pub state_phs: Vec<Tensor>,
     /// Outer tensors the body reads (variables, placeholders, values built outside);
@@ -189,21 +188,12 @@ pub fn build_loop(
             ));
         }
     }
-    let (mut seqs, mut seq_phs) = (seqs.to_vec(), seq_phs);
-    if super::loop_opt::switches().hoist {
-        let roots: Vec<Tensor> = outputs.iter().chain(&new_states).cloned().collect();
-        for (s, node) in
-            super::loop_opt::hoist_sequence_matmuls(&seqs, &seq_phs, &state_phs, &roots)?
-        {
-            seqs.push(s);
-            seq_phs.push(node);
-        }
-    }
+    let seqs = seqs.to_vec();
     let leaves: Vec<Tensor> = seq_phs.iter().chain(&state_phs).cloned().collect();
     let captured = captures(&leaves, &outputs, &new_states);
     let feeds: Vec<Tensor> = leaves.iter().chain(&captured).cloned().collect();
     let targets: Vec<Tensor> = outputs.iter().chain(&new_states).cloned().collect();
-    if std::env::var("FERROKERAS_LOOP_DEBUG").is_ok() {
+    if crate::base::config::get()?.loop_debug {
         let names = |v: &[Tensor]| {
             v.iter()
                 .map(|t| t.op().name())
@@ -259,7 +249,7 @@ fn captures(leaves: &[Tensor], outputs: &[Tensor], new_states: &[Tensor]) -> Vec
         }
     };
     for t in &order {
-        // A leaf may be an interior node (a hoisted matmul, a residual): its inputs are
+        // A leaf may be an interior node (a residual): its inputs are
         // not read in the body.
         if dependent.contains(&t.id()) && !leaf_ids.contains(&t.id()) {
             for i in t.inputs() {
@@ -348,7 +338,7 @@ pub fn run(
             ));
         }
     }
-    if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
+    if crate::base::config::settings().loop_debug {
         eprintln!(
             "loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals",
             generic.dispatches()
@@ -432,7 +422,7 @@ pub fn run(
             let res = run_plan(&plan, feeds, Some(&mut shapes))?;
             plan = Arc::new(generic.specialize(&shapes, &[]));
             body.remember(key.clone(), generic.clone(), plan.clone());
-            if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
+            if crate::base::config::settings().loop_debug {
                 eprintln!(
                     "loop: specialised to its shapes, {} launches per step",
                     plan.cpu_schedule().dispatches
@@ -765,7 +755,7 @@ pub fn vjp_loop(
         .cloned()
         .collect();
     let targets: Vec<Tensor> = b_outputs.iter().chain(&b_new_states).cloned().collect();
-    let saved = if super::loop_opt::switches().save {
+    let saved = if crate::base::config::get()?.loop_save_residuals {
         let r = super::loop_opt::residuals(&fwd_leaves, &grad_leaves, &body.captured, &targets);
         // Only what the forward plan can compute from its own feeds.
         let mut roots: Vec<Tensor> = body
