@@ -134,7 +134,7 @@ pub fn vjp_loop(
         .cloned()
         .collect();
     let targets: Vec<Tensor> = b_outputs.iter().chain(&b_new_states).cloned().collect();
-    let saved = if loop_opt::switches().save {
+    let saved = if crate::base::config::get()?.loop_save_residuals {
         let r = loop_opt::residuals(&fwd_leaves, &grad_leaves, &body.captured, &targets);
         // Only what the forward plan can compute from its own feeds.
         let mut roots: Vec<Tensor> = body

@@ -268,12 +268,10 @@ impl Plan {
     }
 
     /// The CPU executor's schedule: elementwise chains fused into groups unless
-    /// `FERROKERAS_CPU_FUSION=0` was set when the plan first ran on the CPU.
+    /// `FERROKERAS_CPU_FUSION=0` (`base::config`) is set.
     pub fn cpu_schedule(&self) -> &fuse::Schedule {
-        self.cpu.get_or_init(|| {
-            let on = std::env::var_os("FERROKERAS_CPU_FUSION").is_none_or(|v| v != "0");
-            fuse::schedule(self, on)
-        })
+        self.cpu
+            .get_or_init(|| fuse::schedule(self, crate::base::config::settings().cpu_fusion))
     }
 
     /// Builds the CPU schedule now, fused or not (tests compare the two); no effect once built.

@@ -21,8 +21,7 @@ use std::sync::{Arc, RwLock};
 /// and the residuals are body nodes a VJP of this loop reads (both what the VJP needs).
 #[derive(Debug)]
 pub struct LoopBody {
-    /// Step inputs, fed with row `t` of each sequence. Usually placeholders; a hoisted
-    /// matmul is an interior node fed the same way (see `loop_opt`).
+    /// Step inputs, fed with row `t` of each sequence.
     pub seq_phs: Vec<Tensor>,
     pub state_phs: Vec<Tensor>,
     /// Outer tensors the body reads (variables, placeholders, values built outside);
@@ -155,19 +154,10 @@ pub fn build_loop(
             ));
         }
     }
-    let (mut seqs, mut seq_phs) = (seqs.to_vec(), seq_phs);
-    if super::loop_opt::switches().hoist {
-        let roots: Vec<Tensor> = outputs.iter().chain(&new_states).cloned().collect();
-        for (s, node) in
-            super::loop_opt::hoist_sequence_matmuls(&seqs, &seq_phs, &state_phs, &roots)?
-        {
-            seqs.push(s);
-            seq_phs.push(node);
-        }
-    }
+    let seqs = seqs.to_vec();
     let leaves: Vec<Tensor> = seq_phs.iter().chain(&state_phs).cloned().collect();
     let captured = captures(&leaves, &outputs, &new_states);
-    if std::env::var("FERROKERAS_LOOP_DEBUG").is_ok() {
+    if crate::base::config::get()?.loop_debug {
         let names = |v: &[Tensor]| {
             v.iter()
                 .map(|t| t.op().name())
@@ -218,7 +208,7 @@ pub fn captures(leaves: &[Tensor], outputs: &[Tensor], new_states: &[Tensor]) ->
         }
     };
     for t in &order {
-        // A leaf may be an interior node (a hoisted matmul, a residual): its inputs are
+        // A leaf may be an interior node (a residual): its inputs are
         // not read in the body.
         if dependent.contains(&t.id()) && !leaf_ids.contains(&t.id()) {
             for i in t.inputs() {

@@ -9,7 +9,7 @@ use crate::compile::{Plan, Step};
 use crate::ops::graph::Tensor;
 use crate::ops::{Op, VarCell};
 use crate::runtime::{cpu, device, gpu, host_results, Out, RunStats};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// A compiled `K.function`: feeds, outputs and variable updates. Every output and every
 /// update value is computed from the values before the call; then the updates are
@@ -109,8 +109,7 @@ impl Function {
             .zip(&cells)
             .all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
         let lend = lending(&plan, outputs.len(), &cells, fixed_updates);
-        let specialises =
-            specialising() && plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
+        let specialises = plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
         let switches = switch_feeds(&plan);
         Ok(Function {
             feeds,
@@ -300,13 +299,6 @@ fn switch_feeds(plan: &Plan) -> Vec<usize> {
     out
 }
 
-/// Whether CPU runs use plans specialised to the feeds' shapes: `FERROKERAS_CPU_SPECIALIZE=0`
-/// (read once per process) turns this off.
-fn specialising() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_SPECIALIZE").is_none_or(|v| v != "0"))
-}
-
 /// Whether the results of every loop in `plan` have shapes that follow the loop's input
 /// shapes: its body's own shapes follow its feeds' shapes, counting none of them by value
 /// (a loop VJP body whose `sum_to`s read captured shape vectors fails this, conservatively).
@@ -326,15 +318,14 @@ fn loops_keep_shapes(plan: &Plan) -> bool {
 /// the variable's static shape (`fixed`: the call's checks after the run cannot fail),
 /// each variable is assigned once and read at one slot (a second read would wait for its
 /// own run).
-/// `FERROKERAS_CPU_INPLACE=0` (read once per process) turns this off.
+/// `FERROKERAS_CPU_INPLACE=0` (`base::config`) turns this off.
 fn lending(
     plan: &Plan,
     n_outputs: usize,
     cells: &[Arc<VarCell>],
     fixed: bool,
 ) -> Option<cpu::Lend> {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_INPLACE").is_none_or(|v| v != "0")) {
+    if !crate::base::config::settings().cpu_inplace {
         return None;
     }
     let once = cells

@@ -80,7 +80,7 @@ pub fn run(
             ));
         }
     }
-    if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
+    if crate::base::config::settings().loop_debug {
         eprintln!(
             "loop run: {t_len} steps x {} launches, {nq} step inputs, {nh} residuals",
             generic.dispatches()
@@ -164,7 +164,7 @@ pub fn run(
             let res = run_plan(&plan, feeds, Some(&mut shapes))?;
             plan = Arc::new(generic.specialize(&shapes, &[]));
             remember(generic, key.clone(), plan.clone());
-            if std::env::var_os("FERROKERAS_LOOP_DEBUG").is_some() {
+            if crate::base::config::settings().loop_debug {
                 eprintln!(
                     "loop: specialised to its shapes, {} launches per step",
                     plan.cpu_schedule().dispatches

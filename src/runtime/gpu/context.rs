@@ -157,12 +157,6 @@ pub fn why_none() -> String {
     "wgpu found no GPU adapter (Vulkan, Metal or DX12); on Linux install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers".into()
 }
 
-fn env_cap() -> Option<u64> {
-    std::env::var("FERROKERAS_GPU_MAX_BINDING")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-}
-
 /// The devices opened so far (lost ones included until replaced).
 pub fn opened() -> Vec<Arc<Context>> {
     registry()
@@ -232,7 +226,7 @@ pub fn open(index: usize) -> Result<Arc<Context>> {
     let mut max_binding = limits
         .max_storage_buffer_binding_size
         .min(limits.max_buffer_size);
-    if let Some(cap) = env_cap() {
+    if let Some(cap) = crate::base::config::settings().gpu_max_binding {
         max_binding = max_binding.min(cap);
     }
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
