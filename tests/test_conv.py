@@ -10,8 +10,8 @@ divides by the number of in-bounds elements), independent of the kernels under t
 
 import numpy as np
 import pytest
-from conftest import assert_mentions, check_grad, run
 from ferrokeras import backend as K
+from gradcheck import assert_mentions, check_grad, run
 
 # ---- references (channels-last) --------------------------------------------------------
 

@@ -10,8 +10,8 @@
 
 import numpy as np
 import pytest
-from conftest import check_grad
 from ferrokeras import backend as K
+from gradcheck import check_grad
 
 SLICES = [
     ((5, 7), np.s_[:, 2:5]),

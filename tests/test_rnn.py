@@ -5,8 +5,8 @@ The references are plain Python loops over time written with NumPy (STYLE 9).
 
 import numpy as np
 import pytest
-from conftest import check_grad
 from ferrokeras import backend as K
+from gradcheck import check_grad
 
 
 def _np_rnn(x, h0, W, U, b, mask=None, go_backwards=False):
