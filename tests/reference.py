@@ -183,3 +183,76 @@ def default_axes(x_ndim, y_ndim):
     # Last axis of x with the last axis of y when y is 2-D, else with y's second-to-last
     # axis (matrix-product-like).
     return (x_ndim - 1, y_ndim - 1) if y_ndim == 2 else (x_ndim - 1, y_ndim - 2)
+
+
+# ---- convolution and pooling (channels-last) ------------------------------------------------
+# Loops over kernel offsets with plain matmuls, written from the definitions: cross-correlation;
+# TensorFlow's `same` split puts the odd padding element at the end; `causal` pads the left only;
+# `avg` pooling with `same` divides by the number of in-bounds elements.
+
+
+def same_pads(sizes, ks, strides, dil):
+    """TensorFlow's `same` padding, (before, after) per spatial axis."""
+    pads = []
+    for n, k, s, d in zip(sizes, ks, strides, dil):
+        out = -(-n // s)
+        total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
+        pads.append((total // 2, total - total // 2))
+    return pads
+
+
+def pads_for(mode, sizes, ks, strides, dil):
+    """(before, after) padding per spatial axis for `valid`, `same` or `causal`."""
+    if mode == "same":
+        return same_pads(sizes, ks, strides, dil)
+    if mode == "causal":
+        return [(d * (k - 1), 0) for k, d in zip(ks, dil)]
+    return [(0, 0)] * len(sizes)
+
+
+def windows(out_sp, kidx, strides, dil):
+    """Index of the padded input that kernel offset `kidx` reads for every output position."""
+    return tuple(
+        slice(kidx[i] * dil[i], kidx[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i])
+        if out_sp[i] > 0
+        else slice(0, 0)
+        for i in range(len(out_sp))
+    )
+
+
+def ref_conv(x, k, strides, dil, mode, groups=1):
+    """y[n, o, :] = sum_k xpad[n, o*s + k*d, group] @ k[k, :, group]; empty where k > input."""
+    nsp = x.ndim - 2
+    ks = k.shape[:nsp]
+    pads = pads_for(mode, x.shape[1:-1], ks, strides, dil)
+    xp = np.pad(x, [(0, 0)] + pads + [(0, 0)])
+    out = [
+        max((xp.shape[1 + i] - d * (kk - 1) - 1) // s + 1, 0)
+        for i, (kk, s, d) in enumerate(zip(ks, strides, dil))
+    ]
+    cg, og = k.shape[-2], k.shape[-1] // groups
+    y = np.zeros((x.shape[0], *out, k.shape[-1]))
+    for kidx in np.ndindex(*ks):
+        patch = xp[(slice(None),) + windows(out, kidx, strides, dil)]
+        for g in range(groups):
+            y[..., g * og : (g + 1) * og] += (
+                patch[..., g * cg : (g + 1) * cg] @ k[kidx][:, g * og : (g + 1) * og]
+            )
+    return y
+
+
+def ref_pool(x, window, strides, mode, pool_mode):
+    """Max or average pooling; `avg` divides by the number of in-bounds elements."""
+    nsp = x.ndim - 2
+    pads = pads_for(mode, x.shape[1:-1], window, strides, [1] * nsp)
+    fill = -np.inf if pool_mode == "max" else 0.0
+    xp = np.pad(x, [(0, 0)] + pads + [(0, 0)], constant_values=fill)
+    valid = np.pad(np.ones_like(x), [(0, 0)] + pads + [(0, 0)])
+    out = [(xp.shape[1 + i] - window[i]) // strides[i] + 1 for i in range(nsp)]
+    acc = np.full((x.shape[0], *out, x.shape[-1]), fill)
+    cnt = np.zeros_like(acc)
+    for kidx in np.ndindex(*window):
+        sl = (slice(None),) + windows(out, kidx, strides, [1] * nsp)
+        acc = np.maximum(acc, xp[sl]) if pool_mode == "max" else acc + xp[sl]
+        cnt += valid[sl]
+    return acc if pool_mode == "max" else acc / cnt

@@ -50,6 +50,8 @@ from reference import (
     np_scce,
     np_sigmoid,
     np_softmax,
+    ref_conv,
+    ref_pool,
 )
 
 # ---- profiles --------------------------------------------------------------------------------
@@ -2223,34 +2225,9 @@ def _conv_out(n, k, s, d, padding):
 
 
 def _np_conv(x, w, strides, padding, dilation, data_format):
-    """Channels-last N-d cross-correlation (TF conv): x (B, *sp, Ci), w (*k, Ci, Co)."""
+    """N-d cross-correlation (TF conv) in either data format: `ref_conv` on channels-last."""
     cf = data_format == "channels_first"
-    if cf:
-        x = np.moveaxis(x, 1, -1)
-    nd = x.ndim - 2
-    ks = w.shape[:nd]
-    if padding == "causal":
-        pads = [((ks[0] - 1) * dilation[0], 0)]
-        x = np.pad(x, [(0, 0)] + pads + [(0, 0)])
-        padding = "valid"
-    if padding == "same":
-        pads = []
-        for n, k, s, d in zip(x.shape[1:-1], ks, strides, dilation):
-            out = -(-n // s)
-            total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
-            pads.append((total // 2, total - total // 2))
-        x = np.pad(x, [(0, 0)] + pads + [(0, 0)])
-    outs = [
-        _conv_out(n, k, s, d, "valid") for n, k, s, d in zip(x.shape[1:-1], ks, strides, dilation)
-    ]
-    y = np.zeros((x.shape[0], *outs, w.shape[-1]))
-    for off in np.ndindex(*ks):
-        sl = tuple(
-            slice(o * d, o * d + (m - 1) * s + 1, s)
-            for o, d, m, s in zip(off, dilation, outs, strides)
-        )
-        patch = x[(slice(None),) + sl + (slice(None),)]
-        y += patch @ w[off]
+    y = ref_conv(np.moveaxis(x, 1, -1) if cf else x, w, strides, dilation, padding)
     return np.moveaxis(y, -1, 1) if cf else y
 
 
@@ -2312,24 +2289,9 @@ def _conv(data, name):
 
 
 def _np_pool(x, pool, strides, padding, mode, data_format):
+    """Max or average pooling in either data format: `ref_pool` on channels-last."""
     cf = data_format == "channels_first"
-    if cf:
-        x = np.moveaxis(x, 1, -1)
-    fill = -np.inf if mode == "max" else np.nan
-    if padding == "same":
-        pads = []
-        for n, k, s in zip(x.shape[1:-1], pool, strides):
-            out = -(-n // s)
-            total = max((out - 1) * s + k - n, 0)
-            pads.append((total // 2, total - total // 2))
-        x = np.pad(x, [(0, 0)] + pads + [(0, 0)], constant_values=fill)
-    outs = [_conv_out(n, k, s, 1, "valid") for n, k, s in zip(x.shape[1:-1], pool, strides)]
-    wins = []
-    for off in np.ndindex(*pool):
-        sl = tuple(slice(o, o + (m - 1) * s + 1, s) for o, m, s in zip(off, outs, strides))
-        wins.append(x[(slice(None),) + sl + (slice(None),)])
-    w = np.stack(wins)
-    y = np.max(w, axis=0) if mode == "max" else np.nanmean(w, axis=0)  # TF avg excludes padding
+    y = ref_pool(np.moveaxis(x, 1, -1) if cf else x, pool, strides, padding, mode)
     return np.moveaxis(y, -1, 1) if cf else y
 
 
