@@ -6,7 +6,7 @@ every dtype, axes in and out of range, NaN and infinities, mismatched arguments 
 the function on placeholders fed through ``K.function``, on constants evaluated with
 ``K.eval`` or on variables, and checks the contract:
 
-* when NumPy (the reference, mirrored from the family tests) computes a value and the
+* when NumPy (the oracles of reference.py, shared with the family tests) computes a value and the
   arguments are valid for the function, the result matches it (shape, dtype, values,
   NaN and infinity positions);
 * otherwise the call raises ``ValueError``, ``TypeError`` or ``IndexError``; anything

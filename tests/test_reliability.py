@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 import pytest
 from ferrokeras import backend as K
-from reference import EPS, np_logsumexp, np_sigmoid, np_softmax
+from reference import EPS, np_bce_logits, np_logsumexp, np_sigmoid, np_softmax
 
 # ==================================================================== (a) atomic updates
 
@@ -487,21 +487,13 @@ STABLE = {
         lambda z: K.binary_crossentropy(
             K.constant(np.abs(np.sign(LARGE)) * 0.5 + 0.25, dtype=z.dtype), z, from_logits=True
         ),
-        lambda z: (
-            np.maximum(z, 0)
-            - z * (np.abs(np.sign(LARGE)) * 0.5 + 0.25)
-            + np.log1p(np.exp(-np.abs(z)))
-        ),
+        lambda z: np_bce_logits(np.abs(np.sign(LARGE)) * 0.5 + 0.25, z),
     ),
     "bce_sigmoid": (
         lambda z: K.binary_crossentropy(
             K.constant(np.abs(np.sign(LARGE)) * 0.5 + 0.25, dtype=z.dtype), K.sigmoid(z)
         ),
-        lambda z: (
-            np.maximum(z, 0)
-            - z * (np.abs(np.sign(LARGE)) * 0.5 + 0.25)
-            + np.log1p(np.exp(-np.abs(z)))
-        ),
+        lambda z: np_bce_logits(np.abs(np.sign(LARGE)) * 0.5 + 0.25, z),
     ),
 }
 
