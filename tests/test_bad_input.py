@@ -3,8 +3,8 @@ the backend keeps working after the error (DESIGN.md, "What done means")."""
 
 import numpy as np
 import pytest
-from conftest import assert_mentions
 from ferrokeras import backend as K
+from gradcheck import assert_mentions
 
 BAD = (ValueError, TypeError)
 

@@ -10,8 +10,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import check_grad, run, tolerances
 from ferrokeras import backend as K
+from gradcheck import check_grad, run, tolerances
 
 FLOATS = ("float32", "float64")
 SHAPE = (2, 3, 4)

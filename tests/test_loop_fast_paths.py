@@ -10,9 +10,9 @@
 
 import numpy as np
 import pytest
-from conftest import check_grad
 from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
+from gradcheck import check_grad
 
 SLICES = [
     ((5, 7), np.s_[:, 2:5]),

@@ -8,9 +8,9 @@ import os
 
 import numpy as np
 import pytest
-from conftest import check_grad
 from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
+from gradcheck import check_grad
 
 
 def _np_rnn(x, h0, W, U, b, mask=None, go_backwards=False):
