@@ -7,7 +7,7 @@ single process (weak scaling: N ranks train on N times the samples per step).
 
 Workloads are those of bench_keras.py: MLP 784-512-512-10 with dropout, RMSprop, batch
 128; CNN conv32-conv64-pool-d128, Adam, batch 64. ``--threads 1`` runs every process with
-one compute thread (RAYON_NUM_THREADS=1, FERROKERAS_CPU_TEAM=0), ``default`` with
+one compute thread (RAYON_NUM_THREADS=1), ``default`` with
 ferrokeras' own choice. For each configuration (``--rounds`` runs each, one process and N
 ranks taking turns; the median run is reported) it prints samples/s (all ranks together,
 median epoch), the speed-up over one process with the same threads, and per step the
@@ -148,7 +148,7 @@ def run(workload, ranks, threads, epochs):
     env = dict(os.environ, KERAS_BACKEND="ferrokeras.backend", FERROKERAS_DEVICE="cpu")
     env["OPENBLAS_NUM_THREADS"] = "1"
     if threads == "1":
-        env.update(RAYON_NUM_THREADS="1", FERROKERAS_CPU_TEAM="0")
+        env.update(RAYON_NUM_THREADS="1")
     cmd = [sys.executable, __file__, "--worker", workload, "--epochs", str(epochs)]
     if ranks > 1:
         cmd = [mpiexec(), "-n", str(ranks)] + cmd
