@@ -7,12 +7,23 @@ Helpers live in ordinary modules of this folder (on ``sys.path`` through the ``p
 setting of pytest in pyproject.toml): the NumPy oracles in ``reference.py``, the
 finite-difference gradient check and its companions in ``gradcheck.py``, the API table
 reader in ``api_table.py``.
+
+Any test may import Keras (the docstring examples of ``ferrokeras.distributed`` do), and
+Keras picks its backend once, when first imported: so the backend is ferrokeras for the
+whole session, with a throw-away ``KERAS_HOME`` so that Keras does not write
+``~/.keras/keras.json``.
 """
 
-import ferrokeras
-import numpy as np
-import pytest
-from ferrokeras import backend as K
+import os
+import tempfile
+
+os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
+os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="ferrokeras-keras-home-"))
+
+import ferrokeras  # noqa: E402  (after the Keras settings above)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from ferrokeras import backend as K  # noqa: E402
 
 
 def pytest_report_header(config):
