@@ -79,6 +79,7 @@ demo: build
 
 test: build
 	cargo test --release --no-default-features
+	cargo test --release --no-default-features --features gpu runtime::gpu::
 	for d in $(TEST_DEVICES); do \
 	  echo "== pytest, FERROKERAS_DEVICE=$$d"; \
 	  FERROKERAS_DEVICE=$$d $(VENV_PY) -m pytest $(PYTEST_ARGS) tests; \

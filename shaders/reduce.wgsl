@@ -5,7 +5,25 @@
 //
 // Bindings: 0 params, 1 out, 2 a.
 
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// op: see r_init (reductions), arg and scan.
+struct Reduce {
+    outer: u32,
+    red: u32,
+    inner: u32,
+    op: u32,
+}
+
+struct Scan {
+    outer: u32,
+    red: u32,
+    inner: u32,
+    op: u32,
+    exclusive: u32,
+    reverse: u32,
+}
+
+@group(0) @binding(0) var<storage, read> p: Reduce;
+@group(0) @binding(0) var<storage, read> pscan: Scan;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 @group(0) @binding(2) var<storage, read> a: array<u32>;
 
@@ -34,14 +52,14 @@ fn r_final(op: u32, x: T, red: u32) -> T {
     return x;
 }
 
-// P = [outer, red, inner, op]; one thread per output, for short reduced axes.
+// One thread per output, for short reduced axes.
 @compute @workgroup_size(256)
 fn reduce_serial_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    let inner = P[2];
-    if (i >= P[0] * inner) { return; }
-    let red = P[1];
-    let op = P[3];
+    let inner = p.inner;
+    if (i >= p.outer * inner) { return; }
+    let red = p.red;
+    let op = p.op;
     let base = (i / inner) * red * inner + i % inner;
     var acc = r_init(op);
     for (var r = 0u; r < red; r++) {
@@ -52,16 +70,16 @@ fn reduce_serial_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_wo
 
 var<workgroup> sh: array<T, 256>;
 
-// P = [outer, red, inner, op]; one workgroup per output: strided partial results, then a
+// One workgroup per output: strided partial results, then a
 // tree in workgroup memory.
 @compute @workgroup_size(256)
 fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>,
                   @builtin(num_workgroups) nw: vec3<u32>) {
-    let inner = P[2];
-    let red = P[1];
-    let op = P[3];
+    let inner = p.inner;
+    let red = p.red;
+    let op = p.op;
     let o = w.x + w.y * nw.x;
-    if (o >= P[0] * inner) { return; }
+    if (o >= p.outer * inner) { return; }
     let base = (o / inner) * red * inner + o % inner;
     var acc = r_init(op);
     for (var r = l.x; r < red; r += 256u) {
@@ -76,15 +94,15 @@ fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup
     if (l.x == 0u) { st(o, r_final(op, sh[0], red)); }
 }
 
-// P = [outer, red, inner, op]; op 0 argmax, 1 argmin; first index wins ties, NaN wins.
+// op 0 argmax, 1 argmin; first index wins ties, NaN wins.
 // Writes i32 indices.
 @compute @workgroup_size(256)
 fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    let inner = P[2];
-    if (i >= P[0] * inner) { return; }
-    let red = P[1];
-    let op = P[3];
+    let inner = p.inner;
+    if (i >= p.outer * inner) { return; }
+    let red = p.red;
+    let op = p.op;
     let base = (i / inner) * red * inner + i % inner;
     var best = 0u;
     var bv = ld(base);
@@ -97,25 +115,25 @@ fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) 
     out[i] = best;
 }
 
-// P = [outer, red, inner, op, exclusive, reverse]; op 0 cumsum, 1 cumprod. One thread per
+// op 0 cumsum, 1 cumprod. One thread per
 // (outer, inner) column.
 @compute @workgroup_size(256)
 fn scan_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    let inner = P[2];
-    if (i >= P[0] * inner) { return; }
-    let red = P[1];
-    let op = P[3];
-    let excl = P[4] != 0u;
-    let rev = P[5] != 0u;
+    let inner = pscan.inner;
+    if (i >= pscan.outer * inner) { return; }
+    let red = pscan.red;
+    let op = pscan.op;
+    let excl = pscan.exclusive != 0u;
+    let rev = pscan.reverse != 0u;
     let base = (i / inner) * red * inner + i % inner;
     var acc = select(T(0), T(1), op == 1u);
     for (var k = 0u; k < red; k++) {
         let r = select(k, red - 1u - k, rev);
-        let p = base + r * inner;
-        let v = ld(p);
-        if (excl) { st(p, acc); }
+        let at = base + r * inner;
+        let v = ld(at);
+        if (excl) { st(at, acc); }
         if (op == 1u) { acc = acc * v; } else { acc = acc + v; }
-        if (!excl) { st(p, acc); }
+        if (!excl) { st(at, acc); }
     }
 }
