@@ -89,6 +89,7 @@ pub(crate) struct Cmd {
     pipe: Arc<Pipe>,
     /// (binding, buffer, bytes bound)
     bufs: Vec<(u32, Arc<DevBuf>, u64)>,
+    /// The words of the kernel's parameter block (`params::Params`), bound at binding 0.
     params: Vec<u32>,
     groups: [u32; 3],
 }

@@ -219,7 +219,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{family}: {}", e.emit_to_string(&src)));
         naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::default(),
+            naga::valid::Capabilities::all(),
         )
         .validate(&m)
         .unwrap_or_else(|e| panic!("{family}: {e:?}"));
