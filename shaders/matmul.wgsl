@@ -9,7 +9,11 @@
 
 // op(a) is m x k, op(b) k x n, addressed through row and column strides. vec4: bit 0, a
 // loads by vec4; bit 1, b. tail = [out_batch[batch_rank], a_batch_stride[batch_rank],
-// b_batch_stride[batch_rank]] (0 on broadcast batch dims).
+// b_batch_stride[batch_rank]] (0 on broadcast batch dims). (col_tile0, row_tile0, batch0):
+// the grid's first tile and batch (a product whose grid exceeds the adapter's limit per
+// dimension is split over several dispatches); [k_lo, k_hi): the slice of the contracted
+// dim this dispatch sums, added to `out` when `add` is set (a long K is split over
+// dispatches: llvmpipe ends a shader loop after 65535 iterations, counting inner loops).
 struct Matmul {
     m: u32,
     n: u32,
@@ -22,6 +26,12 @@ struct Matmul {
     vec4: u32,
     ta: u32,
     tb: u32,
+    col_tile0: u32,
+    row_tile0: u32,
+    batch0: u32,
+    k_lo: u32,
+    k_hi: u32,
+    add: u32,
     tail: array<u32>,
 }
 
@@ -45,7 +55,8 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
     let a_cs = p.a_cs;
     let b_rs = p.b_rs;
     let b_cs = p.b_cs;
-    var rem = w.z;
+    let bz = w.z + p.batch0;
+    var rem = bz;
     var aoff = 0u;
     var boff = 0u;
     for (var q = 0u; q < nb; q++) {
@@ -56,15 +67,16 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
         aoff += c * p.tail[nb + d];
         boff += c * p.tail[2u * nb + d];
     }
-    let row0 = w.y * 64u;
-    let col0 = w.x * 64u;
+    let row0 = (w.y + p.row_tile0) * 64u;
+    let col0 = (w.x + p.col_tile0) * 64u;
     let tid = l.y * 16u + l.x;
     var acc: array<vec4<T>, 4>;
     for (var i = 0u; i < 4u; i++) { acc[i] = vec4<T>(T(0)); }
     let v4 = p.vec4;
     let ta = p.ta != 0u;
     let tb = p.tb != 0u;
-    for (var k0 = 0u; k0 < K; k0 += 16u) {
+    let k_hi = min(K, p.k_hi);
+    for (var k0 = p.k_lo; k0 < k_hi; k0 += 16u) {
         if ((v4 & 1u) != 0u && !ta) {
             // A row-major [M, K]: 4 consecutive k of one row.
             let mm = tid / 4u;
@@ -151,13 +163,19 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
         }
         workgroupBarrier();
     }
-    let ooff = w.z * M * N;
+    let ooff = bz * M * N;
+    let add = p.add != 0u;
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + l.y * 4u + i;
         if (r >= M) { break; }
         for (var j = 0u; j < 4u; j++) {
             let c = col0 + l.x * 4u + j;
-            if (c < N) { out[ooff + r * N + c] = bitcast<u32>(t_norm(acc[i][j])); }
+            if (c < N) {
+                let o = ooff + r * N + c;
+                var v = acc[i][j];
+                if (add) { v += bitcast<T>(out[o]); }
+                out[o] = bitcast<u32>(t_norm(v));
+            }
         }
     }
 }

@@ -72,8 +72,8 @@ fn fill_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups)
     out[i] = pf.word;
 }
 
-// An index out of range writes 0 and records `tag` in status[0], which the executor
-// turns into an error.
+// An index out of range writes 0 and records `tag` in status[0] (and the index in
+// status[1]), which the executor turns into an error.
 @compute @workgroup_size(256)
 fn gather_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
@@ -89,6 +89,7 @@ fn gather_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroup
     if (ix < 0 || u32(ix) >= n) {
         out[i] = 0u;
         atomicMax(&status[0], pg.tag);
+        atomicStore(&status[1], bitcast<u32>(ix));
         return;
     }
     out[i] = a[(o * n + u32(ix)) * inner + j];

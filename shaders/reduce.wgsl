@@ -11,6 +11,8 @@ struct Reduce {
     red: u32,
     inner: u32,
     op: u32,
+    r0: u32,
+    r1: u32,
 }
 
 struct Scan {
@@ -20,6 +22,8 @@ struct Scan {
     op: u32,
     exclusive: u32,
     reverse: u32,
+    k0: u32,
+    klen: u32,
 }
 
 @group(0) @binding(0) var<storage, read> p: Reduce;
@@ -52,7 +56,19 @@ fn r_final(op: u32, x: T, red: u32) -> T {
     return x;
 }
 
-// One thread per output, for short reduced axes.
+// A long reduced axis is split over dispatches, each covering steps [r0, r1) of it: a
+// software rasteriser (llvmpipe) ends a shader loop after 65535 iterations. A dispatch
+// other than the first goes on from the partial result the one before left in `out`
+// (stored unrounded); the last one finishes it.
+fn r_start(op: u32, o: u32, r0: u32) -> T {
+    if (r0 > 0u) { return bitcast<T>(out[o]); }
+    return r_init(op);
+}
+fn r_store(op: u32, o: u32, acc: T, r1: u32, red: u32) {
+    if (r1 == red) { st(o, r_final(op, acc, red)); } else { out[o] = bitcast<u32>(acc); }
+}
+
+// One thread per output, for short reduced axes; steps [r0, r1) of the axis.
 @compute @workgroup_size(256)
 fn reduce_serial_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
@@ -61,17 +77,17 @@ fn reduce_serial_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_wo
     let red = p.red;
     let op = p.op;
     let base = (i / inner) * red * inner + i % inner;
-    var acc = r_init(op);
-    for (var r = 0u; r < red; r++) {
+    var acc = r_start(op, i, p.r0);
+    for (var r = p.r0; r < p.r1; r++) {
         acc = r_comb(op, acc, ld(base + r * inner));
     }
-    st(i, r_final(op, acc, red));
+    r_store(op, i, acc, p.r1, red);
 }
 
 var<workgroup> sh: array<T, 256>;
 
 // One workgroup per output: strided partial results, then a
-// tree in workgroup memory.
+// tree in workgroup memory; steps [r0, r1) of the axis.
 @compute @workgroup_size(256)
 fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>,
                   @builtin(num_workgroups) nw: vec3<u32>) {
@@ -82,7 +98,7 @@ fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup
     if (o >= p.outer * inner) { return; }
     let base = (o / inner) * red * inner + o % inner;
     var acc = r_init(op);
-    for (var r = l.x; r < red; r += 256u) {
+    for (var r = p.r0 + l.x; r < p.r1; r += 256u) {
         acc = r_comb(op, acc, ld(base + r * inner));
     }
     sh[l.x] = acc;
@@ -91,11 +107,14 @@ fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup
         if (l.x < s) { sh[l.x] = r_comb(op, sh[l.x], sh[l.x + s]); }
         workgroupBarrier();
     }
-    if (l.x == 0u) { st(o, r_final(op, sh[0], red)); }
+    // The partial result of the dispatches before joins after the tree (a float sum of
+    // this dispatch's steps then loses nothing to a large running total).
+    if (l.x == 0u) { r_store(op, o, r_comb(op, r_start(op, o, p.r0), sh[0]), p.r1, red); }
 }
 
 // op 0 argmax, 1 argmin; first index wins ties, NaN wins.
-// Writes i32 indices.
+// Writes i32 indices. Covers steps [r0, r1) of the axis, going on from the index the
+// dispatch before left in `out` when r0 > 0 (see r_start).
 @compute @workgroup_size(256)
 fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
@@ -105,8 +124,9 @@ fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) 
     let op = p.op;
     let base = (i / inner) * red * inner + i % inner;
     var best = 0u;
-    var bv = ld(base);
-    for (var r = 1u; r < red; r++) {
+    if (p.r0 > 0u) { best = out[i]; }
+    var bv = ld(base + best * inner);
+    for (var r = max(p.r0, 1u); r < p.r1; r++) {
         let v = ld(base + r * inner);
         var better = (v > bv) || (t_isnan(v) && !t_isnan(bv));
         if (op == 1u) { better = (v < bv) || (t_isnan(v) && !t_isnan(bv)); }
@@ -115,8 +135,10 @@ fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) 
     out[i] = best;
 }
 
-// op 0 cumsum, 1 cumprod. One thread per
-// (outer, inner) column.
+// op 0 cumsum, 1 cumprod. One thread per (outer, inner) column, over steps
+// [k0, k0 + klen) of the scan: the executor splits a long axis over several dispatches
+// (a software rasteriser such as llvmpipe stops any shader loop after 65535 iterations),
+// each going on from the value its predecessor wrote before step k0.
 @compute @workgroup_size(256)
 fn scan_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
@@ -126,9 +148,19 @@ fn scan_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups)
     let op = pscan.op;
     let excl = pscan.exclusive != 0u;
     let rev = pscan.reverse != 0u;
+    let k0 = pscan.k0;
+    let k1 = k0 + pscan.klen;
     let base = (i / inner) * red * inner + i % inner;
     var acc = select(T(0), T(1), op == 1u);
-    for (var k = 0u; k < red; k++) {
+    if (k0 > 0u) {
+        let r = select(k0 - 1u, red - k0, rev);
+        let at = base + r * inner;
+        acc = bitcast<T>(out[at]);
+        if (excl) {
+            if (op == 1u) { acc = acc * ld(at); } else { acc = acc + ld(at); }
+        }
+    }
+    for (var k = k0; k < k1; k++) {
         let r = select(k, red - 1u - k, rev);
         let at = base + r * inner;
         let v = ld(at);

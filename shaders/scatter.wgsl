@@ -33,6 +33,7 @@ fn scatter_add_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_work
     let ix = bitcast<i32>(b[k]);
     if (ix < 0 || u32(ix) >= n) {
         atomicMax(&status[0], p.tag);
+        atomicStore(&status[1], bitcast<u32>(ix));
         return;
     }
     let dst = (o * n + u32(ix)) * inner + j;

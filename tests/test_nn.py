@@ -647,13 +647,69 @@ def test_crossentropies_at_the_clipping_edges(dtype):
         assert np.all(np.isfinite(g))
 
 
-def test_sparse_crossentropy_out_of_range_target_is_nan():
+@pytest.mark.parametrize("bad", [3, -1, 12])
+def test_sparse_crossentropy_out_of_range_target_raises(bad):
     out = K.sparse_categorical_crossentropy(
-        K.constant([0, 3, -1], dtype="int32"), K.constant(np.full((3, 3), 1 / 3))
+        K.constant([0, bad, 1], dtype="int32"), K.constant(np.full((3, 3), 1 / 3))
     )
-    v = K.eval(out)
-    np.testing.assert_allclose(v[0], np.log(3), rtol=1e-6)
-    assert np.isnan(v[1]) and np.isnan(v[2])
+    with pytest.raises(ValueError, match=f"index {bad} is out of range for an axis of size 3"):
+        K.eval(out)
+    ok = K.sparse_categorical_crossentropy(
+        K.constant([0, 2, 1], dtype="int32"), K.constant(np.full((3, 3), 1 / 3))
+    )
+    np.testing.assert_allclose(K.eval(ok), np.full(3, np.log(3)), rtol=1e-6)
+
+
+def test_sparse_crossentropy_bad_label_applies_no_update():
+    # A training step whose labels are fed (float, as Keras feeds them, so the cast to int
+    # runs on the device): a label out of range fails the call before any update.
+    x = K.placeholder(shape=(None, 4))
+    y = K.placeholder(shape=(None,))
+    w = K.variable(np.full((4, 10), 0.1, dtype="float32"))
+    step = K.variable(0.0)
+    loss = K.mean(K.sparse_categorical_crossentropy(y, K.softmax(K.dot(x, w))))
+    g = K.gradients(loss, [w])[0]
+    train = K.function([x, y], [loss], updates=[(w, w - 0.5 * g), (step, step + 1.0)])
+    xs = np.ones((2, 4), dtype="float32")
+    train([xs, np.array([1.0, 9.0], "float32")])
+    before = K.get_value(w).copy()
+    with pytest.raises(ValueError, match="index 12 is out of range"):
+        train([xs, np.array([1.0, 12.0], "float32")])
+    np.testing.assert_array_equal(K.get_value(w), before)
+    assert K.get_value(step) == 1.0
+    train([xs, np.array([3.0, 4.0], "float32")])
+    assert K.get_value(step) == 2.0
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softmax_of_rows_with_inf_or_nan(dtype):
+    # As TF: +inf and NaN entries give NaN, the other entries of their row 0; a row of
+    # -inf only is NaN; -inf entries of other rows give 0.
+    x = np.array(
+        [
+            [np.inf, 1.0, 2.0],
+            [np.nan, 1.0, 2.0],
+            [1.0, np.inf, np.inf],
+            [-np.inf, -np.inf, -np.inf],
+            [-np.inf, 0.0, np.log(3.0)],
+            [1.0, 2.0, 3.0],
+        ],
+        dtype=dtype,
+    )
+    v = run([], [K.softmax(K.constant(x, dtype=dtype))], [])[0]
+    want = np.array(
+        [
+            [np.nan, 0.0, 0.0],
+            [np.nan, 0.0, 0.0],
+            [0.0, np.nan, np.nan],
+            [np.nan, np.nan, np.nan],
+            [0.0, 0.25, 0.75],
+            np_softmax(np.array([1.0, 2.0, 3.0])),
+        ]
+    )
+    np.testing.assert_allclose(v, want, rtol=1e-6, atol=1e-7, equal_nan=True)
+    on_axis0 = run([], [K.softmax(K.constant(x.T, dtype=dtype), axis=0)], [])[0]
+    np.testing.assert_allclose(on_axis0, want.T, rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
 def test_softmax_output_of_a_layer_is_not_unwrapped():

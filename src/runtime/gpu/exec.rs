@@ -321,7 +321,6 @@ impl<'a> Exec<'a> {
         if lay.sink[i] != i {
             return Ok(()); // computed inside its user's fused kernel
         }
-        let plan = self.plan;
         let slot = match &self.plan.steps[i] {
             Step::Fed(f) => Slot::host(feeds[*f].take().expect("each feed is read once")),
             Step::Folded(v) => {
@@ -344,28 +343,31 @@ impl<'a> Exec<'a> {
                     )?)
                 }
                 Place::View => self.view(i)?,
-                Place::Host => {
-                    self.stats.host_nodes += 1;
-                    let ins = self.plan.inputs[i].clone();
-                    self.ensure_host(&ins, false)?;
-                    let vals: Vec<Value> = ins
-                        .iter()
-                        .map(|&j| self.slot(j).host.clone().expect("downloaded"))
-                        .collect();
-                    let args: Vec<&Value> = vals.iter().collect();
-                    Slot::host(crate::runtime::cpu::run_node(
-                        plan,
-                        i,
-                        &args,
-                        &mut self.multi,
-                    )?)
-                }
+                Place::Host => self.on_host(i)?,
                 Place::Gpu if !lay.members[i].is_empty() => fusion::record(self, i)?,
                 Place::Gpu => kernels::record(self, i)?,
             },
         };
         self.slots[i] = Some(slot);
         Ok(())
+    }
+
+    /// Runs node `i` with its CPU kernel, downloading its inputs.
+    pub(crate) fn on_host(&mut self, i: usize) -> Result<Slot> {
+        self.stats.host_nodes += 1;
+        let ins = self.plan.inputs[i].clone();
+        self.ensure_host(&ins, false)?;
+        let vals: Vec<Value> = ins
+            .iter()
+            .map(|&j| self.slot(j).host.clone().expect("downloaded"))
+            .collect();
+        let args: Vec<&Value> = vals.iter().collect();
+        Ok(Slot::host(crate::runtime::cpu::run_node(
+            self.plan,
+            i,
+            &args,
+            &mut self.multi,
+        )?))
     }
 
     fn source(&mut self, i: usize) -> Result<Slot> {
@@ -529,7 +531,8 @@ impl<'a> Exec<'a> {
     }
 
     /// Like `dispatch`, binding the call's error-status buffer at binding 4; a kernel that
-    /// stores `tag` there (the `tag` field of its block) makes the call fail with `msg`.
+    /// stores `tag` there (the `tag` field of its block) makes the call fail with `msg`,
+    /// its `{index}` replaced by the index the kernel stores next to the tag.
     pub fn dispatch_checked(
         &mut self,
         pipe: Arc<Pipe>,
@@ -602,7 +605,7 @@ impl<'a> Exec<'a> {
                 let msg = self
                     .status_msgs
                     .get(&st[0])
-                    .cloned()
+                    .map(|m| m.replace("{index}", &(st[1] as i32).to_string()))
                     .unwrap_or_else(|| "an index is out of range".into());
                 return Err(Error::Value(msg));
             }

@@ -153,6 +153,30 @@ fn slice_geometry(spec: &[SliceAxis], shape: &[usize]) -> (i64, Vec<i64>, Vec<us
     (base, st, dims)
 }
 
+/// The most loop iterations one invocation of a convolution or pooling kernel may run:
+/// past it (a convolution over some 40000 input channels per group, a pooling window of
+/// 30000 elements) the node runs its CPU kernel instead, since software rasterisers
+/// (Mesa llvmpipe) end a shader after 65535 loop iterations, counting inner loops.
+const LOOP_BUDGET: usize = 60000;
+
+/// Loop iterations per invocation of the convolution kernels for a GEMM contracting `k`
+/// values into `cols` output channels per group: the direct kernel (under DIRECT_BELOW
+/// channels) loops over them one by one, the tiled one 16 at a time with up to 25 inner
+/// iterations each.
+fn gemm_loop(k: usize, cols: usize) -> usize {
+    if cols < DIRECT_BELOW {
+        2 * k
+    } else {
+        k.div_ceil(16) * 25
+    }
+}
+
+/// Steps along a reduced or scanned axis per dispatch of the `reduce`, `arg` and `scan`
+/// kernels (per thread for `reduce_tree`). A long axis takes several dispatches, each
+/// going on from the one before: software rasterisers (Mesa llvmpipe) end a shader after
+/// 65535 loop iterations.
+const LOOP_STEPS: usize = 16384;
+
 /// Reduces `x` over `axes` with reduction op code `code` (0 sum, 1 prod, 2 max, 3 min,
 /// 4 mean) into a tensor of `out_shape`.
 fn reduce(
@@ -184,24 +208,40 @@ fn reduce(
     let nout = outer * inner;
     let out = ex.alloc(out_shape, x.dtype, i)?;
     let t = tag(x.dtype)?;
-    let params = Params::of(&blk::Reduce {
+    let block = blk::Reduce {
         outer: outer as u32,
         red: red as u32,
         inner: inner as u32,
         op: code,
-    });
-    if nout < 4096 && red >= 64 {
-        let pipe = pipelines::family(ex.ctx, "reduce", "reduce_tree", t)?;
+        ..blk::Reduce::default()
+    };
+    // Steps of the reduced axis per dispatch, each going on from the one before.
+    let (pipe, step, groups) = if nout < 4096 && red >= 64 {
         let x_ = nout.min(65535);
-        ex.dispatch(
-            pipe,
-            &[(1, &out), (2, &x)],
-            params,
+        (
+            pipelines::family(ex.ctx, "reduce", "reduce_tree", t)?,
+            LOOP_STEPS * 256,
             [x_ as u32, nout.div_ceil(x_.max(1)) as u32, 1],
-        );
+        )
     } else {
-        let pipe = pipelines::family(ex.ctx, "reduce", "reduce_serial", t)?;
-        ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(nout));
+        (
+            pipelines::family(ex.ctx, "reduce", "reduce_serial", t)?,
+            LOOP_STEPS,
+            grid(nout),
+        )
+    };
+    for r0 in (0..red.max(1)).step_by(step) {
+        let block = blk::Reduce {
+            r0: r0 as u32,
+            r1: (r0 + step.min(red - r0)) as u32,
+            ..block
+        };
+        ex.dispatch(
+            pipe.clone(),
+            &[(1, &out), (2, &x)],
+            Params::of(&block),
+            groups,
+        );
     }
     Ok(out)
 }
@@ -342,7 +382,7 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let out = ex.alloc(&shape, p.dtype, i)?;
             let total = outer * idx.numel() * inner;
             let pipe = pipelines::family(ex.ctx, "movement", "gather", "u32")?;
-            let msg = format!("gather: an index is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
+            let msg = format!("gather: index {{index}} is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
             let block = blk::Indexed {
                 n: total as u32,
                 n_idx: idx.numel() as u32,
@@ -381,7 +421,7 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let out = ex.alloc(&ls, u.dtype, i)?;
             fill(ex, &out, 0)?;
             let pipe = pipelines::family(ex.ctx, "scatter", "scatter_add", tag(u.dtype)?)?;
-            let msg = format!("scatter_add: an index is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
+            let msg = format!("scatter_add: index {{index}} is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
             let block = blk::Indexed {
                 n: u.numel() as u32,
                 n_idx: idx.numel() as u32,
@@ -460,17 +500,22 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 ArgOp::ArgMin => 1,
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "arg", tag(x.dtype)?)?;
-            ex.dispatch(
-                pipe,
-                &[(1, &out), (2, &x)],
-                Params::of(&blk::Reduce {
+            for r0 in (0..red).step_by(LOOP_STEPS) {
+                let block = blk::Reduce {
                     outer: outer as u32,
                     red: red as u32,
                     inner: inner as u32,
                     op: code,
-                }),
-                grid(outer * inner),
-            );
+                    r0: r0 as u32,
+                    r1: red.min(r0 + LOOP_STEPS) as u32,
+                };
+                ex.dispatch(
+                    pipe.clone(),
+                    &[(1, &out), (2, &x)],
+                    Params::of(&block),
+                    grid(outer * inner),
+                );
+            }
             out
         }
         Op::Scan {
@@ -492,22 +537,35 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 ScanOp::Cumprod => 1,
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "scan", tag(x.dtype)?)?;
-            let params = blk::Scan {
-                outer: outer as u32,
-                red: red as u32,
-                inner: inner as u32,
-                op: code,
-                exclusive: *exclusive as u32,
-                reverse: *reverse as u32,
-            };
-            let groups = grid(outer * inner);
-            ex.dispatch(pipe, &[(1, &out), (2, &x)], Params::of(&params), groups);
+            // Each dispatch goes on from the last value of the one before.
+            for k0 in (0..red).step_by(LOOP_STEPS) {
+                let block = blk::Scan {
+                    outer: outer as u32,
+                    red: red as u32,
+                    inner: inner as u32,
+                    op: code,
+                    exclusive: *exclusive as u32,
+                    reverse: *reverse as u32,
+                    k0: k0 as u32,
+                    klen: LOOP_STEPS.min(red - k0) as u32,
+                };
+                let groups = grid(outer * inner);
+                ex.dispatch(
+                    pipe.clone(),
+                    &[(1, &out), (2, &x)],
+                    Params::of(&block),
+                    groups,
+                );
+            }
             out
         }
         Op::MatMul { ta, tb } => matmul(ex, i, &ins, *ta, *tb)?,
         Op::Conv(spec) => {
             let (x, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = conv::conv_geom(spec, &x.shape, &w.shape)?;
+            if gemm_loop(g.kk() * g.cin / g.groups, g.cout / g.groups) > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.y_shape, x.dtype, i)?;
             conv_fwd(ex, &g, &out, &x, &w)?;
             out
@@ -516,6 +574,9 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let (gy, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let s = host_value(ex, ins[2], &name)?;
             let g = conv::input_grad_geom(spec, &gy.shape, &w.shape, &s)?;
+            if gemm_loop(g.kk() * g.cout / g.groups, g.cin / g.groups) > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.x_shape, gy.dtype, i)?;
             conv_dx(ex, &g, &out, &gy, &w)?;
             out
@@ -529,6 +590,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::Pool(spec) => {
             let x = ex.dev(ins[0])?;
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.y_shape, x.dtype, i)?;
             pool_dispatch(ex, "pool_fwd", &g, pool_mode(spec.kind), &out, &x, &x)?;
             out
@@ -536,6 +601,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::PoolGrad(spec) => {
             let (x, gy) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             if gy.shape != g.y_shape {
                 return Err(value_err!(
                     "pool_grad: gradient shape {:?} does not match the pooled shape {:?}",
@@ -550,6 +619,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::PoolSelect(spec) => {
             let (x, h) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             if h.shape != x.shape {
                 return Err(value_err!(
                     "pool_select: shapes {:?} and {:?} differ",
@@ -645,11 +718,6 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     }
     let bshape = broadcast_runtime("matmul", &sa[..ra - 2], &sb[..rb - 2])?;
     let batches: usize = bshape.iter().product();
-    if batches > 65535 {
-        return Err(Error::Device(format!(
-            "matmul: {batches} batch matrices exceed the GPU grid limit of 65535"
-        )));
-    }
     let mut shape = bshape.clone();
     shape.extend([m, n]);
     let out = ex.alloc(&shape, a.dtype, i)?;
@@ -682,20 +750,61 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
         vec4: a_v4 as u32 | (b_v4 as u32) << 1,
         ta: ta as u32,
         tb: tb as u32,
+        ..blk::Matmul::default()
     };
     let mut tail: Vec<u32> = bshape.iter().map(|&d| d as u32).collect();
     tail.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
     tail.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
-    let p = Params::with_tail(&block, &tail);
     let pipe = pipelines::family(ex.ctx, "matmul", "matmul", tag(a.dtype)?)?;
     let (a4, b4) = (a.as_vec4(), b.as_vec4());
-    ex.dispatch(
-        pipe,
-        &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
-        p,
-        [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batches as u32],
-    );
+    let tiles = [n.div_ceil(64), m.div_ceil(64), batches];
+    for (first, groups) in split_grid(tiles, max_groups(ex)) {
+        // The first slice of K writes the output, the others add to it; K = 0 writes zeros.
+        for k0 in (0..ka.max(1)).step_by(MATMUL_K_STEP) {
+            let block = blk::Matmul {
+                col_tile0: first[0] as u32,
+                row_tile0: first[1] as u32,
+                batch0: first[2] as u32,
+                k_lo: k0 as u32,
+                k_hi: (k0 + MATMUL_K_STEP) as u32,
+                add: (k0 > 0) as u32,
+                ..block
+            };
+            let p = Params::with_tail(&block, &tail);
+            ex.dispatch(
+                pipe.clone(),
+                &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
+                p,
+                groups,
+            );
+        }
+    }
     Ok(out)
+}
+
+/// The slice of the contracted dim one matmul dispatch sums (a multiple of its 16-deep
+/// tiles): 2048 tiles of at most 25 loop iterations each stay under the 65535 loop
+/// iterations after which llvmpipe ends a shader.
+const MATMUL_K_STEP: usize = 32768;
+
+/// The adapter's largest workgroup count per grid dimension.
+fn max_groups(ex: &Exec) -> usize {
+    (ex.ctx.limits.max_compute_workgroups_per_dimension as usize).max(1)
+}
+
+/// Splits a grid of `counts` workgroups into dispatches of at most `limit` per dimension:
+/// (first workgroup of each dimension, workgroup counts) per dispatch, none for an empty grid.
+fn split_grid(counts: [usize; 3], limit: usize) -> Vec<([usize; 3], [u32; 3])> {
+    let starts = |n: usize| (0..n).step_by(limit).map(move |s| (s, limit.min(n - s)));
+    let mut out = Vec::new();
+    for (z0, nz) in starts(counts[2]) {
+        for (y0, ny) in starts(counts[1]) {
+            for (x0, nx) in starts(counts[0]) {
+                out.push(([x0, y0, z0], [nx as u32, ny as u32, nz as u32]));
+            }
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------- convolution and pooling
@@ -886,7 +995,9 @@ fn conv_dw(ex: &mut Exec, i: usize, g: &Geom, x: &DTensor, gy: &DTensor) -> Resu
         rows.div_ceil(64) * og.div_ceil(64) * g.groups
     };
     let max_parts = ((ex.ctx.max_binding / 4) as usize / wn).clamp(1, 256);
+    // At most MATMUL_K_STEP positions per chunk: the chunk is a loop in the shader.
     let want = (1024 / workgroups.max(1))
+        .max(m.div_ceil(MATMUL_K_STEP))
         .clamp(1, max_parts)
         .min(m.div_ceil(256))
         .min(65535 / groups_z)

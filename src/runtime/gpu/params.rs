@@ -101,6 +101,10 @@ blocks! {
         red: u32,
         inner: u32,
         op: u32,
+        /// Steps `[r0, r1)` of the reduced axis this dispatch covers: a long axis is split
+        /// over dispatches, each going on from the partial result of the one before.
+        r0: u32,
+        r1: u32,
     }
 
     /// `reduce.wgsl` `scan` (op 0 cumsum, 1 cumprod) over `(outer, red, inner)` blocks.
@@ -111,6 +115,10 @@ blocks! {
         op: u32,
         exclusive: u32,
         reverse: u32,
+        /// Steps `[k0, k0 + klen)` of the scan this dispatch covers, going on from the
+        /// value its predecessor wrote before step `k0`.
+        k0: u32,
+        klen: u32,
     }
 
     /// `matmul.wgsl`: `c[b] = op(a[b]) @ op(b[b])` with `m x k` and `k x n` operands
@@ -129,6 +137,16 @@ blocks! {
         vec4: u32,
         ta: u32,
         tb: u32,
+        /// The grid's first tile and batch: a grid over the adapter's limit per dimension
+        /// is split over several dispatches.
+        col_tile0: u32,
+        row_tile0: u32,
+        batch0: u32,
+        /// The slice `[k_lo, k_hi)` of the contracted dim this dispatch sums, added to
+        /// `out` when `add` is set (a long `k` is split over dispatches).
+        k_lo: u32,
+        k_hi: u32,
+        add: u32,
     }
 
     /// `random.wgsl`: `n` draws of call `(call_hi, call_lo)` under Philox key `(key0, key1)`;
