@@ -98,6 +98,7 @@ demo: build
 
 test: build $(KERAS_OLD_STAMPS) $(MPI_STAMP)
 	cargo test --release --no-default-features
+	cargo test --release --no-default-features --features gpu runtime::gpu::
 	for d in $(TEST_DEVICES); do \
 	  echo "== pytest, FERROKERAS_DEVICE=$$d"; \
 	  FERROKERAS_DEVICE=$$d $(VENV_PY) -m pytest $(PYTEST_ARGS) tests; \

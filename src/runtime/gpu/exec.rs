@@ -5,6 +5,7 @@
 //! submit before the end); at the end one submit runs everything and one mapped
 //! staging buffer brings back all outputs. Update values stay on the device.
 
+use super::params::{Indexed, Params};
 use super::pipelines::{dtag, Pipe};
 use super::pool::{self, DevBuf};
 use super::{fusion, kernels, transfer, Context, DTensor, Resident};
@@ -88,6 +89,7 @@ pub(crate) struct Cmd {
     pipe: Arc<Pipe>,
     /// (binding, buffer, bytes bound)
     bufs: Vec<(u32, Arc<DevBuf>, u64)>,
+    /// The words of the kernel's parameter block (`params::Params`), bound at binding 0.
     params: Vec<u32>,
     groups: [u32; 3],
 }
@@ -504,12 +506,12 @@ impl<'a> Exec<'a> {
         })
     }
 
-    /// Records one dispatch. `bufs` are (binding, tensor) pairs; binding 0 is the params.
+    /// Records one dispatch. `bufs` are (binding, tensor) pairs; binding 0 is `params`.
     pub fn dispatch(
         &mut self,
         pipe: Arc<Pipe>,
         bufs: &[(u32, &DTensor)],
-        params: Vec<u32>,
+        params: Params,
         groups: [u32; 3],
     ) {
         if groups.contains(&0) {
@@ -522,23 +524,24 @@ impl<'a> Exec<'a> {
         self.cmds.push(Cmd {
             pipe,
             bufs,
-            params,
+            params: params.0,
             groups,
         });
         self.stats.dispatches += 1;
     }
 
-    /// Like `dispatch`, binding the call's error-status buffer at binding 4; an index out
-    /// of range makes the call fail with `msg`, its `{index}` replaced by the index.
+    /// Like `dispatch`, binding the call's error-status buffer at binding 4; a kernel that
+    /// stores `tag` there (the `tag` field of its block) makes the call fail with `msg`,
+    /// its `{index}` replaced by the index the kernel stores next to the tag.
     pub fn dispatch_checked(
         &mut self,
         pipe: Arc<Pipe>,
         bufs: &[(u32, &DTensor)],
-        mut params: Vec<u32>,
+        block: &Indexed,
         groups: [u32; 3],
-        tag: u32,
         msg: String,
     ) -> Result<()> {
+        let tag = block.tag;
         if groups.contains(&0) {
             return Ok(());
         }
@@ -551,7 +554,6 @@ impl<'a> Exec<'a> {
                 s
             }
         };
-        params.push(tag);
         self.status_msgs.insert(tag, msg);
         let mut b: Vec<(u32, Arc<DevBuf>, u64)> = bufs
             .iter()
@@ -561,7 +563,7 @@ impl<'a> Exec<'a> {
         self.cmds.push(Cmd {
             pipe,
             bufs: b,
-            params,
+            params: Params::of(block).0,
             groups,
         });
         self.stats.dispatches += 1;

@@ -3,6 +3,7 @@
 //! output shape (raising the same errors as the CPU kernel), then records dispatches.
 
 use super::exec::{grid, Exec, Slot};
+use super::params::{self as blk, Params};
 use super::pipelines::{self, dtag};
 use super::transfer::scalar_word;
 use super::DTensor;
@@ -83,6 +84,18 @@ fn tag(d: DType) -> Result<&'static str> {
     dtag(d).ok_or_else(|| Error::Runtime(format!("internal: {d} reached a GPU kernel")))
 }
 
+/// The `Strided` block of `n` elements iterated over `dims`, tail `dims` then `strides`.
+fn strided_params(n: usize, dims: &[usize], base: i64, strides: &[i64]) -> Params {
+    let block = blk::Strided {
+        n: n as u32,
+        rank: dims.len() as u32,
+        base: base as i32,
+    };
+    let mut tail: Vec<u32> = dims.iter().map(|&d| d as u32).collect();
+    tail.extend(strides.iter().map(|&s| s as i32 as u32));
+    Params::with_tail(&block, &tail)
+}
+
 /// out[i] = src[base + sum coord_d * strides_d] over `out_shape`.
 fn gather_strided(
     ex: &mut Exec,
@@ -94,9 +107,7 @@ fn gather_strided(
 ) -> Result<DTensor> {
     let out = ex.alloc(out_shape, src.dtype, i)?;
     let n: usize = out_shape.iter().product();
-    let mut p = vec![n as u32, out_shape.len() as u32, base as i32 as u32];
-    p.extend(out_shape.iter().map(|&d| d as u32));
-    p.extend(strides.iter().map(|&s| s as i32 as u32));
+    let p = strided_params(n, out_shape, base, strides);
     let pipe = pipelines::family(ex.ctx, "movement", "gather_strided", "u32")?;
     ex.dispatch(pipe, &[(1, &out), (2, src)], p, grid(n));
     Ok(out)
@@ -111,9 +122,7 @@ fn scatter_strided(
     strides: &[i64],
 ) -> Result<()> {
     let n = src.numel();
-    let mut p = vec![n as u32, src.shape.len() as u32, base as i32 as u32];
-    p.extend(src.shape.iter().map(|&d| d as u32));
-    p.extend(strides.iter().map(|&s| s as i32 as u32));
+    let p = strided_params(n, &src.shape, base, strides);
     let pipe = pipelines::family(ex.ctx, "movement", "scatter_strided", "u32")?;
     ex.dispatch(pipe, &[(1, out), (2, src)], p, grid(n));
     Ok(())
@@ -122,7 +131,8 @@ fn scatter_strided(
 fn fill(ex: &mut Exec, out: &DTensor, word: u32) -> Result<()> {
     let n = out.numel();
     let pipe = pipelines::family(ex.ctx, "movement", "fill", "u32")?;
-    ex.dispatch(pipe, &[(1, out)], vec![n as u32, word], grid(n));
+    let p = blk::Fill { n: n as u32, word };
+    ex.dispatch(pipe, &[(1, out)], Params::of(&p), grid(n));
     Ok(())
 }
 
@@ -198,7 +208,13 @@ fn reduce(
     let nout = outer * inner;
     let out = ex.alloc(out_shape, x.dtype, i)?;
     let t = tag(x.dtype)?;
-    let params = vec![outer as u32, red as u32, inner as u32, code];
+    let block = blk::Reduce {
+        outer: outer as u32,
+        red: red as u32,
+        inner: inner as u32,
+        op: code,
+        ..blk::Reduce::default()
+    };
     // Steps of the reduced axis per dispatch, each going on from the one before.
     let (pipe, step, groups) = if nout < 4096 && red >= 64 {
         let x_ = nout.min(65535);
@@ -215,10 +231,17 @@ fn reduce(
         )
     };
     for r0 in (0..red.max(1)).step_by(step) {
-        let mut p = params.clone();
-        p.extend([r0, step.min(red - r0)].map(|v| v as u32));
-        p[5] += p[4];
-        ex.dispatch(pipe.clone(), &[(1, &out), (2, &x)], p, groups);
+        let block = blk::Reduce {
+            r0: r0 as u32,
+            r1: (r0 + step.min(red - r0)) as u32,
+            ..block
+        };
+        ex.dispatch(
+            pipe.clone(),
+            &[(1, &out), (2, &x)],
+            Params::of(&block),
+            groups,
+        );
     }
     Ok(out)
 }
@@ -360,13 +383,18 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let total = outer * idx.numel() * inner;
             let pipe = pipelines::family(ex.ctx, "movement", "gather", "u32")?;
             let msg = format!("gather: index {{index}} is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
-            let params = vec![total as u32, idx.numel() as u32, n as u32, inner as u32];
+            let block = blk::Indexed {
+                n: total as u32,
+                n_idx: idx.numel() as u32,
+                axis_len: n as u32,
+                inner: inner as u32,
+                tag: i as u32 + 1,
+            };
             ex.dispatch_checked(
                 pipe,
                 &[(1, &out), (2, &p), (3, &idx)],
-                params,
+                &block,
                 grid(total),
-                i as u32 + 1,
                 msg,
             )?;
             out
@@ -394,13 +422,18 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             fill(ex, &out, 0)?;
             let pipe = pipelines::family(ex.ctx, "scatter", "scatter_add", tag(u.dtype)?)?;
             let msg = format!("scatter_add: index {{index}} is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
-            let params = vec![u.numel() as u32, idx.numel() as u32, n as u32, inner as u32];
+            let block = blk::Indexed {
+                n: u.numel() as u32,
+                n_idx: idx.numel() as u32,
+                axis_len: n as u32,
+                inner: inner as u32,
+                tag: i as u32 + 1,
+            };
             ex.dispatch_checked(
                 pipe,
                 &[(1, &out), (2, &u), (3, &idx)],
-                params,
+                &block,
                 grid(u.numel()),
-                i as u32 + 1,
                 msg,
             )?;
             out
@@ -468,12 +501,18 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "arg", tag(x.dtype)?)?;
             for r0 in (0..red).step_by(LOOP_STEPS) {
-                let r1 = red.min(r0 + LOOP_STEPS);
-                let p = [outer, red, inner, code as usize, r0, r1].map(|v| v as u32);
+                let block = blk::Reduce {
+                    outer: outer as u32,
+                    red: red as u32,
+                    inner: inner as u32,
+                    op: code,
+                    r0: r0 as u32,
+                    r1: red.min(r0 + LOOP_STEPS) as u32,
+                };
                 ex.dispatch(
                     pipe.clone(),
                     &[(1, &out), (2, &x)],
-                    p.to_vec(),
+                    Params::of(&block),
                     grid(outer * inner),
                 );
             }
@@ -498,19 +537,25 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 ScanOp::Cumprod => 1,
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "scan", tag(x.dtype)?)?;
-            let params = vec![
-                outer as u32,
-                red as u32,
-                inner as u32,
-                code,
-                *exclusive as u32,
-                *reverse as u32,
-            ];
             // Each dispatch goes on from the last value of the one before.
             for k0 in (0..red).step_by(LOOP_STEPS) {
-                let mut p = params.clone();
-                p.extend([k0 as u32, LOOP_STEPS.min(red - k0) as u32]);
-                ex.dispatch(pipe.clone(), &[(1, &out), (2, &x)], p, grid(outer * inner));
+                let block = blk::Scan {
+                    outer: outer as u32,
+                    red: red as u32,
+                    inner: inner as u32,
+                    op: code,
+                    exclusive: *exclusive as u32,
+                    reverse: *reverse as u32,
+                    k0: k0 as u32,
+                    klen: LOOP_STEPS.min(red - k0) as u32,
+                };
+                let groups = grid(outer * inner);
+                ex.dispatch(
+                    pipe.clone(),
+                    &[(1, &out), (2, &x)],
+                    Params::of(&block),
+                    groups,
+                );
             }
             out
         }
@@ -614,15 +659,15 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             };
             let out = ex.alloc(&dims, node.dtype(), i)?;
             let pipe = pipelines::family(ex.ctx, "random", "random", tag(node.dtype())?)?;
-            let params = vec![
-                n as u32,
-                key[0],
-                key[1],
-                call as u32,
-                (call >> 32) as u32,
+            let params = blk::Random {
+                n: n as u32,
+                key0: key[0],
+                key1: key[1],
+                call_lo: call as u32,
+                call_hi: (call >> 32) as u32,
                 dist,
-            ];
-            ex.dispatch(pipe, &[(1, &out)], params, grid(n));
+            };
+            ex.dispatch(pipe, &[(1, &out)], Params::of(&params), grid(n));
             out
         }
         Op::Placeholder(_)
@@ -689,33 +734,43 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     let (a_cols, b_cols) = (sa[ra - 1], sb[rb - 1]);
     let (a_rs, a_cs) = if ta { (1, a_cols) } else { (a_cols, 1) };
     let (b_rs, b_cs) = if tb { (1, b_cols) } else { (b_cols, 1) };
-    let mut p = vec![
-        m as u32,
-        n as u32,
-        ka as u32,
-        bshape.len() as u32,
-        a_rs as u32,
-        a_cs as u32,
-        b_rs as u32,
-        b_cs as u32,
-    ];
-    p.extend(bshape.iter().map(|&d| d as u32));
-    p.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
-    p.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
     // vec4 loads along each operand's contiguous dimension when it is a multiple of 4
     // (then every vec4 and every batch offset is 16-byte aligned).
     let a_v4 = if ta { m % 4 == 0 } else { ka % 4 == 0 };
     let b_v4 = if tb { ka % 4 == 0 } else { n % 4 == 0 };
-    p.extend([a_v4 as u32 | (b_v4 as u32) << 1, ta as u32, tb as u32]);
+    let block = blk::Matmul {
+        m: m as u32,
+        n: n as u32,
+        k: ka as u32,
+        batch_rank: bshape.len() as u32,
+        a_rs: a_rs as u32,
+        a_cs: a_cs as u32,
+        b_rs: b_rs as u32,
+        b_cs: b_cs as u32,
+        vec4: a_v4 as u32 | (b_v4 as u32) << 1,
+        ta: ta as u32,
+        tb: tb as u32,
+        ..blk::Matmul::default()
+    };
+    let mut tail: Vec<u32> = bshape.iter().map(|&d| d as u32).collect();
+    tail.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
+    tail.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
     let pipe = pipelines::family(ex.ctx, "matmul", "matmul", tag(a.dtype)?)?;
     let (a4, b4) = (a.as_vec4(), b.as_vec4());
     let tiles = [n.div_ceil(64), m.div_ceil(64), batches];
     for (first, groups) in split_grid(tiles, max_groups(ex)) {
         // The first slice of K writes the output, the others add to it; K = 0 writes zeros.
         for k0 in (0..ka.max(1)).step_by(MATMUL_K_STEP) {
-            let mut p = p.clone();
-            p.extend(first.map(|v| v as u32));
-            p.extend([k0, k0 + MATMUL_K_STEP, (k0 > 0) as usize].map(|v| v as u32));
+            let block = blk::Matmul {
+                col_tile0: first[0] as u32,
+                row_tile0: first[1] as u32,
+                batch0: first[2] as u32,
+                k_lo: k0 as u32,
+                k_hi: (k0 + MATMUL_K_STEP) as u32,
+                add: (k0 > 0) as u32,
+                ..block
+            };
+            let p = Params::with_tail(&block, &tail);
             ex.dispatch(
                 pipe.clone(),
                 &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
@@ -754,39 +809,35 @@ fn split_grid(counts: [usize; 3], limit: usize) -> Vec<([usize; 3], [u32; 3])> {
 
 // ---------------------------------------------------------------- convolution and pooling
 
-/// The geometry words shared by `conv.wgsl` and `pool.wgsl`: `[n, x[3], k[3], o[3], s[3],
-/// d[3], pad_before[3]]`.
-fn geom_words(g: &Geom) -> Vec<u32> {
-    let mut p = vec![g.n as u32];
-    for v in [g.x, g.k, g.o, g.s, g.d] {
-        p.extend(v.iter().map(|&d| d as u32));
+/// The window geometry shared by `conv.wgsl` and `pool.wgsl`.
+fn window(g: &Geom) -> blk::Window {
+    let w3 = |v: [usize; 3]| v.map(|d| d as u32);
+    blk::Window {
+        n: g.n as u32,
+        x: w3(g.x),
+        k: w3(g.k),
+        o: w3(g.o),
+        s: w3(g.s),
+        d: w3(g.d),
+        pad: g.p.map(|(before, _)| before as u32),
     }
-    p.extend(g.p.iter().map(|&(before, _)| before as u32));
-    p
 }
 
-/// `geom_words` + `[cin, cout, groups, cin / groups, cout / groups, row_base, splits,
-/// chunk]`, the parameter block of every `conv.wgsl` kernel.
-fn conv_words(g: &Geom, splits: usize, chunk: usize) -> Vec<u32> {
-    let mut p = geom_words(g);
-    p.extend(
-        [
-            g.cin,
-            g.cout,
-            g.groups,
-            g.cin / g.groups,
-            g.cout / g.groups,
-            0,
-            splits,
-            chunk,
-        ]
-        .map(|v| v as u32),
-    );
-    p
+/// The parameter block of every `conv.wgsl` kernel, with `row_base` 0 and no stride phase.
+fn conv_block(g: &Geom, splits: usize, chunk: usize) -> blk::Conv {
+    blk::Conv {
+        w: window(g),
+        cin: g.cin as u32,
+        cout: g.cout as u32,
+        groups: g.groups as u32,
+        cg: (g.cin / g.groups) as u32,
+        og: (g.cout / g.groups) as u32,
+        row_base: 0,
+        splits: splits as u32,
+        chunk: chunk as u32,
+        ..blk::Conv::default()
+    }
 }
-
-/// Index of `row_base` in `conv_words`.
-const ROW_BASE: usize = 24;
 
 /// Below this many channels on a GEMM's column side, the one-output-per-thread kernels
 /// beat the 64-wide tiles (depthwise convolutions: one channel per group).
@@ -799,7 +850,7 @@ fn conv_tiled(
     ex: &mut Exec,
     kernel: &str,
     dtype: DType,
-    p: Vec<u32>,
+    p: blk::Conv,
     bufs: &[(u32, &DTensor)],
     rows: usize,
     cols: usize,
@@ -814,12 +865,14 @@ fn conv_tiled(
     let tiles = rows.div_ceil(64);
     let per = 65535usize;
     for t0 in (0..tiles).step_by(per) {
-        let mut p = p.clone();
-        p[ROW_BASE] = (t0 * 64) as u32;
+        let p = blk::Conv {
+            row_base: (t0 * 64) as u32,
+            ..p
+        };
         ex.dispatch(
             pipe.clone(),
             bufs,
-            p,
+            Params::of(&p),
             [
                 cols.div_ceil(64) as u32,
                 per.min(tiles - t0) as u32,
@@ -832,10 +885,11 @@ fn conv_tiled(
 
 fn conv_fwd(ex: &mut Exec, g: &Geom, out: &DTensor, x: &DTensor, w: &DTensor) -> Result<()> {
     let og = g.cout / g.groups;
-    let p = conv_words(g, 1, 0);
+    let p = conv_block(g, 1, 0);
     if og < DIRECT_BELOW {
         let pipe = pipelines::family(ex.ctx, "conv", "conv_fwd_direct", tag(x.dtype)?)?;
-        ex.dispatch(pipe, &[(1, out), (2, x), (3, w)], p, grid(out.numel()));
+        let groups = grid(out.numel());
+        ex.dispatch(pipe, &[(1, out), (2, x), (3, w)], Params::of(&p), groups);
         Ok(())
     } else {
         conv_tiled(
@@ -860,7 +914,7 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
         ex.dispatch(
             pipe,
             &[(1, out), (2, gy), (3, w)],
-            conv_words(g, 1, 0),
+            Params::of(&conv_block(g, 1, 0)),
             grid(out.numel()),
         );
         return Ok(());
@@ -870,10 +924,15 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
             for r2 in 0..g.s[2] {
                 let ph = [0, 1, 2].map(|t| stride_phase(g, t, [r0, r1, r2][t]));
                 let rows = g.n * ph.iter().map(|q| q[1]).product::<usize>();
-                let mut p = conv_words(g, 1, 0);
-                for field in 0..5 {
-                    p.extend(ph.iter().map(|q| q[field] as u32));
-                }
+                let field = |f: usize| ph.map(|q| q[f] as u32);
+                let p = blk::Conv {
+                    first: field(0),
+                    count: field(1),
+                    kstart: field(2),
+                    kstep: field(3),
+                    kcount: field(4),
+                    ..conv_block(g, 1, 0)
+                };
                 conv_tiled(
                     ex,
                     "conv_dx",
@@ -978,12 +1037,12 @@ fn conv_dw_partials(
     splits: usize,
     chunk: usize,
 ) -> Result<()> {
-    let p = conv_words(g, splits, chunk);
+    let p = conv_block(g, splits, chunk);
     if direct {
         let pipe = pipelines::family(ex.ctx, "conv", "conv_dw_direct", tag(dtype)?)?;
         let mut groups = grid(g.w_shape.iter().product());
         groups[2] = splits as u32;
-        ex.dispatch(pipe, &[(1, out), (2, x), (3, gy)], p, groups);
+        ex.dispatch(pipe, &[(1, out), (2, x), (3, gy)], Params::of(&p), groups);
         Ok(())
     } else {
         let (rows, og) = (g.kk() * g.cin / g.groups, g.cout / g.groups);
@@ -1017,9 +1076,17 @@ fn pool_dispatch(
     a: &DTensor,
     b: &DTensor,
 ) -> Result<()> {
-    let mut p = geom_words(g);
-    p.extend([g.cin as u32, mode]);
+    let p = blk::Pool {
+        w: window(g),
+        channels: g.cin as u32,
+        mode,
+    };
     let pipe = pipelines::family(ex.ctx, "pool", kernel, tag(out.dtype)?)?;
-    ex.dispatch(pipe, &[(1, out), (2, a), (3, b)], p, grid(out.numel()));
+    ex.dispatch(
+        pipe,
+        &[(1, out), (2, a), (3, b)],
+        Params::of(&p),
+        grid(out.numel()),
+    );
     Ok(())
 }
