@@ -3,7 +3,8 @@
 #   make demo         set up .venv, build the extension, run examples/quickstart.py and the
 #                     Keras 2.3.1 CNN on scikit-learn's digits (examples/digits_cnn.py)
 #   make test         set up, build, run the Rust tests and the pytest suite (docstring
-#                     examples included) once per device
+#                     examples included) once per device, then tests/keras under Keras
+#                     2.2.4 and 2.2.5 (.venv-keras224, .venv-keras225)
 #   make lint         the checks CI gates on: rustfmt, clippy (warnings are errors), ruff
 #                     (lint and format), and _core.pyi against the built module (stubtest)
 #   make wheel        build one abi3 wheel into dist/
@@ -17,6 +18,7 @@
 #   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (the peer
 #                     venvs of make bench, benches/.venvs/tf and torch, made on first use)
 #   make bench-gpu    run benches/bench_gpu.py (GPU vs CPU vs NumPy, optional PyTorch CUDA)
+#   make bench-dist   data-parallel scaling: 1 process vs 2 MPI ranks (benches/bench_distributed.py)
 #   make clean        remove build outputs (make distclean also removes .venv)
 #
 # Everything a fresh machine needs besides python3 (with venv + pip) and cargo is
@@ -33,6 +35,10 @@ VENV_STAMP := $(VENV)/.stamp-deps
 BUILD_STAMP := $(VENV)/.stamp-build
 DEV_DEPS := maturin numpy pytest hypothesis scipy keras==2.3.1 h5py scikit-learn tensorboard \
             ruff mypy
+# ferrokeras.distributed's tests launch `mpiexec -n 2`: MPICH from PyPI and mpi4py (the
+# `mpi` extra), in a stamp of their own so that existing venvs get them too.
+MPI_DEPS := mpi4py mpich
+MPI_STAMP := $(VENV)/.stamp-mpi
 
 # maturin must see the project venv, and only it (it refuses to run when a conda env is
 # also active).
@@ -44,6 +50,15 @@ MATURIN := env -u CONDA_PREFIX VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturi
 TEST_DEVICES ?= cpu gpu
 PYTEST_ARGS ?= -q
 
+# Older Keras releases that tests/keras also runs under, each in its own venv
+# (.venv-keras224, .venv-keras225: Keras, its test dependencies and a .pth file putting
+# this tree's python/ on the path, as `maturin develop` does for .venv), made on first use.
+# One pass each, on KERAS_OLD_DEVICES, after the main suite. KERAS_OLD= skips them.
+KERAS_OLD ?= 2.2.4 2.2.5
+KERAS_OLD_DEVICES ?= cpu
+KERAS_OLD_DEPS := numpy pytest scipy h5py scikit-learn tensorboard
+KERAS_OLD_STAMPS := $(foreach v,$(KERAS_OLD),.venv-keras$(subst .,,$(v))/.stamp-deps)
+
 # Inputs of the compiled extension. Python sources are not listed: `maturin develop`
 # installs python/ferrokeras in editable mode, so edits there need no rebuild.
 RUST_INPUTS := $(shell find src shaders -type f 2>/dev/null) \
@@ -54,7 +69,7 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test lint wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu clean distclean
+.PHONY: help venv .venv build demo test lint wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu bench-dist clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -69,6 +84,10 @@ $(VENV_STAMP): Makefile
 
 build: $(BUILD_STAMP)
 
+$(MPI_STAMP): $(VENV_STAMP)
+	$(VENV)/bin/pip install -q $(MPI_DEPS)
+	touch $@
+
 $(BUILD_STAMP): $(VENV_STAMP) $(RUST_INPUTS)
 	$(MATURIN) develop --release
 	touch $@
@@ -77,12 +96,27 @@ demo: build
 	$(VENV_PY) examples/quickstart.py
 	KERAS_BACKEND=ferrokeras.backend $(VENV_PY) examples/digits_cnn.py
 
-test: build
+test: build $(KERAS_OLD_STAMPS) $(MPI_STAMP)
 	cargo test --release --no-default-features
+	cargo test --release --no-default-features --features gpu runtime::gpu::
 	for d in $(TEST_DEVICES); do \
 	  echo "== pytest, FERROKERAS_DEVICE=$$d"; \
 	  FERROKERAS_DEVICE=$$d $(VENV_PY) -m pytest $(PYTEST_ARGS) tests; \
 	done
+	for v in $(KERAS_OLD); do for d in $(KERAS_OLD_DEVICES); do \
+	  echo "== pytest tests/keras, Keras $$v, FERROKERAS_DEVICE=$$d"; \
+	  env -u PYTHONPATH FERROKERAS_DEVICE=$$d .venv-keras$${v//./}/bin/python -m pytest \
+	    $(PYTEST_ARGS) tests/keras; \
+	done; done
+
+# .venv-keras224/.stamp-deps installs Keras 2.2.4 (the digits of the name, dotted).
+.venv-keras%/.stamp-deps:
+	$(PYTHON) -m venv .venv-keras$*
+	.venv-keras$*/bin/pip install -q keras==$$(sed -E 's/^(.)(.)(.+)$$/\1.\2.\3/' <<<'$*') \
+	  $(KERAS_OLD_DEPS)
+	echo "$(CURDIR)/python" > "$$(.venv-keras$*/bin/python -c \
+	  'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ferrokeras.pth"
+	touch $@
 
 # Python sources and the stub are checked from the repository root; clippy runs over both
 # feature sets (the bindings and GPU device, and the bare core that `cargo test` builds).
@@ -188,10 +222,13 @@ bench-conv: build $(PEER_DIR)/tf/.stamp $(PEER_DIR)/torch/.stamp
 bench-gpu: build
 	$(VENV_PY) benches/bench_gpu.py
 
+bench-dist: build $(MPI_STAMP)
+	$(VENV_PY) benches/bench_distributed.py
+
 clean:
 	rm -rf target dist .pytest_cache .hypothesis $(BUILD_STAMP)
 	rm -f python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd
 	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-keras*/

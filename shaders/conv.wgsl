@@ -20,13 +20,44 @@
 // output per thread; the executor uses them where a GEMM dimension is a handful of
 // channels (depthwise convolutions), which would leave most of a 64-wide tile idle.
 //
-// Bindings: 0 params, 1 out, 2 a (x, or gy for conv_dx), 3 b (w, or gy for conv_dw).
-// P = [n, x[3], k[3], o[3], s[3], d[3], pad_before[3], cin, cout, groups, cg, og,
-//      row_base, splits, chunk, (conv_dx only) first[3], count[3], kstart[3], kstep[3],
-//      kcount[3]]; row_base offsets the GEMM rows of one dispatch (the
-//      executor splits tall GEMMs into dispatches of at most 65535 row tiles).
+// Bindings: 0 params (a Conv block of src/runtime/gpu/params.rs), 1 out, 2 a (x, or gy
+// for conv_dx), 3 b (w, or gy for conv_dw).
 
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// The window geometry: n images of x pixels, kernel k, output o, stride s, dilation d,
+// padding before pad (spatial dims canonicalised to three).
+struct Window {
+    n: u32,
+    x: array<u32, 3>,
+    k: array<u32, 3>,
+    o: array<u32, 3>,
+    s: array<u32, 3>,
+    d: array<u32, 3>,
+    pad: array<u32, 3>,
+}
+
+// cg, og: channels per group in and out. row_base offsets the GEMM rows of one dispatch
+// (the executor splits tall GEMMs into dispatches of at most 65535 row tiles); splits and
+// chunk split conv_dw's reduction. first .. kcount, read by conv_dx only, give its stride
+// phase: per dim the first input position, their count, and the first kernel offset, step
+// and count of kernel offsets that reach them.
+struct Conv {
+    w: Window,
+    cin: u32,
+    cout: u32,
+    groups: u32,
+    cg: u32,
+    og: u32,
+    row_base: u32,
+    splits: u32,
+    chunk: u32,
+    first: array<u32, 3>,
+    count: array<u32, 3>,
+    kstart: array<u32, 3>,
+    kstep: array<u32, 3>,
+    kcount: array<u32, 3>,
+}
+
+@group(0) @binding(0) var<storage, read> p: Conv;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 @group(0) @binding(2) var<storage, read> a: array<u32>;
 @group(0) @binding(3) var<storage, read> b: array<u32>;
@@ -38,15 +69,16 @@ fn ld_a(i: u32) -> T { return bitcast<T>(a[i]); }
 fn ld_b(i: u32) -> T { return bitcast<T>(b[i]); }
 fn st(i: u32, v: T) { out[i] = bitcast<u32>(t_norm(v)); }
 
-fn xdim() -> vec3<i32> { return vec3<i32>(i32(P[1]), i32(P[2]), i32(P[3])); }
-fn kdim() -> vec3<u32> { return vec3<u32>(P[4], P[5], P[6]); }
-fn odim() -> vec3<u32> { return vec3<u32>(P[7], P[8], P[9]); }
-fn sdim() -> vec3<u32> { return vec3<u32>(P[10], P[11], P[12]); }
-fn ddim() -> vec3<u32> { return vec3<u32>(P[13], P[14], P[15]); }
-fn pdim() -> vec3<i32> { return vec3<i32>(i32(P[16]), i32(P[17]), i32(P[18])); }
-fn xpix() -> u32 { return P[1] * P[2] * P[3]; }
-fn kk() -> u32 { return P[4] * P[5] * P[6]; }
-fn opix() -> u32 { return P[7] * P[8] * P[9]; }
+fn v3(a: array<u32, 3>) -> vec3<u32> { return vec3<u32>(a[0], a[1], a[2]); }
+fn xdim() -> vec3<i32> { return vec3<i32>(v3(p.w.x)); }
+fn kdim() -> vec3<u32> { return v3(p.w.k); }
+fn odim() -> vec3<u32> { return v3(p.w.o); }
+fn sdim() -> vec3<u32> { return v3(p.w.s); }
+fn ddim() -> vec3<u32> { return v3(p.w.d); }
+fn pdim() -> vec3<i32> { return vec3<i32>(v3(p.w.pad)); }
+fn xpix() -> u32 { return p.w.x[0] * p.w.x[1] * p.w.x[2]; }
+fn kk() -> u32 { return p.w.k[0] * p.w.k[1] * p.w.k[2]; }
+fn opix() -> u32 { return p.w.o[0] * p.w.o[1] * p.w.o[2]; }
 
 /// Row-major coordinates of flat index `i` in a box of `dims`.
 fn unflat(i: u32, dims: vec3<u32>) -> vec3<u32> {
@@ -92,14 +124,14 @@ fn mac(l: vec3<u32>, acc: ptr<function, array<vec4<T>, 4>>) {
 @compute @workgroup_size(16, 16)
 fn conv_fwd_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
     let op_n = opix();
-    let M = P[0] * op_n;
-    let cin = P[19];
-    let cout = P[20];
-    let cg = P[22];
-    let og = P[23];
+    let M = p.w.n * op_n;
+    let cin = p.cin;
+    let cout = p.cout;
+    let cg = p.cg;
+    let og = p.og;
     let K = kk() * cg;
     let g = w.z;
-    let row0 = P[24] + w.y * 64u;
+    let row0 = p.row_base + w.y * 64u;
     let col0 = w.x * 64u;
     let tid = l.y * 16u + l.x;
     // This thread gathers column tid % 16 of the A slice for rows tid / 16 + 16 t.
@@ -151,21 +183,21 @@ fn conv_fwd_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id
 fn conv_dx_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
     // One stride phase: input pixels ip = first + a * s (a < count) along each dim, and the
     // kernel offsets that put some output pixel on them, kp = kstart + j * kstep (j < kcount).
-    let first = vec3<u32>(P[27], P[28], P[29]);
-    let count = vec3<u32>(P[30], P[31], P[32]);
-    let kstart = vec3<u32>(P[33], P[34], P[35]);
-    let kstep = vec3<u32>(P[36], P[37], P[38]);
-    let kcount = vec3<u32>(P[39], P[40], P[41]);
+    let first = v3(p.first);
+    let count = v3(p.count);
+    let kstart = v3(p.kstart);
+    let kstep = v3(p.kstep);
+    let kcount = v3(p.kcount);
     let rows_n = count.x * count.y * count.z;
-    let M = P[0] * rows_n;
-    let cin = P[19];
-    let cout = P[20];
-    let cg = P[22];
-    let og = P[23];
+    let M = p.w.n * rows_n;
+    let cin = p.cin;
+    let cout = p.cout;
+    let cg = p.cg;
+    let og = p.og;
     let K = kcount.x * kcount.y * kcount.z * og;
     let kd = kdim();
     let g = w.z;
-    let row0 = P[24] + w.y * 64u;
+    let row0 = p.row_base + w.y * 64u;
     let col0 = w.x * 64u;
     let tid = l.y * 16u + l.x;
     let ka = tid % 16u;
@@ -210,7 +242,7 @@ fn conv_dx_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id)
         mac(l, &acc);
         workgroupBarrier();
     }
-    let x = vec3<u32>(P[1], P[2], P[3]);
+    let x = v3(p.w.x);
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + l.y * 4u + i;
         if (r >= M) { break; }
@@ -226,19 +258,19 @@ fn conv_dx_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id)
 @compute @workgroup_size(16, 16)
 fn conv_dw_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
     let op_n = opix();
-    let M = P[0] * op_n;
-    let cin = P[19];
-    let cout = P[20];
-    let cg = P[22];
-    let og = P[23];
+    let M = p.w.n * op_n;
+    let cin = p.cin;
+    let cout = p.cout;
+    let cg = p.cg;
+    let og = p.og;
     let R = kk() * cg;
-    let splits = P[25];
-    let chunk = P[26];
+    let splits = p.splits;
+    let chunk = p.chunk;
     let g = w.z / splits;
     let part = w.z % splits;
     let m_lo = part * chunk;
     let m_hi = min(M, m_lo + chunk);
-    let row0 = P[24] + w.y * 64u;
+    let row0 = p.row_base + w.y * 64u;
     let col0 = w.x * 64u;
     let tid = l.y * 16u + l.x;
     // This thread gathers row tid % 64 of the A^T slice (one kernel offset and channel,
@@ -286,12 +318,12 @@ fn conv_dw_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id)
 @compute @workgroup_size(256)
 fn conv_fwd_direct_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(gid, nw);
-    let cin = P[19];
-    let cout = P[20];
-    let cg = P[22];
-    let og = P[23];
+    let cin = p.cin;
+    let cout = p.cout;
+    let cg = p.cg;
+    let og = p.og;
     let op_n = opix();
-    if (i >= P[0] * op_n * cout) { return; }
+    if (i >= p.w.n * op_n * cout) { return; }
     let co = i % cout;
     let m = i / cout;
     let g = co / og;
@@ -312,17 +344,17 @@ fn conv_fwd_direct_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
 @compute @workgroup_size(256)
 fn conv_dx_direct_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(gid, nw);
-    let cin = P[19];
-    let cout = P[20];
-    let cg = P[22];
-    let og = P[23];
+    let cin = p.cin;
+    let cout = p.cout;
+    let cg = p.cg;
+    let og = p.og;
     let xp_n = xpix();
-    if (i >= P[0] * xp_n * cin) { return; }
+    if (i >= p.w.n * xp_n * cin) { return; }
     let c = i % cin;
     let m = i / cin;
     let g = c / cg;
     let ci = c % cg;
-    let pix = vec3<i32>(unflat(m % xp_n, vec3<u32>(P[1], P[2], P[3])));
+    let pix = vec3<i32>(unflat(m % xp_n, v3(p.w.x)));
     let gb = (m / xp_n) * opix();
     var acc = T(0);
     for (var kp = 0u; kp < kk(); kp++) {
@@ -342,10 +374,10 @@ fn conv_dx_direct_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 @compute @workgroup_size(256)
 fn conv_dw_direct_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(gid, nw);
-    let cin = P[19];
-    let cout = P[20];
-    let cg = P[22];
-    let og = P[23];
+    let cin = p.cin;
+    let cout = p.cout;
+    let cg = p.cg;
+    let og = p.og;
     let R = kk() * cg;
     if (i >= R * cout) { return; }
     let co = i % cout;
@@ -354,8 +386,8 @@ fn conv_dw_direct_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let ci = r % cg;
     let off = vec3<i32>(unflat(r / cg, kdim()) * ddim());
     let op_n = opix();
-    let M = P[0] * op_n;
-    let chunk = P[26];
+    let M = p.w.n * op_n;
+    let chunk = p.chunk;
     let m_lo = gid.z * chunk;
     let m_hi = min(M, m_lo + chunk);
     var acc = T(0);

@@ -4,9 +4,38 @@
 // whose contiguous dimension is a multiple of 4 is loaded as vec4 words (one per thread
 // per tile) through a second, vec4-typed binding of the same buffer.
 //
-// Bindings: 0 params, 1 out, 2 a, 3 b, 5 a as vec4, 6 b as vec4.
+// Bindings: 0 params (the Matmul block of src/runtime/gpu/params.rs), 1 out, 2 a, 3 b,
+// 5 a as vec4, 6 b as vec4.
 
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// op(a) is m x k, op(b) k x n, addressed through row and column strides. vec4: bit 0, a
+// loads by vec4; bit 1, b. tail = [out_batch[batch_rank], a_batch_stride[batch_rank],
+// b_batch_stride[batch_rank]] (0 on broadcast batch dims). (col_tile0, row_tile0, batch0):
+// the grid's first tile and batch (a product whose grid exceeds the adapter's limit per
+// dimension is split over several dispatches); [k_lo, k_hi): the slice of the contracted
+// dim this dispatch sums, added to `out` when `add` is set (a long K is split over
+// dispatches: llvmpipe ends a shader loop after 65535 iterations, counting inner loops).
+struct Matmul {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch_rank: u32,
+    a_rs: u32,
+    a_cs: u32,
+    b_rs: u32,
+    b_cs: u32,
+    vec4: u32,
+    ta: u32,
+    tb: u32,
+    col_tile0: u32,
+    row_tile0: u32,
+    batch0: u32,
+    k_lo: u32,
+    k_hi: u32,
+    add: u32,
+    tail: array<u32>,
+}
+
+@group(0) @binding(0) var<storage, read> p: Matmul;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 @group(0) @binding(2) var<storage, read> a: array<u32>;
 @group(0) @binding(3) var<storage, read> b: array<u32>;
@@ -16,38 +45,38 @@
 var<workgroup> As: array<T, 1024>;  // [16 k][64 rows]
 var<workgroup> Bs: array<T, 1024>;  // [16 k][64 cols]
 
-// P = [M, N, K, nb, a_rs, a_cs, b_rs, b_cs, out_batch[nb], a_batch_stride[nb],
-//      b_batch_stride[nb], vec4 (bit 0: A by vec4, bit 1: B by vec4), ta, tb]
 @compute @workgroup_size(16, 16)
 fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
-    let M = P[0];
-    let N = P[1];
-    let K = P[2];
-    let nb = P[3];
-    let a_rs = P[4];
-    let a_cs = P[5];
-    let b_rs = P[6];
-    let b_cs = P[7];
-    var rem = w.z;
+    let M = p.m;
+    let N = p.n;
+    let K = p.k;
+    let nb = p.batch_rank;
+    let a_rs = p.a_rs;
+    let a_cs = p.a_cs;
+    let b_rs = p.b_rs;
+    let b_cs = p.b_cs;
+    let bz = w.z + p.batch0;
+    var rem = bz;
     var aoff = 0u;
     var boff = 0u;
     for (var q = 0u; q < nb; q++) {
         let d = nb - 1u - q;
-        let dim = P[8u + d];
+        let dim = p.tail[d];
         let c = rem % dim;
         rem = rem / dim;
-        aoff += c * P[8u + nb + d];
-        boff += c * P[8u + 2u * nb + d];
+        aoff += c * p.tail[nb + d];
+        boff += c * p.tail[2u * nb + d];
     }
-    let row0 = w.y * 64u;
-    let col0 = w.x * 64u;
+    let row0 = (w.y + p.row_tile0) * 64u;
+    let col0 = (w.x + p.col_tile0) * 64u;
     let tid = l.y * 16u + l.x;
     var acc: array<vec4<T>, 4>;
     for (var i = 0u; i < 4u; i++) { acc[i] = vec4<T>(T(0)); }
-    let v4 = P[8u + 3u * nb];
-    let ta = P[9u + 3u * nb] != 0u;
-    let tb = P[10u + 3u * nb] != 0u;
-    for (var k0 = 0u; k0 < K; k0 += 16u) {
+    let v4 = p.vec4;
+    let ta = p.ta != 0u;
+    let tb = p.tb != 0u;
+    let k_hi = min(K, p.k_hi);
+    for (var k0 = p.k_lo; k0 < k_hi; k0 += 16u) {
         if ((v4 & 1u) != 0u && !ta) {
             // A row-major [M, K]: 4 consecutive k of one row.
             let mm = tid / 4u;
@@ -134,13 +163,19 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
         }
         workgroupBarrier();
     }
-    let ooff = w.z * M * N;
+    let ooff = bz * M * N;
+    let add = p.add != 0u;
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + l.y * 4u + i;
         if (r >= M) { break; }
         for (var j = 0u; j < 4u; j++) {
             let c = col0 + l.x * 4u + j;
-            if (c < N) { out[ooff + r * N + c] = bitcast<u32>(t_norm(acc[i][j])); }
+            if (c < N) {
+                let o = ooff + r * N + c;
+                var v = acc[i][j];
+                if (add) { v += bitcast<T>(out[o]); }
+                out[o] = bitcast<u32>(t_norm(v));
+            }
         }
     }
 }

@@ -2,24 +2,48 @@
 // instantiation, `_u32`, serves them all). Strided copies cover transpose, slice,
 // reverse, pad, concat and slice_grad; gather reads rows by index.
 //
-// Bindings: 0 params, 1 out, 2 a (source), 3 b (indices), 4 status (error flags).
+// Bindings: 0 params (a block of src/runtime/gpu/params.rs), 1 out, 2 a (source),
+// 3 b (indices), 4 status (error flags).
 
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// Element i of the iterated shape `dims` lives at word base + sum(coord[d] * strides[d])
+// of the strided side. tail = [dims[rank], strides[rank] (i32 bits)].
+struct Strided {
+    n: u32,
+    rank: u32,
+    base: i32,
+    tail: array<u32>,
+}
+
+struct Fill {
+    n: u32,
+    word: u32,
+}
+
+// out[o, k, j] = a[o, b[k], j] over (outer, axis_len, inner) rows.
+struct Indexed {
+    n: u32,
+    n_idx: u32,
+    axis_len: u32,
+    inner: u32,
+    tag: u32,
+}
+
+@group(0) @binding(0) var<storage, read> ps: Strided;
+@group(0) @binding(0) var<storage, read> pf: Fill;
+@group(0) @binding(0) var<storage, read> pg: Indexed;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 @group(0) @binding(2) var<storage, read> a: array<u32>;
 @group(0) @binding(3) var<storage, read> b: array<u32>;
 @group(0) @binding(4) var<storage, read_write> status: array<atomic<u32>>;
 
-// P = [n, rank, base, dims[rank], strides[rank]]: element i of the iterated shape `dims`
-// lives at word base + sum(coord[d] * strides[d]) of the strided side.
 fn strided_offset(i: u32) -> u32 {
-    let r = P[1];
+    let r = ps.rank;
     var rem = i;
-    var off = bitcast<i32>(P[2]);
+    var off = ps.base;
     for (var k = 0u; k < r; k++) {
         let d = r - 1u - k;
-        let dim = P[3u + d];
-        off += i32(rem % dim) * bitcast<i32>(P[3u + r + d]);
+        let dim = ps.tail[d];
+        off += i32(rem % dim) * bitcast<i32>(ps.tail[r + d]);
         rem = rem / dim;
     }
     return u32(off);
@@ -29,7 +53,7 @@ fn strided_offset(i: u32) -> u32 {
 @compute @workgroup_size(256)
 fn gather_strided_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    if (i >= P[0]) { return; }
+    if (i >= ps.n) { return; }
     out[i] = a[strided_offset(i)];
 }
 
@@ -37,27 +61,26 @@ fn gather_strided_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_w
 @compute @workgroup_size(256)
 fn scatter_strided_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    if (i >= P[0]) { return; }
+    if (i >= ps.n) { return; }
     out[strided_offset(i)] = a[i];
 }
 
-// P = [n, word]
 @compute @workgroup_size(256)
 fn fill_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    if (i >= P[0]) { return; }
-    out[i] = P[1];
+    if (i >= pf.n) { return; }
+    out[i] = pf.word;
 }
 
-// P = [n_out, n_idx, axis_len, inner, tag]: out[o, k, j] = a[o, b[k], j]. An index out of
-// range writes 0 and records `tag` in status[0], which the executor turns into an error.
+// An index out of range writes 0 and records `tag` in status[0] (and the index in
+// status[1]), which the executor turns into an error.
 @compute @workgroup_size(256)
 fn gather_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    if (i >= P[0]) { return; }
-    let inner = P[3];
-    let nidx = P[1];
-    let n = P[2];
+    if (i >= pg.n) { return; }
+    let inner = pg.inner;
+    let nidx = pg.n_idx;
+    let n = pg.axis_len;
     let j = i % inner;
     let t = i / inner;
     let k = t % nidx;
@@ -65,7 +88,8 @@ fn gather_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroup
     let ix = bitcast<i32>(b[k]);
     if (ix < 0 || u32(ix) >= n) {
         out[i] = 0u;
-        atomicMax(&status[0], P[4]);
+        atomicMax(&status[0], pg.tag);
+        atomicStore(&status[1], bitcast<u32>(ix));
         return;
     }
     out[i] = a[(o * n + u32(ix)) * inner + j];

@@ -5,10 +5,29 @@
 // An all-padding window (possible only with explicit padding) gives -inf (max) or NaN
 // (avg, 0 / 0), as the CPU does.
 //
-// Bindings: 0 params, 1 out, 2 a (x), 3 b (the gradient or the selected tensor).
-// P = [n, x[3], k[3], o[3], s[3], d[3], pad_before[3], channels, mode].
+// Bindings: 0 params (a Pool block of src/runtime/gpu/params.rs), 1 out, 2 a (x), 3 b
+// (the gradient or the selected tensor).
 
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// The window geometry: n images of x pixels, kernel k, output o, stride s, dilation d,
+// padding before pad (spatial dims canonicalised to three).
+struct Window {
+    n: u32,
+    x: array<u32, 3>,
+    k: array<u32, 3>,
+    o: array<u32, 3>,
+    s: array<u32, 3>,
+    d: array<u32, 3>,
+    pad: array<u32, 3>,
+}
+
+// mode: see pool_fwd_$T and pool_grad_$T.
+struct Pool {
+    w: Window,
+    channels: u32,
+    mode: u32,
+}
+
+@group(0) @binding(0) var<storage, read> p: Pool;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 @group(0) @binding(2) var<storage, read> a: array<u32>;
 @group(0) @binding(3) var<storage, read> b: array<u32>;
@@ -17,14 +36,15 @@ fn ld_a(i: u32) -> T { return bitcast<T>(a[i]); }
 fn ld_b(i: u32) -> T { return bitcast<T>(b[i]); }
 fn st(i: u32, v: T) { out[i] = bitcast<u32>(t_norm(v)); }
 
-fn xdim() -> vec3<i32> { return vec3<i32>(i32(P[1]), i32(P[2]), i32(P[3])); }
-fn kdim() -> vec3<u32> { return vec3<u32>(P[4], P[5], P[6]); }
-fn odim() -> vec3<u32> { return vec3<u32>(P[7], P[8], P[9]); }
-fn sdim() -> vec3<u32> { return vec3<u32>(P[10], P[11], P[12]); }
-fn pdim() -> vec3<i32> { return vec3<i32>(i32(P[16]), i32(P[17]), i32(P[18])); }
-fn xpix() -> u32 { return P[1] * P[2] * P[3]; }
-fn kk() -> u32 { return P[4] * P[5] * P[6]; }
-fn opix() -> u32 { return P[7] * P[8] * P[9]; }
+fn v3(a: array<u32, 3>) -> vec3<u32> { return vec3<u32>(a[0], a[1], a[2]); }
+fn xdim() -> vec3<i32> { return vec3<i32>(v3(p.w.x)); }
+fn kdim() -> vec3<u32> { return v3(p.w.k); }
+fn odim() -> vec3<u32> { return v3(p.w.o); }
+fn sdim() -> vec3<u32> { return v3(p.w.s); }
+fn pdim() -> vec3<i32> { return vec3<i32>(v3(p.w.pad)); }
+fn xpix() -> u32 { return p.w.x[0] * p.w.x[1] * p.w.x[2]; }
+fn kk() -> u32 { return p.w.k[0] * p.w.k[1] * p.w.k[2]; }
+fn opix() -> u32 { return p.w.o[0] * p.w.o[1] * p.w.o[2]; }
 
 fn unflat(i: u32, dims: vec3<u32>) -> vec3<u32> {
     return vec3<u32>(i / (dims.y * dims.z), (i / dims.z) % dims.y, i % dims.z);
@@ -41,7 +61,7 @@ fn src_pix(op: u32, kp: u32) -> i32 {
 /// Input pixel of the first maximum of channel `c` in window `op` of the image at pixel
 /// offset `xb`, or -1 for an all-padding window.
 fn argmax(xb: u32, op: u32, c: u32) -> i32 {
-    let ch = P[19];
+    let ch = p.channels;
     var best = T(0);
     var at = -1;
     for (var kp = 0u; kp < kk(); kp++) {
@@ -69,10 +89,10 @@ fn count(op: u32) -> T {
 @compute @workgroup_size(256)
 fn pool_fwd_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(gid, nw);
-    let ch = P[19];
-    let mode = P[20];
+    let ch = p.channels;
+    let mode = p.mode;
     let op_n = opix();
-    if (i >= P[0] * op_n * ch) { return; }
+    if (i >= p.w.n * op_n * ch) { return; }
     let c = i % ch;
     let op = (i / ch) % op_n;
     let xb = (i / ch / op_n) * xpix();
@@ -101,16 +121,16 @@ fn pool_fwd_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 @compute @workgroup_size(256)
 fn pool_grad_$T(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(gid, nw);
-    let ch = P[19];
-    let mode = P[20];
+    let ch = p.channels;
+    let mode = p.mode;
     let xp_n = xpix();
-    if (i >= P[0] * xp_n * ch) { return; }
+    if (i >= p.w.n * xp_n * ch) { return; }
     let c = i % ch;
     let ip = (i / ch) % xp_n;
     let img = i / ch / xp_n;
     let xb = img * xp_n;
     let gb = img * opix();
-    let q = vec3<i32>(unflat(ip, vec3<u32>(P[1], P[2], P[3]))) + pdim();
+    let q = vec3<i32>(unflat(ip, v3(p.w.x))) + pdim();
     let k = vec3<i32>(kdim());
     let s = vec3<i32>(sdim());
     let o = vec3<i32>(odim());

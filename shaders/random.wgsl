@@ -4,7 +4,17 @@
 //
 // Bindings: 0 params, 1 out.
 
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// dist 0 uniform, 1 normal, 2 truncated normal.
+struct Random {
+    n: u32,
+    key0: u32,
+    key1: u32,
+    call_lo: u32,
+    call_hi: u32,
+    dist: u32,
+}
+
+@group(0) @binding(0) var<storage, read> p: Random;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 
 // (high, low) words of the 64-bit product a * b.
@@ -39,24 +49,23 @@ fn box_muller(a: u32, b: u32) -> f32 {
     return sqrt(-2.0 * log(unit(a))) * cos(6.2831853071795864 * unit(b));
 }
 
-// P = [n, key0, key1, call_lo, call_hi, dist]; dist 0 uniform, 1 normal, 2 truncated normal.
 @compute @workgroup_size(256)
 fn random_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    if (i >= P[0]) { return; }
-    let key = vec2<u32>(P[1], P[2]);
-    let dist = P[5];
+    if (i >= p.n) { return; }
+    let key = vec2<u32>(p.key0, p.key1);
+    let dist = p.dist;
     var v = 0.0;
     if (dist == 0u) {
         // One Philox block gives four uniforms: element i takes word i % 4 of block i / 4.
-        let w = philox(vec4<u32>(i / 4u, 0u, P[3], P[4]), key);
+        let w = philox(vec4<u32>(i / 4u, 0u, p.call_lo, p.call_hi), key);
         v = f32(w[i % 4u] >> 8u) * (1.0 / 16777216.0);
     } else if (dist == 1u) {
-        let w = philox(vec4<u32>(i, 0u, P[3], P[4]), key);
+        let w = philox(vec4<u32>(i, 0u, p.call_lo, p.call_hi), key);
         v = box_muller(w.x, w.y);
     } else {
         for (var k = 0u; k < 64u; k++) {
-            let w = philox(vec4<u32>(i, 0u, P[3], P[4] ^ (k << 16u)), key);
+            let w = philox(vec4<u32>(i, 0u, p.call_lo, p.call_hi ^ (k << 16u)), key);
             let z0 = box_muller(w.x, w.y);
             if (abs(z0) <= 2.0) { v = z0; break; }
             let z1 = box_muller(w.z, w.w);

@@ -5,7 +5,29 @@
 //
 // Bindings: 0 params, 1 out, 2 a.
 
-@group(0) @binding(0) var<storage, read> P: array<u32>;
+// op: see r_init (reductions), arg and scan.
+struct Reduce {
+    outer: u32,
+    red: u32,
+    inner: u32,
+    op: u32,
+    r0: u32,
+    r1: u32,
+}
+
+struct Scan {
+    outer: u32,
+    red: u32,
+    inner: u32,
+    op: u32,
+    exclusive: u32,
+    reverse: u32,
+    k0: u32,
+    klen: u32,
+}
+
+@group(0) @binding(0) var<storage, read> p: Reduce;
+@group(0) @binding(0) var<storage, read> pscan: Scan;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 @group(0) @binding(2) var<storage, read> a: array<u32>;
 
@@ -34,37 +56,49 @@ fn r_final(op: u32, x: T, red: u32) -> T {
     return x;
 }
 
-// P = [outer, red, inner, op]; one thread per output, for short reduced axes.
+// A long reduced axis is split over dispatches, each covering steps [r0, r1) of it: a
+// software rasteriser (llvmpipe) ends a shader loop after 65535 iterations. A dispatch
+// other than the first goes on from the partial result the one before left in `out`
+// (stored unrounded); the last one finishes it.
+fn r_start(op: u32, o: u32, r0: u32) -> T {
+    if (r0 > 0u) { return bitcast<T>(out[o]); }
+    return r_init(op);
+}
+fn r_store(op: u32, o: u32, acc: T, r1: u32, red: u32) {
+    if (r1 == red) { st(o, r_final(op, acc, red)); } else { out[o] = bitcast<u32>(acc); }
+}
+
+// One thread per output, for short reduced axes; steps [r0, r1) of the axis.
 @compute @workgroup_size(256)
 fn reduce_serial_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    let inner = P[2];
-    if (i >= P[0] * inner) { return; }
-    let red = P[1];
-    let op = P[3];
+    let inner = p.inner;
+    if (i >= p.outer * inner) { return; }
+    let red = p.red;
+    let op = p.op;
     let base = (i / inner) * red * inner + i % inner;
-    var acc = r_init(op);
-    for (var r = 0u; r < red; r++) {
+    var acc = r_start(op, i, p.r0);
+    for (var r = p.r0; r < p.r1; r++) {
         acc = r_comb(op, acc, ld(base + r * inner));
     }
-    st(i, r_final(op, acc, red));
+    r_store(op, i, acc, p.r1, red);
 }
 
 var<workgroup> sh: array<T, 256>;
 
-// P = [outer, red, inner, op]; one workgroup per output: strided partial results, then a
-// tree in workgroup memory.
+// One workgroup per output: strided partial results, then a
+// tree in workgroup memory; steps [r0, r1) of the axis.
 @compute @workgroup_size(256)
 fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>,
                   @builtin(num_workgroups) nw: vec3<u32>) {
-    let inner = P[2];
-    let red = P[1];
-    let op = P[3];
+    let inner = p.inner;
+    let red = p.red;
+    let op = p.op;
     let o = w.x + w.y * nw.x;
-    if (o >= P[0] * inner) { return; }
+    if (o >= p.outer * inner) { return; }
     let base = (o / inner) * red * inner + o % inner;
     var acc = r_init(op);
-    for (var r = l.x; r < red; r += 256u) {
+    for (var r = p.r0 + l.x; r < p.r1; r += 256u) {
         acc = r_comb(op, acc, ld(base + r * inner));
     }
     sh[l.x] = acc;
@@ -73,22 +107,26 @@ fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup
         if (l.x < s) { sh[l.x] = r_comb(op, sh[l.x], sh[l.x + s]); }
         workgroupBarrier();
     }
-    if (l.x == 0u) { st(o, r_final(op, sh[0], red)); }
+    // The partial result of the dispatches before joins after the tree (a float sum of
+    // this dispatch's steps then loses nothing to a large running total).
+    if (l.x == 0u) { r_store(op, o, r_comb(op, r_start(op, o, p.r0), sh[0]), p.r1, red); }
 }
 
-// P = [outer, red, inner, op]; op 0 argmax, 1 argmin; first index wins ties, NaN wins.
-// Writes i32 indices.
+// op 0 argmax, 1 argmin; first index wins ties, NaN wins.
+// Writes i32 indices. Covers steps [r0, r1) of the axis, going on from the index the
+// dispatch before left in `out` when r0 > 0 (see r_start).
 @compute @workgroup_size(256)
 fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    let inner = P[2];
-    if (i >= P[0] * inner) { return; }
-    let red = P[1];
-    let op = P[3];
+    let inner = p.inner;
+    if (i >= p.outer * inner) { return; }
+    let red = p.red;
+    let op = p.op;
     let base = (i / inner) * red * inner + i % inner;
     var best = 0u;
-    var bv = ld(base);
-    for (var r = 1u; r < red; r++) {
+    if (p.r0 > 0u) { best = out[i]; }
+    var bv = ld(base + best * inner);
+    for (var r = max(p.r0, 1u); r < p.r1; r++) {
         let v = ld(base + r * inner);
         var better = (v > bv) || (t_isnan(v) && !t_isnan(bv));
         if (op == 1u) { better = (v < bv) || (t_isnan(v) && !t_isnan(bv)); }
@@ -97,25 +135,37 @@ fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) 
     out[i] = best;
 }
 
-// P = [outer, red, inner, op, exclusive, reverse]; op 0 cumsum, 1 cumprod. One thread per
-// (outer, inner) column.
+// op 0 cumsum, 1 cumprod. One thread per (outer, inner) column, over steps
+// [k0, k0 + klen) of the scan: the executor splits a long axis over several dispatches
+// (a software rasteriser such as llvmpipe stops any shader loop after 65535 iterations),
+// each going on from the value its predecessor wrote before step k0.
 @compute @workgroup_size(256)
 fn scan_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
-    let inner = P[2];
-    if (i >= P[0] * inner) { return; }
-    let red = P[1];
-    let op = P[3];
-    let excl = P[4] != 0u;
-    let rev = P[5] != 0u;
+    let inner = pscan.inner;
+    if (i >= pscan.outer * inner) { return; }
+    let red = pscan.red;
+    let op = pscan.op;
+    let excl = pscan.exclusive != 0u;
+    let rev = pscan.reverse != 0u;
+    let k0 = pscan.k0;
+    let k1 = k0 + pscan.klen;
     let base = (i / inner) * red * inner + i % inner;
     var acc = select(T(0), T(1), op == 1u);
-    for (var k = 0u; k < red; k++) {
+    if (k0 > 0u) {
+        let r = select(k0 - 1u, red - k0, rev);
+        let at = base + r * inner;
+        acc = bitcast<T>(out[at]);
+        if (excl) {
+            if (op == 1u) { acc = acc * ld(at); } else { acc = acc + ld(at); }
+        }
+    }
+    for (var k = k0; k < k1; k++) {
         let r = select(k, red - 1u - k, rev);
-        let p = base + r * inner;
-        let v = ld(p);
-        if (excl) { st(p, acc); }
+        let at = base + r * inner;
+        let v = ld(at);
+        if (excl) { st(at, acc); }
         if (op == 1u) { acc = acc * v; } else { acc = acc + v; }
-        if (!excl) { st(p, acc); }
+        if (!excl) { st(at, acc); }
     }
 }

@@ -2,6 +2,9 @@
 //! plans and run on the CPU (and, with the `gpu` feature, through wgpu). The Python facade
 //! `ferrokeras.backend` reaches it through the private `ferrokeras._core` module.
 
+// Proving `Plan: Sync` for the loop runtime's static cache walks deep into wgpu's types.
+#![recursion_limit = "256"]
+
 pub mod autodiff;
 pub mod base;
 pub mod compile;

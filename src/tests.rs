@@ -4,11 +4,11 @@
 use crate::base::dtype::DType;
 use crate::base::shape::{broadcast_static, Shape};
 use crate::base::value::Value;
-use crate::compile::Function;
 use crate::ops::build::*;
 use crate::ops::graph::Tensor;
 use crate::ops::source::{constant, placeholder};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
+use crate::runtime::Function;
 
 fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
     placeholder(name, Shape(dims.to_vec()), DType::F64, None).unwrap()

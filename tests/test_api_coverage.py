@@ -8,21 +8,12 @@ Names nobody has implemented yet are expected failures with the issue that deliv
 
 import ast
 import inspect
-import os
 
 import pytest
+from api_table import ROWS
 from ferrokeras import backend as K
 
-API_TSV = os.path.join(os.path.dirname(__file__), "data", "api.tsv")
-
 PENDING = {}  # name -> the issue that delivers it, while it is not implemented
-
-
-def _rows():
-    with open(API_TSV) as f:
-        lines = f.read().splitlines()
-    assert lines[0].split("\t")[:2] == ["name", "signature"]
-    return [line.split("\t")[:2] for line in lines[1:] if line.strip()]
 
 
 def _documented(sig):
@@ -33,9 +24,6 @@ def _documented(sig):
     defaults = [ast.literal_eval(d) for d in args.defaults]
     defaults = [inspect.Parameter.empty] * (len(names) - len(defaults)) + defaults
     return list(zip(names, defaults)), args.kwarg is not None
-
-
-ROWS = _rows()
 
 
 def _param(name, sig):

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import assert_mentions, check_grad, run
 from ferrokeras import backend as K
+from gradcheck import assert_mentions, check_grad, run
 
 
 def aligned(cond, ndim):

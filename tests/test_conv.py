@@ -2,63 +2,20 @@
 each padding, strides and dilation; gradients (first and second order) by central finite
 differences in float64.
 
-The references below are the executable spec: loops over kernel offsets with plain
-matmuls, written from the definitions (cross-correlation; TensorFlow's `same` split puts
-the odd padding element at the end; `causal` pads the left only; `avg` pooling with `same`
-divides by the number of in-bounds elements), independent of the kernels under test.
+The references (`ref_conv` and `ref_pool` in reference.py, the others below) are the
+executable spec: loops over kernel offsets with plain matmuls, written from the definitions
+(cross-correlation; TensorFlow's `same` split puts the odd padding element at the end;
+`causal` pads the left only; `avg` pooling with `same` divides by the number of in-bounds
+elements), independent of the kernels under test.
 """
 
 import numpy as np
 import pytest
-from conftest import assert_mentions, check_grad, run
 from ferrokeras import backend as K
+from gradcheck import assert_mentions, check_grad, run
+from reference import pads_for, ref_conv, ref_pool, windows
 
 # ---- references (channels-last) --------------------------------------------------------
-
-
-def same_pads(sizes, ks, strides, dil):
-    pads = []
-    for n, k, s, d in zip(sizes, ks, strides, dil):
-        out = -(-n // s)
-        total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
-        pads.append((total // 2, total - total // 2))
-    return pads
-
-
-def pads_for(mode, sizes, ks, strides, dil):
-    if mode == "same":
-        return same_pads(sizes, ks, strides, dil)
-    if mode == "causal":
-        return [(d * (k - 1), 0) for k, d in zip(ks, dil)]
-    return [(0, 0)] * len(sizes)
-
-
-def windows(out_sp, kidx, strides, dil):
-    return tuple(
-        slice(kidx[i] * dil[i], kidx[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i])
-        for i in range(len(out_sp))
-    )
-
-
-def ref_conv(x, k, strides, dil, mode, groups=1):
-    """y[n, o, :] = sum_k xpad[n, o*s + k*d, group] @ k[k, :, group]."""
-    nsp = x.ndim - 2
-    ks = k.shape[:nsp]
-    pads = pads_for(mode, x.shape[1:-1], ks, strides, dil)
-    xp = np.pad(x, [(0, 0)] + pads + [(0, 0)])
-    out = [
-        (xp.shape[1 + i] - d * (kk - 1) - 1) // s + 1
-        for i, (kk, s, d) in enumerate(zip(ks, strides, dil))
-    ]
-    cg, og = k.shape[-2], k.shape[-1] // groups
-    y = np.zeros((x.shape[0], *out, k.shape[-1]))
-    for kidx in np.ndindex(*ks):
-        patch = xp[(slice(None),) + windows(out, kidx, strides, dil)]
-        for g in range(groups):
-            y[..., g * og : (g + 1) * og] += (
-                patch[..., g * cg : (g + 1) * cg] @ k[kidx][:, g * og : (g + 1) * og]
-            )
-    return y
 
 
 def ref_conv_transpose(y, k, out_shape, strides, dil, mode):
@@ -85,22 +42,6 @@ def ref_depthwise(x, dk, strides, dil, mode):
         for mi in range(m)
     ]
     return np.concatenate(outs, axis=-1)
-
-
-def ref_pool(x, window, strides, mode, pool_mode):
-    nsp = x.ndim - 2
-    pads = pads_for(mode, x.shape[1:-1], window, strides, [1] * nsp)
-    fill = -np.inf if pool_mode == "max" else 0.0
-    xp = np.pad(x, [(0, 0)] + pads + [(0, 0)], constant_values=fill)
-    valid = np.pad(np.ones_like(x), [(0, 0)] + pads + [(0, 0)])
-    out = [(xp.shape[1 + i] - window[i]) // strides[i] + 1 for i in range(nsp)]
-    acc = np.full((x.shape[0], *out, x.shape[-1]), fill)
-    cnt = np.zeros_like(acc)
-    for kidx in np.ndindex(*window):
-        sl = (slice(None),) + windows(out, kidx, strides, [1] * nsp)
-        acc = np.maximum(acc, xp[sl]) if pool_mode == "max" else acc + xp[sl]
-        cnt += valid[sl]
-    return acc if pool_mode == "max" else acc / cnt
 
 
 def ref_local(x, kernel, ks, strides, fmt):

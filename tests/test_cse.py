@@ -1,11 +1,13 @@
 """Common-subexpression elimination when a `K.function` is compiled: nodes with the same
 op and the same inputs are computed once (`compile::Plan::new`). Random draws, feeds,
-variables and callbacks are never merged. Launch counts are read with CPU fusion off,
-where each node is one launch.
+variables and callbacks are never merged. Launch counts are read with CPU fusion off
+(`FERROKERAS_CPU_FUSION=0`, read once per process: in a child process), where each node
+is one launch.
 """
 
 import ferrokeras
 import numpy as np
+from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
 
 
@@ -13,8 +15,12 @@ def on_cpu():
     return ferrokeras.device() == "cpu"
 
 
-def test_repeated_subexpressions_run_once(monkeypatch, rng):
-    monkeypatch.setenv("FERROKERAS_CPU_FUSION", "0")
+def test_repeated_subexpressions_run_once(rng):
+    if not env_is("FERROKERAS_CPU_FUSION", "0"):
+        pytest_in_child(
+            {"FERROKERAS_CPU_FUSION": "0"}, f"{__file__}::test_repeated_subexpressions_run_once"
+        )
+        return
     x = K.placeholder(shape=(None, 8))
     w = K.variable(rng.standard_normal((8, 4)).astype("float32"))
     # The same product and the same exp built twice each, as Keras code often does.

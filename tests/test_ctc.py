@@ -171,3 +171,63 @@ def test_dense_to_sparse():
     np.testing.assert_array_equal(K.eval(st.values), [1, 2, 3])
     np.testing.assert_array_equal(K.eval(st.dense_shape), [2, 3])
     np.testing.assert_array_equal(K.eval(K.to_dense(st)), [[1, 2, 0], [3, 0, 0]])
+
+
+def test_labels_at_or_past_the_blank_end_the_label(batch):
+    # As in TensorFlow (and Keras's image_ocr example, which trains on a label that is just
+    # the blank): a label >= the blank class ends the sample's label sequence.
+    y_pred, labels, il, ll = batch
+    blank = y_pred.shape[-1] - 1
+    padded = np.array([[0, 1, blank], [2, blank, blank], [blank, 5, 9]])
+    got = K.eval(
+        K.ctc_batch_cost(
+            K.constant(padded),
+            K.constant(y_pred, dtype="float64"),
+            K.constant(il),
+            K.constant([[3], [3], [3]]),
+        )
+    )
+    want = K.eval(
+        K.ctc_batch_cost(
+            K.constant(np.array([[0, 1, 0], [2, 0, 0], [0, 0, 0]])),
+            K.constant(y_pred, dtype="float64"),
+            K.constant(il),
+            K.constant([[2], [1], [0]]),
+        )
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # The empty label: every step emits the blank.
+    eps = K.epsilon()
+    p = (y_pred[2] + eps) / (y_pred[2] + eps).sum(-1, keepdims=True)
+    np.testing.assert_allclose(got[2, 0], -np.sum(np.log(p[:, blank])), rtol=1e-10)
+    # Its gradient is finite.
+    z = K.placeholder(shape=y_pred.shape, dtype="float64")
+    loss = K.sum(
+        K.ctc_batch_cost(K.constant(padded), K.softmax(z), K.constant(il), K.constant([[3]] * 3))
+    )
+    g = K.function([z], [K.gradients(loss, [z])[0]])([np.log(y_pred)])[0]
+    assert np.all(np.isfinite(g))
+
+
+def test_a_label_after_the_end_of_label_raises(batch):
+    y_pred, labels, il, ll = batch
+    blank = y_pred.shape[-1] - 1
+    msg = f"label 1 of sample 0 follows the end-of-label value {blank}"
+    with pytest.raises(ValueError, match=msg):
+        K.eval(
+            K.ctc_batch_cost(
+                K.constant(np.array([[0, blank, 1]] * 3)),
+                K.constant(y_pred),
+                K.constant(il),
+                K.constant([[3]] * 3),
+            )
+        )
+    with pytest.raises(ValueError, match="label -1 of sample 0 is negative"):
+        K.eval(
+            K.ctc_batch_cost(
+                K.constant(np.array([[-1, 0, 0]] * 3)),
+                K.constant(y_pred),
+                K.constant(il),
+                K.constant(ll),
+            )
+        )

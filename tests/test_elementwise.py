@@ -10,8 +10,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import check_grad, run, tolerances
 from ferrokeras import backend as K
+from gradcheck import check_grad, run, tolerances
 
 FLOATS = ("float32", "float64")
 SHAPE = (2, 3, 4)
@@ -435,3 +435,24 @@ def test_chained_expression_matches_numpy(rng):
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     ref = np.tanh(a64 * b64 + 1.0) - np.exp(-(a64**2)) / b64 + (1 / (1 + np.exp(-a64))) ** 2
     np.testing.assert_allclose(value, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_pow_gradient_with_a_zero_exponent_is_zero_at_zero():
+    # x ** 0 is constant: d/dx is 0 everywhere, also at x = 0 (not 0 * inf = NaN); with a
+    # tensor exponent that is zero only in places, the other places keep b * x ** (b - 1).
+    x = K.placeholder(shape=(4,))
+    b = K.placeholder(shape=(4,))
+    xv = np.array([0.0, 0.0, 2.0, 0.0], "float32")
+    bv = np.array([0.0, 2.0, 0.0, 3.0], "float32")
+    g_const, g_tensor = K.function(
+        [x, b],
+        [K.gradients(K.sum(K.pow(x, 0)), [x])[0], K.gradients(K.sum(K.pow(x, b)), [x])[0]],
+    )([xv, bv])
+    np.testing.assert_array_equal(g_const, [0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(g_tensor, [0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(
+        K.function([x, b], [K.gradients(K.sum(K.pow(x, b)), [x])[0]])(
+            [np.array([1.5, 2.0, 3.0, -1.0], "float32"), np.array([0.0, 2.0, 1.0, 3.0], "float32")]
+        )[0],
+        [0.0, 4.0, 1.0, 3.0],
+    )

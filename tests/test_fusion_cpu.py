@@ -1,37 +1,81 @@
 """CPU elementwise fusion: fused functions give the same results as unfused ones.
 
-`FERROKERAS_CPU_FUSION=0` (read when a function first runs on the CPU) turns fusion off,
-so every test builds the same graph twice and compares. The per-element code is shared,
-so float32 results are bitwise equal; NumPy is the reference where a test says so. On a
-GPU device the functions run there and the comparison still holds; launch counts are only
-checked on the CPU.
+`FERROKERAS_CPU_FUSION=0` turns fusion off. The core reads it once per process, so the
+`unfused` fixture runs this module once more in a child process with fusion off, which
+saves every result it computes; each test here then compares its fused results with the
+child's. The per-element code is shared, so float32 results are bitwise equal; NumPy is
+the reference where a test says so (in both processes). On a GPU device the functions run
+there and the comparison still holds; launch counts are only checked on the CPU.
 """
+
+import itertools
+import os
+import re
+import types
 
 import ferrokeras
 import numpy as np
 import pytest
+from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
+
+FUSED = not env_is("FERROKERAS_CPU_FUSION", "0")
+# Where the child run with fusion off saves its results.
+SAVE_TO = os.environ.get("UNFUSED_RESULTS_DIR")
 
 
 def on_cpu():
     return ferrokeras.device() == "cpu"
 
 
-def both(monkeypatch, build, feeds, phs=None):
-    """Compiles `build()` -> (inputs, outputs) fused and unfused; returns both results and
-    both functions."""
-    res, fns = [], []
-    for fuse in ("1", "0"):
-        monkeypatch.setenv("FERROKERAS_CPU_FUSION", fuse)
+def launches_checked():
+    """Launch counts are checked on the CPU, in the fused run (which has both counts)."""
+    return on_cpu() and FUSED
+
+
+@pytest.fixture(scope="module")
+def unfused(tmp_path_factory):
+    """The directory of every `both` result of this module with CPU fusion off, from one
+    child run of the module; None in that child."""
+    if not FUSED:
+        return None
+    out = tmp_path_factory.mktemp("unfused")
+    pytest_in_child({"FERROKERAS_CPU_FUSION": "0", "UNFUSED_RESULTS_DIR": str(out)}, __file__)
+    return out
+
+
+@pytest.fixture
+def both(request, unfused):
+    """`both(build, feeds)` compiles `build()` -> (inputs, outputs) and runs it on `feeds`;
+    returns the results and the launch counts of the fused and the unfused function (each
+    with a `dispatches` attribute), having checked that the unfused run (the child's)
+    gave the same results."""
+    calls = itertools.count()
+
+    def run(build, feeds):
         ins, outs = build()
         f = K.function(ins, outs)
-        res.append(f(list(feeds)))
-        fns.append(f)
-    monkeypatch.delenv("FERROKERAS_CPU_FUSION")
-    for a, b in zip(res[0], res[1]):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a, b)
-    return res[0], fns
+        res = f(list(feeds))
+        key = re.sub(r"[^\w.-]", "_", f"{request.node.name}-{next(calls)}") + ".npz"
+        if not FUSED:
+            if SAVE_TO:
+                arrays = {f"r{i}": np.asarray(r) for i, r in enumerate(res)}
+                np.savez(os.path.join(SAVE_TO, key), dispatches=f.dispatches, **arrays)
+            counts = types.SimpleNamespace(dispatches=f.dispatches)
+            return res, (counts, counts)
+        with np.load(unfused / key) as saved:
+            other = [saved[f"r{i}"] for i in range(len(saved.files) - 1)]
+            other_dispatches = int(saved["dispatches"])
+        assert len(other) == len(res)
+        for a, b in zip(res, other):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+        return res, (
+            types.SimpleNamespace(dispatches=f.dispatches),
+            types.SimpleNamespace(dispatches=other_dispatches),
+        )
+
+    return run
 
 
 def specials(rng, shape):
@@ -44,7 +88,7 @@ def specials(rng, shape):
     return x
 
 
-def test_rmsprop_chain_is_one_pass(monkeypatch, rng):
+def test_rmsprop_chain_is_one_pass(both, rng):
     shape = (784, 512)
     feeds = [np.abs(rng.standard_normal(shape)).astype("float32") for _ in range(3)]
 
@@ -54,14 +98,14 @@ def test_rmsprop_chain_is_one_pass(monkeypatch, rng):
         new_p = p - 0.001 * g / (K.sqrt(new_acc) + 1e-7)
         return [p, g, acc], [new_p, new_acc]
 
-    (new_p, new_acc), (fused, unfused) = both(monkeypatch, build, feeds)
+    (new_p, new_acc), (fused, unfused) = both(build, feeds)
     p, g, acc = (x.astype("float64") for x in feeds)
     ref_acc = 0.9 * acc + 0.1 * g * g
     np.testing.assert_allclose(new_acc, ref_acc, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(
         new_p, p - 0.001 * g / (np.sqrt(ref_acc) + 1e-7), rtol=1e-5, atol=1e-6
     )
-    if on_cpu():
+    if launches_checked():
         assert fused.dispatches == 1 and unfused.dispatches > 5, (
             fused.dispatches,
             unfused.dispatches,
@@ -69,7 +113,7 @@ def test_rmsprop_chain_is_one_pass(monkeypatch, rng):
 
 
 @pytest.mark.parametrize("bshape", [(6,), (1, 6), (4, 1, 6), (4, 5, 1), (1, 5, 1), (), (4, 5, 6)])
-def test_broadcast_patterns(monkeypatch, rng, bshape):
+def test_broadcast_patterns(both, rng, bshape):
     x = specials(rng, (4, 5, 6))
     b = rng.uniform(-2, 2, size=bshape).astype("float32")
 
@@ -78,16 +122,16 @@ def test_broadcast_patterns(monkeypatch, rng, bshape):
         h = K.tanh(xp * bp + 0.5)
         return [xp, bp], [K.relu(h) - K.sigmoid(bp), h > 0]
 
-    (y, m), (fused, _) = both(monkeypatch, build, [x, b])
+    (y, m), (fused, _) = both(build, [x, b])
     h = np.tanh(x.astype("float64") * b + 0.5)
     ref = np.maximum(h, 0) - 1 / (1 + np.exp(-b.astype("float64")))
     np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-6)
     np.testing.assert_array_equal(m, h > 0)
-    if on_cpu():
+    if launches_checked():
         assert fused.dispatches <= 2
 
 
-def test_nan_inf_and_transcendentals_match_numpy(monkeypatch, rng):
+def test_nan_inf_and_transcendentals_match_numpy(both, rng):
     x = specials(rng, (3000,))
     x[:8] = [np.nan, np.inf, -np.inf, 0.0, 89.0, -104.0, 1e-42, -1e-42]
     fns = {
@@ -109,7 +153,7 @@ def test_nan_inf_and_transcendentals_match_numpy(monkeypatch, rng):
                 p = K.placeholder(shape=x.shape)
                 return [p], [kf(p)]
 
-            (y,), _ = both(monkeypatch, build, [x])
+            (y,), _ = both(build, [x])
             ref = nf(x.astype("float64")).astype("float32")
             if on_cpu():
                 np.testing.assert_allclose(y, ref, rtol=3e-7 * 4, atol=1e-37, err_msg=name)
@@ -122,7 +166,7 @@ def test_nan_inf_and_transcendentals_match_numpy(monkeypatch, rng):
                 )
 
 
-def test_zero_size_and_rank_0(monkeypatch):
+def test_zero_size_and_rank_0(both):
     for shape in [(0, 5), (3, 0), ()]:
         x = np.full(shape, 0.75, "float32")
 
@@ -130,12 +174,12 @@ def test_zero_size_and_rank_0(monkeypatch):
             p = K.placeholder(shape=shape)
             return [p], [K.exp(p) * 2 + 1, K.equal(p, 0.75)]
 
-        (y, m), _ = both(monkeypatch, build, [x])
+        (y, m), _ = both(build, [x])
         assert y.shape == shape and m.shape == shape
         np.testing.assert_allclose(y, np.exp(x) * 2 + 1, rtol=1e-6)
 
 
-def test_fused_group_feeding_a_loop(monkeypatch, rng):
+def test_fused_group_feeding_a_loop(both, rng):
     x = rng.standard_normal((3, 7, 4)).astype("float32")
     w = rng.standard_normal((4, 4)).astype("float32")
 
@@ -151,7 +195,7 @@ def test_fused_group_feeding_a_loop(monkeypatch, rng):
         loss = K.sum(outs * outs)
         return [xp, wp], [last, outs, K.gradients(loss, [wp])[0]]
 
-    (last, outs, gw), _ = both(monkeypatch, build, [x, w])
+    (last, outs, gw), _ = both(build, [x, w])
     h = np.zeros((3, 4))
     seq = np.tanh(x.astype("float64") * 0.5 + 0.1)
     for t in range(7):
@@ -161,7 +205,7 @@ def test_fused_group_feeding_a_loop(monkeypatch, rng):
     assert np.all(np.isfinite(gw))
 
 
-def test_gradients_unchanged(monkeypatch, rng):
+def test_gradients_unchanged(both, rng):
     x = rng.standard_normal((32, 16)).astype("float32")
     w = rng.standard_normal((16, 8)).astype("float32")
 
@@ -171,7 +215,7 @@ def test_gradients_unchanged(monkeypatch, rng):
         y = K.sum(K.tanh(h) * K.sigmoid(h) + K.square(K.maximum(h, 0.5)))
         return [xp, wp], K.gradients(y, [xp, wp])
 
-    (gx, gw), (fused, unfused) = both(monkeypatch, build, [x, w])
+    (gx, gw), (fused, unfused) = both(build, [x, w])
     # Against float64 NumPy.
     z = x.astype("float64") @ w + 0.1
     h = np.maximum(z, 0)
@@ -181,19 +225,19 @@ def test_gradients_unchanged(monkeypatch, rng):
     dz = dh * (z > 0)
     np.testing.assert_allclose(gw, x.T.astype("float64") @ dz, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(gx, dz @ w.T, rtol=1e-4, atol=1e-4)
-    if on_cpu():
+    if launches_checked():
         assert fused.dispatches < unfused.dispatches
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float16", "int32"])
-def test_other_dtypes_unchanged(monkeypatch, rng, dtype):
+def test_other_dtypes_unchanged(both, rng, dtype):
     x = (rng.uniform(-3, 3, size=(5, 6)) * (10 if dtype == "int32" else 1)).astype(dtype)
 
     def build():
         p = K.placeholder(shape=x.shape, dtype=dtype)
         return [p], [K.maximum(p * 2 - 1, K.zeros_like(p))]
 
-    (y,), _ = both(monkeypatch, build, [x])
+    (y,), _ = both(build, [x])
     np.testing.assert_allclose(
         y.astype("float64"), np.maximum(x.astype("float64") * 2 - 1, 0), rtol=1e-3
     )

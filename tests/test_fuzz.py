@@ -6,7 +6,7 @@ every dtype, axes in and out of range, NaN and infinities, mismatched arguments 
 the function on placeholders fed through ``K.function``, on constants evaluated with
 ``K.eval`` or on variables, and checks the contract:
 
-* when NumPy (the reference, mirrored from the family tests) computes a value and the
+* when NumPy (the oracles of reference.py, shared with the family tests) computes a value and the
   arguments are valid for the function, the result matches it (shape, dtype, values,
   NaN and infinity positions);
 * otherwise the call raises ``ValueError``, ``TypeError`` or ``IndexError``; anything
@@ -28,13 +28,13 @@ import warnings
 
 import numpy as np
 import pytest
+from api_table import ROWS
 from ferrokeras import backend as K
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_api_coverage import ROWS
-from test_layout import np_pad, np_resize
-from test_linalg import default_axes, np_batch_dot
-from test_nn import (
+from reference import (
+    default_axes,
+    np_batch_dot,
     np_bce,
     np_bce_logits,
     np_bn,
@@ -42,10 +42,16 @@ from test_nn import (
     np_cce_logits,
     np_in_top_k,
     np_l2_normalize,
+    np_logsumexp,
     np_nbt,
+    np_pad,
     np_relu,
+    np_resize,
     np_scce,
+    np_sigmoid,
     np_softmax,
+    ref_conv,
+    ref_pool,
 )
 
 # ---- profiles --------------------------------------------------------------------------------
@@ -363,12 +369,6 @@ def driver(*names):
 # -- elementwise unary --------------------------------------------------------------------------
 
 
-def _np_sigmoid(x):
-    return np.where(
-        x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x)))
-    )
-
-
 def _np_softsign(x):
     return np.where(np.isinf(x), np.sign(x), x / (1 + np.abs(x)))
 
@@ -385,7 +385,7 @@ UNARY = {
     "cos": (K.cos, np.cos, FLOATS, None),
     "tanh": (K.tanh, np.tanh, FLOATS, None),
     "sqrt": (K.sqrt, lambda x: np.sqrt(np.maximum(x, 0)), FLOATS, None),  # Keras clips at 0
-    "sigmoid": (K.sigmoid, _np_sigmoid, FLOATS, None),
+    "sigmoid": (K.sigmoid, np_sigmoid, FLOATS, None),
     "softplus": (K.softplus, lambda x: np.logaddexp(0, x), FLOATS, None),
     "softsign": (K.softsign, _np_softsign, FLOATS, None),
     "hard_sigmoid": (K.hard_sigmoid, lambda x: np.clip(0.2 * x + 0.5, 0, 1), FLOATS, None),
@@ -588,13 +588,6 @@ def _clip(data, name):
 # -- reductions ----------------------------------------------------------------------------------
 
 
-def _np_logsumexp(x, axis, keepdims):
-    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
-    m = np.where(np.isfinite(m), m, 0.0)
-    s = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
-    return s if keepdims else np.squeeze(s, axis=axis)
-
-
 def _red_ref(name, x, axis, keepdims):
     dt = x.dtype
     if name == "sum":
@@ -617,7 +610,7 @@ def _red_ref(name, x, axis, keepdims):
     if name == "std":
         return rounded(np.std(xf, axis=axis, keepdims=keepdims), dt)
     if name == "logsumexp":
-        return rounded(_np_logsumexp(xf, axis, keepdims), dt)
+        return rounded(np_logsumexp(xf, axis, keepdims), dt)
     raise AssertionError(name)
 
 
@@ -2232,34 +2225,9 @@ def _conv_out(n, k, s, d, padding):
 
 
 def _np_conv(x, w, strides, padding, dilation, data_format):
-    """Channels-last N-d cross-correlation (TF conv): x (B, *sp, Ci), w (*k, Ci, Co)."""
+    """N-d cross-correlation (TF conv) in either data format: `ref_conv` on channels-last."""
     cf = data_format == "channels_first"
-    if cf:
-        x = np.moveaxis(x, 1, -1)
-    nd = x.ndim - 2
-    ks = w.shape[:nd]
-    if padding == "causal":
-        pads = [((ks[0] - 1) * dilation[0], 0)]
-        x = np.pad(x, [(0, 0)] + pads + [(0, 0)])
-        padding = "valid"
-    if padding == "same":
-        pads = []
-        for n, k, s, d in zip(x.shape[1:-1], ks, strides, dilation):
-            out = -(-n // s)
-            total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
-            pads.append((total // 2, total - total // 2))
-        x = np.pad(x, [(0, 0)] + pads + [(0, 0)])
-    outs = [
-        _conv_out(n, k, s, d, "valid") for n, k, s, d in zip(x.shape[1:-1], ks, strides, dilation)
-    ]
-    y = np.zeros((x.shape[0], *outs, w.shape[-1]))
-    for off in np.ndindex(*ks):
-        sl = tuple(
-            slice(o * d, o * d + (m - 1) * s + 1, s)
-            for o, d, m, s in zip(off, dilation, outs, strides)
-        )
-        patch = x[(slice(None),) + sl + (slice(None),)]
-        y += patch @ w[off]
+    y = ref_conv(np.moveaxis(x, 1, -1) if cf else x, w, strides, dilation, padding)
     return np.moveaxis(y, -1, 1) if cf else y
 
 
@@ -2321,24 +2289,9 @@ def _conv(data, name):
 
 
 def _np_pool(x, pool, strides, padding, mode, data_format):
+    """Max or average pooling in either data format: `ref_pool` on channels-last."""
     cf = data_format == "channels_first"
-    if cf:
-        x = np.moveaxis(x, 1, -1)
-    fill = -np.inf if mode == "max" else np.nan
-    if padding == "same":
-        pads = []
-        for n, k, s in zip(x.shape[1:-1], pool, strides):
-            out = -(-n // s)
-            total = max((out - 1) * s + k - n, 0)
-            pads.append((total // 2, total - total // 2))
-        x = np.pad(x, [(0, 0)] + pads + [(0, 0)], constant_values=fill)
-    outs = [_conv_out(n, k, s, 1, "valid") for n, k, s in zip(x.shape[1:-1], pool, strides)]
-    wins = []
-    for off in np.ndindex(*pool):
-        sl = tuple(slice(o, o + (m - 1) * s + 1, s) for o, m, s in zip(off, outs, strides))
-        wins.append(x[(slice(None),) + sl + (slice(None),)])
-    w = np.stack(wins)
-    y = np.max(w, axis=0) if mode == "max" else np.nanmean(w, axis=0)  # TF avg excludes padding
+    y = ref_pool(np.moveaxis(x, 1, -1) if cf else x, pool, strides, padding, mode)
     return np.moveaxis(y, -1, 1) if cf else y
 
 

@@ -674,3 +674,115 @@ def test_float64_conv_is_an_observable_cpu_fallback(gpu, rng):
     assert f._f.host_nodes >= 2  # WGSL has no f64: conv and pool run their CPU kernels
     ferrokeras.set_device("cpu")
     np.testing.assert_allclose(out, f([xv])[0], rtol=1e-13)
+
+
+# ---------------------------------------------------------------- long axes, large grids
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_scans_along_axes_longer_than_a_shader_loop_may_run(gpu, rng, dtype):
+    # llvmpipe ends any shader loop after 65535 iterations; a long scan is split over
+    # dispatches that go on from one another (here 5 of them, the last one partial).
+    n = 70001
+    ones = np.ones((2, n), dtype=dtype)
+    signs = rng.choice([-1, 1], size=(n, 2)).astype(dtype)
+    for excl in (False, True):
+        for rev in (False, True):
+            g, c, _ = _on_both(lambda p, e=excl, r=rev: _core.scan("cumsum", p, 1, e, r), [ones])
+            _same(g, c, rtol=0, atol=0)
+            g, c, _ = _on_both(lambda p, e=excl, r=rev: _core.scan("cumprod", p, 0, e, r), [signs])
+            _same(g, c, rtol=0, atol=0)
+    got = K.eval(K.cumsum(K.ones(n, dtype=dtype)))
+    np.testing.assert_array_equal(got, np.arange(1, n + 1, dtype=dtype))
+
+
+def test_batched_matmul_past_the_grid_limit(gpu, rng):
+    # 70000 batch matrices: more than the 65535 workgroups a grid dimension may hold.
+    a = rng.standard_normal((70000, 2, 3)).astype("float32")
+    b = rng.standard_normal((70000, 3, 2)).astype("float32")
+    g, c, _ = _on_both(lambda x, y: _core.matmul(x, y, False, False), [a, b])
+    _same(g, c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(g[0], np.einsum("bij,bjk->bik", a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_gather_error_names_the_index(gpu):
+    p = K.placeholder(shape=(5, 2))
+    i = K.placeholder(shape=(3,), dtype="int32")
+    f = K.function([p, i], [_gather(p, i * 2)])  # the indices are computed on the device
+    pv = np.arange(10, dtype="float32").reshape(5, 2)
+    with pytest.raises(ValueError, match="gather: index 6 is out of range for an axis of size 5"):
+        f([pv, np.array([0, 3, 1], "int32")])
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_no_stderr_output_without_a_display_session(device):
+    # With no XDG_RUNTIME_DIR, probing Vulkan adapters used to make libwayland print an
+    # error per probe; the CPU device probes nothing at all.
+    if device == "gpu" and not GPUS:
+        pytest.skip("no GPU adapter on this machine")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("XDG_RUNTIME_DIR", "WAYLAND_DISPLAY", "WAYLAND_SOCKET", "NODEVICE_SELECT")
+    }
+    env.update(FERROKERAS_DEVICE=device, RUST_BACKTRACE="0")
+    code = (
+        "import ferrokeras, ferrokeras.backend as K, os; K.eval(K.ones(2)); "
+        "print(ferrokeras.device(), 'NODEVICE_SELECT' in os.environ)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "", r.stderr
+    assert r.stdout.split()[0].startswith(device), r.stdout
+    assert r.stdout.split()[1] == "False", r.stdout
+
+
+def test_reductions_along_axes_longer_than_a_shader_loop_may_run(gpu, rng):
+    # Fed, not constants (a constant graph is folded on the host): argmax/argmin over 70001
+    # steps (5 dispatches of one thread per output), and sum/max/mean over 17M elements,
+    # 66407 steps for each thread of the workgroup tree.
+    v = rng.standard_normal((2, 70001)).astype("float32")
+    v[0, 70000] = 9.0
+    v[1, 65536] = -9.0
+    g, c, _ = _on_both(lambda p: [_core.arg("argmax", p, 1), _core.arg("argmin", p, 1)], [v])
+    _same(g, c)
+    assert g[0].tolist() == np.argmax(v, axis=1).tolist() and g[1][1] == 65536
+    big = np.ones(17_000_000, dtype="float32")
+    big[-3] = 5.0
+    x = K.placeholder(shape=(None,))
+    s, m, a, mean = K.function([x], [K.sum(x), K.max(x), K.argmax(x), K.mean(x)])([big])
+    assert (float(s), float(m), int(a)) == (17_000_004.0, 5.0, 16_999_997)
+    np.testing.assert_allclose(mean, 17_000_004 / 17_000_000, rtol=1e-6)
+
+
+def test_matmul_with_a_contracted_dim_longer_than_a_shader_loop_may_run(gpu, rng):
+    # K = 70000: three slices of the contracted dim, the later ones added to the first.
+    a = rng.standard_normal((3, 70000)).astype("float32")
+    b = rng.standard_normal((70000, 5)).astype("float32")
+    g, c, _ = _on_both(lambda x, y: _core.matmul(x, y, False, False), [a, b])
+    _same(g, c, rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(g[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-2)
+    g, c, _ = _on_both(lambda x, y: _core.matmul(x, y, False, True), [a, b.T.copy()])
+    _same(g, c, rtol=1e-4, atol=1e-2)
+
+
+def test_convolutions_and_pools_with_very_long_windows(gpu, rng):
+    # 3x3 taps over 8000 input channels (72000 products per output) and a 256x256 pooling
+    # window: past what one shader invocation may loop over on llvmpipe, so these nodes run
+    # their CPU kernel inside the GPU plan.
+    x = rng.standard_normal((1, 3, 3, 8000)).astype("float32")
+    w = rng.standard_normal((3, 3, 8000, 16)).astype("float32")
+    xp, wp = K.placeholder(shape=x.shape), K.placeholder(shape=w.shape)
+    f = K.function([xp, wp], [K.conv2d(xp, wp)])
+    got = f([x, w])[0]
+    want = np.einsum("hwc,hwco->o", x[0].astype(np.float64), w)
+    np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-4, atol=1e-2)
+    img = rng.uniform(size=(1, 256, 256, 1)).astype("float32")
+    ip = K.placeholder(shape=img.shape)
+    mean, top = K.function(
+        [ip], [K.pool2d(ip, (256, 256), pool_mode="avg"), K.pool2d(ip, (256, 256))]
+    )([img])
+    np.testing.assert_allclose(mean.reshape(()), img.mean(dtype=np.float64), rtol=1e-5)
+    assert top.reshape(()) == img.max()

@@ -1,10 +1,12 @@
-"""The code's structure, read mechanically: the Python facade's modules import each other at
+"""The code's structure, read mechanically. The Rust layers of src/ use only the layers below
+them; the Python facade's modules import each other at
 top level in one direction only, and ``ferrokeras.backend`` exports exactly the public names
 of the ``K`` families.
 """
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 import ferrokeras
@@ -115,3 +117,50 @@ def test_backend_exports_every_public_family_name_and_nothing_private():
     assert sorted(_family_names() - exported) == []
     for name in exported:
         assert hasattr(K, name), name
+
+
+# ---- the Rust core -------------------------------------------------------------------------
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# The layers of src/, lowest first: each may use only those before it (docs/architecture.md).
+LAYERS = ["base", "ops", "autodiff", "compile", "runtime", "py"]
+
+# Upward uses still to be removed, each with its reason. The test fails on any use not
+# listed here, and on a listed one that is gone (so the list only shrinks).
+KNOWN_UPWARD = {
+    # A variable's device copy is the GPU runtime's buffer type.
+    ("ops/source.rs", "runtime"),
+    # A fused group caches its compiled CPU programs next to the schedule.
+    ("compile/fuse.rs", "runtime"),
+}
+
+
+def _rust_uses():
+    """{(file under src/, layer it uses)} for every `crate::<layer>` path in the code."""
+    uses = set()
+    for path in sorted(SRC.rglob("*.rs")):
+        rel = path.relative_to(SRC).as_posix()
+        layer = rel.split("/")[0]
+        if layer not in LAYERS:
+            continue
+        for target in re.findall(r"\bcrate::(\w+)", path.read_text()):
+            if target in LAYERS and target != layer:
+                uses.add((rel, layer, target))
+    return uses
+
+
+def test_the_rust_layers_are_read():
+    uses = _rust_uses()
+    assert ("runtime/cpu/mod.rs", "runtime", "compile") in uses
+    assert ("ops/mod.rs", "ops", "base") in uses
+
+
+def test_rust_layers_use_only_the_layers_below():
+    upward = {
+        (rel, target)
+        for rel, layer, target in _rust_uses()
+        if LAYERS.index(target) > LAYERS.index(layer)
+    }
+    assert sorted(upward - KNOWN_UPWARD) == []
+    assert sorted(KNOWN_UPWARD - upward) == [], "a known upward use is gone: drop it from the list"

@@ -14,46 +14,11 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import assert_mentions, check_grad, run, tolerances
 from ferrokeras import backend as K
+from gradcheck import assert_mentions, check_grad, run, tolerances
+from reference import np_pad, np_resize
 
 FLOATS = ("float32", "float64")
-
-
-# ---- NumPy references ------------------------------------------------------------------------
-
-
-def np_linear_resize(x, axis, f):
-    """TF 2 ``tf.image.resize(..., 'bilinear')`` along one axis by an integer factor:
-    output i samples input coordinate (i + 0.5) / f - 0.5, neighbours clamped to the edge
-    (tensorflow/core/kernels/image/resize_bilinear_op.cc, HalfPixelScaler)."""
-    n = x.shape[axis]
-    src = (np.arange(n * f) + 0.5) / f - 0.5
-    lo = np.floor(src)
-    w = src - lo
-    a = np.take(x, np.clip(lo, 0, n - 1).astype(int), axis=axis)
-    b = np.take(x, np.clip(lo + 1, 0, n - 1).astype(int), axis=axis)
-    shape = [1] * x.ndim
-    shape[axis] = n * f
-    w = w.reshape(shape)
-    return a * (1 - w) + b * w
-
-
-def np_resize(x, axes, factors, interpolation):
-    for axis, f in zip(axes, factors):
-        x = (
-            np.repeat(x, f, axis=axis)
-            if interpolation == "nearest"
-            else np_linear_resize(x, axis, f)
-        )
-    return x
-
-
-def np_pad(x, pairs, channels_first):
-    pads = (
-        [(0, 0)] + list(pairs) + [(0, 0)] if not channels_first else [(0, 0), (0, 0)] + list(pairs)
-    )
-    return np.pad(x, pads)
 
 
 # ---- records --------------------------------------------------------------------------------

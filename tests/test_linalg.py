@@ -2,31 +2,11 @@
 
 import numpy as np
 import pytest
-from conftest import check_grad, run, tolerances
 from ferrokeras import backend as K
+from gradcheck import check_grad, run, tolerances
+from reference import default_axes, np_batch_dot
 
 FLOATS = ("float32", "float64")
-
-
-def np_batch_dot(x, y, axes):
-    """Reference for K.batch_dot with explicit axes (a pair of ints, batch axis 0).
-
-    Per sample, contract x's axis axes[0] with y's axis axes[1]; the result keeps x's
-    remaining axes then y's (keras_backends.md, `batch_dot`, "Shape inference"). A rank-1 result
-    is reshaped to (batch, 1).
-    """
-    out = np.stack(
-        [np.tensordot(x[b], y[b], axes=(axes[0] - 1, axes[1] - 1)) for b in range(x.shape[0])]
-    )
-    if out.ndim == 1:
-        out = out[:, None]
-    return out
-
-
-def default_axes(x_ndim, y_ndim):
-    # TF's rule for axes=None: last axis of x with the last axis of y when y is 2-D,
-    # else with y's second-to-last axis (matrix-product-like).
-    return (x_ndim - 1, y_ndim - 1) if y_ndim == 2 else (x_ndim - 1, y_ndim - 2)
 
 
 def _feed_and_compare(shapes, build, ref_fn, dtype, rng, expected_shape=None):

@@ -10,8 +10,9 @@
 
 import numpy as np
 import pytest
-from conftest import check_grad
+from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
+from gradcheck import check_grad
 
 SLICES = [
     ((5, 7), np.s_[:, 2:5]),
@@ -230,12 +231,17 @@ def test_loops_specialise_on_the_values_of_captured_shape_vectors():
         np.testing.assert_array_equal(got_state, [[xv.sum()]])
 
 
-def test_gradient_through_shapes_that_change_every_step(monkeypatch):
+def test_gradient_through_shapes_that_change_every_step():
     """A body whose intermediate shape changes every step (a reshape by step data): with
-    the forward cell recomputed in the VJP (`FERROKERAS_LOOP_OPT=0`; saved residuals must
-    keep one shape and are refused with an error), neither loop may run specialised to one
-    step's shapes; the gradient is 2x."""
-    monkeypatch.setenv("FERROKERAS_LOOP_OPT", "0")
+    the forward cell recomputed in the VJP (`FERROKERAS_LOOP_OPT=0`, read once per process:
+    in a child process; saved residuals must keep one shape and are refused with an
+    error), neither loop may run specialised to one step's shapes; the gradient is 2x."""
+    if not env_is("FERROKERAS_LOOP_OPT", "0"):
+        pytest_in_child(
+            {"FERROKERAS_LOOP_OPT": "0"},
+            f"{__file__}::test_gradient_through_shapes_that_change_every_step",
+        )
+        return
     ks = np.array([1.0, 2.0, 4.0, 2.0], dtype="float32")
     x = K.placeholder(shape=(1, 4, 5))
 

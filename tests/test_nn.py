@@ -14,11 +14,23 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import assert_mentions, check_grad, run, tolerances
 from ferrokeras import backend as K
+from gradcheck import assert_mentions, check_grad, run, tolerances
+from reference import (
+    np_bce,
+    np_bce_logits,
+    np_bn,
+    np_cce,
+    np_cce_logits,
+    np_in_top_k,
+    np_l2_normalize,
+    np_nbt,
+    np_relu,
+    np_scce,
+    np_softmax,
+)
 
 FLOATS = ("float32", "float64")
-EPS = 1e-7  # K.epsilon()
 
 
 # ---- input domains: sampler(rng, shape) -> float64 array -----------------------------------------
@@ -58,70 +70,6 @@ def uniform(lo, hi):
 
 
 # ---- NumPy references ----------------------------------------------------------------------------
-
-
-def np_relu(x, alpha=0.0, max_value=None, threshold=0.0):
-    # TensorFlow's: x for x > threshold, clipped to [0, max_value] when there is a
-    # max_value, minus alpha * (threshold - x) below the threshold.
-    y = np.where(x > threshold, x, 0.0)
-    if max_value is not None:
-        y = np.clip(y, 0.0, max_value)
-    return y - alpha * np.maximum(threshold - x, 0.0)
-
-
-def np_softmax(x, axis=-1):
-    z = x - x.max(axis=axis, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def np_log_softmax(x, axis=-1):
-    z = x - x.max(axis=axis, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
-
-
-def np_cce(t, p, axis=-1):
-    # TF 2: p / sum(p), clipped to [eps, 1 - eps], then -sum(t * log(p)).
-    p = p / p.sum(axis=axis, keepdims=True)
-    return -(t * np.log(np.clip(p, EPS, 1 - EPS))).sum(axis=axis)
-
-
-def np_cce_logits(t, z, axis=-1):
-    return -(t * np_log_softmax(z, axis)).sum(axis=axis)
-
-
-def np_scce(t, p, axis=-1, from_logits=False):
-    # TF 2: log(clip(p)) (or the logits) go through sparse_softmax_cross_entropy_with_logits,
-    # i.e. -log_softmax(.)[t] along the class axis.
-    logits = p if from_logits else np.log(np.clip(p, EPS, 1 - EPS))
-    lp = np_log_softmax(np.moveaxis(logits, axis, -1), -1)
-    t = np.asarray(t).astype(int)
-    if t.ndim == lp.ndim:
-        t = t[..., 0]
-    return -np.take_along_axis(lp, t[..., None], -1)[..., 0]
-
-
-def np_bce(t, p):
-    # TF 2: clip to [eps, 1 - eps]; -(t log(p + eps) + (1 - t) log(1 - p + eps)).
-    p = np.clip(p, EPS, 1 - EPS)
-    return -(t * np.log(p + EPS) + (1 - t) * np.log(1 - p + EPS))
-
-
-def np_bce_logits(t, z):
-    # tf.nn.sigmoid_cross_entropy_with_logits: max(z, 0) - z t + log(1 + exp(-|z|)).
-    return np.maximum(z, 0) - z * t + np.log1p(np.exp(-np.abs(z)))
-
-
-def np_l2_normalize(x, axis=None):
-    return x / np.sqrt(np.maximum((x * x).sum(axis=axis, keepdims=True), 1e-12))
-
-
-def np_bn(x, mean, var, beta, gamma, eps):
-    # tf.nn.batch_normalization: (x - mean) * rsqrt(var + eps) * gamma + beta.
-    y = (x - mean) / np.sqrt(var + eps)
-    if gamma is not None:
-        y = y * gamma
-    return y + beta if beta is not None else y
 
 
 def along(v, axis, ndim):
@@ -647,13 +595,69 @@ def test_crossentropies_at_the_clipping_edges(dtype):
         assert np.all(np.isfinite(g))
 
 
-def test_sparse_crossentropy_out_of_range_target_is_nan():
+@pytest.mark.parametrize("bad", [3, -1, 12])
+def test_sparse_crossentropy_out_of_range_target_raises(bad):
     out = K.sparse_categorical_crossentropy(
-        K.constant([0, 3, -1], dtype="int32"), K.constant(np.full((3, 3), 1 / 3))
+        K.constant([0, bad, 1], dtype="int32"), K.constant(np.full((3, 3), 1 / 3))
     )
-    v = K.eval(out)
-    np.testing.assert_allclose(v[0], np.log(3), rtol=1e-6)
-    assert np.isnan(v[1]) and np.isnan(v[2])
+    with pytest.raises(ValueError, match=f"index {bad} is out of range for an axis of size 3"):
+        K.eval(out)
+    ok = K.sparse_categorical_crossentropy(
+        K.constant([0, 2, 1], dtype="int32"), K.constant(np.full((3, 3), 1 / 3))
+    )
+    np.testing.assert_allclose(K.eval(ok), np.full(3, np.log(3)), rtol=1e-6)
+
+
+def test_sparse_crossentropy_bad_label_applies_no_update():
+    # A training step whose labels are fed (float, as Keras feeds them, so the cast to int
+    # runs on the device): a label out of range fails the call before any update.
+    x = K.placeholder(shape=(None, 4))
+    y = K.placeholder(shape=(None,))
+    w = K.variable(np.full((4, 10), 0.1, dtype="float32"))
+    step = K.variable(0.0)
+    loss = K.mean(K.sparse_categorical_crossentropy(y, K.softmax(K.dot(x, w))))
+    g = K.gradients(loss, [w])[0]
+    train = K.function([x, y], [loss], updates=[(w, w - 0.5 * g), (step, step + 1.0)])
+    xs = np.ones((2, 4), dtype="float32")
+    train([xs, np.array([1.0, 9.0], "float32")])
+    before = K.get_value(w).copy()
+    with pytest.raises(ValueError, match="index 12 is out of range"):
+        train([xs, np.array([1.0, 12.0], "float32")])
+    np.testing.assert_array_equal(K.get_value(w), before)
+    assert K.get_value(step) == 1.0
+    train([xs, np.array([3.0, 4.0], "float32")])
+    assert K.get_value(step) == 2.0
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softmax_of_rows_with_inf_or_nan(dtype):
+    # As TF: +inf and NaN entries give NaN, the other entries of their row 0; a row of
+    # -inf only is NaN; -inf entries of other rows give 0.
+    x = np.array(
+        [
+            [np.inf, 1.0, 2.0],
+            [np.nan, 1.0, 2.0],
+            [1.0, np.inf, np.inf],
+            [-np.inf, -np.inf, -np.inf],
+            [-np.inf, 0.0, np.log(3.0)],
+            [1.0, 2.0, 3.0],
+        ],
+        dtype=dtype,
+    )
+    v = run([], [K.softmax(K.constant(x, dtype=dtype))], [])[0]
+    want = np.array(
+        [
+            [np.nan, 0.0, 0.0],
+            [np.nan, 0.0, 0.0],
+            [0.0, np.nan, np.nan],
+            [np.nan, np.nan, np.nan],
+            [0.0, 0.25, 0.75],
+            np_softmax(np.array([1.0, 2.0, 3.0])),
+        ]
+    )
+    np.testing.assert_allclose(v, want, rtol=1e-6, atol=1e-7, equal_nan=True)
+    on_axis0 = run([], [K.softmax(K.constant(x.T, dtype=dtype), axis=0)], [])[0]
+    np.testing.assert_allclose(on_axis0, want.T, rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
 def test_softmax_output_of_a_layer_is_not_unwrapped():
@@ -677,16 +681,6 @@ NBT_CASES = [
     ((3, 4), [0], None),
     ((2, 3, 4), [0, 2], (1, 3, 1)),
 ]
-
-
-def np_nbt(x, g, b, axes, eps):
-    axes = tuple(axes)
-    m = x.mean(axis=axes, keepdims=True)
-    v = ((x - m) ** 2).mean(axis=axes, keepdims=True)
-    shape = [1 if i in axes else d for i, d in enumerate(x.shape)]
-    gg = None if g is None else g.reshape(shape)
-    bb = None if b is None else b.reshape(shape)
-    return np_bn(x, m, v, bb, gg, eps), m.squeeze(axes), v.squeeze(axes)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -740,18 +734,6 @@ def test_normalize_batch_in_training_unknown_batch(rng):
 
 
 # ---- in_top_k ----------------------------------------------------------------------------------------
-
-
-def np_in_top_k(pred, targets, k):
-    # tf.math.in_top_k: target's prediction finite, and fewer than k classes strictly
-    # above it (ties with the target all count as in the top k); bad targets -> False.
-    out = []
-    for row, t in zip(pred, targets):
-        if not 0 <= t < row.size or not np.isfinite(row[t]):
-            out.append(False)
-            continue
-        out.append(int(np.sum(row > row[t])) < k)
-    return np.array(out)
 
 
 TOPK_PRED = np.array(

@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import assert_mentions, run
 from ferrokeras import backend as K
+from gradcheck import assert_mentions, run
 from scipy import stats
 
 N = 20000

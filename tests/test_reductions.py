@@ -5,8 +5,9 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import check_grad, run, tolerances
 from ferrokeras import backend as K
+from gradcheck import check_grad, run, tolerances
+from reference import np_logsumexp
 
 FLOATS = ("float32", "float64")
 SHAPE = (2, 3, 4)
@@ -24,14 +25,6 @@ def signed_near_one(rng, shape):
     """|x| in [0.5, 1.5], both signs: products stay O(1) and never hit zero."""
     mag = rng.uniform(0.5, 1.5, size=shape)
     return mag * rng.choice([-1.0, 1.0], size=shape)
-
-
-def np_logsumexp(x, axis=None, keepdims=False):
-    m = np.max(x, axis=axis, keepdims=True)
-    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
-    if not keepdims:
-        out = np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
-    return out
 
 
 def np_axis(axis):
@@ -342,3 +335,44 @@ def test_column_sums_with_infinities_and_nans():
     np.testing.assert_array_equal(s[:4], ref[:4])
     np.testing.assert_allclose(s[4:], ref[4:])
     assert np.isnan(mx[2]) and mx[0] == np.inf
+
+
+# ---- gradients at zeros and of 0-d products -----------------------------------------------
+
+
+def test_prod_gradient_of_a_0d_tensor():
+    v = K.variable(2.5)
+    g = K.gradients(K.prod(v), [v])[0]
+    assert K.eval(g) == 1.0
+    check_grad(lambda t: K.prod(t) * t, [np.array(1.5)])
+    check_grad(lambda t: K.prod(t, axis=[]), [np.array([1.5, -2.0])])
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_cumprod_gradient_is_exact_at_zeros(axis):
+    # One zero, two zeros, a zero first and last; the product is multilinear, so central
+    # differences are exact up to rounding.
+    x = np.array(
+        [
+            [2.0, 0.0, 3.0, -1.5, 0.5],
+            [0.0, 1.5, 0.0, 2.0, -2.0],
+            [1.5, -0.5, 2.0, 3.0, 0.0],
+            [0.0, 0.0, 0.0, 1.0, 2.0],
+        ]
+    )
+    grads = check_grad(lambda t: K.cumprod(t, axis=axis), [x])
+    assert np.all(np.isfinite(grads[0]))
+
+
+def test_cumprod_gradient_at_a_zero_by_hand():
+    x = K.variable(np.array([2.0, 0.0, 3.0, 4.0], "float32"))
+    g = K.eval(K.gradients(K.sum(K.cumprod(x)), [x])[0])
+    # y = [x0, x0 x1, x0 x1 x2, x0 x1 x2 x3]
+    np.testing.assert_allclose(g, [1.0, 2.0 + 6.0 + 24.0, 0.0, 0.0])
+
+
+def test_prod_second_derivative_at_zeros():
+    # The gradient of prod is built from exclusive and reversed cumprods; differentiating
+    # it again runs their gradient at zeros.
+    x = np.array([[2.0, 0.0, 3.0, 0.5], [0.0, 0.0, 1.5, 2.0], [1.0, -2.0, 0.5, 3.0]])
+    check_grad(lambda t: K.gradients(K.sum(K.prod(t, axis=1) ** 2), [t])[0], [x])

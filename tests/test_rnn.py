@@ -3,10 +3,14 @@
 The references are plain Python loops over time written with NumPy (STYLE 9).
 """
 
+import itertools
+import os
+
 import numpy as np
 import pytest
-from conftest import check_grad
+from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
+from gradcheck import check_grad
 
 
 def _np_rnn(x, h0, W, U, b, mask=None, go_backwards=False):
@@ -250,12 +254,14 @@ def test_long_sequence_graph_does_not_grow():
 
 
 # ---------------------------------------------------------------- loop rewrites
-# src/ops/loop_opt.rs hoists `x_t · W` out of the body (one GEMM over the sequence) and
-# has the forward loop save the residuals its VJP reads. FERROKERAS_LOOP_OPT (read when a
-# loop is built) turns them on: 1 both, hoist / save one, 0 (the default) none. Every
-# setting must give the plain loop's numbers, which the NumPy references above pin down.
+# src/ops/loop_opt.rs has the forward loop save the residuals its VJP reads;
+# FERROKERAS_LOOP_OPT=0 turns that off. Both settings must give the plain loop's numbers,
+# which the NumPy references above pin down. The core reads the variable once per process,
+# so the tests below run in this process's setting, and the tests of the other setting in
+# a child process.
 
-LOOP_OPTS = ("0", "hoist", "save", "1")
+SAVING = not env_is("FERROKERAS_LOOP_OPT", "0")
+LSTM_CASES = list(itertools.product([False, True], repeat=3))
 
 
 def _lstm_data(rng, B=3, T=6, D=4, H=5):
@@ -305,28 +311,48 @@ def _lstm_values(d, masked, go_backwards, state_dependent_matmul):
     return K.function([x, h0], [last, outs, h, c] + grads)([d["x"], d["h0"]])
 
 
-@pytest.mark.parametrize("state_dependent_matmul", [False, True])
-@pytest.mark.parametrize("go_backwards", [False, True])
-@pytest.mark.parametrize("masked", [False, True])
-def test_loop_rewrites_match_the_plain_loop(
-    monkeypatch, rng, masked, go_backwards, state_dependent_matmul
-):
-    d = _lstm_data(rng)
-    got = {}
-    for opt in LOOP_OPTS:
-        monkeypatch.setenv("FERROKERAS_LOOP_OPT", opt)
-        got[opt] = _lstm_values(d, masked, go_backwards, state_dependent_matmul)
-    for opt in LOOP_OPTS[1:]:
-        for g, w in zip(got[opt], got["0"]):
-            np.testing.assert_allclose(
-                g, w, rtol=1e-10, atol=1e-12, err_msg=f"FERROKERAS_LOOP_OPT={opt}"
-            )
+def _all_lstm_values():
+    """`_lstm_values` for every case of `LSTM_CASES`, on the same data."""
+    d = _lstm_data(np.random.default_rng(20240521))
+    return [_lstm_values(d, *case) for case in LSTM_CASES]
 
 
-@pytest.mark.parametrize("opt", LOOP_OPTS)
-def test_loop_rewrites_gradients(monkeypatch, rng, opt):
-    """Finite differences through a hoisted matmul, saved residuals and a state matmul."""
-    monkeypatch.setenv("FERROKERAS_LOOP_OPT", opt)
+def test_loop_rewrites_match_the_plain_loop(tmp_path):
+    """Saved residuals (this process) against the plain loop (a child process)."""
+    if not SAVING:
+        # The child: saves the plain loop's values for the parent to compare.
+        values = [v for vals in _all_lstm_values() for v in vals]
+        if "PLAIN_LOOP_RESULTS_FILE" in os.environ:
+            np.savez(os.environ["PLAIN_LOOP_RESULTS_FILE"], *values)
+        return
+    plain = tmp_path / "plain.npz"
+    pytest_in_child(
+        {"FERROKERAS_LOOP_OPT": "0", "PLAIN_LOOP_RESULTS_FILE": str(plain)},
+        f"{__file__}::test_loop_rewrites_match_the_plain_loop",
+    )
+    got = [v for vals in _all_lstm_values() for v in vals]
+    with np.load(plain) as saved:
+        want = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=f"value {i}")
+
+
+def test_loop_rewrites_off():
+    """The loop tests below, in a child process with FERROKERAS_LOOP_OPT=0."""
+    if not SAVING:
+        pytest.skip("this process runs with FERROKERAS_LOOP_OPT=0: the tests below do")
+    pytest_in_child(
+        {"FERROKERAS_LOOP_OPT": "0"},
+        __file__,
+        "-k",
+        "test_loop_rewrites_gradients or test_second_order_through_a_loop_matmul"
+        " or test_zero_length_loop_with_a_matmul",
+    )
+
+
+def test_loop_rewrites_gradients(rng):
+    """Finite differences through saved residuals and a state matmul."""
     B, T, D, H = 2, 4, 3, 4
 
     def f(x, W, U):
@@ -350,10 +376,8 @@ def test_loop_rewrites_gradients(monkeypatch, rng, opt):
     )
 
 
-@pytest.mark.parametrize("opt", LOOP_OPTS)
-def test_second_order_through_a_hoisted_matmul(monkeypatch, opt):
-    """d2/dw2 of sum_t (x_t · w)^2 = 2 * sum(x^2), with x_t · w hoisted out of the loop."""
-    monkeypatch.setenv("FERROKERAS_LOOP_OPT", opt)
+def test_second_order_through_a_loop_matmul():
+    """d2/dw2 of sum_t tanh(x_t · w)^2, x_t · w a matmul in the loop body."""
     xs = np.array([[[1.0], [2.0], [3.0]]])
     w = K.variable(np.full((1, 1), 0.7), dtype="float64")
 
@@ -373,9 +397,7 @@ def test_second_order_through_a_hoisted_matmul(monkeypatch, opt):
     )
 
 
-@pytest.mark.parametrize("opt", LOOP_OPTS)
-def test_zero_length_loop_with_a_hoisted_matmul(monkeypatch, opt):
-    monkeypatch.setenv("FERROKERAS_LOOP_OPT", opt)
+def test_zero_length_loop_with_a_matmul():
     W = K.variable(np.ones((3, 2)), dtype="float64")
     x = K.placeholder(shape=(None, 4, 3), dtype="float64")
     y = K.map_fn(lambda r: K.tanh(K.dot(r, W)), x)

@@ -8,8 +8,8 @@ densified matrix, gradients included.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import run
 from ferrokeras import backend as K
+from gradcheck import run
 
 FORMATS = ("csr", "csc", "coo", "lil", "dok", "bsr")
 

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_grad, run
 from ferrokeras import backend as K
+from gradcheck import check_grad, run
 
 # ---- variable / constant / placeholder -----------------------------------------------------
 

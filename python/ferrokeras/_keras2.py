@@ -9,6 +9,8 @@ joins the two, and only then, once Keras has chosen ferrokeras, are these applie
 - h5py 3 string attributes readable as Keras expects (``_patch_h5py``);
 - ``Lambda`` output shapes inferred as under TensorFlow (``_patch_lambda``);
 - ``keras.callbacks.TensorBoard`` is ferrokeras's when TensorFlow is absent;
+- what Keras 2.2.4/2.2.5 also need (``_keras22``), and ``load_model``/``model_from_json``
+  reading models saved by tf.keras 2.x (``_keras_tf_h5``);
 - one configuration (floatx, epsilon, image data format) for Keras and ferrokeras, and
   every documented ``K`` name visible in ``keras.backend`` (``_join_keras``).
 
@@ -23,7 +25,7 @@ import sys
 
 import numpy as np
 
-from . import config
+from . import _keras22, _keras_tf_h5, config
 from ._k.variables import int_shape, placeholder
 
 
@@ -238,6 +240,8 @@ def _join_keras(kb, lb, backend):
     _patch_h5py()
     _after_import("keras.layers.core", _patch_lambda)
     _after_import("keras.callbacks", _patch_callbacks)
+    _keras22.install_shims()
+    _after_import("keras.engine.saving", _keras_tf_h5.install)
     common = sys.modules.get("keras.backend.common")
     if common is not None:
         config.set_floatx(common.floatx())
@@ -255,9 +259,10 @@ def _join_keras(kb, lb, backend):
 def _join_loaded(kb):
     """``_join_keras`` for a program that imported ferrokeras before Keras: run once
     ``keras.backend`` has been executed (and has loaded its backend)."""
-    lb = sys.modules.get("keras.backend.load_backend")
+    # Keras 2.2.4 has no `load_backend` module: `keras.backend` loads the backend itself.
+    lb = sys.modules.get("keras.backend.load_backend") or kb
     backend = sys.modules.get("ferrokeras.backend")
-    if lb is not None and backend is not None:
+    if backend is not None:
         _join_keras(kb, lb, backend)
 
 
@@ -274,5 +279,8 @@ def attach(backend):
     if kb is not None and lb is not None:
         # Keras is importing us right now (KERAS_BACKEND or keras.json): join it now.
         _join_keras(kb, lb, backend)
+    elif kb is not None and getattr(kb, "_BACKEND", None) is not None:
+        # Keras 2.2.4 loads its backend in `keras/backend/__init__.py` itself.
+        _join_keras(kb, kb, backend)
     elif kb is None:
         _after_import("keras.backend", _join_loaded)

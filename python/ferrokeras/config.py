@@ -1,4 +1,7 @@
-"""Global configuration: float type, fuzz factor, image data format, uid counters.
+"""Global configuration: float type, fuzz factor, image data format, uid counters, and the
+one ``FERROKERAS_*`` environment variable the Python layer reads
+(``FERROKERAS_COMPILE_PROGRESS``, see ``compile_progress_after``; the Rust core reads the
+others, in ``src/base/config.rs``; ``docs/env_vars.md`` lists them all).
 
 Defaults follow Keras; ``~/.keras/keras.json`` is read when present (as Keras does), and
 ``KERAS_FLOATX`` / ``KERAS_EPSILON`` environment variables are not consulted.
@@ -177,3 +180,26 @@ def manual_variable_initialization(value):
     """
     global _MANUAL_VAR_INIT
     _MANUAL_VAR_INIT = bool(value)
+
+
+def compile_progress_after():
+    """Seconds a ``K.function`` compile may take before it is reported on stderr, or None
+    for never, from ``FERROKERAS_COMPILE_PROGRESS``: unset or empty, 2; ``0``, never; else
+    a finite number of seconds. Read at each compile, so a change takes effect at the next.
+
+    Raises:
+        ValueError: naming the variable, for a value that is not a finite number >= 0.
+    """
+    env = os.environ.get("FERROKERAS_COMPILE_PROGRESS", "").strip()
+    if not env:
+        return 2.0
+    try:
+        seconds = float(env)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(
+            "FERROKERAS_COMPILE_PROGRESS must be 0 (no compile progress) or a number of "
+            f"seconds after which a compile is reported, got {env!r}"
+        )
+    return None if seconds == 0 else seconds

@@ -3,6 +3,9 @@ what Keras reads and writes on tensors (``name``, ``_keras_shape``, ``_keras_his
 and the Python operators. Nothing here computes; every operator builds a graph node.
 """
 
+import itertools
+import weakref
+
 import numpy as np
 
 from . import _core, config
@@ -239,6 +242,11 @@ class Tensor:
         return getitem(self, key)
 
 
+# Every live variable, keyed by creation order (ferrokeras.distributed broadcasts them all).
+LIVE_VARIABLES = weakref.WeakValueDictionary()
+_VARIABLE_ORDER = itertools.count()
+
+
 class Variable(Tensor):
     """A mutable tensor that owns its value; graphs read its current value when they run."""
 
@@ -253,6 +261,7 @@ class Variable(Tensor):
         # `tf.Variable.trainable`: Keras's `Layer.__setattr__` tracks a variable assigned
         # as a layer attribute as trainable when this is True.
         self.trainable = True
+        LIVE_VARIABLES[next(_VARIABLE_ORDER)] = self
 
     def get_value(self):
         return self._var.get()

@@ -9,6 +9,8 @@ use crate::ops::movement::resolve_slice;
 use crate::ops::{Op, SliceAxis};
 use std::collections::{HashMap, HashSet};
 
+mod loops;
+
 /// Gradients of `sum(y * gy)` (`gy` defaults to ones) with respect to each of `xs`;
 /// `None` where `y` does not depend on that tensor, as in TensorFlow.
 pub fn gradients(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
@@ -196,7 +198,7 @@ fn multi_result_vjp(
     Ok(Some(match t.op() {
         Op::Loop(body) => {
             gs.resize(body.n_results(), None);
-            crate::ops::control::vjp_loop(t, &gs, wanted)?
+            loops::vjp_loop(t, &gs, wanted)?
         }
         Op::HostCall(h) => {
             gs.resize(h.results.len(), None);

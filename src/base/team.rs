@@ -59,11 +59,7 @@ thread_local! {
 /// alone where the pool has one thread or this thread already leads a team (nested loops).
 /// Must be called on a rayon worker (`cpu::on_worker`).
 pub fn with_team<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if !enabled()
-        || rayon::current_num_threads() < 2
-        || rayon::current_thread_index().is_none()
-        || available()
-    {
+    if rayon::current_num_threads() < 2 || rayon::current_thread_index().is_none() || available() {
         return f();
     }
     // After a stall the next few teams are not formed (`backoff`): the machine may be
@@ -166,12 +162,6 @@ impl Team {
             std::hint::spin_loop();
         }
     }
-}
-
-/// Whether helpers are used at all: `FERROKERAS_CPU_TEAM=0` turns them off.
-pub fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("FERROKERAS_CPU_TEAM").is_none_or(|v| v != "0"))
 }
 
 /// Whether this thread leads a team, so `split2` may run the halves on two threads.

@@ -246,7 +246,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     for i in 0..n {
         match plan.nodes[i].op() {
             Op::HostCall(_) => has_host = true,
-            Op::Loop(body) => has_host |= body.plan().cpu_schedule().has_host,
+            Op::Loop(body) => has_host |= plan.body(body).cpu_schedule().has_host,
             _ => {}
         }
         let Some(g) = group[i] else {

@@ -157,20 +157,32 @@ fn batch(args: &[&Value]) -> Result<Batch> {
     };
     let l_max = lab.shape()[1];
     let in_len = lens(il, "input_length", t)?;
-    let lab_len = lens(ll, "label_length", l_max)?;
+    let mut lab_len = lens(ll, "label_length", l_max)?;
     let labels = lab.to_i64_vec();
+    if c == 0 {
+        return Err(value_err!(
+            "ctc: y_pred needs at least one class (the blank), got shape {s:?}"
+        ));
+    }
+    let blank = (c - 1) as i64;
     for i in 0..b {
         let row = &labels[i * l_max..i * l_max + lab_len[i]];
-        if let Some(&bad) = row
-            .iter()
-            .find(|&&v| v < 0 || v as usize >= c.saturating_sub(1))
-        {
+        if let Some(&bad) = row.iter().find(|&&v| v < 0) {
             return Err(value_err!(
-                "ctc: label {bad} of sample {i} is out of range [0, {}) (class {} is the blank)",
-                c - 1,
-                c - 1
+                "ctc: label {bad} of sample {i} is negative; labels are classes in [0, {blank}) (class {blank} is the blank)"
             ));
         }
+        // As in TensorFlow, a label at or past the blank ends the sample's label
+        // sequence (padding); a real label after it is an error.
+        let end = row.iter().position(|&v| v >= blank).unwrap_or(row.len());
+        if let Some(&bad) = row[end..].iter().find(|&&v| v < blank) {
+            return Err(value_err!(
+                "ctc: label {bad} of sample {i} follows the end-of-label value {} (a label >= {blank}, the blank class); labels: {row:?}",
+                row[end]
+            ));
+        }
+        lab_len[i] = end;
+        let row = &row[..end];
         let repeats = row.windows(2).filter(|w| w[0] == w[1]).count();
         if row.len() + repeats > in_len[i] {
             return Err(value_err!(

@@ -844,6 +844,15 @@ pub fn vjp_binary(op: BinaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<
         BinaryOp::Pow => {
             let one = scalar_like(a, 1.0);
             let ga = mul(g, &mul(b, &binary(BinaryOp::Pow, a, &sub(b, &one)?)?)?)?;
+            // a^0 is constant: its gradient is 0, also at a = 0 (where b * a^(b-1) is 0 * inf).
+            let nonzero =
+                matches!(b.op(), Op::Constant(v) if v.to_f64_vec().iter().all(|&e| e != 0.0));
+            let ga = if nonzero {
+                ga
+            } else {
+                let b_zero = binary(BinaryOp::Equal, b, &scalar_like(b, 0.0))?;
+                select(&b_zero, &scalar_like(&ga, 0.0), &ga)?
+            };
             let pos = binary(BinaryOp::Greater, a, &scalar_like(a, 0.0))?;
             let safe = select(&pos, a, &one)?;
             let loga = select(&pos, &unary(UnaryOp::Log, &safe)?, &scalar_like(&safe, 0.0))?;

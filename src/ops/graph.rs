@@ -2,7 +2,7 @@
 //! building one runs the op's shape/dtype rule, so every node has a static shape and dtype.
 
 use crate::base::dtype::DType;
-use crate::base::error::Result;
+use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::ops::Op;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +30,7 @@ impl Tensor {
     /// Builds a node after checking `inputs` against the op's shape and dtype rule.
     pub fn new(op: Op, inputs: Vec<Tensor>) -> Result<Tensor> {
         let (shape, dtype) = op.infer(&inputs)?;
+        check_size(&op, &shape, dtype)?;
         Ok(Tensor(Arc::new(Node {
             id: fresh_id(),
             op,
@@ -101,4 +102,50 @@ pub fn topo_order(roots: &[Tensor], stop: &dyn Fn(&Tensor) -> bool) -> Vec<Tenso
         }
     }
     order
+}
+
+/// Refuses a node whose result, of a static shape, could not fit in this machine's memory.
+/// Its kernel would fail to allocate it, and Rust aborts the process on a failed
+/// allocation. Sources (placeholders, constants, variables) allocate nothing here.
+fn check_size(op: &Op, shape: &Shape, dtype: DType) -> Result<()> {
+    if matches!(op, Op::Placeholder(_) | Op::Constant(_) | Op::Variable(_)) {
+        return Ok(());
+    }
+    let Some(dims) = shape.to_known() else {
+        return Ok(());
+    };
+    let bytes = dims
+        .iter()
+        .try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d as u64));
+    let limit = memory_bytes();
+    match bytes {
+        Some(b) if b <= limit => Ok(()),
+        _ => Err(Error::Value(format!(
+            "{}: a result of shape {shape} and dtype {dtype} needs {} bytes, more than this machine's memory ({limit} bytes)",
+            op.name(),
+            bytes.map_or_else(|| "over 2^64".to_string(), |b| b.to_string()),
+        ))),
+    }
+}
+
+/// Physical memory in bytes (capped at isize::MAX, the largest allocation Rust allows).
+fn memory_bytes() -> u64 {
+    static MEM: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MEM.get_or_init(|| {
+        let cap = isize::MAX as u64;
+        #[cfg(unix)]
+        {
+            // SAFETY: sysconf only reads system configuration values.
+            let (pages, size) = unsafe {
+                (
+                    libc::sysconf(libc::_SC_PHYS_PAGES),
+                    libc::sysconf(libc::_SC_PAGESIZE),
+                )
+            };
+            if pages > 0 && size > 0 {
+                return (pages as u64).saturating_mul(size as u64).min(cap);
+            }
+        }
+        cap
+    })
 }

@@ -29,6 +29,11 @@ pub use elementwise::{BinaryOp, UnaryOp};
 pub use reduce::{ArgOp, ReduceOp, ScanOp};
 pub use source::{PlaceholderInfo, VarCell};
 
+/// A kernel that writes a whole f32 result and calls `after(i)` once image `i` of it is
+/// written, on the thread that wrote it (`conv::cpu::forward_f32_then`, `pool::f32_then`),
+/// so a fused epilogue can run on each image while it is in cache.
+pub type ImageKernel<'a> = Box<dyn Fn(&mut [f32], &(dyn Fn(usize) + Sync)) + Sync + 'a>;
+
 /// One strided range along one axis, as NumPy's `start:stop:step` after normalisation
 /// against the runtime dim (see `movement::resolve_slice`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

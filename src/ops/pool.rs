@@ -494,7 +494,7 @@ pub fn f32_then<'a>(
     spec: &'a PoolSpec,
     x: &'a Value,
     gy: Option<&'a Value>,
-) -> Result<Option<(Vec<usize>, usize, crate::runtime::cpu::fused::Then<'a>)>> {
+) -> Result<Option<(Vec<usize>, usize, super::ImageKernel<'a>)>> {
     let g = spec.geom(x.shape())?;
     let (Value::F32(xa), None | Some(Value::F32(_))) = (x, gy) else {
         return Ok(None);
@@ -521,7 +521,7 @@ pub fn f32_then<'a>(
     } else {
         None
     };
-    let kernel: crate::runtime::cpu::fused::Then<'a> = Box::new(move |out, after| {
+    let kernel: super::ImageKernel<'a> = Box::new(move |out, after| {
         let xd = xs.as_slice().expect("standard");
         if n == 0 || out.is_empty() {
             return;

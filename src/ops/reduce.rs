@@ -267,6 +267,8 @@ pub fn vjp_reduce(
             let ties = reduce(ReduceOp::Sum, &mask, axes, true)?;
             mul(&mask, &div(&gk, &ties)?)?
         }
+        // A product over no axis (of a 0-d tensor, say) is the identity.
+        ReduceOp::Prod if axes.is_empty() => broadcast_like(&gk, x)?,
         ReduceOp::Prod => {
             // d prod / d x_i = product of the others = exclusive cumprods from both sides.
             let a = axes[0];
@@ -289,12 +291,48 @@ pub fn vjp_scan(
     let x = node.input(0);
     let gx = match op {
         ScanOp::Cumsum => scan(ScanOp::Cumsum, g, axis, exclusive, !reverse)?,
-        ScanOp::Cumprod => div(
-            &scan(ScanOp::Cumsum, &mul(g, node)?, axis, exclusive, !reverse)?,
-            x,
-        )?,
+        ScanOp::Cumprod => vjp_cumprod(x, node, g, axis, exclusive, reverse)?,
     };
     Ok(vec![Some(gx)])
+}
+
+/// The gradient of a cumulative product, exact at zeros. d y_j / d x_i is the product of
+/// y_j's factors other than x_i, so gx_i = sum over the y_j holding x_i of g_j * y_j / x_i
+/// (a reversed cumsum divided by x_i) wherever no zero comes at or before i along the scan.
+/// Past the first zero every such product holds that zero: the gradient is 0. At the first
+/// zero it is the same reversed cumsum with the scan taken over x with that zero replaced
+/// by one.
+fn vjp_cumprod(
+    x: &Tensor,
+    y: &Tensor,
+    g: &Tensor,
+    axis: usize,
+    exclusive: bool,
+    reverse: bool,
+) -> Result<Tensor> {
+    use super::BinaryOp::{And, Equal};
+    let (zero, one) = (scalar_like(x, 0.0), scalar_like(x, 1.0));
+    let is_zero = binary(Equal, x, &zero)?;
+    let zeros_so_far = scan(
+        ScanOp::Cumsum,
+        &cast(&is_zero, x.dtype())?,
+        axis,
+        false,
+        reverse,
+    )?;
+    let before = binary(Equal, &zeros_so_far, &zero)?;
+    let first = binary(And, &is_zero, &binary(Equal, &zeros_so_far, &one)?)?;
+    let back = |y: &Tensor| scan(ScanOp::Cumsum, &mul(g, y)?, axis, exclusive, !reverse);
+    let g_before = div(&back(y)?, &select(&before, x, &one)?)?;
+    let y_first = scan(
+        ScanOp::Cumprod,
+        &select(&first, &one, x)?,
+        axis,
+        exclusive,
+        reverse,
+    )?;
+    let g_first = back(&y_first)?;
+    select(&before, &g_before, &select(&first, &g_first, &zero)?)
 }
 
 // ---------------------------------------------------------------- kernels

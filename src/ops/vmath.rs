@@ -175,9 +175,6 @@ pub fn isa() -> Isa {
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::env::var_os("FERROKERAS_CPU_ISA").is_some_and(|v| v == "base") {
-                return Isa::Base;
-            }
             if is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512dq")

@@ -7,13 +7,13 @@ use crate::base::error::Error;
 use crate::base::shape::{norm_axes, norm_axis, Shape};
 use crate::base::value::foreign::Lease;
 use crate::base::value::Value;
-use crate::compile::{check_feed, Function};
 use crate::ops::conv::{ConvSpec, Padding};
 use crate::ops::graph::Tensor;
 use crate::ops::pool::{PoolKind, PoolSpec};
 use crate::ops::{
     self, build, source, ArgOp, BinaryOp, ReduceOp, ScanOp, SliceAxis, UnaryOp, VarCell,
 };
+use crate::runtime::{check_feed, Function};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -679,32 +679,6 @@ fn gradients(y: &PyTensor, xs: Vec<PyTensor>, gy: Option<PyTensor>) -> R<Vec<Opt
     Ok(gs.into_iter().map(|g| g.map(PyTensor)).collect())
 }
 
-static UPDATE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-thread_local! {
-    static HOLDS_UPDATE_LOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs a call that assigns variables under one process-wide lock, so that concurrent calls
-/// do not lose each other's read-modify-write updates (4 threads x 500 `update_add(v, 1)`
-/// calls ended below 2000). Taken with the GIL released; re-entrant, for a `py_function`
-/// body that calls another updating function on the same thread.
-fn with_update_lock<T>(f: impl FnOnce() -> T) -> T {
-    if HOLDS_UPDATE_LOCK.with(|h| h.get()) {
-        return f();
-    }
-    let _guard = UPDATE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    struct Release;
-    impl Drop for Release {
-        fn drop(&mut self) {
-            HOLDS_UPDATE_LOCK.with(|h| h.set(false));
-        }
-    }
-    HOLDS_UPDATE_LOCK.with(|h| h.set(true));
-    let _release = Release;
-    f()
-}
-
 #[pyclass(name = "Function", module = "ferrokeras._core", frozen)]
 pub struct PyFunction(Function);
 
@@ -738,13 +712,7 @@ impl PyFunction {
         for (ph, v) in f.feeds.iter().zip(&values) {
             feeds.push(check_feed(ph, feed_value(v, &mut lease)?).map_err(err)?);
         }
-        let out = py.detach(|| {
-            if f.updates.is_empty() {
-                guarded("function call", || f.call(feeds))
-            } else {
-                with_update_lock(|| guarded("function call", || f.call(feeds)))
-            }
-        })?;
+        let out = py.detach(|| guarded("function call", || f.call(feeds)))?;
         let out = out.into_iter().map(|v| to_py(py, v)).collect();
         drop(lease);
         Ok(out)

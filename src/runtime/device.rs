@@ -56,14 +56,16 @@ fn parse(name: &str) -> Result<Want> {
 }
 
 fn require_gpu() -> bool {
-    std::env::var("FERROKERAS_REQUIRE_GPU")
-        .map(|v| !v.is_empty() && v != "0")
-        .unwrap_or(false)
+    crate::base::config::settings().require_gpu
 }
 
 /// Resolves a device name. `from_env` softens "gpu with no adapter" to the CPU.
 fn resolve(name: &str, from_env: bool) -> Result<Device> {
     let want = parse(name)?;
+    if let Want::Cpu = want {
+        // No adapter probing: the CPU device never loads a GPU driver.
+        return Ok(Device::Cpu);
+    }
     let adapters = gpu::adapters();
     let hardware = adapters.iter().find(|a| !a.software).map(|a| a.index);
     let pick = match want {
@@ -117,12 +119,13 @@ fn no_gpu(name: &str, adapters: &[AdapterDesc]) -> Error {
 
 /// The device calls run on, resolved from `FERROKERAS_DEVICE` on first use.
 pub fn current() -> Result<Device> {
+    // Reports a bad value of any FERROKERAS_* variable before anything runs.
+    let config = crate::base::config::get()?;
     let mut cur = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(d) = cur.as_ref() {
         return Ok(d.clone());
     }
-    let name = std::env::var("FERROKERAS_DEVICE").unwrap_or_default();
-    let d = resolve(&name, true).map_err(|e| match e {
+    let d = resolve(&config.device, true).map_err(|e| match e {
         Error::Value(m) => Error::Value(format!("FERROKERAS_DEVICE: {m}")),
         other => other,
     })?;

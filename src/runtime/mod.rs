@@ -4,6 +4,7 @@
 
 pub mod cpu;
 pub mod device;
+pub mod function;
 
 #[cfg(feature = "gpu")]
 pub mod gpu;
@@ -14,6 +15,7 @@ pub mod gpu;
 use crate::base::error::Result;
 use crate::base::value::Value;
 use crate::compile::Plan;
+pub use function::{check_feed, Function};
 
 /// One result of a run: a host value, or (for variable updates on a GPU) a buffer that
 /// stays on the device.

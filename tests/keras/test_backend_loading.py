@@ -99,7 +99,9 @@ def _names_keras_imports():
 
 def test_every_name_keras_uses_exists():
     imports = _names_keras_imports()
-    assert len(imports) > 100, "keras/backend/__init__.py no longer reads as expected"
+    # Keras 2.2.4 takes every name the backend has; from 2.2.5 it imports a fixed list.
+    if keras.__version__ != "2.2.4":
+        assert len(imports) > 100, "keras/backend/__init__.py no longer reads as expected"
     missing = sorted(n for n in _names_keras_calls() | imports if not hasattr(K, n))
     assert missing == []
     documented = set(FK.__all__)

@@ -30,6 +30,11 @@ def hard_sigmoid(x):
     return np.clip(0.2 * x + 0.5, 0, 1)
 
 
+# The default recurrent_activation of LSTM and GRU: hard_sigmoid up to Keras 2.2.5, sigmoid
+# from Keras 2.3.0.
+gate = sigmoid if tuple(map(int, keras.__version__.split(".")[:2])) >= (2, 3) else hard_sigmoid
+
+
 def patches(x, k):
     """Valid, stride-1 patches of a channels-last array: (b, *out, *k, c)."""
     nd = len(k)
@@ -89,10 +94,10 @@ def lstm_seq(x, W, U, b, h=None, c=None):
     for t in range(x.shape[1]):
         z = x[:, t] @ W + h @ U + b
         i, f, g, o = (
-            sigmoid(z[:, :n]),
-            sigmoid(z[:, n : 2 * n]),
+            gate(z[:, :n]),
+            gate(z[:, n : 2 * n]),
             np.tanh(z[:, 2 * n : 3 * n]),
-            sigmoid(z[:, 3 * n :]),
+            gate(z[:, 3 * n :]),
         )
         c = f * c + i * g
         h = o * np.tanh(c)
@@ -105,8 +110,8 @@ def gru(x, W, U, b):
     h = np.zeros((x.shape[0], n))
     for t in range(x.shape[1]):
         xz = x[:, t] @ W + b
-        z = sigmoid(xz[:, :n] + h @ U[:, :n])
-        r = sigmoid(xz[:, n : 2 * n] + h @ U[:, n : 2 * n])
+        z = gate(xz[:, :n] + h @ U[:, :n])
+        r = gate(xz[:, n : 2 * n] + h @ U[:, n : 2 * n])
         hh = np.tanh(xz[:, 2 * n :] + (r * h) @ U[:, 2 * n :])
         h = z * h + (1 - z) * hh
     return h

@@ -96,7 +96,10 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
     """Runs the CTC loss algorithm on each batch element.
 
     Arguments:
-        y_true: tensor ``(samples, max_string_length)`` containing the truth labels.
+        y_true: tensor ``(samples, max_string_length)`` containing the truth labels. As in
+            TensorFlow, a label at or past the blank class (``num_categories - 1``) ends a
+            sample's label early (a label that is just the blank is the empty label); a
+            real label after it is an error.
         y_pred: tensor ``(samples, time_steps, num_categories)`` containing the prediction,
             or output of the softmax; the last category is the blank.
         input_length: tensor ``(samples, 1)`` containing the sequence length for each
@@ -108,7 +111,8 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
         Tensor with shape ``(samples, 1)`` containing the CTC loss of each element.
 
     Raises:
-        ValueError: (when run) if a label is longer than its input allows.
+        ValueError: (when run) if a label is longer than its input allows, negative, or
+            follows the end of the label.
 
     Example:
         >>> from ferrokeras import backend as K

@@ -1,6 +1,5 @@
 """`function` (compiled calls with updates) and `gradients`."""
 
-import os
 import sys
 import threading
 import time
@@ -8,6 +7,7 @@ import time
 import numpy as np
 
 from .. import _core
+from ..config import compile_progress_after
 from ..tensor import Tensor, non_numeric, wrap
 from .common import _t
 from .variables import Variable, _Update, _update_target, update
@@ -147,19 +147,7 @@ def _progress_after(verbose):
         raise TypeError(f"K.function: verbose must be 0, 1 or None, got {verbose!r}")
     if verbose is not None and not verbose:
         return None
-    env = os.environ.get("FERROKERAS_COMPILE_PROGRESS", "").strip()
-    if not env:
-        return 2.0
-    try:
-        seconds = float(env)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(
-            "FERROKERAS_COMPILE_PROGRESS must be 0 (no compile progress) or a number of "
-            f"seconds after which a compile is reported, got {env!r}"
-        )
-    return None if seconds == 0 else seconds
+    return compile_progress_after()
 
 
 def _write_progress(text):

@@ -16,7 +16,7 @@ from ..config import epsilon
 from ..tensor import Tensor, wrap
 from .common import _INTS, _axis, _check_float, _data_format, _int, _t
 from .function import stop_gradient
-from .layout import _int_tensor, _one_hot_mask
+from .layout import _int_tensor, _one_hot_mask, arange
 from .linalg import _reshape
 from .math import _bin, _unary, clip, exp, log, max, mean, square, sum
 from .shapes import _dims, _prod
@@ -124,8 +124,18 @@ def _log_softmax(x, axis):
     return z - log(sum(exp(z), axis, keepdims=True))
 
 
+def _where_nan(x, v):
+    """``x`` with its NaN entries replaced by the number ``v``."""
+    v = _t(np.asarray(v, dtype=x.dtype))
+    return wrap(_core.select(_bin("not_equal", x, x)._core, v._core, x._core))
+
+
 def softmax(x, axis=-1):
     """Softmax of a tensor along ``axis``, stable for inputs of any magnitude.
+
+    A slice along ``axis`` holding ``+inf`` or NaN gives NaN at those entries and 0 at the
+    others, as TensorFlow does (``[inf, 1, 2]`` -> ``[nan, 0, 0]``); a slice of ``-inf``
+    only gives NaN throughout.
 
     Arguments:
         x: A tensor or variable.
@@ -141,8 +151,14 @@ def softmax(x, axis=-1):
     """
     x = _check_float(_t(x), "softmax")
     a = _axis(axis, x.ndim, "softmax")
-    e = exp(x - stop_gradient(max(x, a, keepdims=True)))
-    out = e / sum(e, a, keepdims=True)
+    # A slice holding NaN has a NaN maximum (NaN wins max); taken as +inf, like a slice
+    # holding +inf, every finite entry gets exp(-inf) = 0 and the +inf/NaN ones NaN. The
+    # sum of such a slice is NaN and is replaced by 1, which keeps those 0s; any other sum
+    # is at least 1 (the maximum's own exp(0)).
+    m = max(x, a, keepdims=True)
+    m = stop_gradient(_where_nan(m, np.inf))
+    e = exp(x - m)
+    out = e / _where_nan(sum(e, a, keepdims=True), 1.0)
     out._logits_of = ("softmax", x, a)
     return out
 
@@ -269,7 +285,8 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
     Probabilities are clipped to ``[epsilon, 1 - epsilon]`` and the loss is
     ``-log(p[target] / sum(p))`` (TF 2); from logits it is
     ``-log_softmax(logits)[target]``, stable for logits of any magnitude. A target outside
-    ``[0, classes)`` gives NaN (TF's GPU kernel) rather than a silent number.
+    ``[0, classes)`` makes the call that computes the loss raise ``ValueError`` naming it
+    (TF raises ``InvalidArgumentError``), and that call applies none of its updates.
 
     Arguments:
         target: An integer tensor (float tensors holding integers are cast, as Keras
@@ -286,7 +303,8 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
         Output tensor of ``output``'s shape without the class axis.
 
     Raises:
-        ValueError: if ``axis`` is out of range or the shapes do not fit.
+        ValueError: if ``axis`` is out of range or the shapes do not fit; when run, if a
+            target is outside ``[0, classes)``.
 
     Example:
         >>> from ferrokeras import backend as K
@@ -336,16 +354,13 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
         if None in ts or None in ls:
             target = _reshape(target, d[:-1])
     zero = _t(np.zeros((), dtype=logp.dtype))
-    picked = sum(
-        wrap(_core.select(_one_hot_mask(target, n_classes)._core, logp._core, zero._core)), -1
-    )
-    valid = _bin(
-        "logical_and",
-        _bin("greater_equal", target, 0),
-        _bin("less", target, cast(_t(n_classes), target.dtype)),
-    )
-    nan = _t(np.asarray(np.nan, dtype=logp.dtype))
-    loss = wrap(_core.select(valid._core, (0.0 - picked)._core, nan._core))
+    # The one-hot rows of the targets, gathered from an identity: a label out of range
+    # makes the call raise (naming it) instead of giving a number.
+    classes = arange(n_classes, dtype=target.dtype)
+    eye = _core.binary("equal", _core.expand_dims(classes._core, [1]), classes._core)
+    mask = _core.gather(eye, target._core, 0)
+    picked = sum(wrap(_core.select(mask, logp._core, zero._core)), -1)
+    loss = 0.0 - picked
     if loss.ndim != len(d) - 1:
         loss = _reshape(loss, d[:-1])
     return loss

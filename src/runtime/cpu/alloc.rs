@@ -10,18 +10,14 @@
 //!
 //! The setting is process-wide, so it is applied once, when the extension loads, only on
 //! glibc, only where the user has not chosen the thresholds themselves
-//! (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`), and not at all with
-//! `FERROKERAS_MALLOC_TUNING=0`. Blocks of 32 MiB and more are still mapped and unmapped
+//! (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`). Blocks of 32 MiB and more are still mapped and unmapped
 //! (glibc's ceiling for the threshold), and free memory beyond 256 MiB at the top of the
 //! heap is still returned, so peak resident memory is unchanged.
 
 /// Applies the thresholds above (see the module comment); returns whether it did.
 pub fn tune_malloc() -> bool {
     let user_set = |v: &str| std::env::var_os(v).is_some();
-    if std::env::var_os("FERROKERAS_MALLOC_TUNING").is_some_and(|v| v == "0")
-        || user_set("MALLOC_MMAP_THRESHOLD_")
-        || user_set("MALLOC_TRIM_THRESHOLD_")
-    {
+    if user_set("MALLOC_MMAP_THRESHOLD_") || user_set("MALLOC_TRIM_THRESHOLD_") {
         return false;
     }
     set_thresholds()

@@ -6,11 +6,11 @@ use crate::base::dtype::DType;
 use crate::base::shape::Shape;
 use crate::base::value::Value;
 use crate::compile::update_rule::Rule;
-use crate::compile::Function;
 use crate::ops::build::*;
 use crate::ops::graph::Tensor;
 use crate::ops::source::{constant, placeholder};
 use crate::ops::{BinaryOp, UnaryOp};
+use crate::runtime::Function;
 
 fn ph(name: &str, dims: &[Option<usize>]) -> Tensor {
     placeholder(name, Shape(dims.to_vec()), DType::F32, None).unwrap()

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 pub mod alloc;
 pub mod fused;
+pub mod loops;
 
 /// Runs whose previous run took this long or longer (and less than `TEAM_MAX_RUN`) have a
 /// helper thread polling (`team`); shorter ones would pay its start (a hand-off to the
@@ -28,9 +29,7 @@ const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 /// thread (Keras MLP step 4.2-4.9 -> 3.5-4.4 ms in six interleaved pairs). Longer runs of big kernels, which the pool already splits well,
 /// measured slower that way (Keras CNN step 34-36 -> 35-40 ms) and run on the calling
 /// thread; so do plans with a Python callback (the calling thread holds the GIL's
-/// hand-off) and, with `FERROKERAS_CPU_TEAM=0`, every plan. With `FERROKERAS_CPU_POOL=1`
-/// (and no callback) long runs still move to a rayon worker, without the poller: it was
-/// measured mixed (docs/performance.md) and is off by default.
+/// hand-off).
 ///
 /// With `lend`, the schedule's infallible tail may write the new values of the variables
 /// the call assigns into the variables' own buffers (`Lend`).
@@ -51,9 +50,6 @@ pub fn run_shaped(
     if let Some(s) = shapes.as_deref_mut() {
         *s = vec![None; plan.nodes.len()];
     }
-    static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let pool =
-        *POOL.get_or_init(|| std::env::var_os("FERROKERAS_CPU_POOL").is_some_and(|v| v == "1"));
     let sched = plan.cpu_schedule();
     let last = sched.last_run_ns.load(Ordering::Relaxed);
     let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
@@ -68,10 +64,8 @@ pub fn run_shaped(
         }
     };
     let mut r = Run::new(plan, feeds);
-    let done = if crate::base::team::enabled() && short && !sched.has_host {
+    let done = if short && !sched.has_host {
         on_worker(plan, || crate::base::team::with_team(|| all(&mut r)))
-    } else if pool {
-        on_worker(plan, || all(&mut r))
     } else {
         all(&mut r)
     };
@@ -94,7 +88,7 @@ fn on_worker<R: Send>(plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
 }
 
 /// What a call that assigns variables lets its run overwrite in place (built by
-/// `compile::Function`). A variable read at slot `j` whose last reader is a fused group in
+/// `runtime::Function`). A variable read at slot `j` whose last reader is a fused group in
 /// the schedule's infallible tail gives that group its buffer for an output, when nothing
 /// but the variable and the run holds it (`VarCell::lend`). Nothing after the group can
 /// fail, so the run ends by assigning the lent variables their new values (`Run::lending`).
@@ -393,9 +387,10 @@ pub fn run_node(
             // (Keras LSTM step: 1.26x, docs/performance.md), with a second one polling
             // for halves of them (`team`).
             let read = results_read(plan, i, body.n_results());
-            let results = on_worker(&body.plan(), || {
+            let body_plan = plan.body(body);
+            let results = on_worker(body_plan, || {
                 crate::base::team::with_team(|| {
-                    crate::ops::control::run(body, args, &read, &run_recording)
+                    loops::run(body, body_plan, args, &read, &run_recording)
                 })
             })?;
             multi.insert(i, results);
@@ -440,3 +435,5 @@ fn results_read(plan: &Plan, i: usize, n: usize) -> Vec<bool> {
 
 #[cfg(test)]
 mod fusion_tests;
+#[cfg(test)]
+mod specialize_tests;

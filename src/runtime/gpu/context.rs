@@ -87,8 +87,11 @@ fn registry() -> &'static Registry {
     R.get_or_init(|| {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::PRIMARY;
-        let instance = wgpu::Instance::new(desc);
-        let found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+        let (instance, found) = without_display_probe(|| {
+            let instance = wgpu::Instance::new(desc);
+            let found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+            (instance, found)
+        });
         let adapters: Vec<(AdapterDesc, wgpu::Adapter)> = found
             .into_iter()
             .enumerate()
@@ -123,6 +126,28 @@ fn registry() -> &'static Registry {
     })
 }
 
+/// Runs `f` (creating the Vulkan instance and enumerating adapters) with Mesa's implicit
+/// `VK_LAYER_MESA_device_select` layer off when there is no Wayland display session. That
+/// layer connects to the Wayland display while adapters are enumerated, and without one
+/// libwayland prints "error: XDG_RUNTIME_DIR is invalid or not set in the environment."
+/// for every probe. It only moves the display's GPU first, and there is no display then.
+/// `NODEVICE_SELECT` (the layer's own switch) is set for the enumeration and removed after;
+/// a user who set it, or chose a device with `MESA_VK_DEVICE_SELECT`, keeps the layer as set.
+fn without_display_probe<T>(f: impl FnOnce() -> T) -> T {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    let absolute = |k: &str| std::env::var(k).is_ok_and(|v| v.starts_with('/'));
+    let no_display =
+        !set("WAYLAND_SOCKET") && !absolute("WAYLAND_DISPLAY") && !absolute("XDG_RUNTIME_DIR");
+    let switch_off = no_display && !set("NODEVICE_SELECT") && !set("MESA_VK_DEVICE_SELECT");
+    if !switch_off {
+        return f();
+    }
+    std::env::set_var("NODEVICE_SELECT", "1");
+    let out = f();
+    std::env::remove_var("NODEVICE_SELECT");
+    out
+}
+
 pub fn adapters() -> Vec<AdapterDesc> {
     registry().adapters.iter().map(|(d, _)| d.clone()).collect()
 }
@@ -130,12 +155,6 @@ pub fn adapters() -> Vec<AdapterDesc> {
 pub fn why_none() -> String {
     let _ = &registry().instance;
     "wgpu found no GPU adapter (Vulkan, Metal or DX12); on Linux install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers".into()
-}
-
-fn env_cap() -> Option<u64> {
-    std::env::var("FERROKERAS_GPU_MAX_BINDING")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
 }
 
 /// The devices opened so far (lost ones included until replaced).
@@ -207,7 +226,7 @@ pub fn open(index: usize) -> Result<Arc<Context>> {
     let mut max_binding = limits
         .max_storage_buffer_binding_size
         .min(limits.max_buffer_size);
-    if let Some(cap) = env_cap() {
+    if let Some(cap) = crate::base::config::settings().gpu_max_binding {
         max_binding = max_binding.min(cap);
     }
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);

@@ -5,6 +5,7 @@
 //! submit before the end); at the end one submit runs everything and one mapped
 //! staging buffer brings back all outputs. Update values stay on the device.
 
+use super::params::{Indexed, Params};
 use super::pipelines::{dtag, Pipe};
 use super::pool::{self, DevBuf};
 use super::{fusion, kernels, transfer, Context, DTensor, Resident};
@@ -88,6 +89,7 @@ pub(crate) struct Cmd {
     pipe: Arc<Pipe>,
     /// (binding, buffer, bytes bound)
     bufs: Vec<(u32, Arc<DevBuf>, u64)>,
+    /// The words of the kernel's parameter block (`params::Params`), bound at binding 0.
     params: Vec<u32>,
     groups: [u32; 3],
 }
@@ -319,7 +321,6 @@ impl<'a> Exec<'a> {
         if lay.sink[i] != i {
             return Ok(()); // computed inside its user's fused kernel
         }
-        let plan = self.plan;
         let slot = match &self.plan.steps[i] {
             Step::Fed(f) => Slot::host(feeds[*f].take().expect("each feed is read once")),
             Step::Folded(v) => {
@@ -342,28 +343,31 @@ impl<'a> Exec<'a> {
                     )?)
                 }
                 Place::View => self.view(i)?,
-                Place::Host => {
-                    self.stats.host_nodes += 1;
-                    let ins = self.plan.inputs[i].clone();
-                    self.ensure_host(&ins, false)?;
-                    let vals: Vec<Value> = ins
-                        .iter()
-                        .map(|&j| self.slot(j).host.clone().expect("downloaded"))
-                        .collect();
-                    let args: Vec<&Value> = vals.iter().collect();
-                    Slot::host(crate::runtime::cpu::run_node(
-                        plan,
-                        i,
-                        &args,
-                        &mut self.multi,
-                    )?)
-                }
+                Place::Host => self.on_host(i)?,
                 Place::Gpu if !lay.members[i].is_empty() => fusion::record(self, i)?,
                 Place::Gpu => kernels::record(self, i)?,
             },
         };
         self.slots[i] = Some(slot);
         Ok(())
+    }
+
+    /// Runs node `i` with its CPU kernel, downloading its inputs.
+    pub(crate) fn on_host(&mut self, i: usize) -> Result<Slot> {
+        self.stats.host_nodes += 1;
+        let ins = self.plan.inputs[i].clone();
+        self.ensure_host(&ins, false)?;
+        let vals: Vec<Value> = ins
+            .iter()
+            .map(|&j| self.slot(j).host.clone().expect("downloaded"))
+            .collect();
+        let args: Vec<&Value> = vals.iter().collect();
+        Ok(Slot::host(crate::runtime::cpu::run_node(
+            self.plan,
+            i,
+            &args,
+            &mut self.multi,
+        )?))
     }
 
     fn source(&mut self, i: usize) -> Result<Slot> {
@@ -502,12 +506,12 @@ impl<'a> Exec<'a> {
         })
     }
 
-    /// Records one dispatch. `bufs` are (binding, tensor) pairs; binding 0 is the params.
+    /// Records one dispatch. `bufs` are (binding, tensor) pairs; binding 0 is `params`.
     pub fn dispatch(
         &mut self,
         pipe: Arc<Pipe>,
         bufs: &[(u32, &DTensor)],
-        params: Vec<u32>,
+        params: Params,
         groups: [u32; 3],
     ) {
         if groups.contains(&0) {
@@ -520,23 +524,24 @@ impl<'a> Exec<'a> {
         self.cmds.push(Cmd {
             pipe,
             bufs,
-            params,
+            params: params.0,
             groups,
         });
         self.stats.dispatches += 1;
     }
 
-    /// Like `dispatch`, binding the call's error-status buffer at binding 4; an index out
-    /// of range makes the call fail with `msg`.
+    /// Like `dispatch`, binding the call's error-status buffer at binding 4; a kernel that
+    /// stores `tag` there (the `tag` field of its block) makes the call fail with `msg`,
+    /// its `{index}` replaced by the index the kernel stores next to the tag.
     pub fn dispatch_checked(
         &mut self,
         pipe: Arc<Pipe>,
         bufs: &[(u32, &DTensor)],
-        mut params: Vec<u32>,
+        block: &Indexed,
         groups: [u32; 3],
-        tag: u32,
         msg: String,
     ) -> Result<()> {
+        let tag = block.tag;
         if groups.contains(&0) {
             return Ok(());
         }
@@ -549,7 +554,6 @@ impl<'a> Exec<'a> {
                 s
             }
         };
-        params.push(tag);
         self.status_msgs.insert(tag, msg);
         let mut b: Vec<(u32, Arc<DevBuf>, u64)> = bufs
             .iter()
@@ -559,7 +563,7 @@ impl<'a> Exec<'a> {
         self.cmds.push(Cmd {
             pipe,
             bufs: b,
-            params,
+            params: Params::of(block).0,
             groups,
         });
         self.stats.dispatches += 1;
@@ -601,7 +605,7 @@ impl<'a> Exec<'a> {
                 let msg = self
                     .status_msgs
                     .get(&st[0])
-                    .cloned()
+                    .map(|m| m.replace("{index}", &(st[1] as i32).to_string()))
                     .unwrap_or_else(|| "an index is out of range".into());
                 return Err(Error::Value(msg));
             }

@@ -6,6 +6,7 @@
 //! its dtype. So `relu(x @ w + b) * 2` is the matmul plus one dispatch.
 
 use super::exec::{grid, Exec, Slot};
+use super::params::{self, Params, FUSED_WGSL};
 use super::pipelines::{self, dtag, is_float, norm_fn};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -22,9 +23,9 @@ enum Mode {
     Same,
     /// One element: index 0.
     Scalar,
-    /// Broadcast: index through strides in the params.
+    /// Broadcast: index through strides in the parameter tail.
     Bcast,
-    /// A folded scalar constant, passed in the params. (Not a WGSL literal: drivers fold
+    /// A folded scalar constant, passed in the parameter tail. (Not a WGSL literal: drivers fold
     /// and reassociate literals, turning `(1 - p) + eps` into `(1 + eps) - p`.)
     Param(u32),
 }
@@ -178,27 +179,30 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
             p
         }
     };
-    // Params: [n, rank, out_shape, strides of each broadcast input, scalar constants].
+    // Tail: out_shape, the strides of each broadcast input, the scalar constants.
     let rank = out_shape.len();
-    let mut params = vec![n as u32, rank as u32];
-    params.extend(out_shape.iter().map(|&d| d as u32));
+    let mut tail: Vec<u32> = out_shape.iter().map(|&d| d as u32).collect();
     let mut bound = Vec::new();
     for (k, (j, mode)) in ext.iter().enumerate() {
         if *mode == Mode::Bcast {
-            params.extend(bcast_strides(&ex.slot(*j).shape, &out_shape));
+            tail.extend(bcast_strides(&ex.slot(*j).shape, &out_shape));
         }
         if !matches!(mode, Mode::Param(_)) {
             bound.push((2 + k as u32, ex.dev(*j)?));
         }
     }
-    params.extend(ext.iter().filter_map(|(_, m)| match m {
+    tail.extend(ext.iter().filter_map(|(_, m)| match m {
         Mode::Param(w) => Some(*w),
         Mode::Same | Mode::Scalar | Mode::Bcast => None,
     }));
     let out = ex.alloc(&out_shape, out_dtype, s)?;
     let mut bufs = vec![(1u32, &out)];
     bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
-    ex.dispatch(pipe, &bufs, params, grid(n));
+    let block = params::Fused {
+        n: n as u32,
+        rank: rank as u32,
+    };
+    ex.dispatch(pipe, &bufs, Params::with_tail(&block, &tail), grid(n));
     Ok(Slot::dev(out))
 }
 
@@ -212,7 +216,7 @@ fn generate(
     let plan = ex.plan;
     let has_f16 = ex.ctx.has_f16;
     let mut src = pipelines::common(has_f16);
-    src.push_str("@group(0) @binding(0) var<storage, read> P: array<u32>;\n");
+    src.push_str(FUSED_WGSL);
     src.push_str("@group(0) @binding(1) var<storage, read_write> out: array<u32>;\n");
     for (k, (_, m)) in ext.iter().enumerate() {
         if !matches!(m, Mode::Param(_)) {
@@ -225,9 +229,9 @@ fn generate(
     }
     if ext.iter().any(|e| e.1 == Mode::Bcast) {
         src.push_str(
-            "fn bidx(i: u32, base: u32) -> u32 {\n    let r = P[1];\n    var rem = i;\n    var off = 0u;\n    \
-             for (var k = 0u; k < r; k++) {\n        let d = r - 1u - k;\n        let dim = P[2u + d];\n        \
-             off += (rem % dim) * P[base + d];\n        rem = rem / dim;\n    }\n    return off;\n}\n",
+            "fn bidx(i: u32, base: u32) -> u32 {\n    let r = p.rank;\n    var rem = i;\n    var off = 0u;\n    \
+             for (var k = 0u; k < r; k++) {\n        let d = r - 1u - k;\n        let dim = p.tail[d];\n        \
+             off += (rem % dim) * p.tail[base + d];\n        rem = rem / dim;\n    }\n    return off;\n}\n",
         );
     }
     let mut helpers: Vec<String> = Vec::new();
@@ -242,12 +246,12 @@ fn generate(
             Mode::Same => format!("in{k}[i]"),
             Mode::Scalar => format!("in{k}[0]"),
             Mode::Bcast => {
-                let e = format!("in{k}[bidx(i, 2u + P[1] + {bcast_k}u * P[1])]");
+                let e = format!("in{k}[bidx(i, p.rank + {bcast_k}u * p.rank)]");
                 bcast_k += 1;
                 e
             }
             Mode::Param(_) => {
-                let e = format!("P[2u + P[1] * {}u + {param_k}u]", 1 + n_bcast);
+                let e = format!("p.tail[p.rank * {}u + {param_k}u]", 1 + n_bcast);
                 param_k += 1;
                 e
             }
@@ -306,7 +310,7 @@ fn generate(
     let _ = write!(
         src,
         "@compute @workgroup_size(256)\nfn {entry}(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
-         let i = fk_index(g, nw);\n    if (i >= P[0]) {{ return; }}\n{body}    out[i] = bitcast<u32>(v{s});\n}}\n"
+         let i = fk_index(g, nw);\n    if (i >= p.n) {{ return; }}\n{body}    out[i] = bitcast<u32>(v{s});\n}}\n"
     );
     Ok(src)
 }

@@ -3,6 +3,7 @@
 //! output shape (raising the same errors as the CPU kernel), then records dispatches.
 
 use super::exec::{grid, Exec, Slot};
+use super::params::{self as blk, Params};
 use super::pipelines::{self, dtag};
 use super::transfer::scalar_word;
 use super::DTensor;
@@ -83,6 +84,18 @@ fn tag(d: DType) -> Result<&'static str> {
     dtag(d).ok_or_else(|| Error::Runtime(format!("internal: {d} reached a GPU kernel")))
 }
 
+/// The `Strided` block of `n` elements iterated over `dims`, tail `dims` then `strides`.
+fn strided_params(n: usize, dims: &[usize], base: i64, strides: &[i64]) -> Params {
+    let block = blk::Strided {
+        n: n as u32,
+        rank: dims.len() as u32,
+        base: base as i32,
+    };
+    let mut tail: Vec<u32> = dims.iter().map(|&d| d as u32).collect();
+    tail.extend(strides.iter().map(|&s| s as i32 as u32));
+    Params::with_tail(&block, &tail)
+}
+
 /// out[i] = src[base + sum coord_d * strides_d] over `out_shape`.
 fn gather_strided(
     ex: &mut Exec,
@@ -94,9 +107,7 @@ fn gather_strided(
 ) -> Result<DTensor> {
     let out = ex.alloc(out_shape, src.dtype, i)?;
     let n: usize = out_shape.iter().product();
-    let mut p = vec![n as u32, out_shape.len() as u32, base as i32 as u32];
-    p.extend(out_shape.iter().map(|&d| d as u32));
-    p.extend(strides.iter().map(|&s| s as i32 as u32));
+    let p = strided_params(n, out_shape, base, strides);
     let pipe = pipelines::family(ex.ctx, "movement", "gather_strided", "u32")?;
     ex.dispatch(pipe, &[(1, &out), (2, src)], p, grid(n));
     Ok(out)
@@ -111,9 +122,7 @@ fn scatter_strided(
     strides: &[i64],
 ) -> Result<()> {
     let n = src.numel();
-    let mut p = vec![n as u32, src.shape.len() as u32, base as i32 as u32];
-    p.extend(src.shape.iter().map(|&d| d as u32));
-    p.extend(strides.iter().map(|&s| s as i32 as u32));
+    let p = strided_params(n, &src.shape, base, strides);
     let pipe = pipelines::family(ex.ctx, "movement", "scatter_strided", "u32")?;
     ex.dispatch(pipe, &[(1, out), (2, src)], p, grid(n));
     Ok(())
@@ -122,7 +131,8 @@ fn scatter_strided(
 fn fill(ex: &mut Exec, out: &DTensor, word: u32) -> Result<()> {
     let n = out.numel();
     let pipe = pipelines::family(ex.ctx, "movement", "fill", "u32")?;
-    ex.dispatch(pipe, &[(1, out)], vec![n as u32, word], grid(n));
+    let p = blk::Fill { n: n as u32, word };
+    ex.dispatch(pipe, &[(1, out)], Params::of(&p), grid(n));
     Ok(())
 }
 
@@ -142,6 +152,30 @@ fn slice_geometry(spec: &[SliceAxis], shape: &[usize]) -> (i64, Vec<i64>, Vec<us
     }
     (base, st, dims)
 }
+
+/// The most loop iterations one invocation of a convolution or pooling kernel may run:
+/// past it (a convolution over some 40000 input channels per group, a pooling window of
+/// 30000 elements) the node runs its CPU kernel instead, since software rasterisers
+/// (Mesa llvmpipe) end a shader after 65535 loop iterations, counting inner loops.
+const LOOP_BUDGET: usize = 60000;
+
+/// Loop iterations per invocation of the convolution kernels for a GEMM contracting `k`
+/// values into `cols` output channels per group: the direct kernel (under DIRECT_BELOW
+/// channels) loops over them one by one, the tiled one 16 at a time with up to 25 inner
+/// iterations each.
+fn gemm_loop(k: usize, cols: usize) -> usize {
+    if cols < DIRECT_BELOW {
+        2 * k
+    } else {
+        k.div_ceil(16) * 25
+    }
+}
+
+/// Steps along a reduced or scanned axis per dispatch of the `reduce`, `arg` and `scan`
+/// kernels (per thread for `reduce_tree`). A long axis takes several dispatches, each
+/// going on from the one before: software rasterisers (Mesa llvmpipe) end a shader after
+/// 65535 loop iterations.
+const LOOP_STEPS: usize = 16384;
 
 /// Reduces `x` over `axes` with reduction op code `code` (0 sum, 1 prod, 2 max, 3 min,
 /// 4 mean) into a tensor of `out_shape`.
@@ -174,19 +208,40 @@ fn reduce(
     let nout = outer * inner;
     let out = ex.alloc(out_shape, x.dtype, i)?;
     let t = tag(x.dtype)?;
-    let params = vec![outer as u32, red as u32, inner as u32, code];
-    if nout < 4096 && red >= 64 {
-        let pipe = pipelines::family(ex.ctx, "reduce", "reduce_tree", t)?;
+    let block = blk::Reduce {
+        outer: outer as u32,
+        red: red as u32,
+        inner: inner as u32,
+        op: code,
+        ..blk::Reduce::default()
+    };
+    // Steps of the reduced axis per dispatch, each going on from the one before.
+    let (pipe, step, groups) = if nout < 4096 && red >= 64 {
         let x_ = nout.min(65535);
-        ex.dispatch(
-            pipe,
-            &[(1, &out), (2, &x)],
-            params,
+        (
+            pipelines::family(ex.ctx, "reduce", "reduce_tree", t)?,
+            LOOP_STEPS * 256,
             [x_ as u32, nout.div_ceil(x_.max(1)) as u32, 1],
-        );
+        )
     } else {
-        let pipe = pipelines::family(ex.ctx, "reduce", "reduce_serial", t)?;
-        ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(nout));
+        (
+            pipelines::family(ex.ctx, "reduce", "reduce_serial", t)?,
+            LOOP_STEPS,
+            grid(nout),
+        )
+    };
+    for r0 in (0..red.max(1)).step_by(step) {
+        let block = blk::Reduce {
+            r0: r0 as u32,
+            r1: (r0 + step.min(red - r0)) as u32,
+            ..block
+        };
+        ex.dispatch(
+            pipe.clone(),
+            &[(1, &out), (2, &x)],
+            Params::of(&block),
+            groups,
+        );
     }
     Ok(out)
 }
@@ -327,14 +382,19 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let out = ex.alloc(&shape, p.dtype, i)?;
             let total = outer * idx.numel() * inner;
             let pipe = pipelines::family(ex.ctx, "movement", "gather", "u32")?;
-            let msg = format!("gather: an index is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
-            let params = vec![total as u32, idx.numel() as u32, n as u32, inner as u32];
+            let msg = format!("gather: index {{index}} is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
+            let block = blk::Indexed {
+                n: total as u32,
+                n_idx: idx.numel() as u32,
+                axis_len: n as u32,
+                inner: inner as u32,
+                tag: i as u32 + 1,
+            };
             ex.dispatch_checked(
                 pipe,
                 &[(1, &out), (2, &p), (3, &idx)],
-                params,
+                &block,
                 grid(total),
-                i as u32 + 1,
                 msg,
             )?;
             out
@@ -361,14 +421,19 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let out = ex.alloc(&ls, u.dtype, i)?;
             fill(ex, &out, 0)?;
             let pipe = pipelines::family(ex.ctx, "scatter", "scatter_add", tag(u.dtype)?)?;
-            let msg = format!("scatter_add: an index is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
-            let params = vec![u.numel() as u32, idx.numel() as u32, n as u32, inner as u32];
+            let msg = format!("scatter_add: index {{index}} is out of range for an axis of size {n} (indices shape {:?})", idx.shape);
+            let block = blk::Indexed {
+                n: u.numel() as u32,
+                n_idx: idx.numel() as u32,
+                axis_len: n as u32,
+                inner: inner as u32,
+                tag: i as u32 + 1,
+            };
             ex.dispatch_checked(
                 pipe,
                 &[(1, &out), (2, &u), (3, &idx)],
-                params,
+                &block,
                 grid(u.numel()),
-                i as u32 + 1,
                 msg,
             )?;
             out
@@ -435,12 +500,22 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 ArgOp::ArgMin => 1,
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "arg", tag(x.dtype)?)?;
-            ex.dispatch(
-                pipe,
-                &[(1, &out), (2, &x)],
-                vec![outer as u32, red as u32, inner as u32, code],
-                grid(outer * inner),
-            );
+            for r0 in (0..red).step_by(LOOP_STEPS) {
+                let block = blk::Reduce {
+                    outer: outer as u32,
+                    red: red as u32,
+                    inner: inner as u32,
+                    op: code,
+                    r0: r0 as u32,
+                    r1: red.min(r0 + LOOP_STEPS) as u32,
+                };
+                ex.dispatch(
+                    pipe.clone(),
+                    &[(1, &out), (2, &x)],
+                    Params::of(&block),
+                    grid(outer * inner),
+                );
+            }
             out
         }
         Op::Scan {
@@ -462,21 +537,35 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
                 ScanOp::Cumprod => 1,
             };
             let pipe = pipelines::family(ex.ctx, "reduce", "scan", tag(x.dtype)?)?;
-            let params = vec![
-                outer as u32,
-                red as u32,
-                inner as u32,
-                code,
-                *exclusive as u32,
-                *reverse as u32,
-            ];
-            ex.dispatch(pipe, &[(1, &out), (2, &x)], params, grid(outer * inner));
+            // Each dispatch goes on from the last value of the one before.
+            for k0 in (0..red).step_by(LOOP_STEPS) {
+                let block = blk::Scan {
+                    outer: outer as u32,
+                    red: red as u32,
+                    inner: inner as u32,
+                    op: code,
+                    exclusive: *exclusive as u32,
+                    reverse: *reverse as u32,
+                    k0: k0 as u32,
+                    klen: LOOP_STEPS.min(red - k0) as u32,
+                };
+                let groups = grid(outer * inner);
+                ex.dispatch(
+                    pipe.clone(),
+                    &[(1, &out), (2, &x)],
+                    Params::of(&block),
+                    groups,
+                );
+            }
             out
         }
         Op::MatMul { ta, tb } => matmul(ex, i, &ins, *ta, *tb)?,
         Op::Conv(spec) => {
             let (x, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = conv::conv_geom(spec, &x.shape, &w.shape)?;
+            if gemm_loop(g.kk() * g.cin / g.groups, g.cout / g.groups) > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.y_shape, x.dtype, i)?;
             conv_fwd(ex, &g, &out, &x, &w)?;
             out
@@ -485,6 +574,9 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             let (gy, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let s = host_value(ex, ins[2], &name)?;
             let g = conv::input_grad_geom(spec, &gy.shape, &w.shape, &s)?;
+            if gemm_loop(g.kk() * g.cout / g.groups, g.cin / g.groups) > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.x_shape, gy.dtype, i)?;
             conv_dx(ex, &g, &out, &gy, &w)?;
             out
@@ -498,6 +590,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::Pool(spec) => {
             let x = ex.dev(ins[0])?;
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             let out = ex.alloc(&g.y_shape, x.dtype, i)?;
             pool_dispatch(ex, "pool_fwd", &g, pool_mode(spec.kind), &out, &x, &x)?;
             out
@@ -505,6 +601,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::PoolGrad(spec) => {
             let (x, gy) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             if gy.shape != g.y_shape {
                 return Err(value_err!(
                     "pool_grad: gradient shape {:?} does not match the pooled shape {:?}",
@@ -519,6 +619,10 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
         Op::PoolSelect(spec) => {
             let (x, h) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
             let g = spec.geom(&x.shape)?;
+            // A thread walks its whole window (twice for the gradient).
+            if 2 * g.kk() > LOOP_BUDGET {
+                return ex.on_host(i);
+            }
             if h.shape != x.shape {
                 return Err(value_err!(
                     "pool_select: shapes {:?} and {:?} differ",
@@ -555,15 +659,15 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             };
             let out = ex.alloc(&dims, node.dtype(), i)?;
             let pipe = pipelines::family(ex.ctx, "random", "random", tag(node.dtype())?)?;
-            let params = vec![
-                n as u32,
-                key[0],
-                key[1],
-                call as u32,
-                (call >> 32) as u32,
+            let params = blk::Random {
+                n: n as u32,
+                key0: key[0],
+                key1: key[1],
+                call_lo: call as u32,
+                call_hi: (call >> 32) as u32,
                 dist,
-            ];
-            ex.dispatch(pipe, &[(1, &out)], params, grid(n));
+            };
+            ex.dispatch(pipe, &[(1, &out)], Params::of(&params), grid(n));
             out
         }
         Op::Placeholder(_)
@@ -614,11 +718,6 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     }
     let bshape = broadcast_runtime("matmul", &sa[..ra - 2], &sb[..rb - 2])?;
     let batches: usize = bshape.iter().product();
-    if batches > 65535 {
-        return Err(Error::Device(format!(
-            "matmul: {batches} batch matrices exceed the GPU grid limit of 65535"
-        )));
-    }
     let mut shape = bshape.clone();
     shape.extend([m, n]);
     let out = ex.alloc(&shape, a.dtype, i)?;
@@ -635,70 +734,110 @@ fn matmul(ex: &mut Exec, i: usize, ins: &[usize], ta: bool, tb: bool) -> Result<
     let (a_cols, b_cols) = (sa[ra - 1], sb[rb - 1]);
     let (a_rs, a_cs) = if ta { (1, a_cols) } else { (a_cols, 1) };
     let (b_rs, b_cs) = if tb { (1, b_cols) } else { (b_cols, 1) };
-    let mut p = vec![
-        m as u32,
-        n as u32,
-        ka as u32,
-        bshape.len() as u32,
-        a_rs as u32,
-        a_cs as u32,
-        b_rs as u32,
-        b_cs as u32,
-    ];
-    p.extend(bshape.iter().map(|&d| d as u32));
-    p.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
-    p.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
     // vec4 loads along each operand's contiguous dimension when it is a multiple of 4
     // (then every vec4 and every batch offset is 16-byte aligned).
     let a_v4 = if ta { m % 4 == 0 } else { ka % 4 == 0 };
     let b_v4 = if tb { ka % 4 == 0 } else { n % 4 == 0 };
-    p.extend([a_v4 as u32 | (b_v4 as u32) << 1, ta as u32, tb as u32]);
+    let block = blk::Matmul {
+        m: m as u32,
+        n: n as u32,
+        k: ka as u32,
+        batch_rank: bshape.len() as u32,
+        a_rs: a_rs as u32,
+        a_cs: a_cs as u32,
+        b_rs: b_rs as u32,
+        b_cs: b_cs as u32,
+        vec4: a_v4 as u32 | (b_v4 as u32) << 1,
+        ta: ta as u32,
+        tb: tb as u32,
+        ..blk::Matmul::default()
+    };
+    let mut tail: Vec<u32> = bshape.iter().map(|&d| d as u32).collect();
+    tail.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
+    tail.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
     let pipe = pipelines::family(ex.ctx, "matmul", "matmul", tag(a.dtype)?)?;
     let (a4, b4) = (a.as_vec4(), b.as_vec4());
-    ex.dispatch(
-        pipe,
-        &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
-        p,
-        [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batches as u32],
-    );
+    let tiles = [n.div_ceil(64), m.div_ceil(64), batches];
+    for (first, groups) in split_grid(tiles, max_groups(ex)) {
+        // The first slice of K writes the output, the others add to it; K = 0 writes zeros.
+        for k0 in (0..ka.max(1)).step_by(MATMUL_K_STEP) {
+            let block = blk::Matmul {
+                col_tile0: first[0] as u32,
+                row_tile0: first[1] as u32,
+                batch0: first[2] as u32,
+                k_lo: k0 as u32,
+                k_hi: (k0 + MATMUL_K_STEP) as u32,
+                add: (k0 > 0) as u32,
+                ..block
+            };
+            let p = Params::with_tail(&block, &tail);
+            ex.dispatch(
+                pipe.clone(),
+                &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
+                p,
+                groups,
+            );
+        }
+    }
     Ok(out)
+}
+
+/// The slice of the contracted dim one matmul dispatch sums (a multiple of its 16-deep
+/// tiles): 2048 tiles of at most 25 loop iterations each stay under the 65535 loop
+/// iterations after which llvmpipe ends a shader.
+const MATMUL_K_STEP: usize = 32768;
+
+/// The adapter's largest workgroup count per grid dimension.
+fn max_groups(ex: &Exec) -> usize {
+    (ex.ctx.limits.max_compute_workgroups_per_dimension as usize).max(1)
+}
+
+/// Splits a grid of `counts` workgroups into dispatches of at most `limit` per dimension:
+/// (first workgroup of each dimension, workgroup counts) per dispatch, none for an empty grid.
+fn split_grid(counts: [usize; 3], limit: usize) -> Vec<([usize; 3], [u32; 3])> {
+    let starts = |n: usize| (0..n).step_by(limit).map(move |s| (s, limit.min(n - s)));
+    let mut out = Vec::new();
+    for (z0, nz) in starts(counts[2]) {
+        for (y0, ny) in starts(counts[1]) {
+            for (x0, nx) in starts(counts[0]) {
+                out.push(([x0, y0, z0], [nx as u32, ny as u32, nz as u32]));
+            }
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------- convolution and pooling
 
-/// The geometry words shared by `conv.wgsl` and `pool.wgsl`: `[n, x[3], k[3], o[3], s[3],
-/// d[3], pad_before[3]]`.
-fn geom_words(g: &Geom) -> Vec<u32> {
-    let mut p = vec![g.n as u32];
-    for v in [g.x, g.k, g.o, g.s, g.d] {
-        p.extend(v.iter().map(|&d| d as u32));
+/// The window geometry shared by `conv.wgsl` and `pool.wgsl`.
+fn window(g: &Geom) -> blk::Window {
+    let w3 = |v: [usize; 3]| v.map(|d| d as u32);
+    blk::Window {
+        n: g.n as u32,
+        x: w3(g.x),
+        k: w3(g.k),
+        o: w3(g.o),
+        s: w3(g.s),
+        d: w3(g.d),
+        pad: g.p.map(|(before, _)| before as u32),
     }
-    p.extend(g.p.iter().map(|&(before, _)| before as u32));
-    p
 }
 
-/// `geom_words` + `[cin, cout, groups, cin / groups, cout / groups, row_base, splits,
-/// chunk]`, the parameter block of every `conv.wgsl` kernel.
-fn conv_words(g: &Geom, splits: usize, chunk: usize) -> Vec<u32> {
-    let mut p = geom_words(g);
-    p.extend(
-        [
-            g.cin,
-            g.cout,
-            g.groups,
-            g.cin / g.groups,
-            g.cout / g.groups,
-            0,
-            splits,
-            chunk,
-        ]
-        .map(|v| v as u32),
-    );
-    p
+/// The parameter block of every `conv.wgsl` kernel, with `row_base` 0 and no stride phase.
+fn conv_block(g: &Geom, splits: usize, chunk: usize) -> blk::Conv {
+    blk::Conv {
+        w: window(g),
+        cin: g.cin as u32,
+        cout: g.cout as u32,
+        groups: g.groups as u32,
+        cg: (g.cin / g.groups) as u32,
+        og: (g.cout / g.groups) as u32,
+        row_base: 0,
+        splits: splits as u32,
+        chunk: chunk as u32,
+        ..blk::Conv::default()
+    }
 }
-
-/// Index of `row_base` in `conv_words`.
-const ROW_BASE: usize = 24;
 
 /// Below this many channels on a GEMM's column side, the one-output-per-thread kernels
 /// beat the 64-wide tiles (depthwise convolutions: one channel per group).
@@ -711,7 +850,7 @@ fn conv_tiled(
     ex: &mut Exec,
     kernel: &str,
     dtype: DType,
-    p: Vec<u32>,
+    p: blk::Conv,
     bufs: &[(u32, &DTensor)],
     rows: usize,
     cols: usize,
@@ -726,12 +865,14 @@ fn conv_tiled(
     let tiles = rows.div_ceil(64);
     let per = 65535usize;
     for t0 in (0..tiles).step_by(per) {
-        let mut p = p.clone();
-        p[ROW_BASE] = (t0 * 64) as u32;
+        let p = blk::Conv {
+            row_base: (t0 * 64) as u32,
+            ..p
+        };
         ex.dispatch(
             pipe.clone(),
             bufs,
-            p,
+            Params::of(&p),
             [
                 cols.div_ceil(64) as u32,
                 per.min(tiles - t0) as u32,
@@ -744,10 +885,11 @@ fn conv_tiled(
 
 fn conv_fwd(ex: &mut Exec, g: &Geom, out: &DTensor, x: &DTensor, w: &DTensor) -> Result<()> {
     let og = g.cout / g.groups;
-    let p = conv_words(g, 1, 0);
+    let p = conv_block(g, 1, 0);
     if og < DIRECT_BELOW {
         let pipe = pipelines::family(ex.ctx, "conv", "conv_fwd_direct", tag(x.dtype)?)?;
-        ex.dispatch(pipe, &[(1, out), (2, x), (3, w)], p, grid(out.numel()));
+        let groups = grid(out.numel());
+        ex.dispatch(pipe, &[(1, out), (2, x), (3, w)], Params::of(&p), groups);
         Ok(())
     } else {
         conv_tiled(
@@ -772,7 +914,7 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
         ex.dispatch(
             pipe,
             &[(1, out), (2, gy), (3, w)],
-            conv_words(g, 1, 0),
+            Params::of(&conv_block(g, 1, 0)),
             grid(out.numel()),
         );
         return Ok(());
@@ -782,10 +924,15 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
             for r2 in 0..g.s[2] {
                 let ph = [0, 1, 2].map(|t| stride_phase(g, t, [r0, r1, r2][t]));
                 let rows = g.n * ph.iter().map(|q| q[1]).product::<usize>();
-                let mut p = conv_words(g, 1, 0);
-                for field in 0..5 {
-                    p.extend(ph.iter().map(|q| q[field] as u32));
-                }
+                let field = |f: usize| ph.map(|q| q[f] as u32);
+                let p = blk::Conv {
+                    first: field(0),
+                    count: field(1),
+                    kstart: field(2),
+                    kstep: field(3),
+                    kcount: field(4),
+                    ..conv_block(g, 1, 0)
+                };
                 conv_tiled(
                     ex,
                     "conv_dx",
@@ -848,7 +995,9 @@ fn conv_dw(ex: &mut Exec, i: usize, g: &Geom, x: &DTensor, gy: &DTensor) -> Resu
         rows.div_ceil(64) * og.div_ceil(64) * g.groups
     };
     let max_parts = ((ex.ctx.max_binding / 4) as usize / wn).clamp(1, 256);
+    // At most MATMUL_K_STEP positions per chunk: the chunk is a loop in the shader.
     let want = (1024 / workgroups.max(1))
+        .max(m.div_ceil(MATMUL_K_STEP))
         .clamp(1, max_parts)
         .min(m.div_ceil(256))
         .min(65535 / groups_z)
@@ -888,12 +1037,12 @@ fn conv_dw_partials(
     splits: usize,
     chunk: usize,
 ) -> Result<()> {
-    let p = conv_words(g, splits, chunk);
+    let p = conv_block(g, splits, chunk);
     if direct {
         let pipe = pipelines::family(ex.ctx, "conv", "conv_dw_direct", tag(dtype)?)?;
         let mut groups = grid(g.w_shape.iter().product());
         groups[2] = splits as u32;
-        ex.dispatch(pipe, &[(1, out), (2, x), (3, gy)], p, groups);
+        ex.dispatch(pipe, &[(1, out), (2, x), (3, gy)], Params::of(&p), groups);
         Ok(())
     } else {
         let (rows, og) = (g.kk() * g.cin / g.groups, g.cout / g.groups);
@@ -927,9 +1076,17 @@ fn pool_dispatch(
     a: &DTensor,
     b: &DTensor,
 ) -> Result<()> {
-    let mut p = geom_words(g);
-    p.extend([g.cin as u32, mode]);
+    let p = blk::Pool {
+        w: window(g),
+        channels: g.cin as u32,
+        mode,
+    };
     let pipe = pipelines::family(ex.ctx, "pool", kernel, tag(out.dtype)?)?;
-    ex.dispatch(pipe, &[(1, out), (2, a), (3, b)], p, grid(out.numel()));
+    ex.dispatch(
+        pipe,
+        &[(1, out), (2, a), (3, b)],
+        Params::of(&p),
+        grid(out.numel()),
+    );
     Ok(())
 }

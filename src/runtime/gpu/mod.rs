@@ -7,12 +7,14 @@
 //!
 //! Module map: `context` (adapters, device, error capture), `pool` (buffers by size
 //! class), `pipelines` (the shader table and pipeline cache), `transfer` (host <-> word
-//! conversion), `exec` (the executor), `fusion` (grouping and codegen), `kernels`.
+//! conversion), `exec` (the executor), `fusion` (grouping and codegen), `kernels`,
+//! `params` (the typed parameter block of each kernel).
 
 mod context;
 mod exec;
 mod fusion;
 mod kernels;
+mod params;
 mod pipelines;
 mod pool;
 mod transfer;

@@ -128,13 +128,17 @@ pub fn family(ctx: &Arc<Context>, fam: &str, kernel: &str, tag: &str) -> Result<
     {
         return Ok(p.clone());
     }
-    let src = format!(
+    build(ctx, key, &family_source(fam, tag, ctx.has_f16), &entry)
+}
+
+/// The WGSL module of family `fam` instantiated for dtype tag `tag`.
+pub fn family_source(fam: &str, tag: &str, has_f16: bool) -> String {
+    format!(
         "{}{}{}",
-        common(ctx.has_f16),
-        prelude(tag, ctx.has_f16),
+        common(has_f16),
+        prelude(tag, has_f16),
         shader(fam).replace("$T", tag)
-    );
-    build(ctx, key, &src, &entry)
+    )
 }
 
 /// The pipeline of a generated kernel (cached by its source).

@@ -11,15 +11,12 @@
 //! the process: a free buffer not reused within `max_idle_submits` submits is destroyed,
 //! and free bytes over `max_idle_bytes` are destroyed least recently used first
 //! (`FERROKERAS_GPU_POOL_MAX_IDLE_MB`, default 256; `FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS`,
-//! default 1000). `clear` (from `K.clear_session`) destroys every free buffer.
+//! default 1000; read by `base::config`). `clear` (from `K.clear_session`) destroys every free buffer.
 
 use super::context::Context;
 use crate::base::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
-
-const DEFAULT_MAX_IDLE_BYTES: u64 = 256 << 20;
-const DEFAULT_MAX_IDLE_SUBMITS: u64 = 1000;
 
 /// A free buffer and the submit count when it was last given back.
 struct Idle {
@@ -44,12 +41,6 @@ pub struct Pool {
     pub released: u64,
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-}
-
 impl Default for Pool {
     fn default() -> Pool {
         Pool {
@@ -58,10 +49,8 @@ impl Default for Pool {
             free_bytes: 0,
             free_buffers: 0,
             submits: 0,
-            max_idle_bytes: env_u64("FERROKERAS_GPU_POOL_MAX_IDLE_MB")
-                .map_or(DEFAULT_MAX_IDLE_BYTES, |mb| mb << 20),
-            max_idle_submits: env_u64("FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS")
-                .unwrap_or(DEFAULT_MAX_IDLE_SUBMITS),
+            max_idle_bytes: crate::base::config::settings().gpu_pool_max_idle_bytes,
+            max_idle_submits: crate::base::config::settings().gpu_pool_max_idle_submits,
             allocated: 0,
             allocations: 0,
             reuses: 0,

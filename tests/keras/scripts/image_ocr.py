@@ -77,7 +77,7 @@ label_length = Input(name="label_length", shape=[1], dtype="int64")
 loss_out = Lambda(ctc_lambda_func, output_shape=(1,), name="ctc")(
     [y_pred, labels, input_length, label_length]
 )
-sgd = SGD(learning_rate=0.02, decay=1e-6, momentum=0.9, nesterov=True, clipnorm=5)
+sgd = SGD(lr=0.02, decay=1e-6, momentum=0.9, nesterov=True, clipnorm=5)
 model = Model(inputs=[input_data, labels, input_length, label_length], outputs=loss_out)
 model.compile(loss={"ctc": lambda y_true, y_pred: y_pred}, optimizer=sgd)
 test_func = K.function([input_data], [y_pred])

@@ -8,13 +8,9 @@ use crate::base::value::{uninit, Arr, Value};
 use crate::compile::fuse::Group;
 use crate::compile::update_rule::Update;
 use crate::compile::Plan;
-use crate::ops::Op;
+use crate::ops::{ImageKernel, Op};
 use crate::runtime::cpu::Lend;
 use ndarray::IxDyn;
-
-/// A kernel that writes a whole f32 result and calls `after(i)` once image `i` of it is
-/// written, on the thread that wrote it (`conv::cpu::forward_f32_then`, `pool::f32_then`).
-pub type Then<'a> = Box<dyn Fn(&mut [f32], &(dyn Fn(usize) + Sync)) + Sync + 'a>;
 
 /// Node `f`'s result shape, image count and kernel, when it has an image-by-image f32
 /// kernel for these inputs.
@@ -22,7 +18,7 @@ fn first_kernel<'a>(
     plan: &'a Plan,
     f: usize,
     ins: &'a [Value],
-) -> Result<Option<(Vec<usize>, usize, Then<'a>)>> {
+) -> Result<Option<(Vec<usize>, usize, ImageKernel<'a>)>> {
     match plan.nodes[f].op() {
         Op::Conv(spec) => {
             let (Value::F32(x), Value::F32(w)) = (&ins[0], &ins[1]) else {
@@ -31,7 +27,7 @@ fn first_kernel<'a>(
             let geo = crate::ops::conv::forward_geom(spec, x.shape(), w.shape())?;
             let (shape, n) = (geo.y_shape.clone(), geo.n);
             let (x, w) = (x.as_standard_layout(), w.as_standard_layout());
-            let k: Then<'a> = Box::new(move |y, after| {
+            let k: ImageKernel<'a> = Box::new(move |y, after| {
                 let (x, w) = (
                     x.as_slice().expect("standard"),
                     w.as_slice().expect("standard"),

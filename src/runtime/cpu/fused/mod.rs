@@ -30,7 +30,6 @@ mod regalloc;
 mod run;
 mod update;
 
-pub use epilogue::Then;
 #[cfg(test)]
 pub use program::rules_of;
 pub use program::Programs;

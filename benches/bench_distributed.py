@@ -1,0 +1,225 @@
+"""Data-parallel scaling of Keras 2.3.1 training on ferrokeras.distributed: training
+throughput of one process against N MPI ranks, each rank with the per-rank batch of the
+single process (weak scaling: N ranks train on N times the samples per step).
+
+    python benches/bench_distributed.py [--ranks 2] [--workloads mlp,cnn]
+                                        [--threads 1,default] [--epochs 3] [--json out.json]
+
+Workloads are those of bench_keras.py: MLP 784-512-512-10 with dropout, RMSprop, batch
+128; CNN conv32-conv64-pool-d128, Adam, batch 64. ``--threads 1`` runs every process with
+one compute thread (RAYON_NUM_THREADS=1), ``default`` with
+ferrokeras' own choice. For each configuration (``--rounds`` runs each, one process and N
+ranks taking turns; the median run is reported) it prints samples/s (all ranks together,
+median epoch), the speed-up over one process with the same threads, and per step the
+time inside the gradient average: waiting for the other ranks (agreement check and load
+imbalance) and MPI_Allreduce itself.
+
+Run on a quiet machine: every rank needs a core of its own.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARK = "@@RESULT@@"
+WORKLOADS = {
+    # name: (batch per rank, steps per epoch)
+    "mlp": (128, 40),
+    "cnn": (64, 12),
+}
+
+
+def build(name, keras):
+    L = keras.layers
+    if name == "mlp":
+        inp = keras.Input(shape=(784,))
+        h = L.Dense(512, activation="relu")(inp)
+        h = L.Dropout(0.2)(h)
+        h = L.Dense(512, activation="relu")(h)
+        h = L.Dropout(0.2)(h)
+        out = L.Dense(10, activation="softmax")(h)
+        return keras.Model(inp, out), keras.optimizers.RMSprop(learning_rate=1e-3), (784,)
+    inp = keras.Input(shape=(28, 28, 1))
+    h = L.Conv2D(32, (3, 3), activation="relu")(inp)
+    h = L.Conv2D(64, (3, 3), activation="relu")(h)
+    h = L.MaxPooling2D(pool_size=(2, 2))(h)
+    h = L.Dropout(0.25)(h)
+    h = L.Flatten()(h)
+    h = L.Dense(128, activation="relu")(h)
+    h = L.Dropout(0.5)(h)
+    out = L.Dense(10, activation="softmax")(h)
+    return keras.Model(inp, out), keras.optimizers.Adam(learning_rate=1e-3), (28, 28, 1)
+
+
+def worker(args):
+    os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
+    import ferrokeras.distributed as hvd
+    import keras
+    import numpy as np
+
+    hvd.init()
+    batch, steps = WORKLOADS[args.workload]
+    model, opt, shape = build(args.workload, keras)
+    model.compile(hvd.DistributedOptimizer(opt), "categorical_crossentropy", ["accuracy"])
+    rng = np.random.default_rng(hvd.rank())
+    n = batch * steps
+    x = rng.random((n,) + shape, dtype=np.float32)
+    y = keras.utils.to_categorical(rng.integers(0, 10, n), 10)
+
+    class EpochTimes(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0 = time.perf_counter()
+            self.c0 = time.process_time()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.t0)
+            cpu.append(time.process_time() - self.c0)
+            if epoch == 0:
+                hvd.stats(reset=True)  # the first epoch compiles and warms up
+
+    times, cpu = [], []
+    cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), EpochTimes()]
+    model.fit(x, y, batch_size=batch, epochs=1 + args.epochs, verbose=0, callbacks=cbs)
+    st = hvd.stats()
+    epoch_s = statistics.median(times[1:])
+    # The ranks step together; the slowest rank's epoch is the job's.
+    epoch_s = float(hvd.allreduce(np.array([epoch_s]), op=hvd.Max)[0])
+    if hvd.rank() == 0:
+        res = {
+            "workload": args.workload,
+            "ranks": hvd.size(),
+            "samples_per_s": hvd.size() * n / epoch_s,
+            "epoch_s": epoch_s,
+            "epochs_s": times[1:],
+            "steps": st["steps"],
+            # CPU seconds per step of rank 0 (MPI waits spinning, so this includes waits).
+            "cpu_ms_per_step": 1e3 * statistics.median(cpu[1:]) / steps,
+            "wait_ms_per_step": 1e3 * st["wait_s"] / max(st["steps"], 1),
+            "allreduce_ms_per_step": 1e3 * st["allreduce_s"] / max(st["steps"], 1),
+            "allreduce_mb_per_step": st["bytes"] / max(st["steps"], 1) / 2**20,
+        }
+        print(MARK, json.dumps(res), flush=True)
+
+
+def allreduce_worker(args):
+    """MPI_Allreduce alone (in place, float32, the gradient sizes of the workloads) and a
+    memcpy of the same size: the floor under the gradient average's cost per step."""
+    import ferrokeras.distributed as hvd
+    import numpy as np
+
+    hvd.init()
+    comm, MPI = hvd._comm.S.comm, hvd._comm.S.MPI
+    res = {}
+    for name, params in (("mlp", 669_706), ("cnn", 1_199_882)):
+        a = np.ones(params, np.float32)
+        b = np.empty_like(a)
+        for _ in range(5):
+            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+        times, copies = [], []
+        for _ in range(50):
+            comm.Barrier()
+            t = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+            times.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            np.copyto(b, a)
+            copies.append(time.perf_counter() - t)
+        res[name] = {
+            "mib": a.nbytes / 2**20,
+            "allreduce_ms": 1e3 * statistics.median(times),
+            "memcpy_ms": 1e3 * statistics.median(copies),
+        }
+    if hvd.rank() == 0:
+        print(MARK, json.dumps(res), flush=True)
+
+
+def mpiexec():
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else "mpiexec"
+
+
+def run(workload, ranks, threads, epochs):
+    env = dict(os.environ, KERAS_BACKEND="ferrokeras.backend", FERROKERAS_DEVICE="cpu")
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    if threads == "1":
+        env.update(RAYON_NUM_THREADS="1")
+    cmd = [sys.executable, __file__, "--worker", workload, "--epochs", str(epochs)]
+    if ranks > 1:
+        cmd = [mpiexec(), "-n", str(ranks)] + cmd
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
+
+
+def median_run(runs):
+    """The run with the median throughput."""
+    return sorted(runs, key=lambda r: r["samples_per_s"])[len(runs) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", metavar="WORKLOAD", help=argparse.SUPPRESS)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--workloads", default="mlp,cnn")
+    p.add_argument("--threads", default="1,default")
+    p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up)")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each configuration")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    if args.worker == "allreduce":
+        return allreduce_worker(args)
+    if args.worker:
+        args.workload = args.worker
+        return worker(args)
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.2f} at start"
+    )
+    rows = []
+    for workload in args.workloads.split(","):
+        if workload not in WORKLOADS:
+            raise SystemExit(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+        for threads in args.threads.split(","):
+            ones, manys = [], []
+            for _ in range(args.rounds):  # the two take turns, against drifts in load
+                ones.append(run(workload, 1, threads, args.epochs))
+                manys.append(run(workload, args.ranks, threads, args.epochs))
+            one, many = (median_run(r) for r in (ones, manys))
+            for r, rounds in ((one, ones), (many, manys)):
+                r["threads"] = threads
+                r["rounds_samples_per_s"] = [x["samples_per_s"] for x in rounds]
+                rows.append(r)
+            print(
+                f"{workload:4s} threads={threads:7s} 1 process {one['samples_per_s']:9.0f} "
+                f"samples/s | {args.ranks} ranks {many['samples_per_s']:9.0f} samples/s "
+                f"= {many['samples_per_s'] / one['samples_per_s']:.2f}x | per step: wait "
+                f"{many['wait_ms_per_step']:.2f} ms, allreduce {many['allreduce_ms_per_step']:.2f} "
+                f"ms of {many['allreduce_mb_per_step']:.2f} MiB | CPU ms per step "
+                f"{one['cpu_ms_per_step']:.2f} -> {many['cpu_ms_per_step']:.2f} | rounds "
+                + " ".join(f"{x:.0f}" for x in one["rounds_samples_per_s"])
+                + " / "
+                + " ".join(f"{x:.0f}" for x in many["rounds_samples_per_s"]),
+                flush=True,
+            )
+    ar = run("allreduce", args.ranks, "1", 0)
+    for name, r in ar.items():
+        print(
+            f"{name:4s} gradient alone: {r['mib']:.2f} MiB, MPI_Allreduce on {args.ranks} ranks "
+            f"{r['allreduce_ms']:.2f} ms, memcpy {r['memcpy_ms']:.2f} ms (medians of 50)"
+        )
+    rows.append({"allreduce_alone": ar})
+    print(f"# load average {os.getloadavg()[0]:.2f} at the end")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

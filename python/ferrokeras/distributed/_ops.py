@@ -1,0 +1,462 @@
+"""Collectives on NumPy arrays, the same as graph ops (host-callback nodes), and the
+packed gradient average that DistributedOptimizer puts in a training step."""
+
+import gc
+import os
+import time
+
+import numpy as np
+
+from .. import _core
+from .. import backend as K
+from .._k.common import _t
+from ..tensor import LIVE_VARIABLES, Tensor, wrap
+from ._comm import S, agree, require
+
+Average = "average"
+Sum = "sum"
+Min = "min"
+Max = "max"
+_OPS = (Average, Sum, Min, Max)
+
+# mpi4py passes counts as C ints to MPI libraries without large-count support.
+_MAX_COUNT = 2**31 - 1
+# Largest buffer a GPU kernel may bind on many adapters (WebGPU's default limit).
+_GPU_CHUNK_BYTES = 128 << 20
+
+
+def _mpi_op(op):
+    MPI = require().MPI
+    return {Average: MPI.SUM, Sum: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX}[op]
+
+
+def _resolve_op(op, average, fn):
+    if op is not None and average is not None:
+        raise ValueError(f"{fn}: give either op or average, not both")
+    if op is None:
+        op = Sum if average is False else Average
+    if op not in _OPS:
+        raise ValueError(f"{fn}: op must be one of {', '.join(_OPS)}, got {op!r}")
+    return op
+
+
+def _as_numeric(value, fn):
+    arr = np.array(value, order="C", copy=True)
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"{fn}: expected a numeric array, got dtype {arr.dtype}")
+    return arr
+
+
+def _layout(arr):
+    return f"{arr.dtype.name}{list(arr.shape)}"
+
+
+def _reduce_in_place(arr, op):
+    """Allreduces `arr` (C-contiguous, writable) in place, in chunks of at most 2**31-1
+    elements. float16 is reduced in float32."""
+    s = require()
+    if s.size == 1:
+        return arr
+    work = arr.astype(np.float32) if arr.dtype == np.float16 else arr
+    flat = work.reshape(-1)
+    for start in range(0, flat.size, _MAX_COUNT):
+        s.comm.Allreduce(s.MPI.IN_PLACE, flat[start : start + _MAX_COUNT], op=_mpi_op(op))
+    if op == Average:
+        np.divide(work, s.size, out=work)
+    if work is not arr:
+        arr[...] = work
+    return arr
+
+
+def _np_allreduce(arr, op, name):
+    require()
+    if op == Average and arr.dtype.kind != "f":
+        raise TypeError(
+            f"allreduce: averaging needs a float array, got {arr.dtype}; use op=hvd.Sum"
+        )
+    if arr.dtype.kind == "b":
+        raise TypeError("allreduce: bool arrays cannot be reduced; cast them to int32")
+    s_name = name or "unnamed"
+    agree("allreduce", f"{s_name} {op} {_layout(arr)}")
+    return _reduce_in_place(arr, op)
+
+
+def _np_allgather(arr, name):
+    s = require()
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    agree(
+        "allgather",
+        f"{name or 'unnamed'} {arr.dtype.name}[*, {list(arr.shape[1:])}]",
+        f"{name or 'unnamed'} {_layout(arr)}",
+    )
+    if s.size == 1:
+        return arr.copy()
+    rows = s.comm.allgather(arr.shape[0])
+    out = np.empty((sum(rows),) + arr.shape[1:], dtype=arr.dtype)
+    row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
+    counts = [r * row_bytes for r in rows]
+    s.comm.Allgatherv(arr.view(np.uint8).reshape(-1), [out.view(np.uint8).reshape(-1), counts])
+    return out
+
+
+def _np_broadcast(arr, root_rank, name):
+    s = require()
+    _check_root(root_rank)
+    agree("broadcast", f"{name or 'unnamed'} root {root_rank} {_layout(arr)}")
+    if s.size > 1 and arr.size:
+        s.comm.Bcast(arr.view(np.uint8).reshape(-1), root=root_rank)
+    return arr
+
+
+def _check_root(root_rank):
+    s = require()
+    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < s.size:
+        raise ValueError(f"root_rank must be a rank in [0, {s.size}), got {root_rank!r}")
+
+
+# ---------------------------------------------------------------- graph ops
+
+
+class _Collective:
+    """The runner of a host-callback node: ``call`` runs the collective on this rank's
+    value, ``vjp`` the collective of its gradient (every rank runs both in the same order)."""
+
+    def __init__(self, kind, op=None, name=None, root_rank=None):
+        self.kind = kind
+        self.op = op
+        self.name = name
+        self.root_rank = root_rank
+
+    def call(self, arrays):
+        (x,) = arrays
+        x = np.ascontiguousarray(x)
+        if self.kind == "allreduce":
+            return [_np_allreduce(x, self.op, self.name)]
+        if self.kind == "allgather":
+            return [_np_allgather(x, self.name)]
+        return [_np_broadcast(x, self.root_rank, self.name)]
+
+    def vjp(self, arrays, grads):
+        (x,) = arrays
+        (g,) = grads
+        g = np.array(g, dtype=x.dtype, order="C", copy=True)
+        grad_name = f"{self.name or 'unnamed'}/grad"
+        if self.kind == "allreduce":
+            if self.op in (Min, Max):
+                raise TypeError(f"allreduce with op={self.op!r} has no gradient")
+            return [_np_allreduce(g, self.op, grad_name)]
+        g = _np_allreduce(g, Sum, grad_name)
+        if self.kind == "broadcast":
+            return [g if require().rank == self.root_rank else np.zeros_like(g)]
+        # allgather: this rank's rows of the summed gradient.
+        s = require()
+        rows = x.shape[0] if x.ndim else 1
+        offsets = np.cumsum([0] + s.comm.allgather(rows))
+        mine = g[offsets[s.rank] : offsets[s.rank + 1]]
+        return [mine.reshape(x.shape)]
+
+
+def _host(kind, x, shape, label, **kw):
+    x = _t(x)
+    res = _core.host_call(label, _Collective(kind, **kw), [x._core], [(shape, x.dtype)])
+    return wrap(res[0])
+
+
+def _is_symbolic(x):
+    return isinstance(x, Tensor)
+
+
+def allreduce(value, average=None, name=None, op=None):
+    """Reduces ``value`` over all ranks; every rank gets the result.
+
+    Arguments:
+        value: A ferrokeras tensor (builds a graph op, run when the graph runs) or a NumPy
+            array / number (reduced now).
+        average: True (default) for the mean over ranks, False for the sum; the older
+            spelling of ``op``.
+        name: A name; ranks must use the same one at the same collective.
+        op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Min`` or ``hvd.Max``.
+
+    Returns:
+        A tensor of ``value``'s shape, or a NumPy array. The graph op is differentiable
+        for Average and Sum: its gradient is the same reduction of the incoming gradient.
+    """
+    op = _resolve_op(op, average, "allreduce")
+    require()
+    if _is_symbolic(value):
+        if op == Average and not value.dtype.startswith("float"):
+            raise TypeError(
+                f"allreduce: averaging needs a float tensor, got {value.dtype}; use op=hvd.Sum"
+            )
+        return _host("allreduce", value, list(value.shape), "allreduce", op=op, name=name)
+    return _np_allreduce(_as_numeric(value, "allreduce"), op, name)
+
+
+def allgather(value, name=None):
+    """Concatenates every rank's ``value`` along the first axis, in rank order.
+
+    The first dimension may differ between ranks; the others and the dtype must agree.
+    Tensors give a graph op (differentiable: each rank gets the rows of the summed
+    gradient that came from its own value), arrays are gathered now.
+    """
+    require()
+    if _is_symbolic(value):
+        shape = list(value.shape)
+        if not shape:
+            raise ValueError("allgather: the tensor needs at least one dimension")
+        return _host("allgather", value, [None] + shape[1:], "allgather", name=name)
+    return _np_allgather(_as_numeric(value, "allgather"), name)
+
+
+def broadcast(value, root_rank, name=None):
+    """Every rank gets ``root_rank``'s ``value`` (each rank passes a value of the same
+    shape and dtype). Tensors give a graph op whose gradient is the sum of the ranks'
+    gradients on ``root_rank`` and zero elsewhere; arrays are broadcast now."""
+    _check_root(root_rank)
+    if _is_symbolic(value):
+        return _host(
+            "broadcast", value, list(value.shape), "broadcast", root_rank=root_rank, name=name
+        )
+    return _np_broadcast(np.array(value, order="C", copy=True), root_rank, name)
+
+
+def broadcast_variables(variables, root_rank):
+    """Sets every variable in ``variables`` to its value on ``root_rank`` (one ``Bcast``
+    per dtype). The ranks must pass variables of the same shapes and dtypes, in the
+    same order; otherwise every rank raises ``MismatchError`` naming them."""
+    s = require()
+    _check_root(root_rank)
+    variables = list(variables)
+    layout = ", ".join(f"{v.dtype}{list(v.shape)}" for v in variables)
+    detail = ", ".join(f"{v.name} {v.dtype}{list(v.shape)}" for v in variables)
+    agree("broadcast of variables", f"root {root_rank}: {layout}", f"{len(variables)}: {detail}")
+    if s.size == 1 or not variables:
+        return
+    values = [np.asarray(v.get_value()) for v in variables]
+    by_dtype = {}
+    for i, a in enumerate(values):
+        by_dtype.setdefault(a.dtype.str, []).append(i)
+    new = [None] * len(values)
+    for _, idx in sorted(by_dtype.items()):
+        buf = np.concatenate([values[i].reshape(-1) for i in idx])
+        if buf.size:
+            s.comm.Bcast(buf.view(np.uint8), root=root_rank)
+        off = 0
+        for i in idx:
+            n = values[i].size
+            new[i] = buf[off : off + n].reshape(values[i].shape)
+            off += n
+    for v, a in zip(variables, new):
+        v.set_value(a)
+
+
+def broadcast_global_variables(root_rank):
+    """Sets every live ferrokeras variable (all models' weights, optimizer state, ...) to
+    its value on ``root_rank``, in creation order. Every rank must have created the same
+    variables (the same script does)."""
+    gc.collect()  # what is still alive must not depend on when each rank last collected
+    broadcast_variables([v for _, v in sorted(LIVE_VARIABLES.items())], root_rank)
+
+
+# ---------------------------------------------------------------- packed gradient average
+
+
+def chunk_bytes():
+    """Largest buffer the gradient average hands to one Allreduce: 128 MiB on a GPU (or
+    ``FERROKERAS_GPU_MAX_BINDING`` when smaller), unlimited on the CPU, unless
+    ``FERROKERAS_DIST_CHUNK_BYTES`` says otherwise."""
+    env = os.environ.get("FERROKERAS_DIST_CHUNK_BYTES", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(
+                f"FERROKERAS_DIST_CHUNK_BYTES must be an integer, got {env!r}"
+            ) from None
+        if n < 8:
+            raise ValueError(f"FERROKERAS_DIST_CHUNK_BYTES must be at least 8, got {n}")
+        return n
+    if _core.device() == "cpu":
+        return None
+    limit = _GPU_CHUNK_BYTES
+    cap = os.environ.get("FERROKERAS_GPU_MAX_BINDING", "").strip()
+    if cap.isdigit():
+        limit = min(limit, int(cap))
+    return limit
+
+
+class _GradientAverage:
+    """Runner of the one node that sums a training step's gradients over the ranks.
+
+    Its inputs are the packed buffers. Its results are the same buffers summed, or, with
+    ``split`` (a list per buffer of ``(offset, size, shape)``), the summed gradients one
+    by one: NumPy views of the buffers that the runtime copies out once, instead of
+    slices in the graph that would copy them once more."""
+
+    def __init__(self, layout, detail, split=None):
+        self.layout = layout
+        self.detail = detail
+        self.split = split
+
+    def _sum(self, arrays):
+        t0 = time.perf_counter()
+        agree("gradient allreduce", self.layout, self.detail)
+        t1 = time.perf_counter()
+        out = []
+        for a in arrays:
+            a = np.ascontiguousarray(a)
+            if not a.flags.writeable:
+                a = a.copy()
+            out.append(_reduce_in_place(a, Sum))
+        st = S.stats
+        st["steps"] += 1
+        st["wait_s"] += t1 - t0
+        st["allreduce_s"] += time.perf_counter() - t1
+        st["bytes"] += sum(a.nbytes for a in out)
+        st["buffers"] += len(out)
+        return out
+
+    def call(self, arrays):
+        out = self._sum(arrays)
+        if self.split is None:
+            return out
+        return [
+            buf[off : off + n].reshape(shape)
+            for buf, pieces in zip(out, self.split)
+            for off, n, shape in pieces
+        ]
+
+    def vjp(self, arrays, grads):
+        # The sum over ranks is linear and self-adjoint: its gradient is the sum of the
+        # incoming gradients (packed like the inputs when the results are split).
+        if self.split is not None:
+            packed, k = [], 0
+            for pieces in self.split:
+                part = [np.asarray(grads[k + j]).reshape(-1) for j in range(len(pieces))]
+                packed.append(np.concatenate(part) if len(part) > 1 else part[0].copy())
+                k += len(pieces)
+            grads = packed
+        return self._sum([np.array(g, order="C", copy=True) for g in grads])
+
+
+def _static_size(shape):
+    if any(d is None for d in shape):
+        return None
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def allreduce_gradients(grads, names=None, op=Average):
+    """Averages (``op=hvd.Average``) or sums (``hvd.Sum``) ``grads`` (tensors) over all
+    ranks with one graph node.
+
+    The gradients are flattened and concatenated into one buffer per dtype (split into
+    chunks of at most :func:`chunk_bytes` where a size limit demands), one host node
+    sums all buffers with one in-place ``Allreduce`` each, and the results are sliced
+    and reshaped back; the average's ``1 / size`` is a product in the graph, which fuses
+    with whatever reads the gradient next (the optimizer's update). On the first call and
+    on every later one the node checks that all ranks have the same gradient layout. With
+    one rank the gradients are returned as they are.
+    """
+    s = require()
+    if op not in (Average, Sum):
+        raise ValueError(f"allreduce_gradients: op must be hvd.Average or hvd.Sum, got {op!r}")
+    grads = list(grads)
+    if s.size == 1 or not grads:
+        return grads
+    names = list(names) if names is not None else [f"gradient {i}" for i in range(len(grads))]
+    limit_bytes = chunk_bytes()
+    shapes = [tuple(g.shape) for g in grads]
+    sizes = [_static_size(sh) for sh in shapes]
+    # Chunks of pieces (grad index, start, stop), per dtype in first-seen order.
+    chunks = []
+    dtypes = []
+    for g in grads:
+        if g.dtype not in dtypes:
+            dtypes.append(g.dtype)
+    for dt in dtypes:
+        limit = None
+        if limit_bytes is not None:
+            limit = max(1, limit_bytes // np.dtype(dt).itemsize)
+        current, used = [], 0
+        for i, g in enumerate(grads):
+            if g.dtype != dt or sizes[i] == 0:
+                continue
+            n = sizes[i]
+            if n is None:  # a shape known only at run time: a buffer of its own
+                chunks.append((dt, [(i, 0, None)]))
+                continue
+            if limit is None:
+                current.append((i, 0, n))
+                continue
+            start = 0
+            while start < n:
+                if used == limit:
+                    chunks.append((dt, current))
+                    current, used = [], 0
+                take = min(n - start, limit - used)
+                current.append((i, start, start + take))
+                used += take
+                start += take
+        if current:
+            chunks.append((dt, current))
+    flats = {i: K.reshape(g, (-1,)) for i, g in enumerate(grads) if sizes[i] != 0}
+    inputs, specs = [], []
+    for dt, pieces in chunks:
+        parts = []
+        for i, a, b in pieces:
+            whole = a == 0 and (b is None or b == sizes[i])
+            parts.append(flats[i] if whole else flats[i][a:b])
+        buf = parts[0] if len(parts) == 1 else K.concatenate(parts, axis=0)
+        total = None if any(b is None for _, _, b in pieces) else sum(b - a for _, a, b in pieces)
+        inputs.append(buf)
+        specs.append(([total], dt))
+    layout = "; ".join(f"{g.dtype}{list(sh)}" for g, sh in zip(grads, shapes))
+    detail = f"{len(grads)} gradients: " + ", ".join(
+        f"{n} {g.dtype}{list(sh)}" for n, g, sh in zip(names, grads, shapes)
+    )
+    runner = _GradientAverage(f"{len(chunks)} buffers; {layout}", detail)
+    # On the CPU (no size limit) the node hands back each gradient by itself; on a GPU
+    # one buffer each way (one download, one upload) and slices in the graph.
+    split = limit_bytes is None and all(b is not None for _, pieces in chunks for _, _, b in pieces)
+    if split:
+        runner.split = []
+        specs = []
+        for dt, pieces in chunks:
+            off, mine = 0, []
+            for i, a, b in pieces:
+                mine.append((off, b - a, shapes[i]))
+                specs.append((list(shapes[i]), dt))
+                off += b - a
+            runner.split.append(mine)
+    res = _core.host_call("gradient_allreduce", runner, [b._core for b in inputs], specs)
+    outs = [wrap(r) for r in res]
+    # Back to one tensor per gradient.
+    parts_of = {}
+    if split:
+        k = 0
+        for _, pieces in chunks:
+            for i, _, _ in pieces:
+                parts_of[i] = [outs[k]]
+                k += 1
+    else:
+        for (_, pieces), out in zip(chunks, outs):
+            off = 0
+            for i, a, b in pieces:
+                if b is None or len(pieces) == 1:
+                    parts_of.setdefault(i, []).append(out)
+                    continue
+                n = b - a
+                parts_of.setdefault(i, []).append(out[off : off + n])
+                off += n
+    result = []
+    for i, g in enumerate(grads):
+        if sizes[i] == 0:
+            result.append(g)
+            continue
+        p = parts_of[i]
+        flat = p[0] if len(p) == 1 else K.concatenate(p, axis=0)
+        shape = shapes[i] if sizes[i] is not None else K.shape(g)
+        g_sum = K.reshape(flat, shape)
+        result.append(g_sum * K.constant(1.0 / s.size, dtype=g.dtype) if op == Average else g_sum)
+    return result

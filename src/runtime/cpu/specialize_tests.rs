@@ -1,0 +1,58 @@
+//! `Plan::specialize` against the generic plan: the shapes a CPU run records fold the
+//! plan's shape nodes and drop the no-op `sum_to`/`broadcast_to`, with the same results.
+
+use crate::base::dtype::DType;
+use crate::base::shape::Shape;
+use crate::base::value::Value;
+use crate::compile::{Plan, Step};
+use crate::ops::build::*;
+use crate::ops::source::placeholder;
+use crate::ops::Op;
+use crate::runtime::cpu::{run_recording, SlotShapes};
+
+fn count(plan: &Plan, pred: impl Fn(&Op) -> bool) -> usize {
+    plan.nodes
+        .iter()
+        .zip(&plan.steps)
+        .filter(|(n, s)| matches!(s, Step::Compute) && pred(n.op()))
+        .count()
+}
+
+/// `y = sum_to(x * w, shape(x)) + sum_to(x * w, shape(w))`, `w` of shape `[1, 3]`:
+/// the first `sum_to` is the identity at every batch size, the second only at batch 1.
+#[test]
+fn specialised_plans_match_the_generic_one() {
+    let x = placeholder("x", Shape(vec![None, Some(3)]), DType::F32, None).unwrap();
+    let w = placeholder("w", Shape(vec![Some(1), Some(3)]), DType::F32, None).unwrap();
+    let p = mul(&x, &w).unwrap();
+    let a = sum_to(&p, &shape_of(&x).unwrap()).unwrap();
+    let b = sum_to(&p, &shape_of(&w).unwrap()).unwrap();
+    let plan = Plan::new(&[x.clone(), w.clone()], &[a, b]).unwrap();
+    let wv = Value::from_vec(&[1, 3], vec![0.5f32, -2.0, 3.0]).unwrap();
+    for batch in [1usize, 4] {
+        let xv = Value::from_vec(
+            &[batch, 3],
+            (0..3 * batch).map(|i| i as f32 - 2.5).collect::<Vec<f32>>(),
+        )
+        .unwrap();
+        let mut shapes = SlotShapes::new();
+        let want = run_recording(&plan, vec![xv.clone(), wv.clone()], Some(&mut shapes)).unwrap();
+        let special = plan.specialize(&shapes, &[]);
+        assert_eq!(
+            count(&special, |op| matches!(op, Op::ShapeOf)),
+            0,
+            "shapes are folded"
+        );
+        let sums = count(&special, |op| matches!(op, Op::SumTo));
+        assert_eq!(
+            sums,
+            if batch == 1 { 0 } else { 1 },
+            "only the identity sum_to is dropped (batch {batch})"
+        );
+        let got = run_recording(&special, vec![xv, wv.clone()], None).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w.shape());
+            assert_eq!(g.to_f64_vec(), w.to_f64_vec());
+        }
+    }
+}
