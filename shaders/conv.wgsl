@@ -23,18 +23,6 @@
 // Bindings: 0 params (a Conv block of src/runtime/gpu/params.rs), 1 out, 2 a (x, or gy
 // for conv_dx), 3 b (w, or gy for conv_dw).
 
-// The window geometry: n images of x pixels, kernel k, output o, stride s, dilation d,
-// padding before pad (spatial dims canonicalised to three).
-struct Window {
-    n: u32,
-    x: array<u32, 3>,
-    k: array<u32, 3>,
-    o: array<u32, 3>,
-    s: array<u32, 3>,
-    d: array<u32, 3>,
-    pad: array<u32, 3>,
-}
-
 // cg, og: channels per group in and out. row_base offsets the GEMM rows of one dispatch
 // (the executor splits tall GEMMs into dispatches of at most 65535 row tiles); splits and
 // chunk split conv_dw's reduction. first .. kcount, read by conv_dx only, give its stride

@@ -8,18 +8,6 @@
 // Bindings: 0 params (a Pool block of src/runtime/gpu/params.rs), 1 out, 2 a (x), 3 b
 // (the gradient or the selected tensor).
 
-// The window geometry: n images of x pixels, kernel k, output o, stride s, dilation d,
-// padding before pad (spatial dims canonicalised to three).
-struct Window {
-    n: u32,
-    x: array<u32, 3>,
-    k: array<u32, 3>,
-    o: array<u32, 3>,
-    s: array<u32, 3>,
-    d: array<u32, 3>,
-    pad: array<u32, 3>,
-}
-
 // mode: see pool_fwd_$T and pool_grad_$T.
 struct Pool {
     w: Window,

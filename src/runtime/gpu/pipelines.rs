@@ -1,8 +1,9 @@
 //! The shader table and the pipeline cache. Naming contract: `shaders/<family>.wgsl`
 //! holds entry points `{kernel}_$T`; instantiating a family for a device dtype `d`
 //! (`f32`, `f16`, `i32`, `i16`, `i8`, `u8`, `bool`, or `u32` for raw words) prepends
-//! the helper file and the dtype prelude (`T`, `t_norm`, ...) and names the entries
-//! `{kernel}_{d}`. Generated fused kernels go through the same cache, keyed by source.
+//! the helper file, the dtype prelude (`T`, `t_norm`, ...) and the declarations it shares
+//! with other families (`INCLUDES`), and names the entries `{kernel}_{d}`. Generated
+//! fused kernels go through the same cache, keyed by source.
 
 use super::context::Context;
 use crate::base::dtype::DType;
@@ -23,7 +24,11 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("random", include_str!("../../../shaders/random.wgsl")),
     ("conv", include_str!("../../../shaders/conv.wgsl")),
     ("pool", include_str!("../../../shaders/pool.wgsl")),
+    ("window", include_str!("../../../shaders/window.wgsl")),
 ];
+
+/// Declarations a family shares with others, prepended to its source in this order.
+const INCLUDES: &[(&str, &[&str])] = &[("conv", &["window"]), ("pool", &["window"])];
 
 fn shader(family: &str) -> &'static str {
     SHADERS
@@ -133,12 +138,15 @@ pub fn family(ctx: &Arc<Context>, fam: &str, kernel: &str, tag: &str) -> Result<
 
 /// The WGSL module of family `fam` instantiated for dtype tag `tag`.
 pub fn family_source(fam: &str, tag: &str, has_f16: bool) -> String {
-    format!(
-        "{}{}{}",
-        common(has_f16),
-        prelude(tag, has_f16),
-        shader(fam).replace("$T", tag)
-    )
+    let mut s = common(has_f16);
+    s.push_str(&prelude(tag, has_f16));
+    for &(_, shared) in INCLUDES.iter().filter(|(f, _)| *f == fam) {
+        for inc in shared {
+            s.push_str(shader(inc));
+        }
+    }
+    s.push_str(&shader(fam).replace("$T", tag));
+    s
 }
 
 /// The pipeline of a generated kernel (cached by its source).
