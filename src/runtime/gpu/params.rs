@@ -176,7 +176,7 @@ blocks! {
     /// Every `conv.wgsl` kernel. `row_base` offsets the GEMM rows of one dispatch (tall
     /// GEMMs are split into dispatches of at most 65535 row tiles); `splits` and `chunk`
     /// split the kernel gradient's reduction; the stride phase (`first` .. `kcount`, see
-    /// `kernels::stride_phase`) is read by `conv_dx` only and zero elsewhere.
+    /// `kernels::conv::stride_phase`) is read by `conv_dx` only and zero elsewhere.
     struct Conv in ["conv"] {
         w: Window,
         cin: u32,

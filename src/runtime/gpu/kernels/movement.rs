@@ -1,0 +1,288 @@
+//! GPU lowerings of the data-movement primitives (`ops::movement`): strided gathers and
+//! scatters over `shaders/movement.wgsl`, indexed gathers and `scatter.wgsl`'s atomic adds.
+
+use super::super::exec::{grid, Exec, Slot};
+use super::super::params::{self as blk, Params};
+use super::super::pipelines::{self};
+use super::super::transfer::scalar_word;
+use super::super::DTensor;
+use super::{c_strides, tag};
+use crate::base::error::Result;
+use crate::ops::movement::{indices, resolve_slice};
+use crate::ops::SliceAxis;
+use crate::value_err;
+
+/// The `Strided` block of `n` elements iterated over `dims`, tail `dims` then `strides`.
+fn strided_params(n: usize, dims: &[usize], base: i64, strides: &[i64]) -> Params {
+    let block = blk::Strided {
+        n: n as u32,
+        rank: dims.len() as u32,
+        base: base as i32,
+    };
+    let mut tail: Vec<u32> = dims.iter().map(|&d| d as u32).collect();
+    tail.extend(strides.iter().map(|&s| s as i32 as u32));
+    Params::with_tail(&block, &tail)
+}
+
+/// out[i] = src[base + sum coord_d * strides_d] over `out_shape`.
+pub(super) fn gather_strided(
+    ex: &mut Exec,
+    i: usize,
+    src: &DTensor,
+    out_shape: &[usize],
+    base: i64,
+    strides: &[i64],
+) -> Result<DTensor> {
+    let out = ex.alloc(out_shape, src.dtype, i)?;
+    let n: usize = out_shape.iter().product();
+    let p = strided_params(n, out_shape, base, strides);
+    let pipe = pipelines::family(ex.ctx, "movement", "gather_strided", "u32")?;
+    ex.dispatch(pipe, &[(1, &out), (2, src)], p, grid(n));
+    Ok(out)
+}
+
+/// out[base + sum coord_d * strides_d] = src[i] over src's shape.
+fn scatter_strided(
+    ex: &mut Exec,
+    out: &DTensor,
+    src: &DTensor,
+    base: i64,
+    strides: &[i64],
+) -> Result<()> {
+    let n = src.numel();
+    let p = strided_params(n, &src.shape, base, strides);
+    let pipe = pipelines::family(ex.ctx, "movement", "scatter_strided", "u32")?;
+    ex.dispatch(pipe, &[(1, out), (2, src)], p, grid(n));
+    Ok(())
+}
+
+pub(super) fn fill(ex: &mut Exec, out: &DTensor, word: u32) -> Result<()> {
+    let n = out.numel();
+    let pipe = pipelines::family(ex.ctx, "movement", "fill", "u32")?;
+    let p = blk::Fill { n: n as u32, word };
+    ex.dispatch(pipe, &[(1, out)], Params::of(&p), grid(n));
+    Ok(())
+}
+
+/// Base offset, strides and shape of a strided slice of a tensor of `shape`.
+fn slice_geometry(spec: &[SliceAxis], shape: &[usize]) -> (i64, Vec<i64>, Vec<usize>) {
+    let cs = c_strides(shape);
+    let mut base = 0i64;
+    let mut st = Vec::with_capacity(shape.len());
+    let mut dims = Vec::with_capacity(shape.len());
+    for (d, s) in spec.iter().enumerate() {
+        let (start, _, step, len) = resolve_slice(s, shape[d]);
+        if len > 0 {
+            base += start * cs[d];
+        }
+        st.push(step * cs[d]);
+        dims.push(len);
+    }
+    (base, st, dims)
+}
+
+pub(super) fn transpose(ex: &mut Exec, i: usize, perm: &[usize]) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let x = ex.dev(ins[0])?;
+    let cs = c_strides(&x.shape);
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let st: Vec<i64> = perm.iter().map(|&p| cs[p]).collect();
+    Ok(Slot::dev(gather_strided(ex, i, &x, &shape, 0, &st)?))
+}
+
+pub(super) fn slice(ex: &mut Exec, i: usize, spec: &[SliceAxis]) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let x = ex.dev(ins[0])?;
+    let (base, st, dims) = slice_geometry(spec, &x.shape);
+    Ok(Slot::dev(gather_strided(ex, i, &x, &dims, base, &st)?))
+}
+
+pub(super) fn reverse(ex: &mut Exec, i: usize, axes: &[usize]) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let x = ex.dev(ins[0])?;
+    let mut st = c_strides(&x.shape);
+    let mut base = 0i64;
+    for &a in axes {
+        if x.shape[a] > 0 {
+            base += (x.shape[a] as i64 - 1) * st[a];
+        }
+        st[a] = -st[a];
+    }
+    let shape = x.shape.clone();
+    Ok(Slot::dev(gather_strided(ex, i, &x, &shape, base, &st)?))
+}
+
+pub(super) fn concat_grad(ex: &mut Exec, i: usize, axis: &usize, index: &usize) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let g = ex.dev(ins[0])?;
+    let off: usize = ins[1..1 + index]
+        .iter()
+        .map(|&j| ex.slot(j).shape[*axis])
+        .sum();
+    let len = ex.slot(ins[1 + index]).shape[*axis];
+    let cs = c_strides(&g.shape);
+    let mut shape = g.shape.clone();
+    shape[*axis] = len;
+    Ok(Slot::dev(gather_strided(
+        ex,
+        i,
+        &g,
+        &shape,
+        off as i64 * cs[*axis],
+        &cs,
+    )?))
+}
+
+pub(super) fn slice_grad(ex: &mut Exec, i: usize, spec: &[SliceAxis]) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let g = ex.dev(ins[0])?;
+    let like = ex.slot(ins[1]).shape.clone();
+    let (base, st, dims) = slice_geometry(spec, &like);
+    if dims != g.shape {
+        return Err(value_err!(
+            "slice_grad: gradient shape {:?} does not match the slice shape {dims:?}",
+            g.shape
+        ));
+    }
+    let out = ex.alloc(&like, g.dtype, i)?;
+    fill(ex, &out, 0)?;
+    scatter_strided(ex, &out, &g, base, &st)?;
+    Ok(Slot::dev(out))
+}
+
+pub(super) fn pad(ex: &mut Exec, i: usize, pads: &[(usize, usize)], value: &f64) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let x = ex.dev(ins[0])?;
+    let shape: Vec<usize> = x
+        .shape
+        .iter()
+        .zip(pads)
+        .map(|(d, (a, b))| d + a + b)
+        .collect();
+    let cs = c_strides(&shape);
+    let base: i64 = pads.iter().zip(&cs).map(|((a, _), s)| *a as i64 * s).sum();
+    let out = ex.alloc(&shape, x.dtype, i)?;
+    fill(ex, &out, scalar_word(x.dtype, *value))?;
+    scatter_strided(ex, &out, &x, base, &cs)?;
+    Ok(Slot::dev(out))
+}
+
+pub(super) fn concat(ex: &mut Exec, i: usize, axis: &usize) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let xs: Vec<DTensor> = ins.iter().map(|&j| ex.dev(j)).collect::<Result<_>>()?;
+    let mut shape = xs[0].shape.clone();
+    shape[*axis] = 0;
+    for x in &xs {
+        let ok = x.shape.len() == shape.len()
+            && x.shape
+                .iter()
+                .zip(&shape)
+                .enumerate()
+                .all(|(d, (a, b))| d == *axis || a == b);
+        if !ok {
+            let shapes: Vec<_> = xs.iter().map(|x| x.shape.clone()).collect();
+            return Err(value_err!(
+                "concatenate: shapes {shapes:?} do not match outside axis {axis}"
+            ));
+        }
+        shape[*axis] += x.shape[*axis];
+    }
+    let cs = c_strides(&shape);
+    let out = ex.alloc(&shape, xs[0].dtype, i)?;
+    let mut off = 0i64;
+    for x in &xs {
+        scatter_strided(ex, &out, x, off * cs[*axis], &cs)?;
+        off += x.shape[*axis] as i64;
+    }
+    Ok(Slot::dev(out))
+}
+
+pub(super) fn gather(ex: &mut Exec, i: usize, axis: &usize) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let p = ex.dev(ins[0])?;
+    let ps = p.shape.clone();
+    let (outer, n, inner) = (
+        ps[..*axis].iter().product::<usize>(),
+        ps[*axis],
+        ps[axis + 1..].iter().product::<usize>(),
+    );
+    if let Some(h) = ex.slot(ins[1]).host.as_ref() {
+        indices("gather", h, n)?;
+    }
+    let idx = ex.dev(ins[1])?;
+    let mut shape = ps[..*axis].to_vec();
+    shape.extend_from_slice(&idx.shape);
+    shape.extend_from_slice(&ps[axis + 1..]);
+    let out = ex.alloc(&shape, p.dtype, i)?;
+    let total = outer * idx.numel() * inner;
+    let pipe = pipelines::family(ex.ctx, "movement", "gather", "u32")?;
+    let msg = format!("gather: index {{index}} is out of range for an axis of size {n} (params shape {ps:?}, indices shape {:?})", idx.shape);
+    let block = blk::Indexed {
+        n: total as u32,
+        n_idx: idx.numel() as u32,
+        axis_len: n as u32,
+        inner: inner as u32,
+        tag: i as u32 + 1,
+    };
+    ex.dispatch_checked(
+        pipe,
+        &[(1, &out), (2, &p), (3, &idx)],
+        &block,
+        grid(total),
+        msg,
+    )?;
+    Ok(Slot::dev(out))
+}
+
+pub(super) fn scatter_add(ex: &mut Exec, i: usize, axis: &usize) -> Result<Slot> {
+    let plan = ex.plan;
+    let ins = &plan.inputs[i];
+    let u = ex.dev(ins[0])?;
+    let ls = ex.slot(ins[2]).shape.clone();
+    let (outer, n, inner) = (
+        ls[..*axis].iter().product::<usize>(),
+        ls[*axis],
+        ls[axis + 1..].iter().product::<usize>(),
+    );
+    if let Some(h) = ex.slot(ins[1]).host.as_ref() {
+        indices("scatter_add", h, n)?;
+    }
+    let idx = ex.dev(ins[1])?;
+    if u.numel() != outer * idx.numel() * inner {
+        return Err(value_err!(
+            "scatter_add: updates of shape {:?} do not match indices {:?} into {ls:?}",
+            u.shape,
+            idx.shape
+        ));
+    }
+    let out = ex.alloc(&ls, u.dtype, i)?;
+    fill(ex, &out, 0)?;
+    let pipe = pipelines::family(ex.ctx, "scatter", "scatter_add", tag(u.dtype)?)?;
+    let msg = format!(
+        "scatter_add: index {{index}} is out of range for an axis of size {n} (indices shape {:?})",
+        idx.shape
+    );
+    let block = blk::Indexed {
+        n: u.numel() as u32,
+        n_idx: idx.numel() as u32,
+        axis_len: n as u32,
+        inner: inner as u32,
+        tag: i as u32 + 1,
+    };
+    ex.dispatch_checked(
+        pipe,
+        &[(1, &out), (2, &u), (3, &idx)],
+        &block,
+        grid(u.numel()),
+        msg,
+    )?;
+    Ok(Slot::dev(out))
+}
