@@ -1,0 +1,204 @@
+//! The forward convolution (`forward`): Winograd, dense 1x1 GEMM, segment im2col, the
+//! depthwise loops.
+
+use super::im2col::*;
+use super::*;
+
+pub(super) fn fwd<T: F>(
+    g: &Geom,
+    x: &[T],
+    w: &[T],
+    y: &mut [T],
+    after: Option<&(dyn Fn(usize) + Sync)>,
+) {
+    let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
+    if g.groups == 1 {
+        let wk = g.walk();
+        dense_fwd(g.n, &wk, x, w, y, after);
+    } else if g.cg() == 1 {
+        per_image(g.n, y, after, |i, y, sc, _| {
+            depthwise_fwd(g, &x[i * xl..(i + 1) * xl], w, y, sc)
+        });
+    } else {
+        per_image(g.n, y, after, |i, y, _, par| {
+            im2col_fwd(g, &x[i * xl..(i + 1) * xl], w, y, par)
+        });
+    }
+    debug_assert_eq!(y.len(), g.n * yl);
+}
+
+/// A groups=1 convolution of `n` images: Winograd where it applies, else `segment_fwd`.
+pub(super) fn dense_fwd<T: F>(
+    n: usize,
+    wk: &Walk,
+    x: &[T],
+    w: &[T],
+    y: &mut [T],
+    after: Option<&(dyn Fn(usize) + Sync)>,
+) {
+    let xl = x.len() / n.max(1);
+    if winograd::applies(wk) {
+        let u = winograd::transform_kernel(w, wk.cin, wk.cout);
+        per_image(n, y, after, |i, y, sc, par| {
+            winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par)
+        });
+    } else {
+        per_image(n, y, after, |i, y, sc, par| {
+            segment_fwd(wk, &x[i * xl..(i + 1) * xl], w, y, sc, par)
+        });
+    }
+}
+
+/// One image of a groups=1 convolution: the column rows of a tile of output pixels
+/// (`Segments::gather` from a padded copy of the image), then one `gemm` per tile with
+/// `k = prod(kernel) * cin` written straight into `y`.
+pub(super) fn segment_fwd<T: F>(
+    wk: &Walk,
+    x: &[T],
+    w: &[T],
+    y: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
+    let (cin, cout) = (wk.cin, wk.cout);
+    let unpadded = wk.p.iter().all(|&(a, b)| a == 0 && b == 0);
+    if wk.k.iter().product::<usize>() == 1 && *wk.s == [1; 3] && unpadded {
+        let rows = x.len() / cin.max(1);
+        mm(
+            rows,
+            cout,
+            cin,
+            y,
+            cout,
+            false,
+            x,
+            (cin, 1),
+            w,
+            (cout, 1),
+            par,
+        );
+        return;
+    }
+    let sg = Segments::new(wk);
+    pad_into(wk.x, wk.p, cin, x, &mut sc.a);
+    let (ktot, tile, opix) = (sg.width(), sg.tile(), sg.pixels());
+    let col = sized(&mut sc.b, tile * ktot);
+    for r0 in (0..opix).step_by(tile) {
+        let rows = tile.min(opix - r0);
+        sg.gather(&sc.a, r0, rows, col);
+        mm(
+            rows,
+            cout,
+            ktot,
+            &mut y[r0 * cout..],
+            cout,
+            false,
+            col,
+            (ktot, 1),
+            w,
+            (cout, 1),
+            par,
+        );
+    }
+}
+
+fn im2col_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], par: Parallelism) {
+    let (kk, cg, og, cout) = (g.kk(), g.cg(), g.og(), g.cout);
+    let tile = tile_rows(g);
+    let mut col = vec![T::zero(); tile * kk * g.cin];
+    for r0 in (0..g.opix()).step_by(tile) {
+        let rows = tile.min(g.opix() - r0);
+        im2col(g, x, r0, rows, &mut col);
+        for gi in 0..g.groups {
+            let lhs = &col[gi * kk * cg..];
+            mm(
+                rows,
+                og,
+                kk * cg,
+                &mut y[r0 * cout + gi * og..],
+                cout,
+                false,
+                lhs,
+                (kk * g.cin, 1),
+                &w[gi * og..],
+                (cout, 1),
+                par,
+            );
+        }
+    }
+}
+
+simd_kernel!(fn depthwise_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>) = depthwise_fwd_rows);
+
+/// One input channel per group: `y[o, c*m + j] = sum_k x[i(o,k), c] * w[k, 0, c*m + j]`,
+/// from a zero-padded copy of the image (every element of `y` written).
+#[inline(always)]
+fn depthwise_fwd_rows<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>) {
+    let (cin, cout, m) = (g.cin, g.cout, g.og());
+    let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
+    let xp = &sc.a;
+    if m == 1 && cin % LANES == 0 {
+        return depthwise_fwd_blocked(g, &pd, xp, w, y);
+    }
+    y.fill(T::zero());
+    padded_walk(g, &pd, |op, ip, kp| {
+        let (yr, xr, wr) = (
+            &mut y[op * cout..(op + 1) * cout],
+            &xp[ip * cin..(ip + 1) * cin],
+            &w[kp * cout..(kp + 1) * cout],
+        );
+        if m == 1 {
+            yr.iter_mut()
+                .zip(xr)
+                .zip(wr)
+                .for_each(|((y, &x), &w)| *y += x * w);
+        } else {
+            for (c, &xv) in xr.iter().enumerate() {
+                yr[c * m..(c + 1) * m]
+                    .iter_mut()
+                    .zip(&wr[c * m..(c + 1) * m])
+                    .for_each(|(y, &w)| *y += xv * w);
+            }
+        }
+    });
+}
+
+/// Channels a depthwise forward sums in registers at a time.
+const LANES: usize = 16;
+
+/// The depthwise forward with one kernel per channel (`m == 1`, `cin` a multiple of
+/// `LANES`): each output pixel's `LANES` channels summed over the whole window in
+/// registers, then stored once.
+#[inline(always)]
+fn depthwise_fwd_blocked<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], w: &[T], y: &mut [T]) {
+    let (o, k, s, d, cin) = (&g.o, &g.k, &g.s, &g.d, g.cin);
+    for a in 0..o[0] {
+        for b in 0..o[1] {
+            for c in 0..o[2] {
+                let op = (a * o[1] + b) * o[2] + c;
+                for ch in (0..cin).step_by(LANES) {
+                    let mut acc = [T::zero(); LANES];
+                    for ka in 0..k[0] {
+                        for kb in 0..k[1] {
+                            let xrow = ((a * s[0] + ka * d[0]) * pd[1] + b * s[1] + kb * d[1])
+                                * pd[2]
+                                + c * s[2];
+                            for kc in 0..k[2] {
+                                let kp = (ka * k[1] + kb) * k[2] + kc;
+                                let xi = (xrow + kc * d[2]) * cin + ch;
+                                let xs: &[T; LANES] = xp[xi..xi + LANES].try_into().expect("LANES");
+                                let ws: &[T; LANES] = w[kp * cin + ch..kp * cin + ch + LANES]
+                                    .try_into()
+                                    .expect("LANES");
+                                for j in 0..LANES {
+                                    acc[j] += xs[j] * ws[j];
+                                }
+                            }
+                        }
+                    }
+                    y[op * cin + ch..op * cin + ch + LANES].copy_from_slice(&acc);
+                }
+            }
+        }
+    }
+}
