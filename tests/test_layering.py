@@ -129,8 +129,6 @@ LAYERS = ["base", "ops", "autodiff", "compile", "runtime", "py"]
 # Upward uses still to be removed, each with its reason. The test fails on any use not
 # listed here, and on a listed one that is gone (so the list only shrinks).
 KNOWN_UPWARD = {
-    # A variable's device copy is the GPU runtime's buffer type.
-    ("ops/source.rs", "runtime"),
     # A fused group caches its compiled CPU programs next to the schedule.
     ("compile/fuse.rs", "runtime"),
 }

@@ -256,7 +256,7 @@ impl Function {
         for (cell, v) in self.updates.iter().zip(upd) {
             match v {
                 Out::Host(v) => cell.set(v)?,
-                Out::Resident(r) => cell.set_resident(r),
+                Out::Resident(r) => cell.set_resident(Arc::new(r)),
             }
         }
         values
