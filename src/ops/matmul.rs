@@ -91,22 +91,6 @@ fn unswapped(x: &Tensor, t: bool) -> (Tensor, bool) {
 pub fn vjp(ta: bool, tb: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     let (a, b) = (node.input(0), node.input(1));
     let (ga, gb) = match (ta, tb) {
-        // `b` read from outside a loop body: `bᵀ` is built once outside the loop (`gemm`
-        // would otherwise transpose `b` at every step; so not through `matmul`, which
-        // reads a transpose through the flag).
-        (false, false) if b.rank() == 2 && super::loop_opt::invariant(b) => {
-            let bt = transpose(b, &[1, 0])?;
-            (
-                Tensor::new(
-                    Op::MatMul {
-                        ta: false,
-                        tb: false,
-                    },
-                    vec![g.clone(), bt],
-                )?,
-                matmul(a, g, true, false)?,
-            )
-        }
         (false, false) => (matmul(g, b, false, true)?, matmul(a, g, true, false)?),
         (true, false) => (matmul(b, g, false, true)?, matmul(a, g, false, false)?),
         (false, true) => (matmul(g, b, false, false)?, matmul(g, a, true, false)?),
