@@ -189,6 +189,87 @@ fn second_order_gradient() {
     }
 }
 
+/// A loop's VJP reads a captured matrix `W` of a product `x·W` in the body transposed once
+/// outside the loop (the backward loop captures `Wᵀ`, and its products read no operand
+/// transposed), and its gradients still match finite differences.
+#[test]
+fn loop_vjp_reads_captured_matrices_transposed_once() {
+    let (x, h0, w) = (
+        ph("x", &[Some(4), Some(2), Some(3)]),
+        ph("h0", &[Some(2), Some(3)]),
+        ph("w", &[Some(3), Some(3)]),
+    );
+    let xt = ph("xt", &[Some(2), Some(3)]);
+    let ht = ph("ht", &[Some(2), Some(3)]);
+    // h' = tanh(x_t·W + h·W): two products read W.
+    let pre = add(
+        &matmul(&xt, &w, false, false).unwrap(),
+        &matmul(&ht, &w, false, false).unwrap(),
+    )
+    .unwrap();
+    let h1 = unary(UnaryOp::Tanh, &pre).unwrap();
+    let node = crate::ops::control::build_loop(
+        std::slice::from_ref(&x),
+        std::slice::from_ref(&h0),
+        vec![xt],
+        vec![ht],
+        vec![h1.clone()],
+        vec![h1],
+        false,
+    )
+    .unwrap();
+    let out = crate::ops::control::tuple_get(&node, 0).unwrap();
+    let loss = reduce(ReduceOp::Sum, &out, &[0, 1, 2], false).unwrap();
+    let grads =
+        crate::autodiff::gradients(&loss, &[x.clone(), h0.clone(), w.clone()], None).unwrap();
+    let order = crate::ops::graph::topo_order(
+        &grads.iter().flatten().cloned().collect::<Vec<_>>(),
+        &|_| false,
+    );
+    let backward: Vec<_> = order
+        .iter()
+        .filter_map(|t| match t.op() {
+            crate::ops::Op::Loop(b) if b.reverse => Some(b.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(backward.len(), 1);
+    let body = &backward[0];
+    let wt: Vec<&Tensor> = body
+        .captured
+        .iter()
+        .filter(|c| matches!(c.op(), crate::ops::Op::Transpose(_)) && c.input(0).id() == w.id())
+        .collect();
+    assert_eq!(wt.len(), 1, "the backward loop captures Wᵀ once");
+    let targets: Vec<Tensor> = body
+        .outputs
+        .iter()
+        .chain(&body.new_states)
+        .cloned()
+        .collect();
+    let leaves: std::collections::HashSet<u64> = body
+        .seq_phs
+        .iter()
+        .chain(&body.state_phs)
+        .chain(&body.captured)
+        .map(|t| t.id())
+        .collect();
+    let in_body = crate::ops::graph::topo_order(&targets, &|t| leaves.contains(&t.id()));
+    let transposed_reads = in_body
+        .iter()
+        .filter(|t| matches!(t.op(), crate::ops::Op::MatMul { tb: true, .. }))
+        .count();
+    assert_eq!(
+        transposed_reads, 0,
+        "no product in the backward body reads W transposed"
+    );
+    check_grad(
+        &[x, h0, w],
+        &out,
+        &[vals(&[4, 2, 3], 3), vals(&[2, 3], 5), vals(&[3, 3], 9)],
+    );
+}
+
 /// The CPU GEMM's routes (transposed copy of B shared across a broadcast batch, skinny
 /// column-major result, whole small matrices per task, threaded) against a plain triple
 /// loop in f64.

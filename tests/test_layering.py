@@ -126,15 +126,6 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # The layers of src/, lowest first: each may use only those before it (docs/architecture.md).
 LAYERS = ["base", "ops", "autodiff", "compile", "runtime", "py"]
 
-# Upward uses still to be removed, each with its reason. The test fails on any use not
-# listed here, and on a listed one that is gone (so the list only shrinks).
-KNOWN_UPWARD = {
-    # A variable's device copy is the GPU runtime's buffer type.
-    ("ops/source.rs", "runtime"),
-    # A fused group caches its compiled CPU programs next to the schedule.
-    ("compile/fuse.rs", "runtime"),
-}
-
 
 def _rust_uses():
     """{(file under src/, layer it uses)} for every `crate::<layer>` path in the code."""
@@ -162,5 +153,4 @@ def test_rust_layers_use_only_the_layers_below():
         for rel, layer, target in _rust_uses()
         if LAYERS.index(target) > LAYERS.index(layer)
     }
-    assert sorted(upward - KNOWN_UPWARD) == []
-    assert sorted(KNOWN_UPWARD - upward) == [], "a known upward use is gone: drop it from the list"
+    assert sorted(upward) == []

@@ -92,7 +92,9 @@ pub fn vjp_loop(
         for t in &terms[1..] {
             y = add(&y, &cast(t, y.dtype())?)?;
         }
-        grads = loop_opt::with_invariant(&body.captured, || super::gradients_at_leaves(&y, &wrt))?;
+        let plain = super::gradients_at_leaves(&y, &wrt)?;
+        let grad_leaves: Vec<Tensor> = gout_phs.iter().chain(&gstate_phs).cloned().collect();
+        grads = loop_opt::hoist_transposes(&plain, &body.captured, &grad_leaves)?;
     }
     // Float step inputs and captured tensors the body's result depends on get a gradient:
     // stacked per step for step inputs, summed over the steps (a state) for captured.

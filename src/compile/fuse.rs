@@ -25,9 +25,6 @@ pub struct Schedule {
     /// Whether a host callback runs (here or in a loop body): such plans stay on the
     /// calling thread, so a callback never waits for the GIL on a pool worker.
     pub has_host: bool,
-    /// Wall time of the last CPU run, in nanoseconds (0 before the first): picks whether
-    /// the next run keeps a helper thread polling (`runtime::cpu::run`).
-    pub last_run_ns: std::sync::atomic::AtomicU64,
     /// Items from this index on cannot fail at run time (`infallible`): a run there may
     /// overwrite variables in place (`runtime::cpu::Lend`), since the call will assign them.
     pub tail: usize,
@@ -72,8 +69,6 @@ pub struct Group {
     pub folds: Vec<Fold>,
     /// Reduced members read by nothing else: computed tile by tile, never written out.
     pub hidden: Vec<usize>,
-    /// The CPU kernel's compiled programs, one per input layout seen.
-    pub programs: crate::runtime::cpu::fused::Programs,
 }
 
 /// A sum or mean (`Op::Reduce` or `Op::SumTo`, f32), plan step `node`, of group member
@@ -296,7 +291,6 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             first: None,
             folds: Vec::new(),
             hidden: Vec::new(),
-            programs: Default::default(),
         }));
     }
     if fuse {
@@ -377,7 +371,6 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         frees,
         dispatches,
         has_host,
-        last_run_ns: Default::default(),
         tail,
     }
 }

@@ -1,5 +1,5 @@
-//! Rewrites of a loop body at graph-build time (called from `control::vjp_loop`), so the
-//! compiler and the executors see plain loops:
+//! Rewrites of a loop body at graph-build time (called from `autodiff::loops::vjp_loop`),
+//! so the compiler and the executors see plain loops:
 //!
 //! - **The VJP reads saved residuals.** The forward nodes the backward body reads (gate
 //!   activations, `1 - y²`, shapes) become extra stacked results of the forward loop and
@@ -9,33 +9,79 @@
 //!   (`base::config`) turns this off. On the 2-core machine of `docs/performance.md` it
 //!   takes a Keras LSTM(64) training step from ~12.5 to ~11.5 ms of CPU.
 //! - **Loop-invariant operands are transposed once.** A product `x·W` in the body, `W`
-//!   read from outside, has the gradient `g·Wᵀ`; in a loop VJP that reads `Wᵀ` built
-//!   once outside the loop (`invariant`, read by `matmul::vjp`), so `gemm` does not copy
-//!   `W` transposed at every step.
+//!   read from outside, has the gradient `g·Wᵀ`; the backward body is rewritten to read
+//!   `Wᵀ` built once outside the loop (`hoist_transposes`), so `gemm` does not copy `W`
+//!   transposed at every step.
 
+use super::build::transpose;
 use super::{FusedOp, GpuKind, Op};
+use crate::base::error::Result;
 use crate::ops::graph::{topo_order, Tensor};
-use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-thread_local! {
-    /// Ids of the outer tensors the loop body whose VJP is being built reads.
-    static INVARIANT: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
-}
-
-/// Runs `f` (building a loop body's VJP) with the body's `captured` tensors marked
-/// loop-invariant; the marks of an enclosing loop come back after.
-pub fn with_invariant<R>(captured: &[Tensor], f: impl FnOnce() -> R) -> R {
-    let ids: HashSet<u64> = captured.iter().map(|t| t.id()).collect();
-    let outer = INVARIANT.with(|s| s.replace(ids));
-    let r = f();
-    INVARIANT.with(|s| s.replace(outer));
-    r
-}
-
-/// Whether `t` is read from outside the loop body whose VJP is being built.
-pub fn invariant(t: &Tensor) -> bool {
-    INVARIANT.with(|s| s.borrow().contains(&t.id()))
+/// Rewrites a loop body's VJP (`grads`, as the plain VJP rules build it) so that each
+/// product `g·Wᵀ` (`MatMul { tb: true }`) computed from the incoming gradients
+/// (`grad_leaves`), `W` a matrix the body reads from outside (`captured`), reads `Wᵀ`
+/// instead: a `transpose` of `W` alone, which the backward loop then captures, so it is
+/// computed once per call rather than by `gemm` at every step. One transpose per captured
+/// matrix; nodes that depend on the rewritten products are rebuilt on the new ones; the
+/// rest of the graph (the forward nodes) is left as it is.
+pub fn hoist_transposes(
+    grads: &[Option<Tensor>],
+    captured: &[Tensor],
+    grad_leaves: &[Tensor],
+) -> Result<Vec<Option<Tensor>>> {
+    let caps: HashSet<u64> = captured.iter().map(|t| t.id()).collect();
+    let gl: HashSet<u64> = grad_leaves.iter().map(|t| t.id()).collect();
+    let stop = |t: &Tensor| caps.contains(&t.id()) || gl.contains(&t.id());
+    let roots: Vec<Tensor> = grads.iter().flatten().cloned().collect();
+    let mut dependent = gl.clone();
+    let mut rebuilt: HashMap<u64, Tensor> = HashMap::new();
+    let mut transposed: HashMap<u64, Tensor> = HashMap::new();
+    for t in topo_order(&roots, &stop) {
+        if stop(&t) || !t.inputs().iter().any(|i| dependent.contains(&i.id())) {
+            continue;
+        }
+        dependent.insert(t.id());
+        let ins: Vec<Tensor> = t
+            .inputs()
+            .iter()
+            .map(|i| rebuilt.get(&i.id()).unwrap_or(i).clone())
+            .collect();
+        let new = match *t.op() {
+            Op::MatMul {
+                ta: false,
+                tb: true,
+            } if ins[1].rank() == 2 && caps.contains(&ins[1].id()) => {
+                let wt = match transposed.get(&ins[1].id()) {
+                    Some(wt) => wt.clone(),
+                    None => {
+                        let wt = transpose(&ins[1], &[1, 0])?;
+                        transposed.insert(ins[1].id(), wt.clone());
+                        wt
+                    }
+                };
+                // Not through `matmul`, which would read the transpose through the flag.
+                let plain = Op::MatMul {
+                    ta: false,
+                    tb: false,
+                };
+                Tensor::new(plain, vec![ins[0].clone(), wt])?
+            }
+            _ if ins.iter().zip(t.inputs()).any(|(a, b)| a.id() != b.id()) => {
+                Tensor::new(t.op().clone(), ins)?
+            }
+            _ => continue,
+        };
+        rebuilt.insert(t.id(), new);
+    }
+    Ok(grads
+        .iter()
+        .map(|g| {
+            g.as_ref()
+                .map(|g| rebuilt.get(&g.id()).unwrap_or(g).clone())
+        })
+        .collect())
 }
 
 /// The residuals of a VJP body: nodes computed from the forward body's step inputs and

@@ -91,22 +91,6 @@ fn unswapped(x: &Tensor, t: bool) -> (Tensor, bool) {
 pub fn vjp(ta: bool, tb: bool, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     let (a, b) = (node.input(0), node.input(1));
     let (ga, gb) = match (ta, tb) {
-        // `b` read from outside a loop body: `bᵀ` is built once outside the loop (`gemm`
-        // would otherwise transpose `b` at every step; so not through `matmul`, which
-        // reads a transpose through the flag).
-        (false, false) if b.rank() == 2 && super::loop_opt::invariant(b) => {
-            let bt = transpose(b, &[1, 0])?;
-            (
-                Tensor::new(
-                    Op::MatMul {
-                        ta: false,
-                        tb: false,
-                    },
-                    vec![g.clone(), bt],
-                )?,
-                matmul(a, g, true, false)?,
-            )
-        }
         (false, false) => (matmul(g, b, false, true)?, matmul(a, g, true, false)?),
         (true, false) => (matmul(b, g, false, true)?, matmul(a, g, false, false)?),
         (false, true) => (matmul(g, b, false, false)?, matmul(g, a, true, false)?),
@@ -178,8 +162,10 @@ impl GemmElem for f16 {
     }
 }
 
+/// The geometry of one (batched) product: `m x k` times `k x n`, with the stored column
+/// counts of the operands and whether each is read transposed.
 #[derive(Clone, Copy)]
-struct Plan {
+struct GemmShape {
     m: usize,
     n: usize,
     k: usize,
@@ -279,12 +265,12 @@ fn transposed_copies<T: Copy + Send + Sync>(
 fn run_gemm<T: GemmElem>(
     a: &Arr<T>,
     b: &Arr<T>,
-    p: Plan,
+    geo: GemmShape,
     out_shape: &[usize],
     aoff: &[usize],
     boff: &[usize],
 ) -> Value {
-    let (m, n, k) = (p.m, p.n, p.k);
+    let (m, n, k) = (geo.m, geo.n, geo.k);
     // Written by gemm (read_dst = false) without zeroing first.
     let total: usize = out_shape.iter().product();
     let mut out: Vec<T> = Vec::with_capacity(total);
@@ -293,13 +279,13 @@ fn run_gemm<T: GemmElem>(
         b.as_slice().expect("standard"),
     );
     let mut boff = std::borrow::Cow::Borrowed(boff);
-    let (a_rs, a_cs) = strides(p.a_cols, p.ta);
-    let (mut b_rs, mut b_cs) = strides(p.b_cols, p.tb);
+    let (a_rs, a_cs) = strides(geo.a_cols, geo.ta);
+    let (mut b_rs, mut b_cs) = strides(geo.b_cols, geo.tb);
     let macs = m * n * k;
     let threads = rayon::current_num_threads();
     let single = aoff.len() == 1 && m > 0 && n > 0 && k > 0 && macs >= PAR_MIN_MACS && threads > 1;
     let spare = &mut out.spare_capacity_mut()[..total];
-    if single && p.tb && m <= PANELS_MAX_M && n >= PANELS_MIN * panel_width(k) {
+    if single && geo.tb && m <= PANELS_MAX_M && n >= PANELS_MIN * panel_width(k) {
         let w = panel_width(k);
         let dst = SharedDst(spare.as_mut_ptr() as *mut T);
         let (a0, b0) = (aoff[0], boff[0]);
@@ -353,8 +339,8 @@ fn run_gemm<T: GemmElem>(
                 .into_shared(),
         );
     }
-    let skinny = skinny(p.ta, m, n);
-    if single && !skinny && !p.tb && splits_k(m, n, k) {
+    let skinny = skinny(geo.ta, m, n);
+    if single && !skinny && !geo.tb && splits_k(m, n, k) {
         // At least SPLIT_K_MIN_K / 2 of k per part, so many threads do not slice k thin.
         let kp = k.div_ceil(threads.min(2 * k / SPLIT_K_MIN_K));
         let (a0, b0) = (aoff[0], boff[0]);
@@ -409,7 +395,7 @@ fn run_gemm<T: GemmElem>(
     // A transposed B is read by `gemm` with a gather in its packing; one transposed copy
     // (n*k moves) is cheaper once there are a few rows of A to reuse it.
     let bt;
-    if p.tb && n > 1 && k > 1 && m >= 4 {
+    if geo.tb && n > 1 && k > 1 && m >= 4 {
         let (buf, map) = transposed_copies(bd, &boff, n, k);
         (bt, boff) = (buf, std::borrow::Cow::Owned(map));
         bd = &bt;
@@ -543,14 +529,14 @@ fn run_gemm<T: GemmElem>(
 fn int_matmul(
     a: &[i64],
     b: &[i64],
-    p: Plan,
+    geo: GemmShape,
     out_shape: &[usize],
     aoff: &[usize],
     boff: &[usize],
 ) -> Value {
-    let (m, n, k) = (p.m, p.n, p.k);
-    let (a_rs, a_cs) = strides(p.a_cols, p.ta);
-    let (b_rs, b_cs) = strides(p.b_cols, p.tb);
+    let (m, n, k) = (geo.m, geo.n, geo.k);
+    let (a_rs, a_cs) = strides(geo.a_cols, geo.ta);
+    let (b_rs, b_cs) = strides(geo.b_cols, geo.tb);
     let mut out = vec![0i64; out_shape.iter().product()];
     for (bi, dst) in out.chunks_mut((m * n).max(1)).enumerate().take(aoff.len()) {
         for i in 0..m {
@@ -791,7 +777,7 @@ pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {
     out_shape.extend([m, n]);
     let aoff = batch_offsets(&bshape, &sa[..ra - 2], sa[ra - 2] * sa[ra - 1]);
     let boff = batch_offsets(&bshape, &sb[..rb - 2], sb[rb - 2] * sb[rb - 1]);
-    let p = Plan {
+    let geo = GemmShape {
         m,
         n,
         k: ka,
@@ -801,9 +787,9 @@ pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {
         tb,
     };
     Ok(match (a, b) {
-        (Value::F32(x), Value::F32(y)) => run_gemm(x, y, p, &out_shape, &aoff, &boff),
-        (Value::F64(x), Value::F64(y)) => run_gemm(x, y, p, &out_shape, &aoff, &boff),
-        (Value::F16(x), Value::F16(y)) => run_gemm(x, y, p, &out_shape, &aoff, &boff),
+        (Value::F32(x), Value::F32(y)) => run_gemm(x, y, geo, &out_shape, &aoff, &boff),
+        (Value::F64(x), Value::F64(y)) => run_gemm(x, y, geo, &out_shape, &aoff, &boff),
+        (Value::F16(x), Value::F16(y)) => run_gemm(x, y, geo, &out_shape, &aoff, &boff),
         _ if a.dtype() == b.dtype() => {
             let (Value::I64(x), Value::I64(y)) = (a.cast(DType::I64), b.cast(DType::I64)) else {
                 unreachable!()
@@ -811,7 +797,7 @@ pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {
             int_matmul(
                 x.as_slice().expect("standard"),
                 y.as_slice().expect("standard"),
-                p,
+                geo,
                 &out_shape,
                 &aoff,
                 &boff,

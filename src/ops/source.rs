@@ -7,9 +7,19 @@ use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::base::value::Value;
 use crate::ops::graph::{fresh_id, Tensor};
-use crate::runtime::gpu::Resident;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+
+/// A copy of a variable's value in a device's memory, kept between calls: made and read by
+/// the runtime of that device (the GPU runtime's `Resident`, which it gets back through
+/// `as_any`); a variable only stores it, tells devices apart and reads the value back.
+pub trait DeviceCopy: Send + Sync {
+    /// The device that holds the copy (its runtime's id for it).
+    fn device_id(&self) -> u64;
+    /// Copies the value back to the host.
+    fn download(&self) -> Result<Value>;
+    fn as_any(&self) -> &dyn std::any::Any;
+}
 
 #[derive(Debug)]
 pub struct PlaceholderInfo {
@@ -31,7 +41,7 @@ pub struct PlaceholderInfo {
 /// assigns the new value.
 pub struct VarState {
     pub host: Option<Value>,
-    pub device: Option<Resident>,
+    pub device: Option<Arc<dyn DeviceCopy>>,
     pub version: u64,
     pub lent: bool,
 }
@@ -163,8 +173,6 @@ impl VarCell {
     /// assignment, except on a rayon worker: there it returns `Error::Lent`, since the
     /// lending run may be waiting for this very thread (a worker waiting in the pool runs
     /// other jobs, so this read may sit on top of the lending run's stack).
-    // Without the `gpu` feature `Resident` is uninhabited, so the download is unreachable.
-    #[allow(unreachable_code)]
     pub fn get(&self) -> Result<Value> {
         let (dev, version) = {
             let st = self.read_settled(true)?;
@@ -187,7 +195,7 @@ impl VarCell {
     }
 
     /// The host value if there is one, else the device copy (for executors).
-    pub fn snapshot(&self) -> (Option<Value>, Option<Resident>, u64) {
+    pub fn snapshot(&self) -> (Option<Value>, Option<Arc<dyn DeviceCopy>>, u64) {
         let st = self.read_settled(false).expect("waits, never stops");
         (st.host.clone(), st.device.clone(), st.version)
     }
@@ -217,7 +225,7 @@ impl VarCell {
     }
 
     /// Replaces the value with one that lives on a device (a GPU update).
-    pub fn set_resident(&self, r: Resident) {
+    pub fn set_resident(&self, r: Arc<dyn DeviceCopy>) {
         let mut st = self.write();
         st.host = None;
         st.device = Some(r);
@@ -227,7 +235,7 @@ impl VarCell {
 
     /// Records a device copy of the current value, unless the value changed since
     /// `version` was read.
-    pub fn attach_resident(&self, r: Resident, version: u64) {
+    pub fn attach_resident(&self, r: Arc<dyn DeviceCopy>, version: u64) {
         let mut st = self.write();
         if st.version == version {
             st.device = Some(r);

@@ -1,7 +1,8 @@
 //! A compiled `K.function` as the runtime runs it: the plan, its feeds, outputs and
-//! variable updates, the plans specialised to the shapes of the feeds seen, the GPU plan
-//! cache, the in-place update grant (`cpu::Lend`), the statistics of the last call and the
-//! lock that makes a call's variable updates atomic.
+//! variable updates, the plans specialised to the shapes of the feeds seen, the CPU run
+//! state of each (`cpu::PlanState`), the GPU plan cache, the in-place update grant
+//! (`cpu::Lend`), the statistics of the last call and the lock that makes a call's
+//! variable updates atomic.
 
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
@@ -19,6 +20,8 @@ pub struct Function {
     pub plan: Plan,
     pub n_outputs: usize,
     pub updates: Vec<Arc<VarCell>>,
+    /// The CPU executor's state for `plan` (compiled fusion programs, run times).
+    pub cpu: cpu::PlanState,
     /// Per-plan GPU state (placement, fusion groups, uploaded constants).
     pub gpu: gpu::PlanCache,
     /// Kernel launches and submits of the last call.
@@ -57,6 +60,7 @@ struct Key {
 struct Specialised {
     key: Key,
     plan: Plan,
+    state: cpu::PlanState,
     lend: Option<cpu::Lend>,
 }
 
@@ -116,6 +120,7 @@ impl Function {
             plan,
             n_outputs: outputs.len(),
             updates: cells,
+            cpu: Default::default(),
             gpu: Default::default(),
             last: Mutex::new(None),
             lend,
@@ -158,12 +163,13 @@ impl Function {
         };
         loop {
             let r = match &special {
-                Some(sp) => cpu::run(&sp.plan, feeds.clone(), sp.lend.as_ref())
+                Some(sp) => cpu::run(&sp.plan, &sp.state, feeds.clone(), sp.lend.as_ref())
                     .map(|v| host_results(v, &sp.plan)),
                 None if on_cpu && self.seen_before(&key) => {
                     let mut shapes = cpu::SlotShapes::new();
                     let r = cpu::run_shaped(
                         &self.plan,
+                        &self.cpu,
                         feeds.clone(),
                         self.lend.as_ref(),
                         Some(&mut shapes),
@@ -178,6 +184,7 @@ impl Function {
                     &self.plan,
                     feeds.clone(),
                     self.n_outputs,
+                    &self.cpu,
                     &self.gpu,
                     self.lend.as_ref(),
                 ),
@@ -225,7 +232,12 @@ impl Function {
         if cache.len() >= MAX_SPECIALISED {
             cache.remove(0);
         }
-        cache.push(Arc::new(Specialised { key, plan, lend }));
+        cache.push(Arc::new(Specialised {
+            key,
+            plan,
+            state: Default::default(),
+            lend,
+        }));
     }
 
     /// Runs the plan on `feeds` (already validated), assigns the updates and returns the
@@ -256,7 +268,7 @@ impl Function {
         for (cell, v) in self.updates.iter().zip(upd) {
             match v {
                 Out::Host(v) => cell.set(v)?,
-                Out::Resident(r) => cell.set_resident(r),
+                Out::Resident(r) => cell.set_resident(Arc::new(r)),
             }
         }
         values

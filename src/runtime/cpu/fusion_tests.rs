@@ -54,7 +54,7 @@ fn same(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> (usize, usize) {
         let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
         f.plan.init_cpu_schedule(fuse);
         counts.push(f.plan.cpu_schedule().dispatches);
-        res.push(crate::runtime::cpu::run(&f.plan, vs.to_vec(), None).unwrap());
+        res.push(crate::runtime::cpu::run(&f.plan, &f.cpu, vs.to_vec(), None).unwrap());
     }
     for (k, (a, b)) in res[0].iter().zip(&res[1]).enumerate() {
         assert_eq!(a.dtype(), b.dtype(), "output {k}");
@@ -493,8 +493,8 @@ fn programs_are_reused_across_calls_and_rebuilt_for_new_layouts() {
             data(bs, 10 + r as u32),
             Value::scalar_f64(DType::F32, *sv as f64),
         ];
-        let got = crate::runtime::cpu::run(&fused.plan, vs.clone(), None).unwrap();
-        let want = crate::runtime::cpu::run(&unfused.plan, vs, None).unwrap();
+        let got = crate::runtime::cpu::run(&fused.plan, &fused.cpu, vs.clone(), None).unwrap();
+        let want = crate::runtime::cpu::run(&unfused.plan, &unfused.cpu, vs, None).unwrap();
         for (a, w) in got.iter().zip(&want) {
             assert_eq!(a.shape(), w.shape(), "case {r}");
             assert_eq!(bits(a), bits(w), "case {r}");
@@ -526,12 +526,12 @@ fn rules_recognised_and_run(
         .iter()
         .filter_map(|it| Some(it.update()?.rule))
         .collect();
-    crate::runtime::cpu::run(&f.plan, vs.to_vec(), None).unwrap();
+    crate::runtime::cpu::run(&f.plan, &f.cpu, vs.to_vec(), None).unwrap();
     let lowered = items
         .iter()
-        .flat_map(|it| match it {
-            Item::Update(u) => rules_of(&u.group),
-            Item::Group(g) => rules_of(g),
+        .zip(f.cpu.programs(&f.plan))
+        .flat_map(|(it, programs)| match it {
+            Item::Update(_) | Item::Group(_) => rules_of(programs),
             Item::Node(_) | Item::MatAcc { .. } => vec![],
         })
         .collect();

@@ -1,57 +1,85 @@
 //! Running a loop on the CPU: the body's plan once per step, rows of the sequences in,
 //! stacked results out. The body's plan comes compiled with the plan holding the loop
 //! (`compile::Plan::body`); after the first step it runs specialised to the step's shapes.
+//! The run state of each body plan (`cpu::PlanState`) is kept here, with the plan.
 
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
 use crate::compile::Plan;
 use crate::ops::control::LoopBody;
 use crate::ops::graph::Tensor;
-use crate::runtime::cpu::SlotShapes;
+use crate::runtime::cpu::{PlanState, SlotShapes};
 use crate::value_err;
 use ndarray::Axis;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 /// Runs a body plan on the CPU, recording slot shapes when asked (`cpu::run_recording`).
-pub type RunPlan<'a> = &'a dyn Fn(&Plan, Vec<Value>, Option<&mut SlotShapes>) -> Result<Vec<Value>>;
+pub type RunPlan<'a> =
+    &'a dyn Fn(&Plan, &PlanState, Vec<Value>, Option<&mut SlotShapes>) -> Result<Vec<Value>>;
 
 /// Feed shapes (and the shape vectors fed by value) a specialised body plan is made for.
 type Key = Vec<Vec<usize>>;
 
-/// Body plans specialised to their step shapes, the last few per generic body plan, keyed
-/// by that plan's address (checked against a weak reference, so a dropped plan's entry is
-/// never taken for a new one at the same address).
-#[allow(clippy::type_complexity)]
-static SPECIALISED: Mutex<Option<HashMap<usize, (Weak<Plan>, Vec<(Key, Arc<Plan>)>)>>> =
-    Mutex::new(None);
+/// A body plan with its run state.
+type Runnable = (Arc<Plan>, Arc<PlanState>);
+
+/// What is kept per generic body plan: its run state, and the plans specialised to step
+/// shapes (the last few) with theirs.
+struct Kept {
+    plan: Weak<Plan>,
+    state: Arc<PlanState>,
+    specialised: Vec<(Key, Runnable)>,
+}
+
+/// `Kept` per generic body plan, keyed by that plan's address (checked against a weak
+/// reference, so a dropped plan's entry is never taken for a new one at the same
+/// address). Locked once per loop run, not per step.
+static KEPT: Mutex<Option<HashMap<usize, Kept>>> = Mutex::new(None);
 
 /// Specialised body plans kept per generic plan.
 const MAX_SPECIALISED: usize = 4;
 
-fn specialised(generic: &Arc<Plan>, key: &[Vec<usize>]) -> Option<Arc<Plan>> {
-    let cache = SPECIALISED.lock().unwrap_or_else(|e| e.into_inner());
-    let (weak, plans) = cache.as_ref()?.get(&(Arc::as_ptr(generic) as usize))?;
-    if !std::ptr::eq(weak.as_ptr(), Arc::as_ptr(generic)) || weak.strong_count() == 0 {
-        return None;
+/// The run state of `generic`, and its plan specialised to `key` if there is one.
+fn kept(generic: &Arc<Plan>, key: &[Vec<usize>]) -> (Arc<PlanState>, Option<Runnable>) {
+    let mut cache = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    let map = cache.get_or_insert_with(HashMap::new);
+    let addr = Arc::as_ptr(generic) as usize;
+    let live = map.get(&addr).is_some_and(|k| {
+        std::ptr::eq(k.plan.as_ptr(), Arc::as_ptr(generic)) && k.plan.strong_count() > 0
+    });
+    if !live {
+        map.retain(|_, k| k.plan.strong_count() > 0);
+        map.insert(
+            addr,
+            Kept {
+                plan: Arc::downgrade(generic),
+                state: Default::default(),
+                specialised: Vec::new(),
+            },
+        );
     }
-    plans
+    let k = &map[&addr];
+    let special = k
+        .specialised
         .iter()
         .find(|(k, _)| k.as_slice() == key)
-        .map(|(_, p)| p.clone())
+        .map(|(_, r)| r.clone());
+    (k.state.clone(), special)
 }
 
-fn remember(generic: &Arc<Plan>, key: Key, special: Arc<Plan>) {
-    let mut cache = SPECIALISED.lock().unwrap_or_else(|e| e.into_inner());
-    let map = cache.get_or_insert_with(HashMap::new);
-    map.retain(|_, (weak, _)| weak.strong_count() > 0);
-    let entry = map
-        .entry(Arc::as_ptr(generic) as usize)
-        .or_insert_with(|| (Arc::downgrade(generic), Vec::new()));
-    if entry.1.len() >= MAX_SPECIALISED {
-        entry.1.remove(0);
+fn remember(generic: &Arc<Plan>, key: Key, special: Runnable) {
+    let mut cache = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(k) = cache
+        .as_mut()
+        .and_then(|m| m.get_mut(&(Arc::as_ptr(generic) as usize)))
+    else {
+        return;
+    };
+    if k.specialised.len() >= MAX_SPECIALISED {
+        k.specialised.remove(0);
     }
-    entry.1.push((key, special));
+    k.specialised.push((key, special));
 }
 
 /// Runs the loop on the CPU; `args` are the loop node's input values, `read[k]` whether
@@ -139,9 +167,9 @@ pub fn run(
             f >= nq + ns && captured.get(f - nq - ns).is_some_and(|v| shape_like(v))
         }
     };
-    let special = specialised(generic, &key);
+    let (generic_state, special) = kept(generic, &key);
     let mut record = special.is_none() && generic.shapes_follow_feeds(&keyed);
-    let mut plan = special.unwrap_or_else(|| generic.clone());
+    let (mut plan, mut state) = special.unwrap_or_else(|| (generic.clone(), generic_state));
     let is_read = |k: usize| read.get(k).copied().unwrap_or(true);
     let mut outs: Vec<Stacked> = (0..no + nh)
         .map(|k| Stacked::new(t_len, is_read(if k < no { k } else { k + 2 * ns })))
@@ -161,9 +189,10 @@ pub fn run(
         feeds.extend(captured.iter().map(|v| (*v).clone()));
         let mut res = if record {
             let mut shapes = SlotShapes::new();
-            let res = run_plan(&plan, feeds, Some(&mut shapes))?;
+            let res = run_plan(&plan, &state, feeds, Some(&mut shapes))?;
             plan = Arc::new(generic.specialize(&shapes, &[]));
-            remember(generic, key.clone(), plan.clone());
+            state = Default::default();
+            remember(generic, key.clone(), (plan.clone(), state.clone()));
             if crate::base::config::settings().loop_debug {
                 eprintln!(
                     "loop: specialised to its shapes, {} launches per step",
@@ -173,7 +202,7 @@ pub fn run(
             record = false;
             res
         } else {
-            run_plan(&plan, feeds, None)?
+            run_plan(&plan, &state, feeds, None)?
         };
         let mut rest = res.split_off(no);
         let saved = rest.split_off(ns);

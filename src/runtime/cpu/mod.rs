@@ -9,7 +9,8 @@ use crate::compile::{Plan, Step};
 use crate::ops::source::VarCell;
 use crate::ops::Op;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 pub mod alloc;
 pub mod fused;
@@ -21,7 +22,32 @@ pub mod loops;
 const TEAM_MIN_RUN: std::time::Duration = std::time::Duration::from_millis(1);
 const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Runs `plan` on the CPU.
+/// What the CPU executor keeps between runs of one plan (the compiled plan stays as the
+/// compiler made it): the programs compiled for each fused group of its schedule, and the
+/// wall time of its last run. Its owner keeps it next to the plan and passes it with
+/// every run of that plan (`Function`, `loops`); a state serves one plan only.
+#[derive(Default)]
+pub struct PlanState {
+    /// One per schedule item (empty for items that are not groups), made at the first run.
+    programs: OnceLock<Box<[fused::Programs]>>,
+    /// Wall time of the last `run`, in nanoseconds (0 before the first): picks whether
+    /// the next run keeps a helper thread polling.
+    last_run_ns: AtomicU64,
+}
+
+impl PlanState {
+    /// The programs of each item of `plan`'s schedule.
+    pub fn programs(&self, plan: &Plan) -> &[fused::Programs] {
+        let items = plan.cpu_schedule().items.len();
+        let p = self
+            .programs
+            .get_or_init(|| (0..items).map(|_| Default::default()).collect());
+        debug_assert_eq!(p.len(), items, "a PlanState serves one plan");
+        p
+    }
+}
+
+/// Runs `plan` on the CPU, with `state` its run state (`PlanState`).
 ///
 /// A short run (the last run of this plan took 1-10 ms, as a Keras MLP step does)
 /// happens on a rayon worker with a second worker polling for work (`team`) for its whole
@@ -33,8 +59,13 @@ const TEAM_MAX_RUN: std::time::Duration = std::time::Duration::from_millis(10);
 ///
 /// With `lend`, the schedule's infallible tail may write the new values of the variables
 /// the call assigns into the variables' own buffers (`Lend`).
-pub fn run(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>) -> Result<Vec<Value>> {
-    run_shaped(plan, feeds, lend, None)
+pub fn run(
+    plan: &Plan,
+    state: &PlanState,
+    feeds: Vec<Value>,
+    lend: Option<&Lend>,
+) -> Result<Vec<Value>> {
+    run_shaped(plan, state, feeds, lend, None)
 }
 
 /// `run`, also noting in `shapes` the shape of every value put in a slot before the
@@ -42,16 +73,16 @@ pub fn run(plan: &Plan, feeds: Vec<Value>, lend: Option<&Lend>) -> Result<Vec<Va
 /// place, is not recorded).
 pub fn run_shaped(
     plan: &Plan,
+    state: &PlanState,
     feeds: Vec<Value>,
     lend: Option<&Lend>,
     mut shapes: Option<&mut SlotShapes>,
 ) -> Result<Vec<Value>> {
-    use std::sync::atomic::Ordering;
     if let Some(s) = shapes.as_deref_mut() {
         *s = vec![None; plan.nodes.len()];
     }
     let sched = plan.cpu_schedule();
-    let last = sched.last_run_ns.load(Ordering::Relaxed);
+    let last = state.last_run_ns.load(Ordering::Relaxed);
     let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
     let t0 = std::time::Instant::now();
     let all = |r: &mut Run| -> Result<()> {
@@ -63,13 +94,13 @@ pub fn run_shaped(
             None => r.record(0..sched.items.len(), None, shapes),
         }
     };
-    let mut r = Run::new(plan, feeds);
+    let mut r = Run::new(plan, state, feeds);
     let done = if short && !sched.has_host {
         on_worker(plan, || crate::base::team::with_team(|| all(&mut r)))
     } else {
         all(&mut r)
     };
-    sched.last_run_ns.store(
+    state.last_run_ns.store(
         t0.elapsed().as_nanos().min(u64::MAX as u128) as u64,
         Ordering::Relaxed,
     );
@@ -140,13 +171,14 @@ fn member_shape(
 /// `Plan::specialize` needs).
 pub fn run_recording(
     plan: &Plan,
+    state: &PlanState,
     feeds: Vec<Value>,
     mut shapes: Option<&mut SlotShapes>,
 ) -> Result<Vec<Value>> {
     if let Some(s) = shapes.as_deref_mut() {
         *s = vec![None; plan.nodes.len()];
     }
-    let mut r = Run::new(plan, feeds);
+    let mut r = Run::new(plan, state, feeds);
     r.record(0..plan.cpu_schedule().items.len(), None, shapes)?;
     Ok(r.outputs())
 }
@@ -154,6 +186,7 @@ pub fn run_recording(
 /// The values of one run of a plan in progress.
 struct Run<'a> {
     plan: &'a Plan,
+    state: &'a PlanState,
     feeds: Vec<Value>,
     slots: Vec<Option<Value>>,
     /// Results of multi-result nodes (loops), read by their TupleGet users.
@@ -161,9 +194,10 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(plan: &'a Plan, feeds: Vec<Value>) -> Self {
+    fn new(plan: &'a Plan, state: &'a PlanState, feeds: Vec<Value>) -> Self {
         Run {
             plan,
+            state,
             feeds,
             slots: vec![None; plan.nodes.len()],
             multi: HashMap::new(),
@@ -183,11 +217,13 @@ impl<'a> Run<'a> {
     ) -> Result<()> {
         let Run {
             plan,
+            state,
             feeds,
             slots,
             multi,
         } = self;
         let sched = plan.cpu_schedule();
+        let programs = state.programs(plan);
         for t in range {
             let item = &sched.items[t];
             match item {
@@ -208,7 +244,7 @@ impl<'a> Run<'a> {
                 }
                 Item::Group(_) | Item::Update(_) => {
                     let g = item.group().expect("a group item");
-                    match fused::run(plan, g, item.update(), slots, lend)? {
+                    match fused::run(plan, g, &programs[t], item.update(), slots, lend)? {
                         Some(vals) => {
                             for (o, v) in g.outputs.iter().copied().chain(g.fold_nodes()).zip(vals)
                             {

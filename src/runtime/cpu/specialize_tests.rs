@@ -8,7 +8,7 @@ use crate::compile::{Plan, Step};
 use crate::ops::build::*;
 use crate::ops::source::placeholder;
 use crate::ops::Op;
-use crate::runtime::cpu::{run_recording, SlotShapes};
+use crate::runtime::cpu::{run_recording, PlanState, SlotShapes};
 
 fn count(plan: &Plan, pred: impl Fn(&Op) -> bool) -> usize {
     plan.nodes
@@ -36,7 +36,14 @@ fn specialised_plans_match_the_generic_one() {
         )
         .unwrap();
         let mut shapes = SlotShapes::new();
-        let want = run_recording(&plan, vec![xv.clone(), wv.clone()], Some(&mut shapes)).unwrap();
+        let state = PlanState::default();
+        let want = run_recording(
+            &plan,
+            &state,
+            vec![xv.clone(), wv.clone()],
+            Some(&mut shapes),
+        )
+        .unwrap();
         let special = plan.specialize(&shapes, &[]);
         assert_eq!(
             count(&special, |op| matches!(op, Op::ShapeOf)),
@@ -49,7 +56,8 @@ fn specialised_plans_match_the_generic_one() {
             if batch == 1 { 0 } else { 1 },
             "only the identity sum_to is dropped (batch {batch})"
         );
-        let got = run_recording(&special, vec![xv, wv.clone()], None).unwrap();
+        let got =
+            run_recording(&special, &PlanState::default(), vec![xv, wv.clone()], None).unwrap();
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.shape(), w.shape());
             assert_eq!(g.to_f64_vec(), w.to_f64_vec());

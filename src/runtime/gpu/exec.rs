@@ -377,8 +377,9 @@ impl<'a> Exec<'a> {
             let (host, dev, version) = cell.snapshot();
             self.var_versions.insert(i, version);
             return Ok(match (host, dev) {
-                (h, Some(r)) if r.context_id() == self.ctx.id => {
-                    let mut s = Slot::dev(r.0);
+                (h, Some(r)) if r.device_id() == self.ctx.id => {
+                    let r = r.as_any().downcast_ref::<Resident>().expect("a GPU copy");
+                    let mut s = Slot::dev(r.0.clone());
                     s.host = h;
                     s
                 }
@@ -480,7 +481,7 @@ impl<'a> Exec<'a> {
             }
             (Step::Compute, Op::Variable(cell)) => {
                 if let Some(&ver) = self.var_versions.get(&j) {
-                    cell.attach_resident(Resident(d.clone()), ver);
+                    cell.attach_resident(Arc::new(Resident(d.clone())), ver);
                 }
             }
             _ => {}

@@ -25,6 +25,7 @@ pub use exec::{run, PlanCache};
 use crate::base::dtype::DType;
 use crate::base::error::Result;
 use crate::base::value::Value;
+use crate::ops::source::DeviceCopy;
 use pool::DevBuf;
 use std::sync::Arc;
 
@@ -74,6 +75,18 @@ impl Resident {
         let ctx = self.0.ctx().clone();
         let words = exec::read_back(&ctx, std::slice::from_ref(&self.0))?;
         Ok(transfer::from_words(self.0.dtype, &self.0.shape, &words[0]))
+    }
+}
+
+impl DeviceCopy for Resident {
+    fn device_id(&self) -> u64 {
+        self.context_id()
+    }
+    fn download(&self) -> Result<Value> {
+        Resident::download(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

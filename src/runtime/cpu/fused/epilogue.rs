@@ -2,6 +2,7 @@
 //! the kernel has written it, while the image is still in cache.
 
 use super::exec::{exec, Kernel};
+use super::program::Programs;
 use super::run::{run_driven, split_exec};
 use crate::base::error::Result;
 use crate::base::value::{uninit, Arr, Value};
@@ -49,6 +50,7 @@ fn first_kernel<'a>(
 pub(super) fn run_after(
     plan: &Plan,
     g: &Group,
+    programs: &Programs,
     update: Option<&Update>,
     f: usize,
     slots: &mut [Option<Value>],
@@ -65,7 +67,7 @@ pub(super) fn run_after(
     };
     let Some((shape, images, kernel)) = first_kernel(plan, f, &ins)? else {
         plain(slots)?;
-        return run_driven(plan, g, update, slots, lend, &|kern, shape| {
+        return run_driven(plan, g, programs, update, slots, lend, &|kern, shape| {
             split_exec(kern, shape.iter().product(), g.cost)
         });
     };
@@ -94,7 +96,7 @@ pub(super) fn run_after(
         }
         ran.set(true);
     };
-    let out = run_driven(plan, g, update, slots, lend, &drive)?;
+    let out = run_driven(plan, g, programs, update, slots, lend, &drive)?;
     if !ran.get() {
         // The group did not run (outputs of different shapes, or nothing to compute): the
         // members read a computed result.

@@ -1,8 +1,9 @@
 //! The CPU fusion kernel: runs a `compile::fuse::Group` as one pass over chunks of
 //! `CH` elements. The members become a small register program (bool values are
-//! 1.0/0.0 in f32 registers), compiled once per input layout and kept on the group, so a
-//! call only collects pointers; members whose inputs are all single values are computed
-//! once per call, as scalars. Each external input is read with its own broadcast pattern:
+//! 1.0/0.0 in f32 registers), compiled once per input layout and kept with the plan's
+//! run state (`cpu::PlanState`, one `Programs` per group), so a call only collects
+//! pointers; members whose inputs are all single values are computed once per call, as
+//! scalars. Each external input is read with its own broadcast pattern:
 //! directly (same size), as one value, or gathered through strides into a register.
 //! Outputs are written once per chunk, into a dead input's buffer when the plan holds its
 //! only reference.
@@ -10,7 +11,7 @@
 //! unfused results are bitwise equal.
 //!
 //! One concern per file:
-//! - `program`: the register-program compiler (a `Body` per input layout, cached on the group);
+//! - `program`: the register-program compiler (a `Body` per input layout, cached per group);
 //! - `layout`: member shapes and how each input is read (strides, slices, periods);
 //! - `regalloc`: the register allocator;
 //! - `run`: a call (pointers, output buffers, splitting the elements over threads);

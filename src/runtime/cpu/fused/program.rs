@@ -1,6 +1,7 @@
 //! The register-program compiler: turns a group's members, for one set of input dtypes
 //! and shapes, into a `Body` (instructions on chunk registers, the scalar prelude, the
-//! loads, the outputs and the inputs whose buffers may be reused), cached per group.
+//! loads, the outputs and the inputs whose buffers may be reused), cached per group
+//! (`Programs`, which the executor keeps with the plan).
 
 use super::layout::{fused_op, gather_layout, member_shapes, periodic, slice_layout, Layout};
 use super::regalloc::{allocate, operands};
@@ -15,7 +16,8 @@ use crate::compile::Plan;
 use crate::ops::{FusedOp, GpuKind, Op, UnaryOp};
 use std::sync::{Arc, Mutex};
 
-/// Programs compiled for a group (`Group::programs`), one per input layout.
+/// Programs compiled for a group, one per input layout: kept per plan and schedule item
+/// by the CPU executor (`cpu::PlanState`).
 #[derive(Default)]
 pub struct Programs(Mutex<Vec<Arc<Program>>>);
 
@@ -66,6 +68,7 @@ pub(super) struct Body {
 pub(super) fn program(
     plan: &Plan,
     g: &Group,
+    programs: &Programs,
     update: Option<&Update>,
     slots: &[Option<Value>],
 ) -> Result<Arc<Program>> {
@@ -79,7 +82,7 @@ pub(super) fn program(
             .zip(&p.targets)
             .all(|(&s, t)| slots[s].as_ref().expect("computed").to_i64_vec() == *t)
     };
-    let mut cache = g.programs.0.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cache = programs.0.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = cache.iter().find(|p| fits(p)) {
         return Ok(p.clone());
     }
@@ -369,10 +372,10 @@ fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[
     }
 }
 
-/// The update rules recognised in the programs compiled so far for group `g`.
+/// The update rules recognised in the programs compiled so far for a group.
 #[cfg(test)]
-pub fn rules_of(g: &Group) -> Vec<crate::compile::update_rule::Rule> {
-    let cache = g.programs.0.lock().unwrap_or_else(|e| e.into_inner());
+pub fn rules_of(programs: &Programs) -> Vec<crate::compile::update_rule::Rule> {
+    let cache = programs.0.lock().unwrap_or_else(|e| e.into_inner());
     cache
         .iter()
         .filter_map(|p| p.body.as_ref()?.update.as_ref().map(|s| s.rule))

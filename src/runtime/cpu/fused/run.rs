@@ -6,7 +6,7 @@ use super::donation::donor;
 use super::epilogue::run_after;
 use super::exec::{eval_scalar, exec, Kernel};
 use super::fold::{fold_plain, fold_run};
-use super::program::program;
+use super::program::{program, Programs};
 use super::{Data, Opd, Out, OutBuf, CH, TEAM_WORK};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -58,20 +58,22 @@ fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
 }
 
 /// Runs group `g` reading its inputs from `slots` (dead inputs may be taken out of them,
-/// and variables `lend` names overwritten). Returns the output values in `g.outputs`
-/// order, or `None` when the outputs' runtime shapes differ (the caller then runs the
-/// members one by one). `update` is the rule the group computes (`Item::Update`): its
+/// and variables `lend` names overwritten), with the programs compiled for it so far
+/// (`programs`, kept with the plan in its `cpu::PlanState`). Returns the output values in
+/// `g.outputs` order, or `None` when the outputs' runtime shapes differ (the caller then
+/// runs the members one by one). `update` is the rule the group computes (`Item::Update`): its
 /// kernel runs where the run's shapes suit it, else the group's program.
 pub fn run(
     plan: &Plan,
     g: &Group,
+    programs: &Programs,
     update: Option<&Update>,
     slots: &mut [Option<Value>],
     lend: Option<&Lend>,
 ) -> Result<Option<Vec<Value>>> {
     match g.first {
-        Some(f) => run_after(plan, g, update, f, slots, lend),
-        None => run_driven(plan, g, update, slots, lend, &|kern, shape| {
+        Some(f) => run_after(plan, g, programs, update, f, slots, lend),
+        None => run_driven(plan, g, programs, update, slots, lend, &|kern, shape| {
             split_exec(kern, shape.iter().product(), g.cost)
         }),
     }
@@ -119,12 +121,13 @@ pub(super) fn split_exec(kern: &Kernel<'_>, n: usize, cost: usize) {
 pub(super) fn run_driven(
     plan: &Plan,
     g: &Group,
+    programs: &Programs,
     update: Option<&Update>,
     slots: &mut [Option<Value>],
     lend: Option<&Lend>,
     drive: &dyn Fn(&Kernel<'_>, &[usize]),
 ) -> Result<Option<Vec<Value>>> {
-    let p = program(plan, g, update, slots)?;
+    let p = program(plan, g, programs, update, slots)?;
     let Some(b) = &p.body else { return Ok(None) };
     if b.n == 0 {
         let mut vals: Vec<Value> = g
