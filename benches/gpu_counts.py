@@ -17,7 +17,6 @@ os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
-
 import peer_worker  # noqa: E402
 
 
