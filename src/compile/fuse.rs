@@ -774,3 +774,105 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
         Item::MatAcc { .. } => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{schedule, Item, Schedule, Target};
+    use crate::base::dtype::DType;
+    use crate::base::shape::Shape;
+    use crate::compile::Plan;
+    use crate::ops::build::{add, mul, unary};
+    use crate::ops::graph::Tensor;
+    use crate::ops::source::placeholder;
+    use crate::ops::UnaryOp;
+
+    fn ph(name: &str, dims: &[usize]) -> Tensor {
+        let dims = dims.iter().map(|&d| Some(d)).collect();
+        placeholder(name, Shape(dims), DType::F32, None).unwrap()
+    }
+
+    fn groups(s: &Schedule) -> Vec<&super::Group> {
+        s.items.iter().filter_map(Item::group).collect()
+    }
+
+    fn gpu(max_buffers: usize) -> Target {
+        Target::gpu(&[DType::F32, DType::I32, DType::Bool], max_buffers)
+    }
+
+    #[test]
+    fn a_member_joins_the_reader_that_broadcasts_it_where_the_target_allows() {
+        // y = x + exp(w), w of shape [5] broadcast over x's [3, 5].
+        let (x, w) = (ph("x", &[3, 5]), ph("w", &[5]));
+        let y = add(&x, &unary(UnaryOp::Exp, &w).unwrap()).unwrap();
+        let plan = Plan::new(&[x, w], &[y]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        assert_eq!(groups(&g).len(), 1);
+        assert_eq!(groups(&g)[0].members.len(), 2);
+        assert_eq!(g.target, gpu(usize::MAX));
+        let c = schedule(&plan, &Target::cpu(true));
+        assert_eq!(groups(&c).len(), 2);
+    }
+
+    #[test]
+    fn a_broadcast_member_read_elsewhere_stays_out() {
+        // e = exp(w) is also returned, so it cannot be computed per element of [3, 5].
+        let (x, w) = (ph("x", &[3, 5]), ph("w", &[5]));
+        let e = unary(UnaryOp::Exp, &w).unwrap();
+        let y = add(&x, &e).unwrap();
+        let plan = Plan::new(&[x, w], &[y, e]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        assert_eq!(groups(&g).len(), 2);
+        assert!(groups(&g).iter().all(|g| g.members.len() == 1));
+    }
+
+    #[test]
+    fn a_group_writes_each_value_read_after_it() {
+        // t = x * x feeds both returned values: one group, three outputs.
+        let x = ph("x", &[4]);
+        let t = mul(&x, &x).unwrap();
+        let a = unary(UnaryOp::Exp, &t).unwrap();
+        let b = add(&t, &x).unwrap();
+        let plan = Plan::new(&[x], &[a, b, t]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        let gs = groups(&g);
+        assert_eq!(gs.len(), 1);
+        assert_eq!(gs[0].members.len(), 3);
+        assert_eq!(gs[0].outputs.len(), 3);
+    }
+
+    #[test]
+    fn a_group_binds_no_more_buffers_than_the_target_has() {
+        // x0 + x1 + ... + x7: eight inputs and one output.
+        let xs: Vec<Tensor> = (0..8).map(|k| ph(&format!("x{k}"), &[6])).collect();
+        let mut y = xs[0].clone();
+        for x in &xs[1..] {
+            y = add(&y, x).unwrap();
+        }
+        let plan = Plan::new(&xs, &[y]).unwrap();
+        assert_eq!(groups(&schedule(&plan, &gpu(usize::MAX))).len(), 1);
+        for limit in [3, 4, 6] {
+            let s = schedule(&plan, &gpu(limit));
+            let gs = groups(&s);
+            assert!(gs.len() > 1, "limit {limit}");
+            for g in &gs {
+                assert!(g.ext.len() + g.outputs.len() <= limit, "limit {limit}");
+            }
+            assert_eq!(
+                gs.iter().map(|g| g.members.len()).sum::<usize>(),
+                7,
+                "limit {limit}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unfused_target_schedules_every_node_alone() {
+        let x = ph("x", &[4]);
+        let y = unary(UnaryOp::Exp, &mul(&x, &x).unwrap()).unwrap();
+        let plan = Plan::new(&[x], &[y]).unwrap();
+        let s = schedule(&plan, &Target::cpu(false));
+        assert!(groups(&s).is_empty());
+        assert_eq!(s.dispatches, 2);
+        assert_eq!(groups(&schedule(&plan, &Target::cpu(true))).len(), 1);
+    }
+}
