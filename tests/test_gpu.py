@@ -101,6 +101,47 @@ def test_broadcasting_inside_a_fused_kernel(gpu, rng):
     assert f.dispatches == 1
 
 
+def test_a_fused_kernel_writes_each_value_read_after_it(gpu, rng):
+    x = K.placeholder(shape=(None, 5))
+    t = x * x + 1.0
+    a = K.exp(-t)
+    b = t * 3.0
+    f = K.function([x], [a, b, t])
+    xv = rng.standard_normal((4, 5)).astype("float32")
+    tv = xv * xv + 1.0
+    for got, ref in zip(f([xv]), [np.exp(-tv), tv * 3.0, tv]):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert f.dispatches == 1
+
+
+def test_a_broadcast_operand_fuses_into_its_reader(gpu, rng):
+    x = K.placeholder(shape=(None, 5))
+    w = K.variable(rng.standard_normal(5).astype("float32"))
+    y = x * K.exp(w * 0.5)
+    f = K.function([x], [y])
+    xv = rng.standard_normal((3, 5)).astype("float32")
+    ref = xv * np.exp(K.get_value(w) * 0.5)
+    np.testing.assert_allclose(f([xv])[0], ref, rtol=1e-5, atol=1e-6)
+    assert f.dispatches == 1
+
+
+def test_fused_outputs_whose_shapes_differ_at_run_time(gpu, rng):
+    # u and w share the static shape (None, 3); with a of one row, u is (1, 3) and w is
+    # (4, 3), so their group runs member by member.
+    a = K.placeholder(shape=(None, 3))
+    b = K.placeholder(shape=(None, 3))
+    u = a * 2.0
+    w = u + b
+    f = K.function([a, b], [u, w])
+    for rows, launches in [(1, 2), (4, 1)]:
+        av = rng.standard_normal((rows, 3)).astype("float32")
+        bv = rng.standard_normal((4, 3)).astype("float32")
+        uv, wv = f([av, bv])
+        np.testing.assert_allclose(uv, av * 2.0, rtol=1e-6)
+        np.testing.assert_allclose(wv, av * 2.0 + bv, rtol=1e-6)
+        assert f.dispatches == launches
+
+
 def test_variables_stay_resident(gpu, rng):
     init = rng.standard_normal((8, 3)).astype("float32")
     v = K.variable(init)

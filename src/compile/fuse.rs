@@ -1,12 +1,21 @@
-//! CPU elementwise fusion: which nodes of a plan the CPU executor runs as one pass.
+//! Elementwise fusion: which nodes of a plan a device runs as one kernel, for every device.
 //!
-//! A group is a set of f32/bool elementwise nodes (the ops `Op::gpu_kind` calls `Fused`)
-//! of one output shape, joined producer to consumer. It runs at the position of its last
-//! member, so a node may join only if no other node placed before it reads a member
-//! (nothing has to move). Members read outside the group (or returned) are its outputs;
-//! the rest never get a buffer. A slice (`view`) may be a member too: the group reads it
-//! as a strided view of its input. A group that computes an optimizer update rule becomes
-//! an `Item::Update` (`update_rule`). The GPU executor does not look at this: it walks the plan.
+//! One algorithm builds the schedule for each `Target` (`Target::cpu`, and the GPU target
+//! the GPU runtime describes from its adapter's limits); each runtime lowers it: the CPU
+//! executor runs a group with its register-program kernel (`runtime::cpu::fused`), the GPU
+//! executor generates one WGSL kernel per group (`runtime::gpu::fusion`).
+//!
+//! A group is a set of elementwise nodes (the ops `Op::gpu_kind` calls `Fused`) of dtypes
+//! the target fuses and of one output shape, joined producer to consumer. A member of a
+//! smaller shape may join a reader that broadcasts it where the target computes members per
+//! element of the group's shape (`Target::broadcast`) and every reader of the member's part
+//! of the group is that one node. A group runs at the position of its last member, so a
+//! node may join only if no other node placed before it reads a member (nothing has to
+//! move). Members read outside the group (or returned) are its outputs; the rest never get
+//! a buffer. Where the target allows: a slice (`view`) may be a member too, read as a
+//! strided view of its input; sums folded into the group, convolution and pooling
+//! epilogues and product accumulations (`Item::MatAcc`) join the schedule; a group that
+//! computes an optimizer update rule becomes an `Item::Update` (`update_rule`).
 
 use super::update_rule::{self, Update};
 use super::{Plan, Step};
@@ -14,13 +23,101 @@ use crate::base::dtype::DType;
 use crate::base::shape::Shape;
 use crate::ops::{FusedOp, GpuKind, Op};
 
-/// What the CPU executor runs, in order.
+/// Which device kind a `Target` describes; `Plan::schedule` caches one schedule per kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetKind {
+    Cpu,
+    Gpu,
+}
+
+/// What a device's fusion kernel runs: the parameters of `schedule`. Plain data, so the
+/// runtime describes its device without `compile` depending on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub kind: TargetKind,
+    /// Whether nodes fuse at all (off: every node is an `Item::Node`).
+    pub fuse: bool,
+    /// Dtypes a member may compute and read.
+    pub dtypes: &'static [DType],
+    /// Most members of one group.
+    pub max_members: usize,
+    /// Most buffers one group binds: its outputs and the external inputs it reads.
+    pub max_buffers: usize,
+    /// Whether a folded scalar constant is passed in the kernel's parameters rather than
+    /// bound as a buffer (it then does not count toward `max_buffers`).
+    pub scalar_params: bool,
+    /// Whether the kernel computes every member per element of the group's shape, so a
+    /// member of a smaller shape may join the reader that broadcasts it.
+    pub broadcast: bool,
+    /// Whether a slice joins its readers' group as a strided view of its input (`view`).
+    pub views: bool,
+    /// Whether sums and means of members fold into the group (`Group::folds`).
+    pub folds: bool,
+    /// Whether a group runs per image after the convolution or pooling it reads
+    /// (`Group::first`).
+    pub epilogues: bool,
+    /// Whether a group computing an optimizer update rule becomes an `Item::Update`.
+    pub updates: bool,
+    /// Whether a product added into an accumulator becomes an `Item::MatAcc`.
+    pub accumulations: bool,
+}
+
+impl Target {
+    /// The CPU fusion kernel: f32 and bool registers, any number of buffers, every
+    /// schedule item kind. `fuse` false gives the unfused schedule.
+    pub fn cpu(fuse: bool) -> Target {
+        Target {
+            kind: TargetKind::Cpu,
+            fuse,
+            dtypes: &[DType::F32, DType::Bool],
+            max_members: 64,
+            max_buffers: usize::MAX,
+            scalar_params: false,
+            broadcast: false,
+            views: true,
+            folds: true,
+            epilogues: true,
+            updates: true,
+            accumulations: true,
+        }
+    }
+
+    /// The CPU target as configured: fused unless `FERROKERAS_CPU_FUSION=0` (`base::config`).
+    pub fn cpu_configured() -> Target {
+        Target::cpu(crate::base::config::settings().cpu_fusion)
+    }
+
+    /// A GPU whose generated kernels read and write the storable `dtypes` and bind at most
+    /// `max_buffers` storage buffers besides their parameter block: groups and plain nodes
+    /// only, members computed per element of the group's shape.
+    pub fn gpu(dtypes: &'static [DType], max_buffers: usize) -> Target {
+        Target {
+            kind: TargetKind::Gpu,
+            fuse: true,
+            dtypes,
+            max_members: usize::MAX,
+            max_buffers: max_buffers.max(2),
+            scalar_params: true,
+            broadcast: true,
+            views: false,
+            folds: false,
+            epilogues: false,
+            updates: false,
+            accumulations: false,
+        }
+    }
+}
+
+/// What a device runs, in order (built for one `Target`).
 #[derive(Debug)]
 pub struct Schedule {
+    /// The target the schedule was built for.
+    pub target: Target,
     pub items: Vec<Item>,
     /// Slots released after each item (their last reader in schedule order).
     pub frees: Vec<Vec<usize>>,
-    /// Kernel launches of one run (a group counts once; sources and folded values none).
+    /// Kernel launches of one run on the CPU (a group counts once; sources and folded
+    /// values none).
     pub dispatches: usize,
     /// Whether a host callback runs (here or in a loop body): such plans stay on the
     /// calling thread, so a callback never waits for the GIL on a pool worker.
@@ -111,18 +208,49 @@ impl Group {
     }
 }
 
-const MAX_MEMBERS: usize = 64;
-
-/// Whether the CPU fusion kernel runs node `i`.
-fn fusible(plan: &Plan, i: usize) -> bool {
-    if !matches!(plan.steps[i], Step::Compute) {
+/// Whether the target's fusion kernel runs node `i` (`shape_like` nodes stay plain).
+fn fusible(plan: &Plan, t: &Target, shape_like: &[bool], i: usize) -> bool {
+    if !matches!(plan.steps[i], Step::Compute) || shape_like[i] {
         return false;
     }
     let node = &plan.nodes[i];
-    let reg = |d: DType| matches!(d, DType::F32 | DType::Bool);
+    let reg = |d: DType| t.dtypes.contains(&d);
     matches!(node.op().gpu_kind(), GpuKind::Fused(_))
         && reg(node.dtype())
         && data_inputs(plan, i).all(|j| reg(plan.nodes[j].dtype()))
+}
+
+/// Small integer vectors (rank 0 or 1) computed only to become shape operands
+/// (`Op::host_args`), directly or through other such vectors: a device keeps them on
+/// the host, and no target fuses them.
+pub fn shape_like(plan: &Plan) -> Vec<bool> {
+    let n = plan.nodes.len();
+    let mut consumers: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
+    for (i, ins) in plan.inputs.iter().enumerate() {
+        for (p, &j) in ins.iter().enumerate() {
+            consumers[j].push((i, p));
+        }
+    }
+    let mut shape_like = vec![false; n];
+    for i in (0..n).rev() {
+        let t = &plan.nodes[i];
+        shape_like[i] = t.dtype().is_int()
+            && t.rank() <= 1
+            && !consumers[i].is_empty()
+            && consumers[i]
+                .iter()
+                .all(|&(c, p)| plan.nodes[c].op().host_args().contains(&p) || shape_like[c]);
+    }
+    shape_like
+}
+
+/// Whether a plan runs a host callback, here or in a loop body.
+fn has_host(plan: &Plan) -> bool {
+    plan.nodes.iter().any(|t| match t.op() {
+        Op::HostCall(_) => true,
+        Op::Loop(body) => has_host(plan.body(body)),
+        _ => false,
+    })
 }
 
 /// Whether node `i` is a slice the CPU fusion kernel can read as a strided view of its
@@ -164,7 +292,8 @@ fn cost(op: &Op) -> usize {
     }
 }
 
-pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
+/// Builds the schedule of `plan` for target `t`.
+pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     let n = plan.nodes.len();
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, ins) in plan.inputs.iter().enumerate() {
@@ -173,14 +302,21 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         }
     }
     let is_output: Vec<bool> = (0..n).map(|i| plan.outputs.contains(&i)).collect();
+    let shape_like = shape_like(plan);
+    let view = |i: usize| t.views && view(plan, i);
+    // Whether reading slot `j` takes one of the group's buffers.
+    let binds = |j: usize| {
+        !(t.scalar_params
+            && matches!(&plan.steps[j], Step::Folded(v) if v.len() == 1 && t.dtypes.contains(&v.dtype())))
+    };
     // group[i]: index into `groups` of the group node i belongs to.
     let mut group: Vec<Option<usize>> = vec![None; n];
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for i in 0..n {
-        if !fuse || !(fusible(plan, i) || view(plan, i)) {
+        if !t.fuse || !(fusible(plan, t, &shape_like, i) || view(i)) {
             continue;
         }
-        if view(plan, i) {
+        if view(i) {
             // Starts a group of its own (its input is read in place, not fused), which
             // readers of the slice may join.
             group[i] = Some(groups.len());
@@ -188,17 +324,48 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             continue;
         }
         let shape = plan.nodes[i].shape();
+        // Groups i may join: through an input of its shape, or (`Target::broadcast`) one
+        // it broadcasts, a group of which i would be the only reader (`closed`).
+        let closed = |g: usize| {
+            groups[g]
+                .iter()
+                .all(|&m| !is_output[m] && users[m].iter().all(|&u| u <= i))
+        };
         let mut cands: Vec<usize> = Vec::new();
         for j in data_inputs(plan, i) {
             if let Some(g) = group[j] {
-                if !cands.contains(&g) && compatible(plan.nodes[j].shape(), shape) {
+                if !cands.contains(&g)
+                    && (compatible(plan.nodes[j].shape(), shape)
+                        || (t.broadcast && plan.nodes[j].rank() <= shape.rank() && closed(g)))
+                {
                     cands.push(g);
                 }
             }
         }
+        // The buffers the group of i and `cs` binds (outputs read by nodes outside it yet).
+        let buffers = |cs: &[usize]| {
+            let inside = |j: usize| j == i || group[j].is_some_and(|h| cs.contains(&h));
+            let members = || {
+                cs.iter()
+                    .flat_map(|&g| groups[g].iter().copied())
+                    .chain([i])
+            };
+            let mut ext: Vec<usize> = Vec::new();
+            for m in members() {
+                for j in data_inputs(plan, m) {
+                    if !inside(j) && binds(j) && !ext.contains(&j) {
+                        ext.push(j);
+                    }
+                }
+            }
+            let outputs = members()
+                .filter(|&m| is_output[m] || users[m].iter().any(|&u| !inside(u)))
+                .count();
+            ext.len() + outputs
+        };
         // Every reader of a member placed before i must be in the merged group.
         let ok = |cs: &[usize]| {
-            cs.iter().map(|&g| groups[g].len()).sum::<usize>() < MAX_MEMBERS
+            cs.iter().map(|&g| groups[g].len()).sum::<usize>() < t.max_members
                 && cs.iter().all(|&g| {
                     groups[g].iter().all(|&m| {
                         users[m]
@@ -206,6 +373,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
                             .all(|&u| u >= i || group[u].is_some_and(|h| cs.contains(&h)))
                     })
                 })
+                && (t.max_buffers == usize::MAX || buffers(cs) <= t.max_buffers)
         };
         let chosen: Vec<usize> = if ok(&cands) {
             cands
@@ -237,13 +405,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
     }
     let mut items = Vec::new();
     let mut dispatches = 0;
-    let mut has_host = false;
     for i in 0..n {
-        match plan.nodes[i].op() {
-            Op::HostCall(_) => has_host = true,
-            Op::Loop(body) => has_host |= plan.body(body).cpu_schedule().has_host,
-            _ => {}
-        }
         let Some(g) = group[i] else {
             if matches!(plan.steps[i], Step::Compute) && !plan.nodes[i].inputs().is_empty() {
                 dispatches += 1;
@@ -253,7 +415,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         };
         let mut members = groups[g].clone();
         members.sort_unstable();
-        if members.iter().all(|&m| view(plan, m)) {
+        if members.iter().all(|&m| view(m)) {
             // A slice no reader joined runs as a plain node.
             dispatches += 1;
             items.push(Item::Node(i));
@@ -293,9 +455,13 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             hidden: Vec::new(),
         }));
     }
-    if fuse {
+    if t.fuse && t.epilogues {
         epilogues(plan, &users, &is_output, &mut items);
+    }
+    if t.fuse && t.accumulations {
         dispatches -= accumulations(plan, &users, &is_output, &mut items);
+    }
+    if t.fuse && t.folds {
         dispatches -= folds(plan, &users, &is_output, &mut items);
     }
     // Groups that nothing reads (they compute update values and outputs only) and that
@@ -357,7 +523,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         .iter()
         .rposition(|item| !infallible(plan, item))
         .map_or(0, |t| t + 1);
-    if fuse {
+    if t.fuse && t.updates {
         items = items
             .into_iter()
             .map(|item| match item {
@@ -367,10 +533,11 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
             .collect();
     }
     Schedule {
+        target: t.clone(),
         items,
         frees,
         dispatches,
-        has_host,
+        has_host: has_host(plan),
         tail,
     }
 }
@@ -598,5 +765,107 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
             Step::Compute => matches!(plan.nodes[*i].op(), Op::Variable(_)) || elementwise(*i),
         },
         Item::MatAcc { .. } => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{schedule, Item, Schedule, Target};
+    use crate::base::dtype::DType;
+    use crate::base::shape::Shape;
+    use crate::compile::Plan;
+    use crate::ops::build::{add, mul, unary};
+    use crate::ops::graph::Tensor;
+    use crate::ops::source::placeholder;
+    use crate::ops::UnaryOp;
+
+    fn ph(name: &str, dims: &[usize]) -> Tensor {
+        let dims = dims.iter().map(|&d| Some(d)).collect();
+        placeholder(name, Shape(dims), DType::F32, None).unwrap()
+    }
+
+    fn groups(s: &Schedule) -> Vec<&super::Group> {
+        s.items.iter().filter_map(Item::group).collect()
+    }
+
+    fn gpu(max_buffers: usize) -> Target {
+        Target::gpu(&[DType::F32, DType::I32, DType::Bool], max_buffers)
+    }
+
+    #[test]
+    fn a_member_joins_the_reader_that_broadcasts_it_where_the_target_allows() {
+        // y = x + exp(w), w of shape [5] broadcast over x's [3, 5].
+        let (x, w) = (ph("x", &[3, 5]), ph("w", &[5]));
+        let y = add(&x, &unary(UnaryOp::Exp, &w).unwrap()).unwrap();
+        let plan = Plan::new(&[x, w], &[y]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        assert_eq!(groups(&g).len(), 1);
+        assert_eq!(groups(&g)[0].members.len(), 2);
+        assert_eq!(g.target, gpu(usize::MAX));
+        let c = schedule(&plan, &Target::cpu(true));
+        assert_eq!(groups(&c).len(), 2);
+    }
+
+    #[test]
+    fn a_broadcast_member_read_elsewhere_stays_out() {
+        // e = exp(w) is also returned, so it cannot be computed per element of [3, 5].
+        let (x, w) = (ph("x", &[3, 5]), ph("w", &[5]));
+        let e = unary(UnaryOp::Exp, &w).unwrap();
+        let y = add(&x, &e).unwrap();
+        let plan = Plan::new(&[x, w], &[y, e]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        assert_eq!(groups(&g).len(), 2);
+        assert!(groups(&g).iter().all(|g| g.members.len() == 1));
+    }
+
+    #[test]
+    fn a_group_writes_each_value_read_after_it() {
+        // t = x * x feeds both returned values: one group, three outputs.
+        let x = ph("x", &[4]);
+        let t = mul(&x, &x).unwrap();
+        let a = unary(UnaryOp::Exp, &t).unwrap();
+        let b = add(&t, &x).unwrap();
+        let plan = Plan::new(&[x], &[a, b, t]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        let gs = groups(&g);
+        assert_eq!(gs.len(), 1);
+        assert_eq!(gs[0].members.len(), 3);
+        assert_eq!(gs[0].outputs.len(), 3);
+    }
+
+    #[test]
+    fn a_group_binds_no_more_buffers_than_the_target_has() {
+        // x0 + x1 + ... + x7: eight inputs and one output.
+        let xs: Vec<Tensor> = (0..8).map(|k| ph(&format!("x{k}"), &[6])).collect();
+        let mut y = xs[0].clone();
+        for x in &xs[1..] {
+            y = add(&y, x).unwrap();
+        }
+        let plan = Plan::new(&xs, &[y]).unwrap();
+        assert_eq!(groups(&schedule(&plan, &gpu(usize::MAX))).len(), 1);
+        for limit in [3, 4, 6] {
+            let s = schedule(&plan, &gpu(limit));
+            let gs = groups(&s);
+            assert!(gs.len() > 1, "limit {limit}");
+            for g in &gs {
+                assert!(g.ext.len() + g.outputs.len() <= limit, "limit {limit}");
+            }
+            assert_eq!(
+                gs.iter().map(|g| g.members.len()).sum::<usize>(),
+                7,
+                "limit {limit}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unfused_target_schedules_every_node_alone() {
+        let x = ph("x", &[4]);
+        let y = unary(UnaryOp::Exp, &mul(&x, &x).unwrap()).unwrap();
+        let plan = Plan::new(&[x], &[y]).unwrap();
+        let s = schedule(&plan, &Target::cpu(false));
+        assert!(groups(&s).is_empty());
+        assert_eq!(s.dispatches, 2);
+        assert_eq!(groups(&schedule(&plan, &Target::cpu(true))).len(), 1);
     }
 }

@@ -35,8 +35,9 @@ pub struct Plan {
     /// the plan (recursively, for loops inside bodies), with the residuals each body has
     /// then.
     bodies: HashMap<usize, Arc<Plan>>,
-    /// What the CPU executor runs (fusion groups), built on first use.
-    cpu: OnceLock<fuse::Schedule>,
+    /// What each device kind runs (`fuse::Schedule`, indexed by `fuse::TargetKind`),
+    /// built on first use.
+    schedules: [OnceLock<fuse::Schedule>; 2],
 }
 
 /// A loop body's key in `Plan::bodies`: its address, which the loop node's `Arc` holds fixed.
@@ -182,7 +183,7 @@ impl Plan {
             frees,
             outputs,
             bodies: HashMap::new(),
-            cpu: OnceLock::new(),
+            schedules: Default::default(),
         }
     }
 
@@ -268,16 +269,11 @@ impl Plan {
         plan
     }
 
-    /// The CPU executor's schedule: elementwise chains fused into groups unless
-    /// `FERROKERAS_CPU_FUSION=0` (`base::config`) is set.
-    pub fn cpu_schedule(&self) -> &fuse::Schedule {
-        self.cpu
-            .get_or_init(|| fuse::schedule(self, crate::base::config::settings().cpu_fusion))
-    }
-
-    /// Builds the CPU schedule now, fused or not (tests compare the two); no effect once built.
-    pub fn init_cpu_schedule(&self, fuse: bool) {
-        let _ = self.cpu.get_or_init(|| fuse::schedule(self, fuse));
+    /// The schedule for `target`, built on first use and kept for the target's kind: the
+    /// first target of a kind wins (tests build an unfused CPU schedule that way), so a
+    /// caller that may pass another checks `Schedule::target`.
+    pub fn schedule(&self, target: &fuse::Target) -> &fuse::Schedule {
+        self.schedules[target.kind as usize].get_or_init(|| fuse::schedule(self, target))
     }
 
     /// Number of kernel launches one unfused CPU run performs (sources and folded values excluded).

@@ -64,7 +64,9 @@ pub fn run(
 /// A CPU run's results as host `Out`s, with the plan's launch count.
 pub fn host_results(values: Vec<Value>, plan: &Plan) -> (Vec<Out>, RunStats) {
     let stats = RunStats {
-        dispatches: plan.cpu_schedule().dispatches,
+        dispatches: plan
+            .schedule(&crate::compile::fuse::Target::cpu_configured())
+            .dispatches,
         submits: 0,
         host_nodes: 0,
     };

@@ -5,6 +5,7 @@
 use crate::base::dtype::DType;
 use crate::base::shape::Shape;
 use crate::base::value::Value;
+use crate::compile::fuse::Target;
 use crate::compile::update_rule::Rule;
 use crate::ops::build::*;
 use crate::ops::graph::Tensor;
@@ -52,8 +53,7 @@ fn same(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> (usize, usize) {
     let mut counts = Vec::new();
     for fuse in [true, false] {
         let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
-        f.plan.init_cpu_schedule(fuse);
-        counts.push(f.plan.cpu_schedule().dispatches);
+        counts.push(f.plan.schedule(&Target::cpu(fuse)).dispatches);
         res.push(crate::runtime::cpu::run(&f.plan, &f.cpu, vs.to_vec(), None).unwrap());
     }
     for (k, (a, b)) in res[0].iter().zip(&res[1]).enumerate() {
@@ -469,9 +469,9 @@ fn programs_are_reused_across_calls_and_rebuilt_for_new_layouts() {
     let z = binary(BinaryOp::Maximum, &sub(&y, &s).unwrap(), &b).unwrap();
     let (feeds, outs) = (vec![x, b, s], vec![y, z]);
     let fused = Function::new(feeds.clone(), outs.clone(), vec![]).unwrap();
-    fused.plan.init_cpu_schedule(true);
+    fused.plan.schedule(&Target::cpu(true));
     let unfused = Function::new(feeds, outs, vec![]).unwrap();
-    unfused.plan.init_cpu_schedule(false);
+    unfused.plan.schedule(&Target::cpu(false));
     let cases = [
         (vec![4, 6], vec![6], 0.5f32),
         (vec![4, 6], vec![6], -3.0),
@@ -520,8 +520,7 @@ fn rules_recognised_and_run(
     use crate::runtime::cpu::fused::rules_of;
     same(feeds, outs, vs);
     let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
-    f.plan.init_cpu_schedule(true);
-    let items = &f.plan.cpu_schedule().items;
+    let items = &f.plan.schedule(&Target::cpu(true)).items;
     let recognised: Vec<Rule> = items
         .iter()
         .filter_map(|it| Some(it.update()?.rule))

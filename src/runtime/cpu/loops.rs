@@ -196,7 +196,8 @@ pub fn run(
             if crate::base::config::settings().loop_debug {
                 eprintln!(
                     "loop: specialised to its shapes, {} launches per step",
-                    plan.cpu_schedule().dispatches
+                    plan.schedule(&crate::compile::fuse::Target::cpu_configured())
+                        .dispatches
                 );
             }
             record = false;

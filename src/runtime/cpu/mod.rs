@@ -1,10 +1,10 @@
-//! The CPU executor: walks a plan's CPU schedule in order (single nodes, and fused
+//! The CPU executor: walks a plan's schedule for the CPU target in order (single nodes, and fused
 //! elementwise groups run by `fused`), releasing every intermediate value right after its
 //! last reader.
 
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
-use crate::compile::fuse::Item;
+use crate::compile::fuse::{Item, Target};
 use crate::compile::{Plan, Step};
 use crate::ops::source::VarCell;
 use crate::ops::Op;
@@ -38,7 +38,7 @@ pub struct PlanState {
 impl PlanState {
     /// The programs of each item of `plan`'s schedule.
     pub fn programs(&self, plan: &Plan) -> &[fused::Programs] {
-        let items = plan.cpu_schedule().items.len();
+        let items = plan.schedule(&Target::cpu_configured()).items.len();
         let p = self
             .programs
             .get_or_init(|| (0..items).map(|_| Default::default()).collect());
@@ -81,7 +81,7 @@ pub fn run_shaped(
     if let Some(s) = shapes.as_deref_mut() {
         *s = vec![None; plan.nodes.len()];
     }
-    let sched = plan.cpu_schedule();
+    let sched = plan.schedule(&Target::cpu_configured());
     let last = state.last_run_ns.load(Ordering::Relaxed);
     let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
     let t0 = std::time::Instant::now();
@@ -112,7 +112,8 @@ pub fn run_shaped(
 /// when that is already a worker, or when `plan` has a Python callback (the calling
 /// thread is the one that can take the GIL).
 fn on_worker<R: Send>(plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
-    if plan.cpu_schedule().has_host || rayon::current_thread_index().is_some() {
+    if plan.schedule(&Target::cpu_configured()).has_host || rayon::current_thread_index().is_some()
+    {
         return f();
     }
     rayon::scope(|_| f())
@@ -179,7 +180,11 @@ pub fn run_recording(
         *s = vec![None; plan.nodes.len()];
     }
     let mut r = Run::new(plan, state, feeds);
-    r.record(0..plan.cpu_schedule().items.len(), None, shapes)?;
+    r.record(
+        0..plan.schedule(&Target::cpu_configured()).items.len(),
+        None,
+        shapes,
+    )?;
     Ok(r.outputs())
 }
 
@@ -222,7 +227,7 @@ impl<'a> Run<'a> {
             slots,
             multi,
         } = self;
-        let sched = plan.cpu_schedule();
+        let sched = plan.schedule(&Target::cpu_configured());
         let programs = state.programs(plan);
         for t in range {
             let item = &sched.items[t];

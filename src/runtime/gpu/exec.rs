@@ -1,9 +1,11 @@
-//! The GPU executor. Per plan (and device) a `Layout` is computed once: where each node
-//! runs (`Place`), which elementwise nodes fuse into which kernel, and when each slot
-//! dies. Per call, the nodes are walked in order: kernels are *recorded*, not run;
-//! views alias buffers; CPU nodes download what they read (the only reason for a
-//! submit before the end); at the end one submit runs everything and one mapped
-//! staging buffer brings back all outputs. Update values stay on the device.
+//! The GPU executor. Per plan (and device) a `Placement` is computed once: where each node
+//! runs (`Place`), and the plan's schedule for the device's fusion target
+//! (`compile::fuse`, built by the same algorithm as the CPU's): which elementwise nodes
+//! fuse into which generated kernel, and when each slot dies. Per call, the schedule's
+//! items are walked in order: kernels are *recorded*, not run; views alias buffers; CPU
+//! nodes download what they read (the only reason for a submit before the end); at the
+//! end one submit runs everything and one mapped staging buffer brings back all outputs.
+//! Update values stay on the device.
 
 use super::params::{Indexed, Params};
 use super::pipelines::{dtag, Pipe};
@@ -12,6 +14,7 @@ use super::{fusion, kernels, transfer, Context, DTensor, Resident};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
+use crate::compile::fuse::{self, Item, Schedule, Target};
 use crate::compile::{Plan, Step};
 use crate::ops::graph::Tensor;
 use crate::ops::{movement, GpuKind, Op, ViewOp};
@@ -34,29 +37,37 @@ pub(crate) enum Place {
     Meta,
 }
 
-/// Static per-(plan, device) schedule.
-pub(crate) struct Layout {
+/// Where each node of a plan runs on one device, and the device's schedule of the plan.
+pub(crate) struct Placement {
     ctx_id: u64,
     pub place: Vec<Place>,
-    /// The node whose kernel computes node i (i itself unless i is fused into a user).
-    pub sink: Vec<usize>,
-    /// For the sink of a fused group: its members in execution order (sink last).
-    pub members: Vec<Vec<usize>>,
-    /// Slots dead after step i.
-    frees: Vec<Vec<usize>>,
+    /// The device's fusion target (`gpu_target`).
+    target: Target,
+    /// The schedule for `target` when the plan keeps one built for another GPU target
+    /// (`Plan::schedule` keeps one per device kind); else the plan's.
+    own: Option<Schedule>,
     /// Folded constants already uploaded.
     consts: Mutex<HashMap<usize, DTensor>>,
-    /// Generated pipelines per (sink, input modes).
+    /// Generated pipelines per (members, input modes).
     pub fused: Mutex<HashMap<FusedKey, Arc<Pipe>>>,
 }
 
-/// A generated pipeline's key: the sink node and its inputs' modes.
-type FusedKey = (usize, Vec<u32>);
+/// A generated pipeline's key: the kernel's members and its inputs' modes.
+type FusedKey = (Vec<usize>, Vec<u32>);
+
+impl Placement {
+    /// The schedule the executor lowers.
+    pub fn schedule<'p>(&'p self, plan: &'p Plan) -> &'p Schedule {
+        self.own
+            .as_ref()
+            .unwrap_or_else(|| plan.schedule(&self.target))
+    }
+}
 
 /// A `Function`'s GPU state, rebuilt when the device changes.
 #[derive(Default)]
 pub struct PlanCache {
-    layout: Mutex<Option<Arc<Layout>>>,
+    placement: Mutex<Option<Arc<Placement>>>,
 }
 
 pub(crate) struct Slot {
@@ -97,7 +108,7 @@ pub(crate) struct Cmd {
 pub(crate) struct Exec<'a> {
     pub ctx: &'a Arc<Context>,
     pub plan: &'a Plan,
-    pub lay: &'a Layout,
+    pub lay: &'a Placement,
     pub slots: Vec<Option<Slot>>,
     cmds: Vec<Cmd>,
     status: Option<Arc<DevBuf>>,
@@ -122,29 +133,28 @@ fn gpu_supports(t: &Tensor) -> bool {
     ins_ok && out_ok && kernels::supports(t)
 }
 
-fn build_layout(ctx: &Context, plan: &Plan) -> Layout {
+/// The fusion target of `ctx`'s generated kernels: the dtypes WGSL stores, and the
+/// storage buffers a kernel may bind besides its parameter block.
+fn gpu_target(ctx: &Context) -> Target {
+    const STORABLE: &[DType] = &[
+        DType::F32,
+        DType::F16,
+        DType::I32,
+        DType::I16,
+        DType::I8,
+        DType::U8,
+        DType::Bool,
+    ];
+    debug_assert!(STORABLE.iter().all(|&d| dtag(d).is_some()));
+    let buffers = ctx.limits.max_storage_buffers_per_shader_stage as usize;
+    Target::gpu(STORABLE, buffers.saturating_sub(1))
+}
+
+/// Places every node of `plan` on `ctx` and takes the plan's schedule for its target.
+fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
     let n = plan.nodes.len();
-    let mut consumers: Vec<Vec<(usize, usize)>> = vec![vec![]; n];
-    for (i, ins) in plan.inputs.iter().enumerate() {
-        for (p, &j) in ins.iter().enumerate() {
-            consumers[j].push((i, p));
-        }
-    }
-    let mut is_out = vec![false; n];
-    for &o in &plan.outputs {
-        is_out[o] = true;
-    }
     // Small int vectors that only feed target shapes stay on the host.
-    let mut shape_like = vec![false; n];
-    for i in (0..n).rev() {
-        let t = &plan.nodes[i];
-        shape_like[i] = t.dtype().is_int()
-            && t.rank() <= 1
-            && !consumers[i].is_empty()
-            && consumers[i]
-                .iter()
-                .all(|&(c, p)| plan.nodes[c].op().host_args().contains(&p) || shape_like[c]);
-    }
+    let shape_like = fuse::shape_like(plan);
     let place: Vec<Place> = (0..n)
         .map(|i| match plan.steps[i] {
             Step::Fed(_) | Step::Folded(_) => Place::Source,
@@ -163,73 +173,13 @@ fn build_layout(ctx: &Context, plan: &Plan) -> Layout {
             },
         })
         .collect();
-    let fusable = |i: usize| {
-        place[i] == Place::Gpu && matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_))
-    };
-    let inlined = |j: usize| matches!(&plan.steps[j], Step::Folded(v) if v.len() == 1 && dtag(v.dtype()).is_some());
-    let dev_inputs = |i: usize| -> Vec<usize> {
-        let h = plan.nodes[i].op().host_args();
-        plan.inputs[i]
-            .iter()
-            .enumerate()
-            .filter(|(p, &j)| !h.contains(p) && !inlined(j))
-            .map(|(_, &j)| j)
-            .collect()
-    };
-    let max_inputs = (ctx.limits.max_storage_buffers_per_shader_stage as usize)
-        .saturating_sub(2)
-        .max(2);
-    let mut sink: Vec<usize> = (0..n).collect();
-    let mut ext: HashMap<usize, Vec<usize>> = HashMap::new();
-    for i in (0..n).rev() {
-        if !fusable(i) {
-            continue;
-        }
-        let mine = dev_inputs(i);
-        let mut distinct_users: Vec<usize> = consumers[i].iter().map(|c| c.0).collect();
-        distinct_users.dedup();
-        if !is_out[i] && distinct_users.len() == 1 && fusable(distinct_users[0]) {
-            let s = sink[distinct_users[0]];
-            let cur = ext.get(&s).cloned().unwrap_or_default();
-            let mut merged: Vec<usize> = cur.into_iter().filter(|&j| j != i).collect();
-            for j in mine.iter().copied() {
-                if !merged.contains(&j) {
-                    merged.push(j);
-                }
-            }
-            if merged.len() <= max_inputs {
-                sink[i] = s;
-                ext.insert(s, merged);
-                continue;
-            }
-        }
-        ext.insert(i, mine);
-    }
-    let mut members = vec![Vec::new(); n];
-    for i in 0..n {
-        if fusable(i) {
-            members[sink[i]].push(i);
-        }
-    }
-    let mut last: Vec<Option<usize>> = vec![None; n];
-    for i in 0..n {
-        for &j in &plan.inputs[i] {
-            let at = sink[i];
-            last[j] = Some(last[j].map_or(at, |l: usize| l.max(at)));
-        }
-    }
-    let mut frees = vec![Vec::new(); n];
-    for (j, l) in last.iter().enumerate() {
-        if let (Some(l), false) = (l, is_out[j]) {
-            frees[*l].push(j);
-        }
-    }
-    Layout {
+    let target = gpu_target(ctx);
+    let own = (plan.schedule(&target).target != target).then(|| fuse::schedule(plan, &target));
+    Placement {
         ctx_id: ctx.id,
         place,
-        sink,
-        members,
-        frees,
+        target,
+        own,
         consts: Mutex::new(HashMap::new()),
         fused: Mutex::new(HashMap::new()),
     }
@@ -245,11 +195,11 @@ pub fn run(
     cache: &PlanCache,
 ) -> Result<(Vec<Out>, RunStats)> {
     let lay = {
-        let mut l = cache.layout.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = cache.placement.lock().unwrap_or_else(|e| e.into_inner());
         match l.as_ref() {
             Some(x) if x.ctx_id == ctx.id => x.clone(),
             _ => {
-                let x = Arc::new(build_layout(ctx, plan));
+                let x = Arc::new(build_placement(ctx, plan));
                 *l = Some(x.clone());
                 x
             }
@@ -269,10 +219,10 @@ pub fn run(
         stats: RunStats::default(),
     };
     let mut feeds: Vec<Option<Value>> = feeds.into_iter().map(Some).collect();
-    for i in 0..plan.nodes.len() {
-        ex.step(i, &mut feeds)
-            .map_err(|e| annotate(e, &plan.nodes[i]))?;
-        for &j in &lay.frees[i] {
+    let sched = lay.schedule(plan);
+    for (t, item) in sched.items.iter().enumerate() {
+        ex.item(item, &mut feeds)?;
+        for &j in &sched.frees[t] {
             ex.slots[j] = None;
             ex.multi.remove(&j);
         }
@@ -316,11 +266,33 @@ impl<'a> Exec<'a> {
             .expect("inputs are computed before their users")
     }
 
-    fn step(&mut self, i: usize, feeds: &mut [Option<Value>]) -> Result<()> {
-        let lay = self.lay;
-        if lay.sink[i] != i {
-            return Ok(()); // computed inside its user's fused kernel
+    /// Lowers one schedule item: a node by its placement, a group as generated kernels
+    /// (`fusion::record`).
+    fn item(&mut self, item: &Item, feeds: &mut [Option<Value>]) -> Result<()> {
+        let plan = self.plan;
+        match item {
+            Item::Node(i) => self
+                .step(*i, feeds)
+                .map_err(|e| annotate(e, &plan.nodes[*i])),
+            Item::Group(_) | Item::Update(_) => {
+                let g = item.group().expect("a group item");
+                let last = *g.members.last().expect("a group has members");
+                fusion::record(self, g, feeds).map_err(|e| annotate(e, &plan.nodes[last]))
+            }
+            // Not built for the GPU target; the two nodes as they are.
+            Item::MatAcc { mm, add, .. } => {
+                for i in [*mm, *add] {
+                    self.step(i, feeds)
+                        .map_err(|e| annotate(e, &plan.nodes[i]))?;
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// Runs plan step `i` on its own (an elementwise node as a kernel of one member).
+    pub(crate) fn step(&mut self, i: usize, feeds: &mut [Option<Value>]) -> Result<()> {
+        let lay = self.lay;
         let slot = match &self.plan.steps[i] {
             Step::Fed(f) => Slot::host(feeds[*f].take().expect("each feed is read once")),
             Step::Folded(v) => {
@@ -344,7 +316,9 @@ impl<'a> Exec<'a> {
                 }
                 Place::View => self.view(i)?,
                 Place::Host => self.on_host(i)?,
-                Place::Gpu if !lay.members[i].is_empty() => fusion::record(self, i)?,
+                Place::Gpu if matches!(self.plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_)) => {
+                    return fusion::record_members(self, &[i], &[i]);
+                }
                 Place::Gpu => kernels::record(self, i)?,
             },
         };

@@ -1,16 +1,21 @@
-//! Fused elementwise kernels. A group (chosen by `exec::build_layout`: elementwise
-//! nodes whose only user is the next elementwise node) becomes one generated WGSL
-//! kernel: each external input is loaded once per element (directly, as a scalar, as
-//! an inlined folded constant, or through broadcast strides), then each member is one
-//! `let` built from the op -> WGSL expression tables of `ops::elementwise`, rounded to
-//! its dtype. So `relu(x @ w + b) * 2` is the matmul plus one dispatch.
+//! Fused elementwise kernels: the GPU lowering of the schedule's groups
+//! (`compile::fuse::Group`, built for the GPU's target). A group becomes one generated
+//! WGSL kernel over the elements of its outputs' shape: each external input is loaded
+//! once per element (directly, as a scalar, as an inlined folded constant, or through
+//! broadcast strides), then each member is one `let` built from the op -> WGSL expression
+//! tables of `ops::elementwise`, rounded to its dtype, and each output is written to a
+//! buffer of its own. So `relu(x @ w + b) * 2` is the matmul plus one dispatch. A group
+//! the kernel cannot run as a whole (a member placed on the host, outputs whose shapes
+//! differ at run time) runs member by member.
 
-use super::exec::{grid, Exec, Slot};
+use super::exec::{grid, Exec, Place, Slot};
 use super::params::{self, Params, FUSED_WGSL};
 use super::pipelines::{self, dtag, is_float, norm_fn};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::broadcast_runtime;
+use crate::base::value::Value;
+use crate::compile::fuse::Group;
 use crate::compile::Step;
 use crate::ops::elementwise::BinaryClass;
 use crate::ops::{FusedOp, GpuKind};
@@ -77,14 +82,37 @@ fn cast_expr(from: DType, to: DType, v: &str) -> String {
     }
 }
 
-/// Records the fused kernel whose sink is node `s`.
-pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
+/// Records group `g` as one kernel, or member by member where it cannot run as a whole.
+pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Value>]) -> Result<()> {
+    if g.first.is_some() || !g.folds.is_empty() || !g.hidden.is_empty() {
+        return Err(Error::Runtime(
+            "internal: a GPU group with an epilogue or folds".into(),
+        ));
+    }
+    let whole = g.members.iter().all(|&m| ex.lay.place[m] == Place::Gpu) && {
+        let shapes = member_shapes(ex, &g.members)?;
+        let last = g.members.last().expect("a group has members");
+        g.outputs.iter().all(|o| shapes[o] == shapes[last])
+    };
+    if whole {
+        return record_members(ex, &g.members, &g.outputs);
+    }
+    for &m in &g.members {
+        ex.step(m, feeds)?;
+    }
+    for &m in &g.members {
+        if !g.outputs.contains(&m) {
+            ex.slots[m] = None;
+        }
+    }
+    Ok(())
+}
+
+/// Runtime shapes of `members` (in plan order), from their inputs' slots.
+fn member_shapes(ex: &Exec, members: &[usize]) -> Result<HashMap<usize, Vec<usize>>> {
     let plan = ex.plan;
-    let members = ex.lay.members[s].clone();
-    let is_member = |j: usize| members.contains(&j);
-    // Runtime shapes of the members.
     let mut shapes: HashMap<usize, Vec<usize>> = HashMap::new();
-    for &m in &members {
+    for &m in members {
         let ins = &plan.inputs[m];
         let sh = |j: usize| -> Vec<usize> {
             shapes
@@ -119,12 +147,22 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
         };
         shapes.insert(m, shape);
     }
+    Ok(shapes)
+}
+
+/// Records one generated kernel computing `members` (in plan order) per element of the
+/// last member's shape and writing `outputs`, which have that shape; puts the outputs
+/// in their slots.
+pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]) -> Result<()> {
+    let plan = ex.plan;
+    let is_member = |j: usize| members.contains(&j);
+    let shapes = member_shapes(ex, members)?;
+    let s = *members.last().expect("a kernel has members");
     let out_shape = shapes[&s].clone();
     let n: usize = out_shape.iter().product();
-    let out_dtype = plan.nodes[s].dtype();
     // External inputs, in first-use order.
     let mut ext: Vec<(usize, Mode)> = Vec::new();
-    for &m in &members {
+    for &m in members {
         let h = plan.nodes[m].op().host_args();
         for (p, &j) in plan.inputs[m].iter().enumerate() {
             if h.contains(&p) || is_member(j) || ext.iter().any(|e| e.0 == j) {
@@ -162,20 +200,20 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
         .fused
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(&(s, key.clone()))
+        .get(&(members.to_vec(), key.clone()))
         .cloned();
-    let tag = dtag(out_dtype).expect("gpu dtype");
+    let tag = dtag(plan.nodes[s].dtype()).expect("gpu dtype");
     let entry = format!("fused_{tag}");
     let pipe = match cached {
         Some(p) => p,
         None => {
-            let src = generate(ex, &members, &ext, s, &entry)?;
+            let src = generate(ex, members, outputs, &ext, &entry)?;
             let p = pipelines::generated(ex.ctx, &src, &entry)?;
             ex.lay
                 .fused
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert((s, key), p.clone());
+                .insert((members.to_vec(), key), p.clone());
             p
         }
     };
@@ -183,47 +221,64 @@ pub(crate) fn record(ex: &mut Exec, s: usize) -> Result<Slot> {
     let rank = out_shape.len();
     let mut tail: Vec<u32> = out_shape.iter().map(|&d| d as u32).collect();
     let mut bound = Vec::new();
+    let first_in = 1 + outputs.len() as u32;
     for (k, (j, mode)) in ext.iter().enumerate() {
         if *mode == Mode::Bcast {
             tail.extend(bcast_strides(&ex.slot(*j).shape, &out_shape));
         }
         if !matches!(mode, Mode::Param(_)) {
-            bound.push((2 + k as u32, ex.dev(*j)?));
+            bound.push((first_in + k as u32, ex.dev(*j)?));
         }
     }
     tail.extend(ext.iter().filter_map(|(_, m)| match m {
         Mode::Param(w) => Some(*w),
         Mode::Same | Mode::Scalar | Mode::Bcast => None,
     }));
-    let out = ex.alloc(&out_shape, out_dtype, s)?;
-    let mut bufs = vec![(1u32, &out)];
+    let outs = outputs
+        .iter()
+        .map(|&o| ex.alloc(&out_shape, plan.nodes[o].dtype(), o))
+        .collect::<Result<Vec<_>>>()?;
+    let mut bufs: Vec<(u32, &super::DTensor)> = outs
+        .iter()
+        .enumerate()
+        .map(|(k, t)| (1 + k as u32, t))
+        .collect();
     bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
     let block = params::Fused {
         n: n as u32,
         rank: rank as u32,
     };
     ex.dispatch(pipe, &bufs, Params::with_tail(&block, &tail), grid(n));
-    Ok(Slot::dev(out))
+    for (&o, t) in outputs.iter().zip(outs) {
+        ex.slots[o] = Some(Slot::dev(t));
+    }
+    Ok(())
 }
 
 fn generate(
     ex: &Exec,
     members: &[usize],
+    outputs: &[usize],
     ext: &[(usize, Mode)],
-    s: usize,
     entry: &str,
 ) -> Result<String> {
     let plan = ex.plan;
     let has_f16 = ex.ctx.has_f16;
     let mut src = pipelines::common(has_f16);
     src.push_str(FUSED_WGSL);
-    src.push_str("@group(0) @binding(1) var<storage, read_write> out: array<u32>;\n");
+    for k in 0..outputs.len() {
+        let _ = writeln!(
+            src,
+            "@group(0) @binding({}) var<storage, read_write> out{k}: array<u32>;",
+            1 + k
+        );
+    }
     for (k, (_, m)) in ext.iter().enumerate() {
         if !matches!(m, Mode::Param(_)) {
             let _ = writeln!(
                 src,
                 "@group(0) @binding({}) var<storage, read> in{k}: array<u32>;",
-                2 + k
+                1 + outputs.len() + k
             );
         }
     }
@@ -307,10 +362,13 @@ fn generate(
     for h in helpers {
         src.push_str(&h);
     }
+    for (k, o) in outputs.iter().enumerate() {
+        let _ = writeln!(body, "    out{k}[i] = bitcast<u32>(v{o});");
+    }
     let _ = write!(
         src,
         "@compute @workgroup_size(256)\nfn {entry}(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
-         let i = fk_index(g, nw);\n    if (i >= p.n) {{ return; }}\n{body}    out[i] = bitcast<u32>(v{s});\n}}\n"
+         let i = fk_index(g, nw);\n    if (i >= p.n) {{ return; }}\n{body}}}\n"
     );
     Ok(src)
 }
