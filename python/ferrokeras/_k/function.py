@@ -51,7 +51,9 @@ class Function:
         self._dtypes = [np.dtype(t.dtype) for t in self.inputs]
         self._progress_after = _progress_after(verbose)
         start = time.perf_counter()
-        self._f = _core.Function([t._core for t in self.inputs], [o._core for o in outs], pairs)
+        self._f = _core.Function(
+            [t._core for t in self.inputs], [o._core for o in outs], pairs, name
+        )
         took = time.perf_counter() - start
         if self._progress_after is not None and took >= self._progress_after:
             # The graph is planned with the GIL held: it is reported once it is done.

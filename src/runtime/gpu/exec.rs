@@ -15,7 +15,7 @@ use crate::base::value::Value;
 use crate::compile::{Plan, Step};
 use crate::ops::graph::Tensor;
 use crate::ops::{movement, GpuKind, Op, ViewOp};
-use crate::runtime::{Out, RunStats};
+use crate::runtime::{profile, Out, RunStats};
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
@@ -270,8 +270,13 @@ pub fn run(
     };
     let mut feeds: Vec<Option<Value>> = feeds.into_iter().map(Some).collect();
     for i in 0..plan.nodes.len() {
+        let start = profile::begin();
+        let before = ex.stats.dispatches;
         ex.step(i, &mut feeds)
             .map_err(|e| annotate(e, &plan.nodes[i]))?;
+        if let Some(start) = start {
+            ex.profile_step(start, i, ex.stats.dispatches - before);
+        }
         for &j in &lay.frees[i] {
             ex.slots[j] = None;
             ex.multi.remove(&j);
@@ -350,6 +355,31 @@ impl<'a> Exec<'a> {
         };
         self.slots[i] = Some(slot);
         Ok(())
+    }
+
+    /// Records node `i`'s step in the profile (`runtime::profile`), unless a fused kernel
+    /// computed it.
+    fn profile_step(&self, start: u64, i: usize, dispatches: usize) {
+        if self.lay.sink[i] != i {
+            return;
+        }
+        let place = match self.lay.place[i] {
+            Place::Source => "source",
+            Place::Host => "host",
+            Place::Gpu => "gpu",
+            Place::View => "view",
+            Place::Meta => "meta",
+        };
+        let shape = |j: usize| self.slots[j].as_ref().map(|s| s.shape.clone());
+        profile::gpu_node(
+            start,
+            self.plan,
+            i,
+            place,
+            &self.lay.members[i],
+            dispatches,
+            &shape,
+        );
     }
 
     /// Runs node `i` with its CPU kernel, downloading its inputs.
@@ -597,7 +627,11 @@ impl<'a> Exec<'a> {
             });
         }
         let cmds = std::mem::take(&mut self.cmds);
+        let (start, recorded) = (profile::begin(), cmds.len());
         let mut words = submit(self.ctx, cmds, &reads)?;
+        if let Some(start) = start {
+            profile::gpu_submit(start, recorded, reads.len(), None);
+        }
         self.stats.submits += 1;
         if status.is_some() {
             let st = words.pop().expect("status words");
