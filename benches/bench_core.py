@@ -42,6 +42,16 @@ def bench_call_overhead(rng, calls, repeats):
     return ("K.function call, 4x4 tanh(x.w+b)", "us/call", fk * 1e6, fn * 1e6, fn / fk)
 
 
+def tiny_call_overhead(calls, repeats):
+    """K.function call time of x + 1 on a 2x2 input: medians, in us, of `repeats` rounds of
+    `calls` calls each (what an idle hook on the call path would show up in)."""
+    x = K.placeholder(shape=(2, 2))
+    f = K.function([x], [x + 1])
+    xv = np.ones((2, 2), "float32")
+    f([xv])
+    return [median_seconds(lambda: f([xv]), calls, 1) * 1e6 for _ in range(repeats)]
+
+
 def bench_matmul(rng, n, repeats):
     """K.dot of two fed n x n float32 matrices, inputs and output crossing the boundary."""
     av = rng.standard_normal((n, n)).astype("float32")
@@ -66,7 +76,19 @@ def bench_matmul(rng, n, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
+    parser.add_argument(
+        "--tiny-call",
+        action="store_true",
+        help="only the call time of x + 1 on a 2x2 input: 20000 calls per round, 7 rounds",
+    )
     args = parser.parse_args()
+    if args.tiny_call:
+        rounds = tiny_call_overhead(20000, 7)
+        print(
+            "K.function call, 2x2 x + 1, us/call per round:", " ".join(f"{r:.2f}" for r in rounds)
+        )
+        print(f"median {statistics.median(rounds):.2f} us/call")
+        return
     calls, repeats = (200, 3) if args.quick else (2000, 7)
 
     device = getattr(ferrokeras, "device", lambda: "cpu")()
