@@ -91,6 +91,12 @@ def test_a_training_step_records_every_item_once(tmp_path):
             assert sum(s["args"]["dispatches"] for s in items) == f.dispatches
             submits = [s for s in spans if s["cat"] == "gpu.submit" and _inside(s, call)]
             assert len(submits) == f._f.submits >= 1
+            # Where the device has timestamp queries (Mesa's llvmpipe does), each submit
+            # that ran kernels has the GPU's time for them, within the submit's span.
+            timed = [s for s in submits if "gpu_us" in s["args"]]
+            if timed:
+                assert len(timed) == sum(s["args"]["dispatches"] > 0 for s in submits)
+                assert all(0 < s["args"]["gpu_us"] <= s["dur"] for s in timed)
             assert any(s["cat"] == "gpu.record" for s in items)
         else:
             # Every item of the CPU schedule, once per call, and one launch each.

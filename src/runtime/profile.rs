@@ -106,6 +106,8 @@ thread_local! {
     static TID: Cell<u64> = const { Cell::new(0) };
     /// Loop bodies this thread is running (0: a call's own plan).
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// The GPU time of the pass of the submit in progress (`note_gpu_time`).
+    static GPU_NS: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
 /// This thread's trace id (its OS thread id on Linux), naming it in the trace on first use.
@@ -337,12 +339,18 @@ pub fn gpu_node(
     push(start, name, cat, args);
 }
 
+/// Notes the GPU's own time for the compute pass of the submit this thread is making
+/// (`gpu::timestamps`), for its span.
+pub fn note_gpu_time(ns: u64) {
+    GPU_NS.with(|g| g.set(Some(ns)));
+}
+
 /// Records one GPU queue submission (and the wait for its results): `dispatches` kernels,
-/// `reads` buffers brought back; `gpu_ns` the GPU's own time for the pass, when the
-/// adapter has timestamp queries.
-pub fn gpu_submit(start: u64, dispatches: usize, reads: usize, gpu_ns: Option<u64>) {
+/// `reads` buffers brought back, and the GPU's time for its kernels when the device has
+/// timestamp queries (`note_gpu_time`).
+pub fn gpu_submit(start: u64, dispatches: usize, reads: usize) {
     let mut args = format!("\"device\": \"gpu\", \"dispatches\": {dispatches}, \"reads\": {reads}");
-    if let Some(ns) = gpu_ns {
+    if let Some(ns) = GPU_NS.with(|g| g.take()) {
         let _ = write!(args, ", \"gpu_us\": {:.3}", ns as f64 / 1e3);
     }
     push(start, "submit".to_string(), "gpu.submit", args);

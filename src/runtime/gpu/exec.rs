@@ -630,7 +630,7 @@ impl<'a> Exec<'a> {
         let (start, recorded) = (profile::begin(), cmds.len());
         let mut words = submit(self.ctx, cmds, &reads)?;
         if let Some(start) = start {
-            profile::gpu_submit(start, recorded, reads.len(), None);
+            profile::gpu_submit(start, recorded, reads.len());
         }
         self.stats.submits += 1;
         if status.is_some() {
@@ -695,6 +695,9 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("ferrokeras call"),
         });
+    let stamps = pbuf
+        .as_ref()
+        .and_then(|_| super::timestamps::Stamps::new(ctx));
     if let Some(pbuf) = &pbuf {
         let groups: Vec<wgpu::BindGroup> = cmds
             .iter()
@@ -728,7 +731,7 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
             .collect();
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: None,
-            timestamp_writes: None,
+            timestamp_writes: stamps.as_ref().map(|s| s.writes()),
         });
         for (c, g) in cmds.iter().zip(&groups) {
             pass.set_pipeline(&c.pipe.pipeline);
@@ -751,6 +754,9 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
             }
             off += sz;
         }
+    }
+    if let Some(s) = &stamps {
+        s.resolve(&mut enc);
     }
     ctx.queue.submit([enc.finish()]);
     let mut out: Vec<Vec<u32>> = Vec::with_capacity(reads.len());
@@ -799,6 +805,9 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
             ctx.check("a GPU call")?;
             out.extend(reads.iter().map(|_| Vec::new()));
         }
+    }
+    if let Some(s) = stamps {
+        s.finish(ctx);
     }
     drop(cmds);
     drop(pbuf);
