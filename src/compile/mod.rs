@@ -3,6 +3,7 @@
 //! the runtime can release buffers as soon as they are dead.
 
 use crate::base::error::Result;
+use crate::base::progress::{self, Phase};
 use crate::base::value::Value;
 use crate::ops::control::LoopBody;
 use crate::ops::graph::{topo_order, Tensor};
@@ -47,6 +48,7 @@ fn body_key(body: &Arc<LoopBody>) -> usize {
 impl Plan {
     /// Orders and folds the subgraph `targets` need, treating `feeds` as leaves.
     pub fn new(feeds: &[Tensor], targets: &[Tensor]) -> Result<Plan> {
+        let _phase = progress::enter(Phase::Optimise);
         let feed_index: HashMap<u64, usize> =
             feeds.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
         let nodes = topo_order(targets, &|t| feed_index.contains_key(&t.id()));
@@ -198,6 +200,7 @@ impl Plan {
     /// takes (`Switches`), as a lazy conditional would run it; only valid for feeds of
     /// these values too.
     pub fn specialize(&self, shapes: &[Option<Vec<usize>>], values: &[(usize, Value)]) -> Plan {
+        let _phase = progress::enter(Phase::Specialise);
         let n = self.nodes.len();
         let mut alias: Vec<usize> = (0..n).collect();
         let mut folded: Vec<Option<Value>> = vec![None; n];
@@ -271,8 +274,10 @@ impl Plan {
     /// The CPU executor's schedule: elementwise chains fused into groups unless
     /// `FERROKERAS_CPU_FUSION=0` (`base::config`) is set.
     pub fn cpu_schedule(&self) -> &fuse::Schedule {
-        self.cpu
-            .get_or_init(|| fuse::schedule(self, crate::base::config::settings().cpu_fusion))
+        self.cpu.get_or_init(|| {
+            let _phase = progress::enter(Phase::Schedule);
+            fuse::schedule(self, crate::base::config::settings().cpu_fusion)
+        })
     }
 
     /// Builds the CPU schedule now, fused or not (tests compare the two); no effect once built.
