@@ -42,6 +42,26 @@ def bench_call_overhead(rng, calls, repeats):
     return ("K.function call, 4x4 tanh(x.w+b)", "us/call", fk * 1e6, fn * 1e6, fn / fk)
 
 
+def tiny_call_overhead(calls, repeats):
+    """K.function call time of x + 1 on a 2x2 input (what an idle hook on the call path would
+    show up in): per round of `calls` calls, the mean wall time and the mean CPU time of
+    the calling thread, in us. The CPU time leaves out time the thread waited for a core,
+    so it holds still on a loaded machine where the wall time does not."""
+    x = K.placeholder(shape=(2, 2))
+    f = K.function([x], [x + 1])
+    xv = np.ones((2, 2), "float32")
+    for _ in range(calls // 10):
+        f([xv])
+    wall, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        for _ in range(calls):
+            f([xv])
+        wall.append((time.perf_counter() - start) / calls * 1e6)
+        cpu.append((time.thread_time() - start_cpu) / calls * 1e6)
+    return wall, cpu
+
+
 def bench_matmul(rng, n, repeats):
     """K.dot of two fed n x n float32 matrices, inputs and output crossing the boundary."""
     av = rng.standard_normal((n, n)).astype("float32")
@@ -66,7 +86,26 @@ def bench_matmul(rng, n, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
+    parser.add_argument(
+        "--tiny-call",
+        action="store_true",
+        help="only the call time of x + 1 on a 2x2 input: 20000 calls per round, 7 rounds",
+    )
     args = parser.parse_args()
+    if args.tiny_call:
+        wall, cpu = tiny_call_overhead(20000, 7)
+        print(
+            "K.function call, 2x2 x + 1, us/call per round (wall):",
+            " ".join(f"{r:.2f}" for r in wall),
+        )
+        print(
+            "K.function call, 2x2 x + 1, us/call per round (thread CPU):",
+            " ".join(f"{r:.2f}" for r in cpu),
+        )
+        print(
+            f"median {statistics.median(wall):.2f} us/call wall, {statistics.median(cpu):.2f} us/call CPU"
+        )
+        return
     calls, repeats = (200, 3) if args.quick else (2000, 7)
 
     device = getattr(ferrokeras, "device", lambda: "cpu")()

@@ -118,3 +118,37 @@ def test_on_a_terminal_one_line_is_rewritten(monkeypatch):
     assert all(f == f"{what}: {n} s" for f, n in zip(frames, seconds))
     assert seconds == sorted(seconds) and seconds[-1] <= 1
     assert frames[-1].startswith(f"{what}: done in 1.")
+
+
+def _wide_graph(n):
+    """n branches of a placeholder times a variable, concatenated and summed: the gradient
+    and the plan take tens of milliseconds or more to build (4000 branches on a loaded
+    2-vCPU VM: differentiating 0.05 s, planning 0.4 s)."""
+    x = K.placeholder(shape=(None, 2))
+    w = K.variable(np.ones((2,), "float32"))
+    ys = [K.tanh(x * w * (1.0 + k * 1e-3)) for k in range(n)]
+    return x, w, K.sum(K.concatenate(ys, axis=1))
+
+
+def test_planning_and_differentiating_report_their_phase(capsys, monkeypatch):
+    # Planning and differentiating run without the GIL: the reporting thread writes while
+    # they run, and reads the phase the engine is in.
+    monkeypatch.setenv("FERROKERAS_COMPILE_PROGRESS", "0.005")
+    x, w, loss = _wide_graph(4000)
+    capsys.readouterr()
+    (g,) = K.gradients(loss, [w])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("ferrokeras: K.gradients: ")
+    assert err[0].endswith(" s so far (differentiating)")
+    assert err[-1].startswith("ferrokeras: K.gradients: done in ")
+    K.function([x], [loss, g], name="big")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("ferrokeras: planning K.function 'big': ")
+    assert err[0].endswith(" s so far (optimising the graph)")
+    assert err[-1].startswith("ferrokeras: planning K.function 'big': done in ")
+    # Off: nothing.
+    K.function([x], [loss, g], verbose=0)
+    monkeypatch.setenv("FERROKERAS_COMPILE_PROGRESS", "0")
+    K.gradients(loss, [w])
+    K.function([x], [loss, g])
+    assert capsys.readouterr().err == ""

@@ -13,6 +13,7 @@ import random
 import numpy as np
 
 from . import _core
+from ._profile import ProfileSummary, profile, profile_summary
 
 __version__ = "0.1.0"
 
@@ -116,5 +117,8 @@ __all__ = [
     "set_random_seed",
     "DeviceError",
     "py_function",
+    "profile",
+    "profile_summary",
+    "ProfileSummary",
     "__version__",
 ]

@@ -50,6 +50,9 @@ __all__ = [
     "gpu_pool_stats",
     "gpu_pool_limits",
     "gpu_pool_clear",
+    "profile_start",
+    "compile_phase",
+    "profile_stop",
     "_debug_lose_gpu",
     "DeviceError",
     "UNARY_OPS",
@@ -92,6 +95,7 @@ class Function:
         feeds: Sequence[Tensor],
         outputs: Sequence[Tensor],
         updates: Sequence[tuple[Tensor, Tensor]],
+        name: str | None = None,
     ) -> Function: ...
     def __call__(self, values: Sequence[np.ndarray]) -> list[np.ndarray]: ...
     @property
@@ -183,6 +187,9 @@ def gpu_pool_limits(
     max_idle_bytes: int | None = None, max_idle_submits: int | None = None
 ) -> None: ...
 def gpu_pool_clear() -> None: ...
+def profile_start() -> int: ...
+def compile_phase() -> str | None: ...
+def profile_stop(since: int) -> str: ...
 def _debug_lose_gpu() -> None: ...  # test-only: destroys the current GPU device
 
 class DeviceError(RuntimeError): ...

@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 
 from . import backend as K
+from ._profile import profile
 
 _TENSORBOARD_MISSING = (
     "ferrokeras.callbacks.TensorBoard needs the 'tensorboard' package (it writes event "
@@ -399,6 +400,10 @@ class TensorBoard(Callback):
             TensorBoard's embedding projector reads TensorFlow checkpoints, which
             ferrokeras does not write: ``embeddings_freq > 0`` raises ``ValueError``.
         update_freq: ``'epoch'``, ``'batch'`` or a number of samples between writes.
+        profile_batch: Profile this training batch (counted from 1 over the whole ``fit``,
+            as TensorFlow's callback counts it) with ``ferrokeras.profile`` and write its
+            trace where TensorBoard's profile plugin looks for it,
+            ``<log_dir>/plugins/profile/<run>/<host>.trace.json.gz``; 0 (default): none.
 
     Raises:
         ImportError: the ``tensorboard`` package is not installed.
@@ -426,6 +431,7 @@ class TensorBoard(Callback):
         embeddings_metadata=None,
         embeddings_data=None,
         update_freq="epoch",
+        profile_batch=0,
     ):
         super().__init__()
         _tb()  # fail here, not at the end of the first epoch, without the package
@@ -457,6 +463,14 @@ class TensorBoard(Callback):
                     f"samples >= 1, got {update_freq!r}"
                 )
             update_freq = int(update_freq)
+        if (
+            isinstance(profile_batch, bool)
+            or not isinstance(profile_batch, (int, np.integer))
+            or profile_batch < 0
+        ):
+            raise ValueError(
+                f"TensorBoard: profile_batch must be an int >= 0 (0: none), got {profile_batch!r}"
+            )
         self.log_dir = os.fspath(log_dir)
         self.histogram_freq = int(histogram_freq)
         self.batch_size = int(batch_size)
@@ -468,6 +482,9 @@ class TensorBoard(Callback):
         self.embeddings_metadata = embeddings_metadata or {}
         self.embeddings_data = embeddings_data
         self.update_freq = update_freq
+        self.profile_batch = int(profile_batch)
+        self._batches = 0
+        self._profiling = None
         self.samples_seen = 0
         self.samples_seen_at_last_write = 0
         self.writer = None
@@ -516,9 +533,19 @@ class TensorBoard(Callback):
             self._open().flush()
 
     def on_train_begin(self, logs=None):
+        self._batches = 0
         self._open()
 
+    def on_batch_begin(self, batch, logs=None):
+        self._batches += 1
+        if self._batches == self.profile_batch:
+            self._profiling = profile(None, tensorboard_dir=self.log_dir)
+            self._profiling.__enter__()
+
     def on_batch_end(self, batch, logs=None):
+        if self._profiling is not None:
+            self._profiling.__exit__(None, None, None)
+            self._profiling = None
         if self.update_freq == "epoch":
             return
         logs = logs or {}
@@ -541,6 +568,9 @@ class TensorBoard(Callback):
         self._write_logs(logs, index)
 
     def on_train_end(self, logs=None):
+        if self._profiling is not None:
+            self._profiling.__exit__(None, None, None)
+            self._profiling = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -14,6 +14,7 @@ mod loops;
 /// Gradients of `sum(y * gy)` (`gy` defaults to ones) with respect to each of `xs`;
 /// `None` where `y` does not depend on that tensor, as in TensorFlow.
 pub fn gradients(y: &Tensor, xs: &[Tensor], gy: Option<Tensor>) -> Result<Vec<Option<Tensor>>> {
+    let _phase = crate::base::progress::enter(crate::base::progress::Phase::Differentiate);
     grads_impl(y, xs, gy, false)
 }
 

@@ -3,6 +3,7 @@
 //! the runtime can release buffers as soon as they are dead.
 
 use crate::base::error::Result;
+use crate::base::progress::{self, Phase};
 use crate::base::value::Value;
 use crate::ops::control::LoopBody;
 use crate::ops::graph::{topo_order, Tensor};
@@ -48,6 +49,7 @@ fn body_key(body: &Arc<LoopBody>) -> usize {
 impl Plan {
     /// Orders and folds the subgraph `targets` need, treating `feeds` as leaves.
     pub fn new(feeds: &[Tensor], targets: &[Tensor]) -> Result<Plan> {
+        let _phase = progress::enter(Phase::Optimise);
         let feed_index: HashMap<u64, usize> =
             feeds.iter().enumerate().map(|(i, t)| (t.id(), i)).collect();
         let nodes = topo_order(targets, &|t| feed_index.contains_key(&t.id()));
@@ -199,6 +201,7 @@ impl Plan {
     /// takes (`Switches`), as a lazy conditional would run it; only valid for feeds of
     /// these values too.
     pub fn specialize(&self, shapes: &[Option<Vec<usize>>], values: &[(usize, Value)]) -> Plan {
+        let _phase = progress::enter(Phase::Specialise);
         let n = self.nodes.len();
         let mut alias: Vec<usize> = (0..n).collect();
         let mut folded: Vec<Option<Value>> = vec![None; n];
@@ -273,7 +276,10 @@ impl Plan {
     /// first target of a kind wins (tests build an unfused CPU schedule that way), so a
     /// caller that may pass another checks `Schedule::target`.
     pub fn schedule(&self, target: &fuse::Target) -> &fuse::Schedule {
-        self.schedules[target.kind as usize].get_or_init(|| fuse::schedule(self, target))
+        self.schedules[target.kind as usize].get_or_init(|| {
+            let _phase = progress::enter(Phase::Schedule);
+            fuse::schedule(self, target)
+        })
     }
 
     /// Number of kernel launches one unfused CPU run performs (sources and folded values excluded).

@@ -671,10 +671,18 @@ fn ctc_decode(
 
 #[pyfunction]
 #[pyo3(signature = (y, xs, gy=None))]
-fn gradients(y: &PyTensor, xs: Vec<PyTensor>, gy: Option<PyTensor>) -> R<Vec<Option<PyTensor>>> {
+fn gradients(
+    py: Python<'_>,
+    y: &PyTensor,
+    xs: Vec<PyTensor>,
+    gy: Option<PyTensor>,
+) -> R<Vec<Option<PyTensor>>> {
     let xs: Vec<Tensor> = xs.into_iter().map(|x| x.0).collect();
-    let gs = guarded("gradients", || {
-        crate::autodiff::gradients(t(y), &xs, gy.map(|g| g.0))
+    // Without the GIL, so that the compile progress report (a Python thread) can run.
+    let gs = py.detach(|| {
+        guarded("gradients", || {
+            crate::autodiff::gradients(t(y), &xs, gy.map(|g| g.0))
+        })
     })?;
     Ok(gs.into_iter().map(|g| g.map(PyTensor)).collect())
 }
@@ -684,16 +692,22 @@ pub struct PyFunction(Function);
 
 #[pymethods]
 impl PyFunction {
+    /// Plans the function without the GIL, so that the compile progress report (a Python
+    /// thread) can run meanwhile.
     #[new]
+    #[pyo3(signature = (feeds, outputs, updates, name=None))]
     fn new(
+        py: Python<'_>,
         feeds: Vec<PyTensor>,
         outputs: Vec<PyTensor>,
         updates: Vec<(PyTensor, PyTensor)>,
+        name: Option<&str>,
     ) -> R<Self> {
         let feeds = feeds.into_iter().map(|x| x.0).collect();
         let outputs = outputs.into_iter().map(|x| x.0).collect();
         let updates = updates.into_iter().map(|(a, b)| (a.0, b.0)).collect();
-        guarded("function", || Function::new(feeds, outputs, updates)).map(PyFunction)
+        py.detach(|| guarded("function", || Function::new(feeds, outputs, updates)))
+            .map(|f| PyFunction(f.named(name.unwrap_or(""))))
     }
 
     fn __call__(&self, py: Python<'_>, values: Vec<Bound<'_, PyAny>>) -> R<Vec<Py<PyAny>>> {
@@ -839,6 +853,27 @@ fn gpu_pool_clear() {
     crate::runtime::gpu::pool_clear()
 }
 
+/// Opens a profiling session (`ferrokeras.profile`): every compiled call records its spans
+/// until the session closes. Returns the session's start, which `profile_stop` takes.
+#[pyfunction]
+fn profile_start() -> u64 {
+    crate::runtime::profile::start()
+}
+
+/// Closes the session that started at `since`: the spans recorded since, as Chrome
+/// trace-event JSON.
+#[pyfunction]
+fn profile_stop(py: Python<'_>, since: u64) -> String {
+    py.detach(|| crate::runtime::profile::stop(since))
+}
+
+/// What the engine is compiling now (`base::progress`), as the progress report words it;
+/// `None` when nothing.
+#[pyfunction]
+fn compile_phase() -> Option<&'static str> {
+    crate::base::progress::current().map(|p| p.describe())
+}
+
 /// Test-only: destroys the current GPU device, so that it is lost.
 #[pyfunction]
 fn _debug_lose_gpu() -> R<()> {
@@ -896,6 +931,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_pool_limits, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_pool_clear, m)?)?;
+    m.add_function(wrap_pyfunction!(profile_start, m)?)?;
+    m.add_function(wrap_pyfunction!(compile_phase, m)?)?;
+    m.add_function(wrap_pyfunction!(profile_stop, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_lose_gpu, m)?)?;
     m.add("DeviceError", m.py().get_type::<DeviceError>())?;
     m.add(

@@ -9,7 +9,7 @@ use crate::base::value::Value;
 use crate::compile::{Plan, Step};
 use crate::ops::graph::Tensor;
 use crate::ops::{Op, VarCell};
-use crate::runtime::{cpu, device, gpu, host_results, Out, RunStats};
+use crate::runtime::{cpu, device, gpu, host_results, profile, Out, RunStats};
 use std::sync::{Arc, Mutex};
 
 /// A compiled `K.function`: feeds, outputs and variable updates. Every output and every
@@ -41,6 +41,8 @@ pub struct Function {
     seen: Mutex<Vec<Key>>,
     /// The feeds a specialised plan is also keyed on by value (`switch_feeds`).
     switches: Vec<usize>,
+    /// The name `K.function` was given (empty: none), which its profile spans carry.
+    pub name: String,
 }
 
 /// What a specialised plan is made for: the shape of every feed, and the values of the
@@ -129,7 +131,14 @@ impl Function {
             specialised: Default::default(),
             seen: Default::default(),
             switches,
+            name: String::new(),
         })
+    }
+
+    /// The function, named `name` (in its profile spans).
+    pub fn named(mut self, name: &str) -> Function {
+        self.name = name.to_string();
+        self
     }
 
     /// Runs the plan. A run that stopped on a variable lent to another call's in-place
@@ -244,11 +253,28 @@ impl Function {
     /// outputs. A call that assigns variables holds the update lock (`with_update_lock`)
     /// from the run to the last assignment.
     pub fn call(&self, feeds: Vec<Value>) -> Result<Vec<Value>> {
-        if self.updates.is_empty() {
+        let start = profile::begin();
+        let r = if self.updates.is_empty() {
             self.call_unlocked(feeds)
         } else {
             with_update_lock(|| self.call_unlocked(feeds))
+        };
+        if let Some(start) = start {
+            let stats = match r {
+                Ok(_) => (*self.last.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default(),
+                Err(_) => RunStats::default(),
+            };
+            let device = device::current().map(|d| d.name()).unwrap_or_default();
+            profile::call(
+                start,
+                &self.name,
+                &device,
+                stats.dispatches,
+                stats.submits,
+                r.is_ok(),
+            );
         }
+        r
     }
 
     fn call_unlocked(&self, feeds: Vec<Value>) -> Result<Vec<Value>> {

@@ -5,6 +5,7 @@
 pub mod cpu;
 pub mod device;
 pub mod function;
+pub mod profile;
 
 #[cfg(feature = "gpu")]
 pub mod gpu;

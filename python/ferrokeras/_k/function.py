@@ -1,5 +1,6 @@
 """`function` (compiled calls with updates) and `gradients`."""
 
+import contextlib
 import sys
 import threading
 import time
@@ -50,12 +51,11 @@ class Function:
         self.name = name
         self._dtypes = [np.dtype(t.dtype) for t in self.inputs]
         self._progress_after = _progress_after(verbose)
-        start = time.perf_counter()
-        self._f = _core.Function([t._core for t in self.inputs], [o._core for o in outs], pairs)
-        took = time.perf_counter() - start
-        if self._progress_after is not None and took >= self._progress_after:
-            # The graph is planned with the GIL held: it is reported once it is done.
-            _write_progress(f"ferrokeras: planned {self._label()} in {took:.1f} s\n")
+        # The plan is built without the GIL, so the report runs while it is built.
+        with _watched(self._progress_after, f"ferrokeras: planning {self._label()}"):
+            self._f = _core.Function(
+                [t._core for t in self.inputs], [o._core for o in outs], pairs, name
+            )
 
     def __call__(self, inputs=()):
         if isinstance(inputs, dict):
@@ -110,18 +110,9 @@ class Function:
         """The first call compiles the plan's kernels (the CPU's fused programs, the GPU's
         pipelines) while it runs; when it takes more than ``_progress_after`` seconds its
         elapsed time is reported on stderr while it goes on, then its total."""
-        after, label = self._progress_after, self._label()
-        done = threading.Event()
-        start = time.perf_counter()
-        reporter = threading.Thread(
-            target=_report_progress, args=(done, start, after, label), daemon=True
-        )
-        reporter.start()
-        try:
+        what = f"ferrokeras: compiling and running the first call of {self._label()}"
+        with _watched(self._progress_after, what):
             out = self._f(arrs)
-        finally:
-            done.set()
-            reporter.join()
         # Only a call that succeeded compiled everything; a failed one reports again.
         self._progress_after = None
         return out
@@ -158,26 +149,55 @@ def _write_progress(text):
         pass  # no usable stderr (closed, or None under pythonw)
 
 
-def _report_progress(done, start, after, label):
-    """Waits for ``done``; past ``after`` seconds reports the elapsed time: on a terminal one
-    line rewritten every second, elsewhere a line at 1x, 2x, 4x, ... ``after``, and the
-    total when the call returns."""
+@contextlib.contextmanager
+def _watched(after, what):
+    """Runs the block with ``what`` reported on stderr once it has taken ``after`` seconds
+    (``None``: never), from a thread (`_report_progress`)."""
+    if after is None:
+        yield
+        return
+    done = threading.Event()
+    reporter = threading.Thread(
+        target=_report_progress, args=(done, time.perf_counter(), after, what), daemon=True
+    )
+    reporter.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reporter.join()
+
+
+def _phase():
+    """What the engine is compiling now, as `` (phase)``, or ``''``."""
+    phase = _core.compile_phase()
+    return f" ({phase})" if phase else ""
+
+
+def _report_progress(done, start, after, what):
+    """Waits for ``done``; past ``after`` seconds reports the elapsed time and the compile
+    phase the engine is in: on a terminal one line rewritten every second, elsewhere a line
+    at 1x, 2x, 4x, ... ``after``, and the total when the work is done."""
     if done.wait(after):
         return
     tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
-    what = f"ferrokeras: compiling and running the first call of {label}"
     next_line = after
+    width = 0
     while True:
         elapsed = time.perf_counter() - start
         if tty:
-            _write_progress(f"\r{what}: {elapsed:.0f} s")
+            frame = f"{what}: {elapsed:.0f} s{_phase()}"
+            _write_progress("\r" + frame.ljust(width))
+            width = max(width, len(frame))
         elif elapsed >= next_line:
-            _write_progress(f"{what}: {elapsed:.1f} s so far\n")
-            next_line *= 2
+            _write_progress(f"{what}: {elapsed:.1f} s so far{_phase()}\n")
+            while next_line <= elapsed:  # a late wake-up skips the lines it missed
+                next_line *= 2
         if done.wait(1.0 if tty else max(0.05, next_line - elapsed)):
             break
     total = time.perf_counter() - start
-    _write_progress(f"{chr(13) if tty else ''}{what}: done in {total:.1f} s\n")
+    frame = f"{what}: done in {total:.1f} s"
+    _write_progress(f"\r{frame.ljust(width)}\n" if tty else f"{frame}\n")
 
 
 def _integral(arr):
@@ -194,12 +214,13 @@ def function(inputs, outputs, updates=None, name=None, verbose=None, **kwargs):
         outputs: List of output tensors.
         updates: List of update ops (``K.update(...)``) or ``(variable, new_value)`` pairs.
         name: String, name of the function.
-        verbose: Compile progress on stderr. The first call compiles the plan's kernels
-            while it runs; when it (or building the plan) takes longer than 2 seconds
+        verbose: Compile progress on stderr. The plan is built here and the first call
+            compiles its kernels while it runs; when either takes longer than 2 seconds
             (``FERROKERAS_COMPILE_PROGRESS=<seconds>`` changes that, ``=0`` turns it
-            off) the elapsed time is reported until it is done. ``0`` silences it for
-            this function; ``None`` (default) and ``1`` follow the environment. Under
-            Keras, ``model.compile(..., verbose=0)`` passes it on.
+            off) the elapsed time and the compile phase the engine is in are reported
+            until it is done. ``0`` silences it for this function; ``None`` (default) and
+            ``1`` follow the environment. Under Keras, ``model.compile(..., verbose=0)``
+            passes it on.
         **kwargs: Not supported; any other keyword raises ``ValueError``.
 
     Returns:
@@ -251,7 +272,9 @@ def gradients(loss, variables):
     single = not isinstance(variables, (list, tuple))
     vs = [variables] if single else list(variables)
     loss = _t(loss)
-    gs = _core.gradients(loss._core, [_t(v)._core for v in vs])
+    # Differentiating a large model can take seconds: reported as a compile is.
+    with _watched(compile_progress_after(), "ferrokeras: K.gradients"):
+        gs = _core.gradients(loss._core, [_t(v)._core for v in vs])
     out = [None if g is None else wrap(g) for g in gs]
     return out[0] if single else out
 

@@ -9,6 +9,7 @@ use crate::compile::Plan;
 use crate::ops::control::LoopBody;
 use crate::ops::graph::Tensor;
 use crate::runtime::cpu::{PlanState, SlotShapes};
+use crate::runtime::profile;
 use crate::value_err;
 use ndarray::Axis;
 use std::collections::HashMap;
@@ -178,7 +179,10 @@ pub fn run(
         .map(|k| Stacked::new(t_len, is_read(no + ns + k)))
         .collect();
     let state_shapes: Vec<Vec<usize>> = states.iter().map(|s| s.shape().to_vec()).collect();
+    let _in_loop = profile::enter_loop();
+    let run_start = profile::begin();
     for i in 0..t_len {
+        let step_start = profile::begin();
         let t = if body.reverse { t_len - 1 - i } else { i };
         let mut feeds = Vec::with_capacity(nq + ns + captured.len());
         feeds.extend(seqs.iter().map(|s| row(s, t)));
@@ -217,6 +221,12 @@ pub fn run(
         }
         put_rows(&mut outs, t, res.iter().chain(&saved))?;
         states = rest;
+        if let Some(start) = step_start {
+            profile::loop_step(start, i, t, t_len);
+        }
+    }
+    if let Some(start) = run_start {
+        profile::loop_run(start, t_len);
     }
     let hidden = body.hidden();
     let mut results = Vec::with_capacity(no + 2 * ns + nh);

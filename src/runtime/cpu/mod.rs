@@ -231,6 +231,7 @@ impl<'a> Run<'a> {
         let programs = state.programs(plan);
         for t in range {
             let item = &sched.items[t];
+            let prof = super::profile::cpu_item_start(plan, item, slots);
             match item {
                 Item::Node(i) => {
                     let i = *i;
@@ -265,6 +266,9 @@ impl<'a> Run<'a> {
                         }
                     }
                 }
+            }
+            if let Some((start, ins)) = prof {
+                super::profile::cpu_item(start, plan, t, &ins);
             }
             if let Some(s) = shapes.as_deref_mut() {
                 let set: Vec<usize> = match item {

@@ -186,11 +186,13 @@ pub fn open(index: usize) -> Result<Arc<Context>> {
     })?;
     let has_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
     let limits = adapter.limits();
-    let features = if has_f16 {
+    let mut features = if has_f16 {
         wgpu::Features::SHADER_F16
     } else {
         wgpu::Features::empty()
     };
+    // For the profiler's GPU pass times (`timestamps`), where the adapter has them.
+    features |= adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
     let dd = wgpu::DeviceDescriptor {
         label: Some("ferrokeras"),
         required_features: features,

@@ -18,7 +18,7 @@ use crate::compile::fuse::{self, Item, Schedule, Target};
 use crate::compile::{Plan, Step};
 use crate::ops::graph::Tensor;
 use crate::ops::{movement, GpuKind, Op, ViewOp};
-use crate::runtime::{Out, RunStats};
+use crate::runtime::{profile, Out, RunStats};
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
@@ -221,7 +221,12 @@ pub fn run(
     let mut feeds: Vec<Option<Value>> = feeds.into_iter().map(Some).collect();
     let sched = lay.schedule(plan);
     for (t, item) in sched.items.iter().enumerate() {
+        let start = profile::begin();
+        let before = ex.stats.dispatches;
         ex.item(item, &mut feeds)?;
+        if let Some(start) = start {
+            ex.profile_item(start, item, ex.stats.dispatches - before);
+        }
         for &j in &sched.frees[t] {
             ex.slots[j] = None;
             ex.multi.remove(&j);
@@ -324,6 +329,28 @@ impl<'a> Exec<'a> {
         };
         self.slots[i] = Some(slot);
         Ok(())
+    }
+
+    /// Records a schedule item in the profile (`runtime::profile`): a node, or a fused
+    /// group with its members.
+    fn profile_item(&self, start: u64, item: &Item, dispatches: usize) {
+        let (i, members): (usize, &[usize]) = match item {
+            Item::Node(i) => (*i, &[]),
+            Item::Group(_) | Item::Update(_) => {
+                let g = item.group().expect("a group item");
+                (*g.members.last().expect("a group has members"), &g.members)
+            }
+            Item::MatAcc { add, .. } => (*add, &[]),
+        };
+        let place = match self.lay.place[i] {
+            Place::Source => "source",
+            Place::Host => "host",
+            Place::Gpu => "gpu",
+            Place::View => "view",
+            Place::Meta => "meta",
+        };
+        let shape = |j: usize| self.slots[j].as_ref().map(|s| s.shape.clone());
+        profile::gpu_node(start, self.plan, i, place, members, dispatches, &shape);
     }
 
     /// Runs node `i` with its CPU kernel, downloading its inputs.
@@ -572,7 +599,11 @@ impl<'a> Exec<'a> {
             });
         }
         let cmds = std::mem::take(&mut self.cmds);
+        let (start, recorded) = (profile::begin(), cmds.len());
         let mut words = submit(self.ctx, cmds, &reads)?;
+        if let Some(start) = start {
+            profile::gpu_submit(start, recorded, reads.len());
+        }
         self.stats.submits += 1;
         if status.is_some() {
             let st = words.pop().expect("status words");
@@ -636,6 +667,9 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("ferrokeras call"),
         });
+    let stamps = pbuf
+        .as_ref()
+        .and_then(|_| super::timestamps::Stamps::new(ctx));
     if let Some(pbuf) = &pbuf {
         let groups: Vec<wgpu::BindGroup> = cmds
             .iter()
@@ -669,7 +703,7 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
             .collect();
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: None,
-            timestamp_writes: None,
+            timestamp_writes: stamps.as_ref().map(|s| s.writes()),
         });
         for (c, g) in cmds.iter().zip(&groups) {
             pass.set_pipeline(&c.pipe.pipeline);
@@ -692,6 +726,9 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
             }
             off += sz;
         }
+    }
+    if let Some(s) = &stamps {
+        s.resolve(&mut enc);
     }
     ctx.queue.submit([enc.finish()]);
     let mut out: Vec<Vec<u32>> = Vec::with_capacity(reads.len());
@@ -740,6 +777,9 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
             ctx.check("a GPU call")?;
             out.extend(reads.iter().map(|_| Vec::new()));
         }
+    }
+    if let Some(s) = stamps {
+        s.finish(ctx);
     }
     drop(cmds);
     drop(pbuf);

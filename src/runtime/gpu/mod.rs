@@ -8,7 +8,8 @@
 //! Module map: `context` (adapters, device, error capture), `pool` (buffers by size
 //! class), `pipelines` (the shader table and pipeline cache), `transfer` (host <-> word
 //! conversion), `exec` (the executor), `fusion` (grouping and codegen), `kernels`,
-//! `params` (the typed parameter block of each kernel).
+//! `params` (the typed parameter block of each kernel), `timestamps` (GPU pass times for
+//! the profiler).
 
 mod context;
 mod exec;
@@ -17,6 +18,7 @@ mod kernels;
 mod params;
 mod pipelines;
 mod pool;
+mod timestamps;
 mod transfer;
 
 pub use context::{adapters, open, why_none, AdapterDesc, Context};

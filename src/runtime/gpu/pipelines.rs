@@ -166,6 +166,7 @@ pub fn generated(ctx: &Arc<Context>, src: &str, entry: &str) -> Result<Arc<Pipe>
 /// Compiles WGSL into a compute pipeline; a compile or validation failure is an
 /// `Error::Device` naming the entry point.
 pub fn build(ctx: &Arc<Context>, key: String, src: &str, entry: &str) -> Result<Arc<Pipe>> {
+    let _phase = crate::base::progress::enter(crate::base::progress::Phase::GpuKernels);
     ctx.check("compiling a shader")?;
     let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = ctx
