@@ -1,6 +1,6 @@
 //! CPU elementwise fusion: which nodes of a plan the CPU executor runs as one pass.
 //!
-//! A group is a set of f32/bool elementwise nodes (the ops `Op::gpu_kind` calls `Fused`)
+//! A group is a set of f32/bool elementwise nodes (the ops `Op::class` calls `Elementwise`)
 //! of one output shape, joined producer to consumer. It runs at the position of its last
 //! member, so a node may join only if no other node placed before it reads a member
 //! (nothing has to move). Members read outside the group (or returned) are its outputs;
@@ -12,7 +12,7 @@ use super::update_rule::{self, Update};
 use super::{Plan, Step};
 use crate::base::dtype::DType;
 use crate::base::shape::Shape;
-use crate::ops::{FusedOp, GpuKind, Op};
+use crate::ops::{Class, Op};
 
 /// What the CPU executor runs, in order.
 #[derive(Debug)]
@@ -125,7 +125,7 @@ fn fusible(plan: &Plan, i: usize) -> bool {
     }
     let node = &plan.nodes[i];
     let reg = |d: DType| matches!(d, DType::F32 | DType::Bool);
-    matches!(node.op().gpu_kind(), GpuKind::Fused(_))
+    matches!(node.op().class(), Class::Elementwise(_))
         && reg(node.dtype())
         && data_inputs(plan, i).all(|j| reg(plan.nodes[j].dtype()))
 }
@@ -143,7 +143,7 @@ pub fn view(plan: &Plan, i: usize) -> bool {
 
 /// Input slots of node `i` that carry data (not target shapes).
 pub fn data_inputs(plan: &Plan, i: usize) -> impl Iterator<Item = usize> + '_ {
-    let h = plan.nodes[i].op().host_args();
+    let h = plan.nodes[i].op().shape_operands();
     plan.inputs[i]
         .iter()
         .enumerate()
@@ -158,15 +158,6 @@ fn compatible(a: &Shape, b: &Shape) -> bool {
             .iter()
             .zip(b.dims())
             .all(|(x, y)| x.is_none() || y.is_none() || x == y)
-}
-
-fn cost(op: &Op) -> usize {
-    match op.gpu_kind() {
-        GpuKind::Fused(FusedOp::Unary(u)) => u.cost(),
-        GpuKind::Fused(FusedOp::Binary(b)) => b.cost(),
-        GpuKind::Fused(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => 1,
-        GpuKind::Source | GpuKind::Meta | GpuKind::View(_) | GpuKind::Kernel | GpuKind::Host => 1,
-    }
 }
 
 pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
@@ -283,7 +274,7 @@ pub fn schedule(plan: &Plan, fuse: bool) -> Schedule {
         }
         let cost = members
             .iter()
-            .map(|&m| cost(plan.nodes[m].op()))
+            .map(|&m| plan.nodes[m].op().cost())
             .sum::<usize>()
             .max(1);
         dispatches += 1;
@@ -587,7 +578,7 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
             .is_some_and(|s| s.len() <= 16)
     };
     let elementwise = |i: usize| {
-        matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_))
+        matches!(plan.nodes[i].op().class(), Class::Elementwise(_))
             && fixed(i)
             && data_inputs(plan, i).all(fixed)
     };

@@ -13,7 +13,7 @@
 //!   once outside the loop (`invariant`, read by `matmul::vjp`), so `gemm` does not copy
 //!   `W` transposed at every step.
 
-use super::{FusedOp, GpuKind, Op};
+use super::{Class, FusedOp, Op};
 use crate::ops::graph::{topo_order, Tensor};
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -112,10 +112,10 @@ fn recompute_cheap(
 fn cheap(t: &Tensor) -> bool {
     match t.op() {
         Op::ShapeOf => true,
-        op => match op.gpu_kind() {
-            GpuKind::Fused(FusedOp::Binary(b)) => b.cost() <= 1,
-            GpuKind::Fused(FusedOp::Unary(u)) => u.cost() <= 1,
-            GpuKind::Fused(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => true,
+        op => match op.class() {
+            Class::Elementwise(FusedOp::Binary(b)) => b.cost() <= 1,
+            Class::Elementwise(FusedOp::Unary(u)) => u.cost() <= 1,
+            Class::Elementwise(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => true,
             _ => false,
         },
     }
