@@ -348,3 +348,313 @@ fn matmul_kernel_paths_match_a_plain_loop() {
         }
     }
 }
+
+/// A draw of fixed shape is neither folded at compile time nor merged with a twin of the
+/// same seed: each execution of each node draws (`Op::purity`).
+#[test]
+fn random_draws_are_not_folded_or_merged() {
+    use crate::ops::random::{random, RandomDist};
+    let shape = int_vector(&[64]);
+    let a = random(RandomDist::Uniform, &shape, DType::F32, Some(7)).unwrap();
+    let b = random(RandomDist::Uniform, &shape, DType::F32, Some(7)).unwrap();
+    let f = Function::new(vec![], vec![a, b], vec![]).unwrap();
+    assert_eq!(f.plan.dispatches(), 2, "both draws run");
+    let first = f.call(vec![]).unwrap();
+    let second = f.call(vec![]).unwrap();
+    assert_ne!(
+        first[0].to_f64_vec(),
+        second[0].to_f64_vec(),
+        "fresh numbers per call"
+    );
+    // Same seed, separate nodes: both are at their first execution in the first call.
+    assert_eq!(first[0].to_f64_vec(), first[1].to_f64_vec());
+}
+
+/// A callback is neither run at compile time on a constant input nor merged with an
+/// identical call: it runs once per node per execution.
+#[test]
+fn host_callbacks_are_not_folded_or_merged() {
+    use crate::base::error::Result;
+    use crate::ops::control::tuple_get;
+    use crate::ops::host::{host_call, HostFn};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    #[derive(Debug, Default)]
+    struct Counting(AtomicUsize);
+    impl HostFn for Counting {
+        fn name(&self) -> &str {
+            "counting"
+        }
+        fn call(&self, inputs: &[Value]) -> Result<Vec<Value>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(vec![inputs[0].clone()])
+        }
+        fn vjp(&self, _: &[Value], _: &[Value]) -> Result<Vec<Option<Value>>> {
+            Ok(vec![None])
+        }
+    }
+    let counter = Arc::new(Counting::default());
+    let c = constant(vals(&[3], 1));
+    let spec = vec![(c.shape().clone(), c.dtype())];
+    let h1 = host_call(counter.clone(), std::slice::from_ref(&c), spec.clone()).unwrap();
+    let h2 = host_call(counter.clone(), std::slice::from_ref(&c), spec).unwrap();
+    let y = add(&tuple_get(&h1, 0).unwrap(), &tuple_get(&h2, 0).unwrap()).unwrap();
+    let f = Function::new(vec![], vec![y], vec![]).unwrap();
+    assert_eq!(
+        counter.0.load(Ordering::SeqCst),
+        0,
+        "not run at compile time"
+    );
+    let out = f.call(vec![]).unwrap();
+    assert_eq!(counter.0.load(Ordering::SeqCst), 2, "each node runs once");
+    f.call(vec![]).unwrap();
+    assert_eq!(
+        counter.0.load(Ordering::SeqCst),
+        4,
+        "and again on every call"
+    );
+    let want: Vec<f64> = vals(&[3], 1).to_f64_vec().iter().map(|v| 2.0 * v).collect();
+    assert_eq!(out[0].to_f64_vec(), want);
+}
+
+/// One node of every `Op` variant, checked against the property table in `ops/mod.rs`:
+/// sources and only sources have no inputs, draws, callbacks and other stateful ops are
+/// impure, shape operands are int vectors, only elementwise ops cost more than one add,
+/// and the GPU is asked for dtypes only of ops it lowers.
+#[test]
+fn op_property_table_is_consistent() {
+    use crate::ops::conv::{ConvSpec, Padding};
+    use crate::ops::ctc::{ctc, decode, CtcOp, Decode};
+    use crate::ops::pool::{PoolKind, PoolSpec};
+    use crate::ops::random::{random, RandomDist};
+    use crate::ops::source::variable;
+    use crate::ops::{control, host, ArgOp, Class, Op, Purity, ScanOp, SliceAxis};
+    use std::sync::Arc;
+
+    /// Each variant's index; its exhaustive match makes a new variant fail to compile here
+    /// until it has an example below.
+    fn variant(op: &Op) -> usize {
+        match op {
+            Op::Placeholder(_) => 0,
+            Op::Constant(_) => 1,
+            Op::Variable(_) => 2,
+            Op::Unary(_) => 3,
+            Op::Binary(_) => 4,
+            Op::Select => 5,
+            Op::Cast(_) => 6,
+            Op::StopGradient => 7,
+            Op::Reduce { .. } => 8,
+            Op::Arg { .. } => 9,
+            Op::Scan { .. } => 10,
+            Op::Reshape => 11,
+            Op::BroadcastTo => 12,
+            Op::SumTo => 13,
+            Op::ShapeOf => 14,
+            Op::ExpandDims(_) => 15,
+            Op::Squeeze(_) => 16,
+            Op::Transpose(_) => 17,
+            Op::Slice(_) => 18,
+            Op::SliceGrad(_) => 19,
+            Op::Concat(_) => 20,
+            Op::ConcatGrad { .. } => 21,
+            Op::Pad { .. } => 22,
+            Op::Reverse(_) => 23,
+            Op::Gather(_) => 24,
+            Op::ScatterAdd(_) => 25,
+            Op::MatMul { .. } => 26,
+            Op::Random(_) => 27,
+            Op::Conv(_) => 28,
+            Op::ConvInputGrad(_) => 29,
+            Op::ConvKernelGrad(_) => 30,
+            Op::Pool(_) => 31,
+            Op::PoolGrad(_) => 32,
+            Op::PoolSelect(_) => 33,
+            Op::Loop(_) => 34,
+            Op::TupleGet(_) => 35,
+            Op::HostCall(_) => 36,
+            Op::Ctc(_) => 37,
+            Op::CtcDecode(_) => 38,
+        }
+    }
+    const VARIANTS: usize = 39;
+
+    #[derive(Debug)]
+    struct Id;
+    impl host::HostFn for Id {
+        fn name(&self) -> &str {
+            "id"
+        }
+        fn call(&self, inputs: &[Value]) -> crate::base::error::Result<Vec<Value>> {
+            Ok(inputs.to_vec())
+        }
+        fn vjp(&self, _: &[Value], _: &[Value]) -> crate::base::error::Result<Vec<Option<Value>>> {
+            Ok(vec![None])
+        }
+    }
+
+    let f32s = |name: &str, dims: &[usize]| {
+        let d: Vec<Option<usize>> = dims.iter().map(|&d| Some(d)).collect();
+        placeholder(name, Shape(d), DType::F32, None).unwrap()
+    };
+    let ints = |dims: &[usize]| {
+        let d: Vec<Option<usize>> = dims.iter().map(|&d| Some(d)).collect();
+        placeholder("i", Shape(d), DType::I32, None).unwrap()
+    };
+    let x = f32s("x", &[2, 3]);
+    let img = f32s("img", &[1, 4, 4, 2]);
+    let w = f32s("w", &[3, 3, 2, 2]);
+    let conv_spec = Arc::new(ConvSpec {
+        strides: vec![1, 1],
+        dilation: vec![1, 1],
+        padding: Padding::Same,
+        groups: 1,
+    });
+    let pool_spec = Arc::new(PoolSpec {
+        kind: PoolKind::Max,
+        window: vec![2, 2],
+        strides: vec![2, 2],
+        padding: Padding::Explicit(vec![(0, 0), (0, 0)]),
+    });
+    let y = conv(&img, &w, &conv_spec).unwrap();
+    let pooled = pool(&img, &pool_spec).unwrap();
+    let sl = vec![
+        SliceAxis {
+            start: Some(0),
+            stop: Some(1),
+            step: 1,
+        },
+        SliceAxis {
+            start: None,
+            stop: None,
+            step: 1,
+        },
+    ];
+    let cat = concat(&[x.clone(), x.clone()], 0).unwrap();
+    let (_, var) = variable("v", Value::from_vec(&[2], vec![1.0f64, 2.0]).unwrap());
+    let (sp, st) = (f32s("sp", &[3]), f32s("st", &[3]));
+    let step = add(&sp, &st).unwrap();
+    let lp = control::build_loop(
+        std::slice::from_ref(&x),
+        &[f32s("s0", &[3])],
+        vec![sp],
+        vec![st],
+        vec![step.clone()],
+        vec![step],
+        false,
+    )
+    .unwrap();
+    let hc = host::host_call(
+        Arc::new(Id),
+        std::slice::from_ref(&x),
+        vec![(x.shape().clone(), x.dtype())],
+    )
+    .unwrap();
+    let logits = f32s("logits", &[1, 4, 3]);
+    let lens = ints(&[1]);
+    let decoded = decode(
+        Decode {
+            greedy: true,
+            beam_width: 1,
+            top_paths: 1,
+        },
+        &logits,
+        &lens,
+    )
+    .unwrap();
+
+    let nodes: Vec<Tensor> = vec![
+        x.clone(),
+        constant(vals(&[2], 1)),
+        var,
+        unary(UnaryOp::Exp, &x).unwrap(),
+        binary(BinaryOp::Add, &x, &x).unwrap(),
+        select(&cast(&x, DType::Bool).unwrap(), &x, &x).unwrap(),
+        cast(&x, DType::F64).unwrap(),
+        crate::ops::graph::Tensor::new(Op::StopGradient, vec![x.clone()]).unwrap(),
+        reduce(ReduceOp::Sum, &x, &[1], false).unwrap(),
+        arg(ArgOp::ArgMax, &x, 1).unwrap(),
+        scan(ScanOp::Cumsum, &x, 1, false, false).unwrap(),
+        reshape_to(&x, &int_vector(&[3, 2])).unwrap(),
+        broadcast_to(&x, &int_vector(&[4, 2, 3])).unwrap(),
+        sum_to(&x, &int_vector(&[1, 3])).unwrap(),
+        // `shape_of` of a static shape is a constant: the node itself, built directly.
+        crate::ops::graph::Tensor::new(Op::ShapeOf, vec![x.clone()]).unwrap(),
+        expand_dims(&x, &[0]).unwrap(),
+        squeeze(&expand_dims(&x, &[0]).unwrap(), &[0]).unwrap(),
+        transpose(&x, &[1, 0]).unwrap(),
+        slice(&x, &sl).unwrap(),
+        slice_grad(&slice(&x, &sl).unwrap(), &x, &sl).unwrap(),
+        cat.clone(),
+        crate::ops::graph::Tensor::new(
+            Op::ConcatGrad { axis: 0, index: 1 },
+            vec![cat, x.clone(), x.clone()],
+        )
+        .unwrap(),
+        pad(&x, &[(1, 0), (0, 1)], 0.0).unwrap(),
+        reverse(&x, &[0]).unwrap(),
+        gather(&x, &ints(&[4]), 0).unwrap(),
+        scatter_add(&x, &ints(&[2]), &x, 0).unwrap(),
+        matmul(&x, &transpose(&x, &[1, 0]).unwrap(), false, false).unwrap(),
+        random(RandomDist::Normal, &int_vector(&[2]), DType::F32, Some(1)).unwrap(),
+        y.clone(),
+        conv_input_grad(&y, &w, &shape_of(&img).unwrap(), &conv_spec).unwrap(),
+        conv_kernel_grad(&img, &y, &shape_of(&w).unwrap(), &conv_spec).unwrap(),
+        pooled.clone(),
+        pool_grad(&img, &pooled, &pool_spec).unwrap(),
+        pool_select(&img, &img, &pool_spec).unwrap(),
+        lp.clone(),
+        crate::ops::control::tuple_get(&lp, 0).unwrap(),
+        hc,
+        ctc(CtcOp::Loss, &logits, &ints(&[1, 2]), &lens, &lens).unwrap(),
+        decoded[0].input(0).clone(),
+    ];
+
+    let mut seen = [false; VARIANTS];
+    for t in &nodes {
+        let op = t.op();
+        let name = op.name();
+        seen[variant(op)] = true;
+        let class = op.class();
+        assert_eq!(
+            class == Class::Source,
+            t.inputs().is_empty(),
+            "{name}: sources and only sources have no inputs"
+        );
+        if matches!(
+            op,
+            Op::Placeholder(_)
+                | Op::Variable(_)
+                | Op::Random(_)
+                | Op::HostCall(_)
+                | Op::Loop(_)
+                | Op::CtcDecode(_)
+        ) {
+            assert_eq!(op.purity(), Purity::Impure, "{name} must be impure");
+        }
+        for &k in op.shape_operands() {
+            let s = &t.inputs()[k];
+            assert!(
+                s.dtype().is_int() && s.rank() == 1,
+                "{name}: shape operand {k} is an int vector"
+            );
+        }
+        if !matches!(class, Class::Elementwise(_)) {
+            assert_eq!(op.cost(), 1, "{name}: only elementwise ops cost more");
+        }
+        let dtypes = [DType::F32, DType::F16, DType::I32, DType::Bool];
+        let lowered = dtypes.iter().any(|&d| op.gpu_supports(d));
+        match class {
+            Class::Source | Class::View(_) | Class::Meta | Class::Host => {
+                assert!(!lowered, "{name}: no GPU lowering asks for dtypes")
+            }
+            Class::Elementwise(_) | Class::Kernel => {
+                assert!(lowered, "{name}: a GPU lowering handles some dtype")
+            }
+        }
+    }
+    let missing: Vec<usize> = (0..VARIANTS).filter(|&v| !seen[v]).collect();
+    assert!(
+        missing.is_empty(),
+        "variants without an example: {missing:?}"
+    );
+}

@@ -5,7 +5,7 @@
 //! executor runs a group with its register-program kernel (`runtime::cpu::fused`), the GPU
 //! executor generates one WGSL kernel per group (`runtime::gpu::fusion`).
 //!
-//! A group is a set of elementwise nodes (the ops `Op::gpu_kind` calls `Fused`) of dtypes
+//! A group is a set of elementwise nodes (the ops `Op::class` calls `Elementwise`) of dtypes
 //! the target fuses and of one output shape, joined producer to consumer. A member of a
 //! smaller shape may join a reader that broadcasts it where the target computes members per
 //! element of the group's shape (`Target::broadcast`) and every reader of the member's part
@@ -21,7 +21,7 @@ use super::update_rule::{self, Update};
 use super::{Plan, Step};
 use crate::base::dtype::DType;
 use crate::base::shape::Shape;
-use crate::ops::{FusedOp, GpuKind, Op};
+use crate::ops::{Class, Op};
 
 /// Which device kind a `Target` describes; `Plan::schedule` caches one schedule per kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,13 +215,13 @@ fn fusible(plan: &Plan, t: &Target, shape_like: &[bool], i: usize) -> bool {
     }
     let node = &plan.nodes[i];
     let reg = |d: DType| t.dtypes.contains(&d);
-    matches!(node.op().gpu_kind(), GpuKind::Fused(_))
+    matches!(node.op().class(), Class::Elementwise(_))
         && reg(node.dtype())
         && data_inputs(plan, i).all(|j| reg(plan.nodes[j].dtype()))
 }
 
 /// Small integer vectors (rank 0 or 1) computed only to become shape operands
-/// (`Op::host_args`), directly or through other such vectors: a device keeps them on
+/// (`Op::shape_operands`), directly or through other such vectors: a device keeps them on
 /// the host, and no target fuses them.
 pub fn shape_like(plan: &Plan) -> Vec<bool> {
     let n = plan.nodes.len();
@@ -239,7 +239,7 @@ pub fn shape_like(plan: &Plan) -> Vec<bool> {
             && !consumers[i].is_empty()
             && consumers[i]
                 .iter()
-                .all(|&(c, p)| plan.nodes[c].op().host_args().contains(&p) || shape_like[c]);
+                .all(|&(c, p)| plan.nodes[c].op().shape_operands().contains(&p) || shape_like[c]);
     }
     shape_like
 }
@@ -266,7 +266,7 @@ pub fn view(plan: &Plan, i: usize) -> bool {
 
 /// Input slots of node `i` that carry data (not target shapes).
 pub fn data_inputs(plan: &Plan, i: usize) -> impl Iterator<Item = usize> + '_ {
-    let h = plan.nodes[i].op().host_args();
+    let h = plan.nodes[i].op().shape_operands();
     plan.inputs[i]
         .iter()
         .enumerate()
@@ -281,15 +281,6 @@ fn compatible(a: &Shape, b: &Shape) -> bool {
             .iter()
             .zip(b.dims())
             .all(|(x, y)| x.is_none() || y.is_none() || x == y)
-}
-
-fn cost(op: &Op) -> usize {
-    match op.gpu_kind() {
-        GpuKind::Fused(FusedOp::Unary(u)) => u.cost(),
-        GpuKind::Fused(FusedOp::Binary(b)) => b.cost(),
-        GpuKind::Fused(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => 1,
-        GpuKind::Source | GpuKind::Meta | GpuKind::View(_) | GpuKind::Kernel | GpuKind::Host => 1,
-    }
 }
 
 /// Builds the schedule of `plan` for target `t`.
@@ -440,7 +431,7 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
         }
         let cost = members
             .iter()
-            .map(|&m| cost(plan.nodes[m].op()))
+            .map(|&m| plan.nodes[m].op().cost())
             .sum::<usize>()
             .max(1);
         dispatches += 1;
@@ -747,7 +738,7 @@ fn infallible(plan: &Plan, item: &Item) -> bool {
             .is_some_and(|s| s.len() <= 16)
     };
     let elementwise = |i: usize| {
-        matches!(plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_))
+        matches!(plan.nodes[i].op().class(), Class::Elementwise(_))
             && fixed(i)
             && data_inputs(plan, i).all(fixed)
     };

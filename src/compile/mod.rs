@@ -7,7 +7,7 @@ use crate::base::progress::{self, Phase};
 use crate::base::value::Value;
 use crate::ops::control::LoopBody;
 use crate::ops::graph::{topo_order, Tensor};
-use crate::ops::Op;
+use crate::ops::{Op, Purity};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -310,20 +310,18 @@ impl Plan {
                 (Step::Folded(_), _) | (_, Op::ShapeOf) => true,
                 (_, op) => pure(op) && !ins.is_empty() && ins.iter().all(|&j| from_shapes[j]),
             };
-            let shape_operand = match op {
-                // A callback whose declared results are fully static cannot change them
-                // (`host::run` checks them), as ferrokeras.distributed's gradient average.
-                Op::HostCall(h) if !h.results.iter().all(|(s, _)| s.to_known().is_some()) => {
-                    return false;
-                }
-                Op::CtcDecode(_) => return false,
-                Op::Reshape | Op::BroadcastTo | Op::SumTo => Some(1),
-                Op::Random(_) => Some(0),
-                Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) => Some(2),
-                _ => None,
-            };
+            // A callback whose declared results are fully static cannot change them
+            // (`host::run` checks them), as ferrokeras.distributed's gradient average.
+            let unknown_results = matches!(op, Op::CtcDecode(_))
+                || matches!(op, Op::HostCall(h) if !h.results.iter().all(|(s, _)| s.to_known().is_some()));
+            if unknown_results {
+                return false;
+            }
             if matches!(self.steps[i], Step::Compute)
-                && shape_operand.is_some_and(|k| ins.get(k).is_some_and(|&j| !from_shapes[j]))
+                && op
+                    .shape_operands()
+                    .iter()
+                    .any(|&k| ins.get(k).is_some_and(|&j| !from_shapes[j]))
             {
                 return false;
             }
@@ -417,23 +415,13 @@ impl Switches {
 }
 
 /// What makes two nodes of the same inputs one value, for common-subexpression
-/// elimination: the op itself, for ops whose value follows from their inputs (not feeds,
-/// variables, random draws, callbacks or loops; constants are folded instead).
+/// elimination: the op itself, for pure ops (`Op::purity`); constants are folded instead.
 fn cse_key(op: &Op) -> Option<String> {
-    (matches!(op, Op::TupleGet(_)) || (pure(op) && !matches!(op, Op::Constant(_))))
-        .then(|| format!("{op:?}"))
+    (pure(op) && !matches!(op, Op::Constant(_))).then(|| format!("{op:?}"))
 }
 
-/// Whether a node's value depends on its inputs alone, so it can be computed at compile time.
+/// Whether a node's value depends on its inputs alone, so it can be merged with a twin
+/// and computed at compile time (`Op::purity`).
 fn pure(op: &Op) -> bool {
-    !matches!(
-        op,
-        Op::Placeholder(_)
-            | Op::Variable(_)
-            | Op::Random(_)
-            | Op::HostCall(_)
-            | Op::CtcDecode(_)
-            | Op::Loop(_)
-            | Op::TupleGet(_)
-    )
+    op.purity() == Purity::Pure
 }

@@ -26,7 +26,7 @@
 use super::fuse::{Group, Item};
 use super::Plan;
 use crate::base::dtype::DType;
-use crate::ops::{BinaryOp, FusedOp, GpuKind, UnaryOp};
+use crate::ops::{BinaryOp, Class, FusedOp, UnaryOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
@@ -95,13 +95,9 @@ impl<'a> Matcher<'a> {
         if self.leaf(j) != Leaf::Member {
             return None;
         }
-        match self.plan.nodes[j].op().gpu_kind() {
-            GpuKind::Fused(f) => Some((f, &self.plan.inputs[j])),
-            GpuKind::Source
-            | GpuKind::Meta
-            | GpuKind::View(_)
-            | GpuKind::Kernel
-            | GpuKind::Host => None,
+        match self.plan.nodes[j].op().class() {
+            Class::Elementwise(f) => Some((f, &self.plan.inputs[j])),
+            Class::Source | Class::Meta | Class::View(_) | Class::Kernel | Class::Host => None,
         }
     }
 

@@ -13,6 +13,8 @@ use crate::value_err;
 use rayon::prelude::*;
 use std::collections::HashMap;
 
+// ---- ctc loss ----
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CtcOp {
     /// (logits (B,T,C), labels (B,L), input_len (B,), label_len (B,)) -> loss (B,)
@@ -20,6 +22,269 @@ pub enum CtcOp {
     /// Same inputs -> d loss / d logits (B,T,C).
     Grad,
 }
+
+pub fn ctc(
+    op: CtcOp,
+    logits: &Tensor,
+    labels: &Tensor,
+    in_len: &Tensor,
+    lab_len: &Tensor,
+) -> Result<Tensor> {
+    Tensor::new(
+        Op::Ctc(op),
+        vec![
+            logits.clone(),
+            labels.clone(),
+            in_len.clone(),
+            lab_len.clone(),
+        ],
+    )
+}
+
+pub fn infer(op: CtcOp, ins: &[Tensor]) -> Result<(Shape, DType)> {
+    let x = &ins[0];
+    if !x.dtype().is_float() || x.rank() != 3 {
+        return Err(Error::Type(format!(
+            "ctc: y_pred must be a float tensor (samples, time, classes), got {} {}",
+            x.dtype(),
+            x.shape()
+        )));
+    }
+    for (t, what) in ins[1..]
+        .iter()
+        .zip(["labels", "input_length", "label_length"])
+    {
+        if !t.dtype().is_int() {
+            return Err(Error::Type(format!(
+                "ctc: {what} must be integers, got {}",
+                t.dtype()
+            )));
+        }
+    }
+    Ok(match op {
+        CtcOp::Loss => (Shape(vec![x.shape().dims()[0]]), x.dtype()),
+        CtcOp::Grad => (x.shape().clone(), x.dtype()),
+    })
+}
+
+pub fn vjp(op: CtcOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    use super::build::*;
+    match op {
+        CtcOp::Loss => {
+            let i = node.inputs();
+            let grad = ctc(CtcOp::Grad, &i[0], &i[1], &i[2], &i[3])?;
+            Ok(vec![
+                Some(mul(&grad, &expand_dims(g, &[1, 2])?)?),
+                None,
+                None,
+                None,
+            ])
+        }
+        CtcOp::Grad => Err(Error::Unsupported(
+            "ctc: the gradient of the CTC loss is not differentiable again".into(),
+        )),
+    }
+}
+
+pub fn cpu(op: CtcOp, args: &[&Value]) -> Result<Value> {
+    let bt = batch(args)?;
+    let dtype = args[0].dtype();
+    match op {
+        CtcOp::Loss => {
+            let loss: Vec<f64> = (0..bt.b)
+                .into_par_iter()
+                .map(|i| -bt.sample(i).forward_backward().2)
+                .collect();
+            Ok(Value::from_vec(&[bt.b], loss)?.cast(dtype))
+        }
+        CtcOp::Grad => {
+            let (t_all, c) = (bt.t, bt.c);
+            let mut grad = vec![0.0f64; bt.b * t_all * c];
+            grad.par_chunks_mut(t_all * c)
+                .enumerate()
+                .for_each(|(i, gi)| {
+                    let smp = bt.sample(i);
+                    let (alpha, beta, logp) = smp.forward_backward();
+                    if !logp.is_finite() {
+                        return;
+                    }
+                    let s_len = 2 * smp.labels.len() + 1;
+                    for t in 0..smp.t {
+                        let row = &mut gi[t * c..(t + 1) * c];
+                        let mut occ: HashMap<usize, f64> = HashMap::new();
+                        for s in 0..s_len {
+                            let v = alpha[t * s_len + s] + beta[t * s_len + s];
+                            let e = occ.entry(smp.ext(s)).or_insert(f64::NEG_INFINITY);
+                            *e = lse(*e, v);
+                        }
+                        for k in 0..c {
+                            let p = smp.lp[t * c + k].exp();
+                            let gamma = occ.get(&k).map_or(0.0, |&v| (v - logp).exp());
+                            row[k] = p - gamma;
+                        }
+                    }
+                });
+            Ok(Value::from_vec(&[bt.b, t_all, c], grad)?.cast(dtype))
+        }
+    }
+}
+
+// ---- ctc decode ----
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Decode {
+    pub greedy: bool,
+    pub beam_width: usize,
+    pub top_paths: usize,
+}
+
+/// Decoding node over (log-probs (B,T,C), input_len (B,)); results, via `TupleGet`: one
+/// decoded (B, max_len) int64 matrix padded with -1 per path, then log-probs (B, top_paths).
+pub fn decode(d: Decode, x: &Tensor, in_len: &Tensor) -> Result<Vec<Tensor>> {
+    if d.top_paths == 0 || d.beam_width == 0 || (!d.greedy && d.top_paths > d.beam_width) {
+        return Err(value_err!(
+            "ctc_decode: need 1 <= top_paths <= beam_width, got top_paths={} beam_width={}",
+            d.top_paths,
+            d.beam_width
+        ));
+    }
+    let node = Tensor::new(Op::CtcDecode(d), vec![x.clone(), in_len.clone()])?;
+    let n = if d.greedy { 2 } else { d.top_paths + 1 };
+    (0..n).map(|k| tuple_get(&node, k)).collect()
+}
+
+pub fn decode_result_spec(d: Decode, node: &Tensor, k: usize) -> Result<(Shape, DType)> {
+    let paths = if d.greedy { 1 } else { d.top_paths };
+    let b = node.inputs()[0].shape().dims()[0];
+    if k < paths {
+        Ok((Shape(vec![b, None]), DType::I64))
+    } else if k == paths {
+        Ok((Shape(vec![b, Some(paths)]), node.inputs()[0].dtype()))
+    } else {
+        Err(value_err!("ctc_decode: result {k} out of range"))
+    }
+}
+
+pub fn run_decode(d: Decode, args: &[&Value]) -> Result<Vec<Value>> {
+    let x = args[0];
+    let s = x.shape();
+    if s.len() != 3 {
+        return Err(value_err!(
+            "ctc_decode: y_pred must have shape (samples, time, classes), got {s:?}"
+        ));
+    }
+    let (b, t_all, c) = (s[0], s[1], s[2]);
+    if c < 1 {
+        return Err(value_err!(
+            "ctc_decode: y_pred needs at least one class (the blank)"
+        ));
+    }
+    let lens = args[1].to_i64_vec();
+    if lens.len() != b || lens.iter().any(|&n| n < 0 || n as usize > t_all) {
+        return Err(value_err!(
+            "ctc_decode: input_length must hold {b} lengths in [0, {t_all}], got {lens:?}"
+        ));
+    }
+    let all = x.to_f64_vec();
+    let paths = if d.greedy { 1 } else { d.top_paths };
+    let per: Vec<Vec<(Vec<i64>, f64)>> = (0..b)
+        .into_par_iter()
+        .map(|i| {
+            let t = lens[i] as usize;
+            let lp = &all[i * t_all * c..i * t_all * c + t * c];
+            if d.greedy {
+                vec![greedy(lp, t, c)]
+            } else {
+                beam(lp, t, c, d.beam_width, d.top_paths)
+            }
+        })
+        .collect();
+    let mut out = Vec::with_capacity(paths + 1);
+    for p in 0..paths {
+        let width = per.iter().map(|r| r[p].0.len()).max().unwrap_or(0);
+        let mut m = vec![-1i64; b * width];
+        for (i, r) in per.iter().enumerate() {
+            m[i * width..i * width + r[p].0.len()].copy_from_slice(&r[p].0);
+        }
+        out.push(Value::from_vec(&[b, width], m)?);
+    }
+    let scores: Vec<f64> = per.iter().flat_map(|r| r.iter().map(|(_, s)| *s)).collect();
+    out.push(Value::from_vec(&[b, paths], scores)?.cast(x.dtype()));
+    Ok(out)
+}
+
+fn greedy(lp: &[f64], t: usize, c: usize) -> (Vec<i64>, f64) {
+    let mut out = Vec::new();
+    let mut score = 0.0;
+    let mut prev = usize::MAX;
+    for k in 0..t {
+        let row = &lp[k * c..(k + 1) * c];
+        let (best, &v) =
+            row.iter().enumerate().fold(
+                (0, &f64::NEG_INFINITY),
+                |a, b| if *b.1 > *a.1 { b } else { a },
+            );
+        score += v;
+        if best != c - 1 && best != prev {
+            out.push(best as i64);
+        }
+        prev = best;
+    }
+    // TensorFlow's greedy decoder reports the negative sum of the best logits.
+    (out, -score)
+}
+
+fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i64>, f64)> {
+    let ninf = f64::NEG_INFINITY;
+    let blank = c - 1;
+    // prefix -> (log p ending in blank, log p ending in non-blank)
+    let mut beams: HashMap<Vec<i64>, (f64, f64)> = HashMap::new();
+    beams.insert(vec![], (0.0, ninf));
+    for k in 0..t {
+        let row = &lp[k * c..(k + 1) * c];
+        let mut next: HashMap<Vec<i64>, (f64, f64)> = HashMap::new();
+        for (prefix, &(pb, pnb)) in &beams {
+            let total = lse(pb, pnb);
+            let e = next.entry(prefix.clone()).or_insert((ninf, ninf));
+            e.0 = lse(e.0, total + row[blank]);
+            if let Some(&last) = prefix.last() {
+                let e = next.entry(prefix.clone()).or_insert((ninf, ninf));
+                e.1 = lse(e.1, pnb + row[last as usize]);
+            }
+            for sym in 0..c - 1 {
+                let mut np = prefix.clone();
+                np.push(sym as i64);
+                let add = if prefix.last() == Some(&(sym as i64)) {
+                    pb
+                } else {
+                    total
+                } + row[sym];
+                let e = next.entry(np).or_insert((ninf, ninf));
+                e.1 = lse(e.1, add);
+            }
+        }
+        let mut v: Vec<(Vec<i64>, (f64, f64))> = next.into_iter().collect();
+        v.sort_by(|a, b| {
+            lse(b.1 .0, b.1 .1)
+                .total_cmp(&lse(a.1 .0, a.1 .1))
+                .then_with(|| a.0.cmp(&b.0))
+        });
+        v.truncate(width);
+        beams = v.into_iter().collect();
+    }
+    let mut v: Vec<(Vec<i64>, f64)> = beams
+        .into_iter()
+        .map(|(p, (a, b))| (p, lse(a, b)))
+        .collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v.truncate(top);
+    while v.len() < top {
+        v.push((vec![], ninf));
+    }
+    v
+}
+
+// ---- helpers ----
 
 fn lse(a: f64, b: f64) -> f64 {
     if a == f64::NEG_INFINITY {
@@ -220,265 +485,4 @@ impl Batch {
             labels: &self.labels[i * self.l_max..i * self.l_max + self.lab_len[i]],
         }
     }
-}
-
-pub fn ctc(
-    op: CtcOp,
-    logits: &Tensor,
-    labels: &Tensor,
-    in_len: &Tensor,
-    lab_len: &Tensor,
-) -> Result<Tensor> {
-    Tensor::new(
-        Op::Ctc(op),
-        vec![
-            logits.clone(),
-            labels.clone(),
-            in_len.clone(),
-            lab_len.clone(),
-        ],
-    )
-}
-
-pub fn infer(op: CtcOp, ins: &[Tensor]) -> Result<(Shape, DType)> {
-    let x = &ins[0];
-    if !x.dtype().is_float() || x.rank() != 3 {
-        return Err(Error::Type(format!(
-            "ctc: y_pred must be a float tensor (samples, time, classes), got {} {}",
-            x.dtype(),
-            x.shape()
-        )));
-    }
-    for (t, what) in ins[1..]
-        .iter()
-        .zip(["labels", "input_length", "label_length"])
-    {
-        if !t.dtype().is_int() {
-            return Err(Error::Type(format!(
-                "ctc: {what} must be integers, got {}",
-                t.dtype()
-            )));
-        }
-    }
-    Ok(match op {
-        CtcOp::Loss => (Shape(vec![x.shape().dims()[0]]), x.dtype()),
-        CtcOp::Grad => (x.shape().clone(), x.dtype()),
-    })
-}
-
-pub fn vjp(op: CtcOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
-    use super::build::*;
-    match op {
-        CtcOp::Loss => {
-            let i = node.inputs();
-            let grad = ctc(CtcOp::Grad, &i[0], &i[1], &i[2], &i[3])?;
-            Ok(vec![
-                Some(mul(&grad, &expand_dims(g, &[1, 2])?)?),
-                None,
-                None,
-                None,
-            ])
-        }
-        CtcOp::Grad => Err(Error::Unsupported(
-            "ctc: the gradient of the CTC loss is not differentiable again".into(),
-        )),
-    }
-}
-
-pub fn cpu(op: CtcOp, args: &[&Value]) -> Result<Value> {
-    let bt = batch(args)?;
-    let dtype = args[0].dtype();
-    match op {
-        CtcOp::Loss => {
-            let loss: Vec<f64> = (0..bt.b)
-                .into_par_iter()
-                .map(|i| -bt.sample(i).forward_backward().2)
-                .collect();
-            Ok(Value::from_vec(&[bt.b], loss)?.cast(dtype))
-        }
-        CtcOp::Grad => {
-            let (t_all, c) = (bt.t, bt.c);
-            let mut grad = vec![0.0f64; bt.b * t_all * c];
-            grad.par_chunks_mut(t_all * c)
-                .enumerate()
-                .for_each(|(i, gi)| {
-                    let smp = bt.sample(i);
-                    let (alpha, beta, logp) = smp.forward_backward();
-                    if !logp.is_finite() {
-                        return;
-                    }
-                    let s_len = 2 * smp.labels.len() + 1;
-                    for t in 0..smp.t {
-                        let row = &mut gi[t * c..(t + 1) * c];
-                        let mut occ: HashMap<usize, f64> = HashMap::new();
-                        for s in 0..s_len {
-                            let v = alpha[t * s_len + s] + beta[t * s_len + s];
-                            let e = occ.entry(smp.ext(s)).or_insert(f64::NEG_INFINITY);
-                            *e = lse(*e, v);
-                        }
-                        for k in 0..c {
-                            let p = smp.lp[t * c + k].exp();
-                            let gamma = occ.get(&k).map_or(0.0, |&v| (v - logp).exp());
-                            row[k] = p - gamma;
-                        }
-                    }
-                });
-            Ok(Value::from_vec(&[bt.b, t_all, c], grad)?.cast(dtype))
-        }
-    }
-}
-
-// ---------------------------------------------------------------- decoding
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Decode {
-    pub greedy: bool,
-    pub beam_width: usize,
-    pub top_paths: usize,
-}
-
-/// Decoding node over (log-probs (B,T,C), input_len (B,)); results, via `TupleGet`: one
-/// decoded (B, max_len) int64 matrix padded with -1 per path, then log-probs (B, top_paths).
-pub fn decode(d: Decode, x: &Tensor, in_len: &Tensor) -> Result<Vec<Tensor>> {
-    if d.top_paths == 0 || d.beam_width == 0 || (!d.greedy && d.top_paths > d.beam_width) {
-        return Err(value_err!(
-            "ctc_decode: need 1 <= top_paths <= beam_width, got top_paths={} beam_width={}",
-            d.top_paths,
-            d.beam_width
-        ));
-    }
-    let node = Tensor::new(Op::CtcDecode(d), vec![x.clone(), in_len.clone()])?;
-    let n = if d.greedy { 2 } else { d.top_paths + 1 };
-    (0..n).map(|k| tuple_get(&node, k)).collect()
-}
-
-pub fn decode_result_spec(d: Decode, node: &Tensor, k: usize) -> Result<(Shape, DType)> {
-    let paths = if d.greedy { 1 } else { d.top_paths };
-    let b = node.inputs()[0].shape().dims()[0];
-    if k < paths {
-        Ok((Shape(vec![b, None]), DType::I64))
-    } else if k == paths {
-        Ok((Shape(vec![b, Some(paths)]), node.inputs()[0].dtype()))
-    } else {
-        Err(value_err!("ctc_decode: result {k} out of range"))
-    }
-}
-
-fn greedy(lp: &[f64], t: usize, c: usize) -> (Vec<i64>, f64) {
-    let mut out = Vec::new();
-    let mut score = 0.0;
-    let mut prev = usize::MAX;
-    for k in 0..t {
-        let row = &lp[k * c..(k + 1) * c];
-        let (best, &v) =
-            row.iter().enumerate().fold(
-                (0, &f64::NEG_INFINITY),
-                |a, b| if *b.1 > *a.1 { b } else { a },
-            );
-        score += v;
-        if best != c - 1 && best != prev {
-            out.push(best as i64);
-        }
-        prev = best;
-    }
-    // TensorFlow's greedy decoder reports the negative sum of the best logits.
-    (out, -score)
-}
-
-fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i64>, f64)> {
-    let ninf = f64::NEG_INFINITY;
-    let blank = c - 1;
-    // prefix -> (log p ending in blank, log p ending in non-blank)
-    let mut beams: HashMap<Vec<i64>, (f64, f64)> = HashMap::new();
-    beams.insert(vec![], (0.0, ninf));
-    for k in 0..t {
-        let row = &lp[k * c..(k + 1) * c];
-        let mut next: HashMap<Vec<i64>, (f64, f64)> = HashMap::new();
-        for (prefix, &(pb, pnb)) in &beams {
-            let total = lse(pb, pnb);
-            let e = next.entry(prefix.clone()).or_insert((ninf, ninf));
-            e.0 = lse(e.0, total + row[blank]);
-            if let Some(&last) = prefix.last() {
-                let e = next.entry(prefix.clone()).or_insert((ninf, ninf));
-                e.1 = lse(e.1, pnb + row[last as usize]);
-            }
-            for sym in 0..c - 1 {
-                let mut np = prefix.clone();
-                np.push(sym as i64);
-                let add = if prefix.last() == Some(&(sym as i64)) {
-                    pb
-                } else {
-                    total
-                } + row[sym];
-                let e = next.entry(np).or_insert((ninf, ninf));
-                e.1 = lse(e.1, add);
-            }
-        }
-        let mut v: Vec<(Vec<i64>, (f64, f64))> = next.into_iter().collect();
-        v.sort_by(|a, b| {
-            lse(b.1 .0, b.1 .1)
-                .total_cmp(&lse(a.1 .0, a.1 .1))
-                .then_with(|| a.0.cmp(&b.0))
-        });
-        v.truncate(width);
-        beams = v.into_iter().collect();
-    }
-    let mut v: Vec<(Vec<i64>, f64)> = beams
-        .into_iter()
-        .map(|(p, (a, b))| (p, lse(a, b)))
-        .collect();
-    v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    v.truncate(top);
-    while v.len() < top {
-        v.push((vec![], ninf));
-    }
-    v
-}
-
-pub fn run_decode(d: Decode, args: &[&Value]) -> Result<Vec<Value>> {
-    let x = args[0];
-    let s = x.shape();
-    if s.len() != 3 {
-        return Err(value_err!(
-            "ctc_decode: y_pred must have shape (samples, time, classes), got {s:?}"
-        ));
-    }
-    let (b, t_all, c) = (s[0], s[1], s[2]);
-    if c < 1 {
-        return Err(value_err!(
-            "ctc_decode: y_pred needs at least one class (the blank)"
-        ));
-    }
-    let lens = args[1].to_i64_vec();
-    if lens.len() != b || lens.iter().any(|&n| n < 0 || n as usize > t_all) {
-        return Err(value_err!(
-            "ctc_decode: input_length must hold {b} lengths in [0, {t_all}], got {lens:?}"
-        ));
-    }
-    let all = x.to_f64_vec();
-    let paths = if d.greedy { 1 } else { d.top_paths };
-    let per: Vec<Vec<(Vec<i64>, f64)>> = (0..b)
-        .into_par_iter()
-        .map(|i| {
-            let t = lens[i] as usize;
-            let lp = &all[i * t_all * c..i * t_all * c + t * c];
-            if d.greedy {
-                vec![greedy(lp, t, c)]
-            } else {
-                beam(lp, t, c, d.beam_width, d.top_paths)
-            }
-        })
-        .collect();
-    let mut out = Vec::with_capacity(paths + 1);
-    for p in 0..paths {
-        let width = per.iter().map(|r| r[p].0.len()).max().unwrap_or(0);
-        let mut m = vec![-1i64; b * width];
-        for (i, r) in per.iter().enumerate() {
-            m[i * width..i * width + r[p].0.len()].copy_from_slice(&r[p].0);
-        }
-        out.push(Value::from_vec(&[b, width], m)?);
-    }
-    let scores: Vec<f64> = per.iter().flat_map(|r| r.iter().map(|(_, s)| *s)).collect();
-    out.push(Value::from_vec(&[b, paths], scores)?.cast(x.dtype()));
-    Ok(out)
 }

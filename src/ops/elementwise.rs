@@ -17,6 +17,8 @@ use num_traits::Float;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
+// ---- tables and helpers ----
+
 /// Elements per rayon task; below twice this, kernels run on the calling thread.
 pub const GRAIN: usize = 1 << 15;
 
@@ -245,8 +247,6 @@ fn int_pow(a: i64, b: i64) -> i64 {
     a.wrapping_pow(b.min(u32::MAX as i64) as u32)
 }
 
-// ---------------------------------------------------------------- kernels
-
 /// A `Vec` of `n` elements written by `fill`, without zeroing it first (the zeroing was a
 /// tenth of an MLP training step). `fill` must write every element.
 fn build_vec<U>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<U>])) -> Vec<U> {
@@ -340,6 +340,7 @@ impl KMath for f64 {
 fn unary_f32_body(op: UnaryOp, a: &[f32], out: &mut [MaybeUninit<f32>]) {
     op.map(a, out)
 }
+
 crate::multiversion!(fn unary_f32(op: UnaryOp, a: &[f32], out: &mut [MaybeUninit<f32>]) => unary_f32_body);
 
 /// An operand of `BinaryOp::zip`: a slice, or one value standing for every element.
@@ -354,6 +355,7 @@ pub trait Lane<F>: Copy {
     /// `i` is below the `n` of the `fit` that returned `self`.
     unsafe fn at(&self, i: usize) -> F;
 }
+
 impl<F: Copy> Lane<F> for &[F] {
     #[inline(always)]
     fn fit(self, n: usize) -> Self {
@@ -365,9 +367,11 @@ impl<F: Copy> Lane<F> for &[F] {
         unsafe { *self.get_unchecked(i) }
     }
 }
+
 /// A scalar operand.
 #[derive(Clone, Copy)]
 pub struct Splat<F>(pub F);
+
 impl<F: Copy> Lane<F> for Splat<F> {
     #[inline(always)]
     fn fit(self, _: usize) -> Self {
@@ -383,24 +387,28 @@ impl<F: Copy> Lane<F> for Splat<F> {
 pub trait Ret<F> {
     fn ret(self) -> F;
 }
+
 impl Ret<f32> for f32 {
     #[inline(always)]
     fn ret(self) -> f32 {
         self
     }
 }
+
 impl Ret<f64> for f64 {
     #[inline(always)]
     fn ret(self) -> f64 {
         self
     }
 }
+
 impl Ret<f32> for bool {
     #[inline(always)]
     fn ret(self) -> f32 {
         self as u8 as f32
     }
 }
+
 impl Ret<f64> for bool {
     #[inline(always)]
     fn ret(self) -> f64 {
@@ -542,21 +550,25 @@ fn int_out<G: PredOrSame<i64>>(
 pub trait PredOrSame<T>: Copy + Send + Sync + Default + 'static {
     fn finish(a: Arr<Self>) -> Result<Value>;
 }
+
 impl PredOrSame<f32> for f32 {
     fn finish(a: Arr<f32>) -> Result<Value> {
         Ok(Value::F32(a))
     }
 }
+
 impl PredOrSame<f64> for f64 {
     fn finish(a: Arr<f64>) -> Result<Value> {
         Ok(Value::F64(a))
     }
 }
+
 impl PredOrSame<i64> for i64 {
     fn finish(a: Arr<i64>) -> Result<Value> {
         Ok(Value::I64(a))
     }
 }
+
 impl<T> PredOrSame<T> for bool {
     fn finish(a: Arr<bool>) -> Result<Value> {
         Ok(Value::Bool(a))
@@ -582,11 +594,63 @@ fn unary_float<F: KMath + Elem + Default>(op: UnaryOp, a: &Arr<F>) -> Arr<F> {
 fn widen_f32(a: &Arr<f16>) -> Arr<f32> {
     a.map(|x| x.to_f32()).into_shared()
 }
+
 fn widen_i64(v: &Value) -> Arr<i64> {
     match v.cast(DType::I64) {
         Value::I64(a) => a,
         _ => unreachable!("cast to int64 yields int64"),
     }
+}
+
+// ---- unary ----
+
+pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    Tensor::new(Op::Unary(op), vec![x.clone()])
+}
+
+pub fn neg(a: &Tensor) -> Result<Tensor> {
+    unary(UnaryOp::Neg, a)
+}
+
+pub fn infer_unary(op: UnaryOp, x: &Tensor) -> Result<(Shape, DType)> {
+    let d = x.dtype();
+    let ok = match op {
+        UnaryOp::Not => d == DType::Bool,
+        _ if d == DType::Bool => false,
+        _ => d.is_float() || op.takes_int(),
+    };
+    if !ok {
+        return Err(Error::Type(format!("{}: unsupported dtype {d}", op.name())));
+    }
+    Ok((x.shape().clone(), d))
+}
+
+pub fn vjp_unary(op: UnaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let x = node.input(0);
+    let y = node;
+    let c = |v: f64| scalar_like(x, v);
+    let gx = match op {
+        UnaryOp::Neg => neg(g)?,
+        UnaryOp::Abs => mul(g, &unary(UnaryOp::Sign, x)?)?,
+        UnaryOp::Sign => zeros_like(x)?,
+        UnaryOp::Square => mul(g, &mul(x, &c(2.0))?)?,
+        UnaryOp::Sqrt => div(g, &mul(y, &c(2.0))?)?,
+        UnaryOp::Rsqrt => mul(g, &mul(&mul(y, &mul(y, y)?)?, &c(-0.5))?)?,
+        UnaryOp::Exp => mul(g, y)?,
+        UnaryOp::Expm1 => mul(g, &add(y, &c(1.0))?)?,
+        UnaryOp::Log => div(g, x)?,
+        UnaryOp::Log1p => div(g, &add(x, &c(1.0))?)?,
+        UnaryOp::Sin => mul(g, &unary(UnaryOp::Cos, x)?)?,
+        UnaryOp::Cos => neg(&mul(g, &unary(UnaryOp::Sin, x)?)?)?,
+        UnaryOp::Tan => mul(g, &add(&c(1.0), &mul(y, y)?)?)?,
+        UnaryOp::Tanh => mul(g, &sub(&c(1.0), &mul(y, y)?)?)?,
+        UnaryOp::Sigmoid => mul(g, &mul(y, &sub(&c(1.0), y)?)?)?,
+        UnaryOp::Relu => select(&binary(BinaryOp::Greater, x, &c(0.0))?, g, &c(0.0))?,
+        UnaryOp::Recip => neg(&mul(g, &mul(y, y)?)?)?,
+        UnaryOp::Softplus => mul(g, &unary(UnaryOp::Sigmoid, x)?)?,
+        UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Not => return Ok(vec![None]),
+    };
+    Ok(vec![Some(gx)])
 }
 
 pub fn cpu_unary(op: UnaryOp, x: &Value) -> Result<Value> {
@@ -603,6 +667,112 @@ pub fn cpu_unary(op: UnaryOp, x: &Value) -> Result<Value> {
                 .cast(x.dtype())
         }
     })
+}
+
+// ---- binary ----
+
+pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    Tensor::new(Op::Binary(op), vec![a.clone(), b.clone()])
+}
+
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Add, a, b)
+}
+
+pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Sub, a, b)
+}
+
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Mul, a, b)
+}
+
+pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(BinaryOp::Div, a, b)
+}
+
+pub fn infer_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<(Shape, DType)> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::Type(format!(
+            "{}: operands have different dtypes {} and {} (cast one of them first)",
+            op.name(),
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    let shape = broadcast_static(op.name(), a.shape(), b.shape())?;
+    let d = a.dtype();
+    let dtype = match op.class() {
+        BinaryClass::Arith if d == DType::Bool => {
+            return Err(Error::Type(format!(
+                "{}: arithmetic on bool tensors is not supported",
+                op.name()
+            )))
+        }
+        BinaryClass::Arith => d,
+        BinaryClass::Compare => DType::Bool,
+        BinaryClass::Logical if d != DType::Bool => {
+            return Err(Error::Type(format!(
+                "{}: operands must be bool, got {d}",
+                op.name()
+            )))
+        }
+        BinaryClass::Logical => DType::Bool,
+    };
+    Ok((shape, dtype))
+}
+
+pub fn vjp_binary(op: BinaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (a, b) = (node.input(0), node.input(1));
+    let (ga, gb) = match op {
+        BinaryOp::Add => (g.clone(), g.clone()),
+        BinaryOp::Sub => (g.clone(), neg(g)?),
+        BinaryOp::Mul => (mul(g, b)?, mul(g, a)?),
+        BinaryOp::Div => (div(g, b)?, neg(&div(&mul(g, node)?, b)?)?),
+        BinaryOp::Pow => {
+            let one = scalar_like(a, 1.0);
+            let ga = mul(g, &mul(b, &binary(BinaryOp::Pow, a, &sub(b, &one)?)?)?)?;
+            // a^0 is constant: its gradient is 0, also at a = 0 (where b * a^(b-1) is 0 * inf).
+            let nonzero =
+                matches!(b.op(), Op::Constant(v) if v.to_f64_vec().iter().all(|&e| e != 0.0));
+            let ga = if nonzero {
+                ga
+            } else {
+                let b_zero = binary(BinaryOp::Equal, b, &scalar_like(b, 0.0))?;
+                select(&b_zero, &scalar_like(&ga, 0.0), &ga)?
+            };
+            let pos = binary(BinaryOp::Greater, a, &scalar_like(a, 0.0))?;
+            let safe = select(&pos, a, &one)?;
+            let loga = select(&pos, &unary(UnaryOp::Log, &safe)?, &scalar_like(&safe, 0.0))?;
+            (ga, mul(g, &mul(node, &loga)?)?)
+        }
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            let cmp = if op == BinaryOp::Maximum {
+                BinaryOp::GreaterEqual
+            } else {
+                BinaryOp::LessEqual
+            };
+            let mask = binary(cmp, a, b)?;
+            // `select` broadcasts, so a scalar zero stands in for a zero tensor.
+            let z = scalar_like(node, 0.0);
+            let gfull = broadcast_like(g, node)?;
+            (select(&mask, &gfull, &z)?, select(&mask, &z, &gfull)?)
+        }
+        BinaryOp::Mod => (
+            g.clone(),
+            neg(&mul(g, &binary(BinaryOp::FloorDiv, a, b)?)?)?,
+        ),
+        BinaryOp::FloorDiv
+        | BinaryOp::Equal
+        | BinaryOp::NotEqual
+        | BinaryOp::Less
+        | BinaryOp::LessEqual
+        | BinaryOp::Greater
+        | BinaryOp::GreaterEqual
+        | BinaryOp::And
+        | BinaryOp::Or => return Ok(vec![None, None]),
+    };
+    Ok(vec![Some(sum_like(&ga, a)?), Some(sum_like(&gb, b)?)])
 }
 
 pub fn cpu_binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value> {
@@ -624,6 +794,46 @@ pub fn cpu_binary(op: BinaryOp, a: &Value, b: &Value) -> Result<Value> {
         BinaryClass::Arith => out.cast(a.dtype()),
         BinaryClass::Compare | BinaryClass::Logical => out,
     })
+}
+
+// ---- select ----
+
+pub fn select(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    Tensor::new(Op::Select, vec![c.clone(), a.clone(), b.clone()])
+}
+
+pub fn infer_select(inputs: &[Tensor]) -> Result<(Shape, DType)> {
+    let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
+    if c.dtype() != DType::Bool {
+        return Err(Error::Type(format!(
+            "switch/select: condition must be bool, got {}",
+            c.dtype()
+        )));
+    }
+    if a.dtype() != b.dtype() {
+        return Err(Error::Type(format!(
+            "switch/select: branches have different dtypes {} and {}",
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    let s = broadcast_static(
+        "select",
+        &broadcast_static("select", c.shape(), a.shape())?,
+        b.shape(),
+    )?;
+    Ok((s, a.dtype()))
+}
+
+pub fn vjp_select(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (c, a, b) = (node.input(0), node.input(1), node.input(2));
+    let z = scalar_like(node, 0.0);
+    let gfull = broadcast_like(g, node)?;
+    Ok(vec![
+        None,
+        Some(sum_like(&select(c, &gfull, &z)?, a)?),
+        Some(sum_like(&select(c, &z, &gfull)?, b)?),
+    ])
 }
 
 pub fn cpu_select(c: &Value, a: &Value, b: &Value) -> Result<Value> {
@@ -691,211 +901,13 @@ pub fn cpu_select(c: &Value, a: &Value, b: &Value) -> Result<Value> {
     })
 }
 
-// ---------------------------------------------------------------- shape and dtype rules
+// ---- cast ----
 
-pub fn infer_unary(op: UnaryOp, x: &Tensor) -> Result<(Shape, DType)> {
-    let d = x.dtype();
-    let ok = match op {
-        UnaryOp::Not => d == DType::Bool,
-        _ if d == DType::Bool => false,
-        _ => d.is_float() || op.takes_int(),
-    };
-    if !ok {
-        return Err(Error::Type(format!("{}: unsupported dtype {d}", op.name())));
-    }
-    Ok((x.shape().clone(), d))
-}
-
-pub fn infer_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<(Shape, DType)> {
-    if a.dtype() != b.dtype() {
-        return Err(Error::Type(format!(
-            "{}: operands have different dtypes {} and {} (cast one of them first)",
-            op.name(),
-            a.dtype(),
-            b.dtype()
-        )));
-    }
-    let shape = broadcast_static(op.name(), a.shape(), b.shape())?;
-    let d = a.dtype();
-    let dtype = match op.class() {
-        BinaryClass::Arith if d == DType::Bool => {
-            return Err(Error::Type(format!(
-                "{}: arithmetic on bool tensors is not supported",
-                op.name()
-            )))
-        }
-        BinaryClass::Arith => d,
-        BinaryClass::Compare => DType::Bool,
-        BinaryClass::Logical if d != DType::Bool => {
-            return Err(Error::Type(format!(
-                "{}: operands must be bool, got {d}",
-                op.name()
-            )))
-        }
-        BinaryClass::Logical => DType::Bool,
-    };
-    Ok((shape, dtype))
-}
-
-pub fn infer_select(inputs: &[Tensor]) -> Result<(Shape, DType)> {
-    let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
-    if c.dtype() != DType::Bool {
-        return Err(Error::Type(format!(
-            "switch/select: condition must be bool, got {}",
-            c.dtype()
-        )));
-    }
-    if a.dtype() != b.dtype() {
-        return Err(Error::Type(format!(
-            "switch/select: branches have different dtypes {} and {}",
-            a.dtype(),
-            b.dtype()
-        )));
-    }
-    let s = broadcast_static(
-        "select",
-        &broadcast_static("select", c.shape(), a.shape())?,
-        b.shape(),
-    )?;
-    Ok((s, a.dtype()))
-}
-
-// ---------------------------------------------------------------- builders
-
-pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
-    Tensor::new(Op::Unary(op), vec![x.clone()])
-}
-pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    Tensor::new(Op::Binary(op), vec![a.clone(), b.clone()])
-}
-pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary(BinaryOp::Add, a, b)
-}
-pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary(BinaryOp::Sub, a, b)
-}
-pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary(BinaryOp::Mul, a, b)
-}
-pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary(BinaryOp::Div, a, b)
-}
-pub fn neg(a: &Tensor) -> Result<Tensor> {
-    unary(UnaryOp::Neg, a)
-}
-pub fn select(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    Tensor::new(Op::Select, vec![c.clone(), a.clone(), b.clone()])
-}
 pub fn cast(x: &Tensor, d: DType) -> Result<Tensor> {
     if x.dtype() == d {
         return Ok(x.clone());
     }
     Tensor::new(Op::Cast(d), vec![x.clone()])
-}
-/// A rank-0 constant of `x`'s dtype.
-pub fn scalar_like(x: &Tensor, v: f64) -> Tensor {
-    source::constant(Value::scalar_f64(x.dtype(), v))
-}
-/// `v` broadcast to `x`'s runtime shape.
-pub fn constant_like(x: &Tensor, v: f64) -> Result<Tensor> {
-    broadcast_like(&scalar_like(x, v), x)
-}
-pub fn zeros_like(x: &Tensor) -> Result<Tensor> {
-    constant_like(x, 0.0)
-}
-
-// ---------------------------------------------------------------- VJP rules
-
-pub fn vjp_unary(op: UnaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
-    let x = node.input(0);
-    let y = node;
-    let c = |v: f64| scalar_like(x, v);
-    let gx = match op {
-        UnaryOp::Neg => neg(g)?,
-        UnaryOp::Abs => mul(g, &unary(UnaryOp::Sign, x)?)?,
-        UnaryOp::Sign => zeros_like(x)?,
-        UnaryOp::Square => mul(g, &mul(x, &c(2.0))?)?,
-        UnaryOp::Sqrt => div(g, &mul(y, &c(2.0))?)?,
-        UnaryOp::Rsqrt => mul(g, &mul(&mul(y, &mul(y, y)?)?, &c(-0.5))?)?,
-        UnaryOp::Exp => mul(g, y)?,
-        UnaryOp::Expm1 => mul(g, &add(y, &c(1.0))?)?,
-        UnaryOp::Log => div(g, x)?,
-        UnaryOp::Log1p => div(g, &add(x, &c(1.0))?)?,
-        UnaryOp::Sin => mul(g, &unary(UnaryOp::Cos, x)?)?,
-        UnaryOp::Cos => neg(&mul(g, &unary(UnaryOp::Sin, x)?)?)?,
-        UnaryOp::Tan => mul(g, &add(&c(1.0), &mul(y, y)?)?)?,
-        UnaryOp::Tanh => mul(g, &sub(&c(1.0), &mul(y, y)?)?)?,
-        UnaryOp::Sigmoid => mul(g, &mul(y, &sub(&c(1.0), y)?)?)?,
-        UnaryOp::Relu => select(&binary(BinaryOp::Greater, x, &c(0.0))?, g, &c(0.0))?,
-        UnaryOp::Recip => neg(&mul(g, &mul(y, y)?)?)?,
-        UnaryOp::Softplus => mul(g, &unary(UnaryOp::Sigmoid, x)?)?,
-        UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Not => return Ok(vec![None]),
-    };
-    Ok(vec![Some(gx)])
-}
-
-pub fn vjp_binary(op: BinaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
-    let (a, b) = (node.input(0), node.input(1));
-    let (ga, gb) = match op {
-        BinaryOp::Add => (g.clone(), g.clone()),
-        BinaryOp::Sub => (g.clone(), neg(g)?),
-        BinaryOp::Mul => (mul(g, b)?, mul(g, a)?),
-        BinaryOp::Div => (div(g, b)?, neg(&div(&mul(g, node)?, b)?)?),
-        BinaryOp::Pow => {
-            let one = scalar_like(a, 1.0);
-            let ga = mul(g, &mul(b, &binary(BinaryOp::Pow, a, &sub(b, &one)?)?)?)?;
-            // a^0 is constant: its gradient is 0, also at a = 0 (where b * a^(b-1) is 0 * inf).
-            let nonzero =
-                matches!(b.op(), Op::Constant(v) if v.to_f64_vec().iter().all(|&e| e != 0.0));
-            let ga = if nonzero {
-                ga
-            } else {
-                let b_zero = binary(BinaryOp::Equal, b, &scalar_like(b, 0.0))?;
-                select(&b_zero, &scalar_like(&ga, 0.0), &ga)?
-            };
-            let pos = binary(BinaryOp::Greater, a, &scalar_like(a, 0.0))?;
-            let safe = select(&pos, a, &one)?;
-            let loga = select(&pos, &unary(UnaryOp::Log, &safe)?, &scalar_like(&safe, 0.0))?;
-            (ga, mul(g, &mul(node, &loga)?)?)
-        }
-        BinaryOp::Maximum | BinaryOp::Minimum => {
-            let cmp = if op == BinaryOp::Maximum {
-                BinaryOp::GreaterEqual
-            } else {
-                BinaryOp::LessEqual
-            };
-            let mask = binary(cmp, a, b)?;
-            // `select` broadcasts, so a scalar zero stands in for a zero tensor.
-            let z = scalar_like(node, 0.0);
-            let gfull = broadcast_like(g, node)?;
-            (select(&mask, &gfull, &z)?, select(&mask, &z, &gfull)?)
-        }
-        BinaryOp::Mod => (
-            g.clone(),
-            neg(&mul(g, &binary(BinaryOp::FloorDiv, a, b)?)?)?,
-        ),
-        BinaryOp::FloorDiv
-        | BinaryOp::Equal
-        | BinaryOp::NotEqual
-        | BinaryOp::Less
-        | BinaryOp::LessEqual
-        | BinaryOp::Greater
-        | BinaryOp::GreaterEqual
-        | BinaryOp::And
-        | BinaryOp::Or => return Ok(vec![None, None]),
-    };
-    Ok(vec![Some(sum_like(&ga, a)?), Some(sum_like(&gb, b)?)])
-}
-
-pub fn vjp_select(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
-    let (c, a, b) = (node.input(0), node.input(1), node.input(2));
-    let z = scalar_like(node, 0.0);
-    let gfull = broadcast_like(g, node)?;
-    Ok(vec![
-        None,
-        Some(sum_like(&select(c, &gfull, &z)?, a)?),
-        Some(sum_like(&select(c, &z, &gfull)?, b)?),
-    ])
 }
 
 pub fn vjp_cast(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
@@ -905,6 +917,22 @@ pub fn vjp_cast(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
     } else {
         Ok(vec![None])
     }
+}
+
+// ---- helpers: constants shaped like a tensor ----
+
+/// A rank-0 constant of `x`'s dtype.
+pub fn scalar_like(x: &Tensor, v: f64) -> Tensor {
+    source::constant(Value::scalar_f64(x.dtype(), v))
+}
+
+/// `v` broadcast to `x`'s runtime shape.
+pub fn constant_like(x: &Tensor, v: f64) -> Result<Tensor> {
+    broadcast_like(&scalar_like(x, v), x)
+}
+
+pub fn zeros_like(x: &Tensor) -> Result<Tensor> {
+    constant_like(x, 0.0)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
-use crate::ops::Op;
+use crate::ops::{Class, Op};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -108,7 +108,7 @@ pub fn topo_order(roots: &[Tensor], stop: &dyn Fn(&Tensor) -> bool) -> Vec<Tenso
 /// Its kernel would fail to allocate it, and Rust aborts the process on a failed
 /// allocation. Sources (placeholders, constants, variables) allocate nothing here.
 fn check_size(op: &Op, shape: &Shape, dtype: DType) -> Result<()> {
-    if matches!(op, Op::Placeholder(_) | Op::Constant(_) | Op::Variable(_)) {
+    if op.class() == Class::Source {
         return Ok(());
     }
     let Some(dims) = shape.to_known() else {

@@ -14,7 +14,7 @@
 //!   transposed at every step.
 
 use super::build::transpose;
-use super::{FusedOp, GpuKind, Op};
+use super::{Class, FusedOp, Op};
 use crate::base::error::Result;
 use crate::ops::graph::{topo_order, Tensor};
 use std::collections::{HashMap, HashSet};
@@ -158,10 +158,10 @@ fn recompute_cheap(
 fn cheap(t: &Tensor) -> bool {
     match t.op() {
         Op::ShapeOf => true,
-        op => match op.gpu_kind() {
-            GpuKind::Fused(FusedOp::Binary(b)) => b.cost() <= 1,
-            GpuKind::Fused(FusedOp::Unary(u)) => u.cost() <= 1,
-            GpuKind::Fused(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => true,
+        op => match op.class() {
+            Class::Elementwise(FusedOp::Binary(b)) => b.cost() <= 1,
+            Class::Elementwise(FusedOp::Unary(u)) => u.cost() <= 1,
+            Class::Elementwise(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => true,
             _ => false,
         },
     }

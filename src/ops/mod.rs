@@ -1,7 +1,11 @@
 //! The primitive table. Every primitive is one variant of `Op`; its shape/dtype rule, VJP
 //! rule and CPU kernel live side by side in the family file named on its line. Matches over
 //! `Op` have no catch-all arm, so adding a variant makes the compiler list every place that
-//! must handle it. Everything else in the `K` API is a composite of these, in Python.
+//! must handle it. Every other property of a primitive is stated here once, one exhaustive
+//! match each: `purity` (may it be merged and folded), `shape_operands` (inputs read as
+//! target shapes), `class` (how devices run it), `cost` (fusion grain) and `gpu_supports`
+//! (the dtypes of its GPU lowering). Everything else in the `K` API is a composite of
+//! these, in Python.
 
 pub mod control;
 pub mod conv;
@@ -303,26 +307,44 @@ impl Op {
         }
     }
 
-    /// How the GPU device runs the op (`runtime/gpu`). `Host` means "no WGSL lowering":
-    /// the node runs its CPU kernel inside the GPU plan (inputs downloaded, result
-    /// uploaded when a GPU node reads it). A new primitive starts as `Host`.
-    pub fn gpu_kind(&self) -> GpuKind<'_> {
+    /// Whether the op's value follows from its input values alone. `Pure` ops are merged
+    /// when they repeat with the same inputs (common subexpressions) and computed at
+    /// compile time when their inputs are constants (`compile`); `Impure` ones never are.
+    /// Every op states it: nothing is pure by default.
+    pub fn purity(&self) -> Purity {
         match self {
-            Op::Placeholder(_) | Op::Constant(_) | Op::Variable(_) => GpuKind::Source,
-            Op::Unary(u) => GpuKind::Fused(FusedOp::Unary(*u)),
-            Op::Binary(b) => GpuKind::Fused(FusedOp::Binary(*b)),
-            Op::Select => GpuKind::Fused(FusedOp::Select),
-            Op::Cast(d) => GpuKind::Fused(FusedOp::Cast(*d)),
-            Op::BroadcastTo => GpuKind::Fused(FusedOp::BroadcastTo),
-            Op::StopGradient => GpuKind::View(ViewOp::Identity),
-            Op::Reshape => GpuKind::View(ViewOp::Reshape),
-            Op::ExpandDims(axes) => GpuKind::View(ViewOp::ExpandDims(axes)),
-            Op::Squeeze(axes) => GpuKind::View(ViewOp::Squeeze(axes)),
-            Op::ShapeOf => GpuKind::Meta,
-            Op::Reduce { .. }
+            // Fed by the caller of each run.
+            Op::Placeholder(_) => Purity::Impure,
+            // A fixed value (folded as itself, never merged: see `compile::cse_key`).
+            Op::Constant(_) => Purity::Pure,
+            // Mutable state: assignments change it between runs.
+            Op::Variable(_) => Purity::Impure,
+            // Fresh numbers on every execution (the counter advances).
+            Op::Random(_) => Purity::Impure,
+            // Calls arbitrary Python code, which may have effects or draw its own numbers.
+            Op::HostCall(_) => Purity::Impure,
+            // A multi-result node of data-dependent shape, run by the executor
+            // (`Op::cpu` cannot evaluate it).
+            Op::CtcDecode(_) => Purity::Impure,
+            // Runs a body plan through the executor (`Op::cpu` cannot evaluate it); the
+            // body may draw random numbers or call back.
+            Op::Loop(_) => Purity::Impure,
+            // Result `k` of its input node: never folded, since no multi-result node is.
+            Op::TupleGet(_) => Purity::Pure,
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast(_)
+            | Op::StopGradient
+            | Op::Reduce { .. }
             | Op::Arg { .. }
             | Op::Scan { .. }
+            | Op::Reshape
+            | Op::BroadcastTo
             | Op::SumTo
+            | Op::ShapeOf
+            | Op::ExpandDims(_)
+            | Op::Squeeze(_)
             | Op::Transpose(_)
             | Op::Slice(_)
             | Op::SliceGrad(_)
@@ -333,24 +355,20 @@ impl Op {
             | Op::Gather(_)
             | Op::ScatterAdd(_)
             | Op::MatMul { .. }
-            | Op::Random(_)
             | Op::Conv(_)
             | Op::ConvInputGrad(_)
             | Op::ConvKernelGrad(_)
             | Op::Pool(_)
             | Op::PoolGrad(_)
-            | Op::PoolSelect(_) => GpuKind::Kernel,
-            // Loops run their body with the CPU executor, inside the GPU plan.
-            Op::Loop(_) | Op::TupleGet(_) => GpuKind::Host,
-            // A Python callback: its inputs come to the host, its result goes back.
-            Op::HostCall(_) => GpuKind::Host,
-            // CTC loss and decoding: dynamic programming over label sequences, CPU kernels.
-            Op::Ctc(_) | Op::CtcDecode(_) => GpuKind::Host,
+            | Op::PoolSelect(_)
+            | Op::Ctc(_) => Purity::Pure,
         }
     }
 
-    /// Inputs whose *values* the op needs on the host (target shapes), not on a device.
-    pub fn host_args(&self) -> &'static [usize] {
+    /// Inputs whose *values* the op reads as a target shape (int 1-D), not as data: the
+    /// GPU keeps them on the host, the CPU fusion pass does not count them as data, and
+    /// `compile::Plan::shapes_follow_feeds` checks where they come from.
+    pub fn shape_operands(&self) -> &'static [usize] {
         match self {
             Op::Reshape | Op::BroadcastTo | Op::SumTo => &[1],
             Op::ConvInputGrad(_) | Op::ConvKernelGrad(_) => &[2],
@@ -391,34 +409,189 @@ impl Op {
         }
     }
 
-    /// Whether the op is elementwise (a fusion candidate).
-    pub fn is_elementwise(&self) -> bool {
-        matches!(
-            self,
-            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_)
-        )
+    /// How devices run the op, for every device: which ops fuse into elementwise kernels
+    /// (the CPU fusion pass and the GPU's generated WGSL), which only relabel a buffer,
+    /// which have a kernel of their own and which run only as their CPU kernel. `Host` is
+    /// where a primitive starts: the GPU runs its CPU kernel inside its plans, so the op
+    /// is correct on every device from its first commit.
+    pub fn class(&self) -> Class<'_> {
+        match self {
+            Op::Placeholder(_) | Op::Constant(_) | Op::Variable(_) => Class::Source,
+            Op::Unary(u) => Class::Elementwise(FusedOp::Unary(*u)),
+            Op::Binary(b) => Class::Elementwise(FusedOp::Binary(*b)),
+            Op::Select => Class::Elementwise(FusedOp::Select),
+            Op::Cast(d) => Class::Elementwise(FusedOp::Cast(*d)),
+            Op::BroadcastTo => Class::Elementwise(FusedOp::BroadcastTo),
+            Op::StopGradient => Class::View(ViewOp::Identity),
+            Op::Reshape => Class::View(ViewOp::Reshape),
+            Op::ExpandDims(axes) => Class::View(ViewOp::ExpandDims(axes)),
+            Op::Squeeze(axes) => Class::View(ViewOp::Squeeze(axes)),
+            Op::ShapeOf => Class::Meta,
+            Op::Reduce { .. }
+            | Op::Arg { .. }
+            | Op::Scan { .. }
+            | Op::SumTo
+            | Op::Transpose(_)
+            | Op::Slice(_)
+            | Op::SliceGrad(_)
+            | Op::Concat(_)
+            | Op::ConcatGrad { .. }
+            | Op::Pad { .. }
+            | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::ScatterAdd(_)
+            | Op::MatMul { .. }
+            | Op::Random(_)
+            | Op::Conv(_)
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_) => Class::Kernel,
+            // Loops run their body with the CPU executor, inside the GPU plan.
+            Op::Loop(_) | Op::TupleGet(_) => Class::Host,
+            // A Python callback: its inputs come to the host, its result goes back.
+            Op::HostCall(_) => Class::Host,
+            // CTC loss and decoding: dynamic programming over label sequences, CPU kernels.
+            Op::Ctc(_) | Op::CtcDecode(_) => Class::Host,
+        }
+    }
+
+    /// The rough cost of one element of the op's result in adds, which the CPU fusion
+    /// pass sums over a group to set its parallel grain; 1 for everything that is not an
+    /// elementwise math op.
+    pub fn cost(&self) -> usize {
+        match self {
+            Op::Unary(u) => u.cost(),
+            Op::Binary(b) => b.cost(),
+            Op::Select
+            | Op::Cast(_)
+            | Op::BroadcastTo
+            | Op::Placeholder(_)
+            | Op::Constant(_)
+            | Op::Variable(_)
+            | Op::StopGradient
+            | Op::Reduce { .. }
+            | Op::Arg { .. }
+            | Op::Scan { .. }
+            | Op::Reshape
+            | Op::SumTo
+            | Op::ShapeOf
+            | Op::ExpandDims(_)
+            | Op::Squeeze(_)
+            | Op::Transpose(_)
+            | Op::Slice(_)
+            | Op::SliceGrad(_)
+            | Op::Concat(_)
+            | Op::ConcatGrad { .. }
+            | Op::Pad { .. }
+            | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::ScatterAdd(_)
+            | Op::MatMul { .. }
+            | Op::Random(_)
+            | Op::Conv(_)
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_)
+            | Op::Loop(_)
+            | Op::TupleGet(_)
+            | Op::HostCall(_)
+            | Op::Ctc(_)
+            | Op::CtcDecode(_) => 1,
+        }
+    }
+
+    /// Whether the GPU lowering (`Class::Elementwise` or `Class::Kernel`) handles a result
+    /// of dtype `d`; where it does not, the node runs its CPU kernel inside the GPU plan.
+    /// Ops that never reach a GPU kernel (sources, views, metadata, `Class::Host`) say
+    /// `false`. Dtypes with no WGSL type (f64, i64) are refused before this is asked.
+    pub fn gpu_supports(&self, d: DType) -> bool {
+        match self {
+            // Integer means divide an i32 sum, which could wrap where the CPU's i64 does not.
+            Op::Reduce {
+                op: ReduceOp::Mean, ..
+            } => d.is_float(),
+            // Atomic adds accumulate in the storage type: exact only for f32 and i32.
+            Op::ScatterAdd(_) => matches!(d, DType::F32 | DType::I32),
+            Op::Random(_) => matches!(d, DType::F32 | DType::F16),
+            // Float only, as their shape rules require; f64 never gets here (no WGSL type).
+            Op::Conv(_)
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_) => d.is_float(),
+            Op::Reduce { .. }
+            | Op::Arg { .. }
+            | Op::Scan { .. }
+            | Op::SumTo
+            | Op::Transpose(_)
+            | Op::Slice(_)
+            | Op::SliceGrad(_)
+            | Op::Concat(_)
+            | Op::ConcatGrad { .. }
+            | Op::Pad { .. }
+            | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::MatMul { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast(_)
+            | Op::BroadcastTo => true,
+            Op::Placeholder(_)
+            | Op::Constant(_)
+            | Op::Variable(_)
+            | Op::StopGradient
+            | Op::Reshape
+            | Op::ShapeOf
+            | Op::ExpandDims(_)
+            | Op::Squeeze(_)
+            | Op::Loop(_)
+            | Op::TupleGet(_)
+            | Op::HostCall(_)
+            | Op::Ctc(_)
+            | Op::CtcDecode(_) => false,
+        }
     }
 }
 
-/// GPU execution class of an op; see `Op::gpu_kind`.
+/// Whether an op's value follows from its inputs alone; see `Op::purity`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GpuKind<'a> {
-    /// Placeholder, constant, variable: supplied by the executor.
+pub enum Purity {
+    /// Same inputs, same value: may be merged and folded.
+    Pure,
+    /// Depends on something besides its inputs (feeds, state, draws, callbacks) or is
+    /// run by the executor rather than `Op::cpu`: computed once per execution.
+    Impure,
+}
+
+/// How devices run an op; see `Op::class`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class<'a> {
+    /// Placeholder, constant, variable: supplied by the executor; no inputs.
     Source,
-    /// Elementwise with NumPy broadcasting: fused into generated WGSL kernels from the
-    /// op -> expression tables in `elementwise.rs`.
-    Fused(FusedOp),
-    /// A new view of the same buffer (reshape, expand/squeeze, stop_gradient): no dispatch.
+    /// Elementwise with NumPy broadcasting: fused by the CPU fusion pass
+    /// (`compile::fuse`) and into generated WGSL kernels, from the op -> expression
+    /// tables in `elementwise.rs`.
+    Elementwise(FusedOp),
+    /// A new view of the same buffer (reshape, expand/squeeze, stop_gradient): no GPU
+    /// dispatch.
     View(ViewOp<'a>),
-    /// Computed from static metadata (the runtime shape): no dispatch.
+    /// Computed from static metadata (the runtime shape): no GPU dispatch.
     Meta,
-    /// A hand-written kernel in `shaders/<family>.wgsl` (see `runtime/gpu/kernels`).
+    /// A kernel of its own on every device: its CPU kernel in the family file, a
+    /// hand-written one in `shaders/<family>.wgsl` on the GPU (see `runtime/gpu/kernels`).
     Kernel,
-    /// No WGSL lowering: runs the CPU kernel inside the GPU plan.
+    /// Only its CPU kernel (or the CPU executor): the GPU runs it inside its plan,
+    /// inputs downloaded and the result uploaded when a GPU node reads it.
     Host,
 }
 
-/// The elementwise ops the GPU fuses (`GpuKind::Fused`).
+/// The elementwise ops devices fuse (`Class::Elementwise`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FusedOp {
     Unary(UnaryOp),
@@ -429,7 +602,7 @@ pub enum FusedOp {
     BroadcastTo,
 }
 
-/// The ops that only relabel a buffer's shape (`GpuKind::View`).
+/// The ops that only relabel a buffer's shape (`Class::View`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ViewOp<'a> {
     Identity,

@@ -22,6 +22,8 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
+// ---- spec ----
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PoolKind {
     Max,
@@ -61,7 +63,11 @@ impl PoolSpec {
     }
 }
 
-// ---------------------------------------------------------------- shape rules
+// ---- pool ----
+
+pub fn pool(x: &Tensor, spec: &Arc<PoolSpec>) -> Result<Tensor> {
+    Tensor::new(Op::Pool(spec.clone()), vec![x.clone()])
+}
 
 pub fn infer_pool(spec: &PoolSpec, x: &Tensor) -> Result<(Shape, DType)> {
     let what = spec.name();
@@ -106,6 +112,98 @@ pub fn infer_pool(spec: &PoolSpec, x: &Tensor) -> Result<(Shape, DType)> {
     Ok((Shape(dims), x.dtype()))
 }
 
+pub fn vjp_pool(spec: &Arc<PoolSpec>, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    Ok(vec![Some(pool_grad(node.input(0), g, spec)?)])
+}
+
+pub fn cpu_pool(spec: &PoolSpec, x: &Value) -> Result<Value> {
+    let g = spec.geom(x.shape())?;
+    let k = spec.kind;
+    run(
+        x,
+        None,
+        &g.y_shape,
+        |x, _, y| pool_fwd(k, &g, x, y),
+        |x, _, y| pool_fwd(k, &g, x, y),
+    )
+}
+
+/// For a fused group that runs on each image as soon as it is written
+/// (`runtime::cpu::fused`): the f32 pooling of `x`, or with `gy` its gradient, as (result
+/// shape, images, kernel); None for other dtypes.
+pub fn f32_then<'a>(
+    spec: &'a PoolSpec,
+    x: &'a Value,
+    gy: Option<&'a Value>,
+) -> Result<Option<(Vec<usize>, usize, super::ImageKernel<'a>)>> {
+    let g = spec.geom(x.shape())?;
+    let (Value::F32(xa), None | Some(Value::F32(_))) = (x, gy) else {
+        return Ok(None);
+    };
+    if let Some(gy) = gy {
+        check_grad_shape(&g, gy)?;
+    }
+    let ga = match gy {
+        Some(Value::F32(a)) => Some(a.as_standard_layout()),
+        _ => None,
+    };
+    let xs = xa.as_standard_layout();
+    let (shape, n) = (
+        if gy.is_some() {
+            g.x_shape.clone()
+        } else {
+            g.y_shape.clone()
+        },
+        g.n,
+    );
+    let k = spec.kind;
+    let disjoint = if k == PoolKind::Max {
+        disjoint_gaps(&g)
+    } else {
+        None
+    };
+    let kernel: super::ImageKernel<'a> = Box::new(move |out, after| {
+        let xd = xs.as_slice().expect("standard");
+        if n == 0 || out.is_empty() {
+            return;
+        }
+        let (xl, yl) = (xd.len() / n, out.len() / n);
+        out.par_chunks_mut(yl).enumerate().for_each(|(i, o)| {
+            let xi = &xd[i * xl..(i + 1) * xl];
+            match &ga {
+                None => {
+                    o.fill(0.0);
+                    pool_fwd(k, &g, xi, o);
+                }
+                Some(ga) => {
+                    let gd = ga.as_slice().expect("standard");
+                    let gl = gd.len() / n;
+                    let gi = &gd[i * gl..(i + 1) * gl];
+                    if let Some(gaps) = disjoint {
+                        // SAFETY: f32 has no invalid bit patterns; the kernel writes the
+                        // whole image (zeroing first where a pixel is in no window).
+                        let o: &mut [MaybeUninit<f32>] = unsafe {
+                            std::slice::from_raw_parts_mut(o.as_mut_ptr().cast(), o.len())
+                        };
+                        max_pool_bwd_disjoint(&g, gaps, xi, gi, o);
+                    } else {
+                        o.fill(0.0);
+                        pool_bwd(k, &g, xi, gi, o);
+                    }
+                }
+            }
+            after(i);
+        });
+    });
+    Ok(Some((shape, n, kernel)))
+}
+
+// ---- pool_grad ----
+
+pub fn pool_grad(x: &Tensor, g: &Tensor, spec: &Arc<PoolSpec>) -> Result<Tensor> {
+    Tensor::new(Op::PoolGrad(spec.clone()), vec![x.clone(), g.clone()])
+}
+
 pub fn infer_pool_grad(x: &Tensor, g: &Tensor) -> Result<(Shape, DType)> {
     if x.dtype() != g.dtype() {
         return Err(Error::Type(format!(
@@ -115,6 +213,40 @@ pub fn infer_pool_grad(x: &Tensor, g: &Tensor) -> Result<(Shape, DType)> {
         )));
     }
     Ok((x.shape().clone(), x.dtype()))
+}
+
+/// `PoolGrad` is piecewise constant in `x` (the window maxima move only at ties) and
+/// linear in `gy`.
+pub fn vjp_pool_grad(
+    spec: &Arc<PoolSpec>,
+    node: &Tensor,
+    h: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
+    Ok(vec![None, Some(pool_select(node.input(0), h, spec)?)])
+}
+
+pub fn cpu_pool_grad(spec: &PoolSpec, x: &Value, gy: &Value) -> Result<Value> {
+    let g = spec.geom(x.shape())?;
+    check_grad_shape(&g, gy)?;
+    let k = spec.kind;
+    if k == PoolKind::Max {
+        if let Some(dx) = max_pool_grad_disjoint(&g, x, gy) {
+            return Ok(dx);
+        }
+    }
+    run(
+        x,
+        Some(gy),
+        x.shape(),
+        |x, gy, dx| pool_bwd(k, &g, x, gy, dx),
+        |x, gy, dx| pool_bwd(k, &g, x, gy, dx),
+    )
+}
+
+// ---- pool_select ----
+
+pub fn pool_select(x: &Tensor, h: &Tensor, spec: &Arc<PoolSpec>) -> Result<Tensor> {
+    Tensor::new(Op::PoolSelect(spec.clone()), vec![x.clone(), h.clone()])
 }
 
 pub fn infer_pool_select(spec: &PoolSpec, x: &Tensor, h: &Tensor) -> Result<(Shape, DType)> {
@@ -130,30 +262,6 @@ pub fn infer_pool_select(spec: &PoolSpec, x: &Tensor, h: &Tensor) -> Result<(Sha
     infer_pool(spec, x)
 }
 
-// ---------------------------------------------------------------- builders and VJPs
-
-pub fn pool(x: &Tensor, spec: &Arc<PoolSpec>) -> Result<Tensor> {
-    Tensor::new(Op::Pool(spec.clone()), vec![x.clone()])
-}
-pub fn pool_grad(x: &Tensor, g: &Tensor, spec: &Arc<PoolSpec>) -> Result<Tensor> {
-    Tensor::new(Op::PoolGrad(spec.clone()), vec![x.clone(), g.clone()])
-}
-pub fn pool_select(x: &Tensor, h: &Tensor, spec: &Arc<PoolSpec>) -> Result<Tensor> {
-    Tensor::new(Op::PoolSelect(spec.clone()), vec![x.clone(), h.clone()])
-}
-
-pub fn vjp_pool(spec: &Arc<PoolSpec>, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
-    Ok(vec![Some(pool_grad(node.input(0), g, spec)?)])
-}
-/// `PoolGrad` is piecewise constant in `x` (the window maxima move only at ties) and
-/// linear in `gy`.
-pub fn vjp_pool_grad(
-    spec: &Arc<PoolSpec>,
-    node: &Tensor,
-    h: &Tensor,
-) -> Result<Vec<Option<Tensor>>> {
-    Ok(vec![None, Some(pool_select(node.input(0), h, spec)?)])
-}
 pub fn vjp_pool_select(
     spec: &Arc<PoolSpec>,
     node: &Tensor,
@@ -162,10 +270,31 @@ pub fn vjp_pool_select(
     Ok(vec![None, Some(pool_grad(node.input(0), g, spec)?)])
 }
 
-// ---------------------------------------------------------------- kernels
+pub fn cpu_pool_select(spec: &PoolSpec, x: &Value, h: &Value) -> Result<Value> {
+    let g = spec.geom(x.shape())?;
+    if h.shape() != x.shape() {
+        return Err(value_err!(
+            "pool_select: shapes {:?} and {:?} differ",
+            h.shape(),
+            x.shape()
+        ));
+    }
+    let k = spec.kind;
+    run(
+        x,
+        Some(h),
+        &g.y_shape,
+        |x, h, y| pool_sel(k, &g, x, h, y),
+        |x, h, y| pool_sel(k, &g, x, h, y),
+    )
+}
+
+// ---- helpers ----
 
 trait PF: Float + Send + Sync + crate::base::value::Elem {}
+
 impl PF for f32 {}
+
 impl PF for f64 {}
 
 /// Runs `k(x, other, out)` per image in f32/f64 (f16 widened) and wraps the result.
@@ -394,6 +523,7 @@ fn max_pool_bwd_disjoint_impl<T: PF>(
 }
 
 use super::conv::cpu::simd_kernel;
+
 simd_kernel!(fn max_pool_bwd_disjoint<T: PF>(g: &Geom, gaps: bool, x: &[T], gy: &[T], dx: &mut [MaybeUninit<T>]) = max_pool_bwd_disjoint_impl);
 
 /// Where max pooling's windows do not overlap (`max_pool_bwd_disjoint` applies): whether
@@ -454,124 +584,7 @@ fn max_pool_grad_disjoint(g: &Geom, x: &Value, gy: &Value) -> Option<Value> {
 }
 
 simd_kernel!(fn pool_fwd<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) = pool_fwd_impl);
+
 simd_kernel!(fn pool_bwd<T: PF>(kind: PoolKind, g: &Geom, x: &[T], gy: &[T], dx: &mut [T]) = pool_bwd_impl);
+
 simd_kernel!(fn pool_sel<T: PF>(kind: PoolKind, g: &Geom, x: &[T], h: &[T], y: &mut [T]) = pool_sel_impl);
-
-pub fn cpu_pool(spec: &PoolSpec, x: &Value) -> Result<Value> {
-    let g = spec.geom(x.shape())?;
-    let k = spec.kind;
-    run(
-        x,
-        None,
-        &g.y_shape,
-        |x, _, y| pool_fwd(k, &g, x, y),
-        |x, _, y| pool_fwd(k, &g, x, y),
-    )
-}
-
-pub fn cpu_pool_grad(spec: &PoolSpec, x: &Value, gy: &Value) -> Result<Value> {
-    let g = spec.geom(x.shape())?;
-    check_grad_shape(&g, gy)?;
-    let k = spec.kind;
-    if k == PoolKind::Max {
-        if let Some(dx) = max_pool_grad_disjoint(&g, x, gy) {
-            return Ok(dx);
-        }
-    }
-    run(
-        x,
-        Some(gy),
-        x.shape(),
-        |x, gy, dx| pool_bwd(k, &g, x, gy, dx),
-        |x, gy, dx| pool_bwd(k, &g, x, gy, dx),
-    )
-}
-
-/// For a fused group that runs on each image as soon as it is written
-/// (`runtime::cpu::fused`): the f32 pooling of `x`, or with `gy` its gradient, as (result
-/// shape, images, kernel); None for other dtypes.
-pub fn f32_then<'a>(
-    spec: &'a PoolSpec,
-    x: &'a Value,
-    gy: Option<&'a Value>,
-) -> Result<Option<(Vec<usize>, usize, super::ImageKernel<'a>)>> {
-    let g = spec.geom(x.shape())?;
-    let (Value::F32(xa), None | Some(Value::F32(_))) = (x, gy) else {
-        return Ok(None);
-    };
-    if let Some(gy) = gy {
-        check_grad_shape(&g, gy)?;
-    }
-    let ga = match gy {
-        Some(Value::F32(a)) => Some(a.as_standard_layout()),
-        _ => None,
-    };
-    let xs = xa.as_standard_layout();
-    let (shape, n) = (
-        if gy.is_some() {
-            g.x_shape.clone()
-        } else {
-            g.y_shape.clone()
-        },
-        g.n,
-    );
-    let k = spec.kind;
-    let disjoint = if k == PoolKind::Max {
-        disjoint_gaps(&g)
-    } else {
-        None
-    };
-    let kernel: super::ImageKernel<'a> = Box::new(move |out, after| {
-        let xd = xs.as_slice().expect("standard");
-        if n == 0 || out.is_empty() {
-            return;
-        }
-        let (xl, yl) = (xd.len() / n, out.len() / n);
-        out.par_chunks_mut(yl).enumerate().for_each(|(i, o)| {
-            let xi = &xd[i * xl..(i + 1) * xl];
-            match &ga {
-                None => {
-                    o.fill(0.0);
-                    pool_fwd(k, &g, xi, o);
-                }
-                Some(ga) => {
-                    let gd = ga.as_slice().expect("standard");
-                    let gl = gd.len() / n;
-                    let gi = &gd[i * gl..(i + 1) * gl];
-                    if let Some(gaps) = disjoint {
-                        // SAFETY: f32 has no invalid bit patterns; the kernel writes the
-                        // whole image (zeroing first where a pixel is in no window).
-                        let o: &mut [MaybeUninit<f32>] = unsafe {
-                            std::slice::from_raw_parts_mut(o.as_mut_ptr().cast(), o.len())
-                        };
-                        max_pool_bwd_disjoint(&g, gaps, xi, gi, o);
-                    } else {
-                        o.fill(0.0);
-                        pool_bwd(k, &g, xi, gi, o);
-                    }
-                }
-            }
-            after(i);
-        });
-    });
-    Ok(Some((shape, n, kernel)))
-}
-
-pub fn cpu_pool_select(spec: &PoolSpec, x: &Value, h: &Value) -> Result<Value> {
-    let g = spec.geom(x.shape())?;
-    if h.shape() != x.shape() {
-        return Err(value_err!(
-            "pool_select: shapes {:?} and {:?} differ",
-            h.shape(),
-            x.shape()
-        ));
-    }
-    let k = spec.kind;
-    run(
-        x,
-        Some(h),
-        &g.y_shape,
-        |x, h, y| pool_sel(k, &g, x, h, y),
-        |x, h, y| pool_sel(k, &g, x, h, y),
-    )
-}

@@ -12,6 +12,8 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+// ---- random ----
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RandomDist {
     /// Uniform on [0, 1).
@@ -40,139 +42,6 @@ impl RandomDist {
         }
     }
 }
-
-const M0: u32 = 0xD251_1F53;
-const M1: u32 = 0xCD9E_8D57;
-const W0: u32 = 0x9E37_79B9;
-const W1: u32 = 0xBB67_AE85;
-
-/// Philox-4x32 with 10 rounds (Salmon et al., 2011).
-pub fn philox(mut c: [u32; 4], key: [u32; 2]) -> [u32; 4] {
-    let (mut k0, mut k1) = (key[0], key[1]);
-    for _ in 0..10 {
-        let p0 = (M0 as u64) * (c[0] as u64);
-        let p1 = (M1 as u64) * (c[2] as u64);
-        c = [
-            ((p1 >> 32) as u32) ^ c[1] ^ k0,
-            p1 as u32,
-            ((p0 >> 32) as u32) ^ c[3] ^ k1,
-            p0 as u32,
-        ];
-        k0 = k0.wrapping_add(W0);
-        k1 = k1.wrapping_add(W1);
-    }
-    c
-}
-
-/// A uniform float in (0, 1): 24 random bits, offset by half a step so log() is finite.
-#[inline]
-pub fn unit(w: u32) -> f32 {
-    ((w >> 8) as f32 + 0.5) * (1.0 / 16_777_216.0)
-}
-
-/// Element `i` of call `n`; f32 arithmetic, matching the WGSL kernel.
-pub fn sample(dist: RandomDist, key: [u32; 2], n: u64, i: u64) -> f32 {
-    let ctr = |k: u32| {
-        [
-            i as u32,
-            (i >> 32) as u32,
-            n as u32,
-            ((n >> 32) as u32) ^ (k << 16),
-        ]
-    };
-    match dist {
-        RandomDist::Uniform => {
-            // One Philox block gives four uniforms: element i takes word i % 4 of block i / 4.
-            let blk = i / 4;
-            let c = [blk as u32, (blk >> 32) as u32, n as u32, (n >> 32) as u32];
-            ((philox(c, key)[(i % 4) as usize] >> 8) as f32) * (1.0 / 16_777_216.0)
-        }
-        RandomDist::Normal => {
-            let w = philox(ctr(0), key);
-            box_muller(w[0], w[1])
-        }
-        RandomDist::TruncatedNormal => {
-            for k in 0..64u32 {
-                let w = philox(ctr(k), key);
-                for (a, b) in [(w[0], w[1]), (w[2], w[3])] {
-                    let z = box_muller(a, b);
-                    if z.abs() <= 2.0 {
-                        return z;
-                    }
-                }
-            }
-            0.0
-        }
-    }
-}
-
-#[inline]
-fn box_muller(a: u32, b: u32) -> f32 {
-    (-2.0 * unit(a).ln()).sqrt() * (std::f32::consts::TAU * unit(b)).cos()
-}
-
-/// Philox blocks computed side by side (one AVX-512 register of counters).
-const LANES: usize = 16;
-/// Elements per rayon task of a uniform draw (a multiple of `4 * LANES`).
-const UNIFORM_TASK: usize = 1 << 15;
-
-/// `philox` on `LANES` counters at once, one array per counter word; written per lane so
-/// that it compiles to SIMD multiplies (`vpmuludq`) inside the instruction-set variants.
-#[inline(always)]
-fn philox_lanes(c: &mut [[u32; LANES]; 4], key: [u32; 2]) {
-    let (mut k0, mut k1) = (key[0], key[1]);
-    for _ in 0..10 {
-        for l in 0..LANES {
-            let p0 = (M0 as u64) * (c[0][l] as u64);
-            let p1 = (M1 as u64) * (c[2][l] as u64);
-            let (c1, c3) = (c[1][l], c[3][l]);
-            c[0][l] = ((p1 >> 32) as u32) ^ c1 ^ k0;
-            c[1][l] = p1 as u32;
-            c[2][l] = ((p0 >> 32) as u32) ^ c3 ^ k1;
-            c[3][l] = p0 as u32;
-        }
-        k0 = k0.wrapping_add(W0);
-        k1 = k1.wrapping_add(W1);
-    }
-}
-
-#[inline(always)]
-fn uniform_word(w: u32) -> f32 {
-    ((w >> 8) as f32) * (1.0 / 16_777_216.0)
-}
-
-/// Uniform elements `4 * first_block ..` of call `call` into `out` (any length): element
-/// `i` is word `i % 4` of Philox block `i / 4`, as `sample` computes it.
-#[inline(always)]
-fn uniform_blocks_body(key: [u32; 2], call: u64, first_block: u64, out: &mut [MaybeUninit<f32>]) {
-    let ctr = |b: u64| [b as u32, (b >> 32) as u32, call as u32, (call >> 32) as u32];
-    let mut groups = out.chunks_exact_mut(4 * LANES);
-    let mut b = first_block;
-    for o in &mut groups {
-        let mut c = [[0u32; LANES]; 4];
-        for l in 0..LANES {
-            let w = ctr(b + l as u64);
-            for k in 0..4 {
-                c[k][l] = w[k];
-            }
-        }
-        philox_lanes(&mut c, key);
-        for l in 0..LANES {
-            for k in 0..4 {
-                o[4 * l + k].write(uniform_word(c[k][l]));
-            }
-        }
-        b += LANES as u64;
-    }
-    for o in groups.into_remainder().chunks_mut(4) {
-        let w = philox(ctr(b), key);
-        for (o, &wi) in o.iter_mut().zip(&w) {
-            o.write(uniform_word(wi));
-        }
-        b += 1;
-    }
-}
-crate::multiversion!(fn uniform_blocks(key: [u32; 2], call: u64, first_block: u64, out: &mut [MaybeUninit<f32>]) => uniform_blocks_body);
 
 static UNSEEDED: AtomicU64 = AtomicU64::new(0x5EED_F00D_0000_0001);
 
@@ -269,6 +138,146 @@ pub fn cpu(st: &RandomState, shape: &Value) -> Result<Value> {
     };
     Ok(Value::from_vec(&dims, data)?.cast(st.dtype))
 }
+
+// ---- helpers: Philox-4x32-10 ----
+
+const M0: u32 = 0xD251_1F53;
+
+const M1: u32 = 0xCD9E_8D57;
+
+const W0: u32 = 0x9E37_79B9;
+
+const W1: u32 = 0xBB67_AE85;
+
+/// Philox-4x32 with 10 rounds (Salmon et al., 2011).
+pub fn philox(mut c: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let (mut k0, mut k1) = (key[0], key[1]);
+    for _ in 0..10 {
+        let p0 = (M0 as u64) * (c[0] as u64);
+        let p1 = (M1 as u64) * (c[2] as u64);
+        c = [
+            ((p1 >> 32) as u32) ^ c[1] ^ k0,
+            p1 as u32,
+            ((p0 >> 32) as u32) ^ c[3] ^ k1,
+            p0 as u32,
+        ];
+        k0 = k0.wrapping_add(W0);
+        k1 = k1.wrapping_add(W1);
+    }
+    c
+}
+
+/// A uniform float in (0, 1): 24 random bits, offset by half a step so log() is finite.
+#[inline]
+pub fn unit(w: u32) -> f32 {
+    ((w >> 8) as f32 + 0.5) * (1.0 / 16_777_216.0)
+}
+
+/// Element `i` of call `n`; f32 arithmetic, matching the WGSL kernel.
+pub fn sample(dist: RandomDist, key: [u32; 2], n: u64, i: u64) -> f32 {
+    let ctr = |k: u32| {
+        [
+            i as u32,
+            (i >> 32) as u32,
+            n as u32,
+            ((n >> 32) as u32) ^ (k << 16),
+        ]
+    };
+    match dist {
+        RandomDist::Uniform => {
+            // One Philox block gives four uniforms: element i takes word i % 4 of block i / 4.
+            let blk = i / 4;
+            let c = [blk as u32, (blk >> 32) as u32, n as u32, (n >> 32) as u32];
+            ((philox(c, key)[(i % 4) as usize] >> 8) as f32) * (1.0 / 16_777_216.0)
+        }
+        RandomDist::Normal => {
+            let w = philox(ctr(0), key);
+            box_muller(w[0], w[1])
+        }
+        RandomDist::TruncatedNormal => {
+            for k in 0..64u32 {
+                let w = philox(ctr(k), key);
+                for (a, b) in [(w[0], w[1]), (w[2], w[3])] {
+                    let z = box_muller(a, b);
+                    if z.abs() <= 2.0 {
+                        return z;
+                    }
+                }
+            }
+            0.0
+        }
+    }
+}
+
+#[inline]
+fn box_muller(a: u32, b: u32) -> f32 {
+    (-2.0 * unit(a).ln()).sqrt() * (std::f32::consts::TAU * unit(b)).cos()
+}
+
+/// Philox blocks computed side by side (one AVX-512 register of counters).
+const LANES: usize = 16;
+
+/// Elements per rayon task of a uniform draw (a multiple of `4 * LANES`).
+const UNIFORM_TASK: usize = 1 << 15;
+
+/// `philox` on `LANES` counters at once, one array per counter word; written per lane so
+/// that it compiles to SIMD multiplies (`vpmuludq`) inside the instruction-set variants.
+#[inline(always)]
+fn philox_lanes(c: &mut [[u32; LANES]; 4], key: [u32; 2]) {
+    let (mut k0, mut k1) = (key[0], key[1]);
+    for _ in 0..10 {
+        for l in 0..LANES {
+            let p0 = (M0 as u64) * (c[0][l] as u64);
+            let p1 = (M1 as u64) * (c[2][l] as u64);
+            let (c1, c3) = (c[1][l], c[3][l]);
+            c[0][l] = ((p1 >> 32) as u32) ^ c1 ^ k0;
+            c[1][l] = p1 as u32;
+            c[2][l] = ((p0 >> 32) as u32) ^ c3 ^ k1;
+            c[3][l] = p0 as u32;
+        }
+        k0 = k0.wrapping_add(W0);
+        k1 = k1.wrapping_add(W1);
+    }
+}
+
+#[inline(always)]
+fn uniform_word(w: u32) -> f32 {
+    ((w >> 8) as f32) * (1.0 / 16_777_216.0)
+}
+
+/// Uniform elements `4 * first_block ..` of call `call` into `out` (any length): element
+/// `i` is word `i % 4` of Philox block `i / 4`, as `sample` computes it.
+#[inline(always)]
+fn uniform_blocks_body(key: [u32; 2], call: u64, first_block: u64, out: &mut [MaybeUninit<f32>]) {
+    let ctr = |b: u64| [b as u32, (b >> 32) as u32, call as u32, (call >> 32) as u32];
+    let mut groups = out.chunks_exact_mut(4 * LANES);
+    let mut b = first_block;
+    for o in &mut groups {
+        let mut c = [[0u32; LANES]; 4];
+        for l in 0..LANES {
+            let w = ctr(b + l as u64);
+            for k in 0..4 {
+                c[k][l] = w[k];
+            }
+        }
+        philox_lanes(&mut c, key);
+        for l in 0..LANES {
+            for k in 0..4 {
+                o[4 * l + k].write(uniform_word(c[k][l]));
+            }
+        }
+        b += LANES as u64;
+    }
+    for o in groups.into_remainder().chunks_mut(4) {
+        let w = philox(ctr(b), key);
+        for (o, &wi) in o.iter_mut().zip(&w) {
+            o.write(uniform_word(wi));
+        }
+        b += 1;
+    }
+}
+
+crate::multiversion!(fn uniform_blocks(key: [u32; 2], call: u64, first_block: u64, out: &mut [MaybeUninit<f32>]) => uniform_blocks_body);
 
 #[cfg(test)]
 mod tests {

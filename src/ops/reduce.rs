@@ -13,6 +13,8 @@ use crate::ops::graph::Tensor;
 use ndarray::IxDyn;
 use rayon::prelude::*;
 
+// ---- reduce ----
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
     Sum,
@@ -20,18 +22,6 @@ pub enum ReduceOp {
     Max,
     Min,
     Mean,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ArgOp {
-    ArgMax,
-    ArgMin,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScanOp {
-    Cumsum,
-    Cumprod,
 }
 
 impl ReduceOp {
@@ -55,91 +45,6 @@ impl ReduceOp {
         })
     }
 }
-
-impl ArgOp {
-    pub fn name(self) -> &'static str {
-        match self {
-            ArgOp::ArgMax => "argmax",
-            ArgOp::ArgMin => "argmin",
-        }
-    }
-}
-
-impl ScanOp {
-    pub fn name(self) -> &'static str {
-        match self {
-            ScanOp::Cumsum => "cumsum",
-            ScanOp::Cumprod => "cumprod",
-        }
-    }
-}
-
-// ---------------------------------------------------------------- shape rules
-
-pub fn infer_reduce(
-    op: ReduceOp,
-    axes: &[usize],
-    keepdims: bool,
-    x: &Tensor,
-) -> Result<(Shape, DType)> {
-    if x.dtype() == DType::Bool && !matches!(op, ReduceOp::Max | ReduceOp::Min) {
-        return Err(Error::Type(format!(
-            "{}: bool tensors must be cast to a number type first",
-            op.name()
-        )));
-    }
-    if let Some(&a) = axes.iter().find(|&&a| a >= x.rank()) {
-        return Err(Error::Value(format!(
-            "{}: axis {a} is out of range for rank {}",
-            op.name(),
-            x.rank()
-        )));
-    }
-    Ok((reduced_shape(x.shape(), axes, keepdims), x.dtype()))
-}
-
-fn reduced_shape(s: &Shape, axes: &[usize], keepdims: bool) -> Shape {
-    Shape(
-        s.dims()
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
-                (false, _) => Some(d),
-                (true, true) => Some(Some(1)),
-                (true, false) => None,
-            })
-            .collect(),
-    )
-}
-
-pub fn infer_arg(axis: usize, x: &Tensor) -> Result<(Shape, DType)> {
-    if axis >= x.rank() {
-        return Err(Error::Value(format!(
-            "argmax/argmin: axis {axis} is out of range for rank {}",
-            x.rank()
-        )));
-    }
-    Ok((reduced_shape(x.shape(), &[axis], false), DType::I64))
-}
-
-pub fn infer_scan(op: ScanOp, axis: usize, x: &Tensor) -> Result<(Shape, DType)> {
-    if axis >= x.rank() {
-        return Err(Error::Value(format!(
-            "{}: axis {axis} is out of range for rank {}",
-            op.name(),
-            x.rank()
-        )));
-    }
-    if x.dtype() == DType::Bool {
-        return Err(Error::Type(format!(
-            "{}: bool tensors must be cast to a number type first",
-            op.name()
-        )));
-    }
-    Ok((x.shape().clone(), x.dtype()))
-}
-
-// ---------------------------------------------------------------- builders
 
 /// Reduces `x` over `axes` (already normalised). Products over several axes are chained
 /// single-axis products, so their gradient rule stays exact at zeros.
@@ -207,39 +112,26 @@ fn sum_of_zeros(x: &Tensor, axes: &[usize], keepdims: bool) -> Result<Option<Ten
     Ok(Some(broadcast_to(zero, &kept)?))
 }
 
-pub fn arg(op: ArgOp, x: &Tensor, axis: usize) -> Result<Tensor> {
-    Tensor::new(Op::Arg { op, axis }, vec![x.clone()])
-}
-
-pub fn scan(op: ScanOp, x: &Tensor, axis: usize, exclusive: bool, reverse: bool) -> Result<Tensor> {
-    Tensor::new(
-        Op::Scan {
-            op,
-            axis,
-            exclusive,
-            reverse,
-        },
-        vec![x.clone()],
-    )
-}
-
-// ---------------------------------------------------------------- VJP rules
-
-/// The number of elements reduced into each output element, as a scalar of `x`'s dtype.
-fn count(x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    if let (Some(a), Some(b)) = (x.shape().numel(), y.shape().numel()) {
-        return Ok(scalar_like(
-            x,
-            if b == 0 { 0.0 } else { a as f64 / b as f64 },
-        ));
+pub fn infer_reduce(
+    op: ReduceOp,
+    axes: &[usize],
+    keepdims: bool,
+    x: &Tensor,
+) -> Result<(Shape, DType)> {
+    if x.dtype() == DType::Bool && !matches!(op, ReduceOp::Max | ReduceOp::Min) {
+        return Err(Error::Type(format!(
+            "{}: bool tensors must be cast to a number type first",
+            op.name()
+        )));
     }
-    let n = |t: &Tensor| -> Result<Tensor> {
-        cast(
-            &reduce(ReduceOp::Prod, &shape_of(t)?, &[0], false)?,
-            x.dtype(),
-        )
-    };
-    div(&n(x)?, &n(y)?)
+    if let Some(&a) = axes.iter().find(|&&a| a >= x.rank()) {
+        return Err(Error::Value(format!(
+            "{}: axis {a} is out of range for rank {}",
+            op.name(),
+            x.rank()
+        )));
+    }
+    Ok((reduced_shape(x.shape(), axes, keepdims), x.dtype()))
 }
 
 pub fn vjp_reduce(
@@ -278,6 +170,301 @@ pub fn vjp_reduce(
         }
     };
     Ok(vec![Some(gx)])
+}
+
+/// The number of elements reduced into each output element, as a scalar of `x`'s dtype.
+fn count(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    if let (Some(a), Some(b)) = (x.shape().numel(), y.shape().numel()) {
+        return Ok(scalar_like(
+            x,
+            if b == 0 { 0.0 } else { a as f64 / b as f64 },
+        ));
+    }
+    let n = |t: &Tensor| -> Result<Tensor> {
+        cast(
+            &reduce(ReduceOp::Prod, &shape_of(t)?, &[0], false)?,
+            x.dtype(),
+        )
+    };
+    div(&n(x)?, &n(y)?)
+}
+
+pub fn cpu_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Value) -> Result<Value> {
+    let in_shape = x.shape().to_vec();
+    let out_shape: Vec<usize> = in_shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+            (false, _) => Some(d),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    let (t, lo, hi) = contiguous_block(x, axes);
+    let (outer, red, inner) = blocks(t.shape(), lo, hi);
+    if red == 0 && !x.dtype().is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min) {
+        // The i64 identities would wrap on the cast back to a narrower type (the max of an
+        // empty int8 axis came out 0, of an empty bool axis True); f64 -> int casts saturate.
+        let v = match (op, x.dtype()) {
+            (ReduceOp::Max, DType::Bool) => 0.0,
+            (ReduceOp::Min, DType::Bool) => 1.0,
+            (ReduceOp::Max, _) => f64::NEG_INFINITY,
+            _ => f64::INFINITY,
+        };
+        return Ok(Value::full(x.dtype(), &out_shape, v));
+    }
+    let s = out_shape.clone();
+    let s2 = out_shape.clone();
+    let s3 = out_shape;
+    Ok(in_class(
+        &t,
+        x.dtype(),
+        |d| (reduce_blocks(op, d, outer, red, inner), s),
+        |d| (reduce_blocks(op, d, outer, red, inner), s2),
+        |d| (reduce_blocks(op, d, outer, red, inner), s3),
+    ))
+}
+
+/// Moves `axes` to the end (keeping order) when they are not already one contiguous block,
+/// returning the value to reduce and the block [lo, hi) holding the axes.
+fn contiguous_block(x: &Value, axes: &[usize]) -> (Value, usize, usize) {
+    let r = x.shape().len();
+    if axes.is_empty() {
+        return (x.clone(), r, r);
+    }
+    let (lo, hi) = (axes[0], axes[axes.len() - 1] + 1);
+    if hi - lo == axes.len() {
+        return (x.clone(), lo, hi);
+    }
+    let mut perm: Vec<usize> = (0..r).filter(|i| !axes.contains(i)).collect();
+    perm.extend_from_slice(axes);
+    let t = crate::map_value!(x.clone(), a => a.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned().into_shared());
+    (t, r - axes.len(), r)
+}
+
+fn reduce_blocks<T: Acc>(
+    op: ReduceOp,
+    data: &[T],
+    outer: usize,
+    red: usize,
+    inner: usize,
+) -> Vec<T> {
+    if inner == 1 {
+        let mut out = vec![T::zero(); outer];
+        if red == 0 {
+            out.iter_mut().for_each(|o| *o = reduce_row(op, &[]));
+        } else if outer * red >= 1 << 15 {
+            out.par_iter_mut()
+                .zip(data.par_chunks(red))
+                .for_each(|(o, row)| *o = reduce_row(op, row));
+        } else {
+            out.iter_mut()
+                .zip(data.chunks(red))
+                .for_each(|(o, row)| *o = reduce_row(op, row));
+        }
+        return out;
+    }
+    let init = match op {
+        ReduceOp::Sum | ReduceOp::Mean => T::zero(),
+        ReduceOp::Prod => T::one(),
+        ReduceOp::Max => T::lowest(),
+        ReduceOp::Min => T::highest(),
+    };
+    let mut out = vec![init; outer * inner];
+    let per_outer = |o: &mut [T], block: &[T]| fold_rows(op, o, block, red, inner, 0);
+    if red * inner == 0 {
+        if op == ReduceOp::Mean {
+            out.iter_mut().for_each(|a| *a = a.div_count(0));
+        }
+        return out;
+    }
+    let threads = rayon::current_num_threads();
+    if outer > 1 && outer * red * inner >= 1 << 15 {
+        out.par_chunks_mut(inner)
+            .zip(data.par_chunks(red * inner))
+            .for_each(|(o, b)| per_outer(o, b));
+    } else if inner >= 4096 && red * inner >= 1 << 15 {
+        // One outer block, wide rows: split the columns across threads.
+        let cols = 1024;
+        for (oi, block) in out.chunks_mut(inner).zip(data.chunks(red * inner)) {
+            oi.par_chunks_mut(cols)
+                .enumerate()
+                .for_each(|(ci, o)| fold_rows(op, o, block, red, inner, ci * cols));
+        }
+    } else if outer == 1 && threads > 1 && red * inner >= 2 * ROWS_GRAIN_ELEMS {
+        // One block of many narrow rows (a bias gradient): each task folds a run of rows
+        // into its own partial result, then the partials are folded like rows.
+        let per = (ROWS_GRAIN_ELEMS / inner).max(red.div_ceil(threads));
+        let parts: Vec<T> = (0..red.div_ceil(per))
+            .into_par_iter()
+            .flat_map_iter(|t| {
+                let rows = per.min(red - t * per);
+                let mut part = vec![init; inner];
+                let sub = if op == ReduceOp::Mean {
+                    ReduceOp::Sum
+                } else {
+                    op
+                };
+                fold_rows(sub, &mut part, &data[t * per * inner..], rows, inner, 0);
+                part
+            })
+            .collect();
+        let sub = if op == ReduceOp::Mean {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        fold_rows(sub, &mut out, &parts, parts.len() / inner, inner, 0);
+        if op == ReduceOp::Mean {
+            out.iter_mut().for_each(|a| *a = a.div_count(red));
+        }
+    } else {
+        out.chunks_mut(inner)
+            .zip(data.chunks(red * inner))
+            .for_each(|(o, b)| per_outer(o, b));
+    }
+    out
+}
+
+/// Adds the `red` rows of `inner` f32 columns in `block` into `o` (Kahan-compensated
+/// register strips, as a reduction over leading axes runs): for a fused group folding its
+/// tiles (`runtime::cpu::fused`).
+pub(crate) fn fold_sum_f32(o: &mut [f32], block: &[f32], red: usize, inner: usize) {
+    fold_rows(ReduceOp::Sum, o, block, red, inner, 0);
+}
+
+/// The pairwise sum of `xs`.
+pub(crate) fn sum_f32(xs: &[f32]) -> f32 {
+    pairwise_sum(xs)
+}
+
+// ---- arg ----
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgOp {
+    ArgMax,
+    ArgMin,
+}
+
+impl ArgOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ArgOp::ArgMax => "argmax",
+            ArgOp::ArgMin => "argmin",
+        }
+    }
+}
+
+pub fn arg(op: ArgOp, x: &Tensor, axis: usize) -> Result<Tensor> {
+    Tensor::new(Op::Arg { op, axis }, vec![x.clone()])
+}
+
+pub fn infer_arg(axis: usize, x: &Tensor) -> Result<(Shape, DType)> {
+    if axis >= x.rank() {
+        return Err(Error::Value(format!(
+            "argmax/argmin: axis {axis} is out of range for rank {}",
+            x.rank()
+        )));
+    }
+    Ok((reduced_shape(x.shape(), &[axis], false), DType::I64))
+}
+
+pub fn cpu_arg(op: ArgOp, axis: usize, x: &Value) -> Result<Value> {
+    let shape = x.shape().to_vec();
+    if shape[axis] == 0 {
+        return Err(Error::Value(format!(
+            "{}: cannot reduce an empty axis {axis} of shape {shape:?}",
+            op.name()
+        )));
+    }
+    let (outer, red, inner) = blocks(&shape, axis, axis + 1);
+    let mut out_shape = shape.clone();
+    out_shape.remove(axis);
+    let v = match x {
+        Value::F32(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
+        Value::F64(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
+        Value::F16(_) => {
+            let Value::F32(a) = x.cast(DType::F32) else {
+                unreachable!()
+            };
+            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
+        }
+        _ => {
+            let Value::I64(a) = x.cast(DType::I64) else {
+                unreachable!()
+            };
+            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
+        }
+    };
+    Value::from_vec(&out_shape, v)
+}
+
+fn arg_blocks<T: Acc>(op: ArgOp, data: &[T], outer: usize, red: usize, inner: usize) -> Vec<i64> {
+    let mut out = vec![0i64; outer * inner];
+    for o in 0..outer {
+        for j in 0..inner {
+            let mut best = 0usize;
+            for r in 1..red {
+                let v = data[(o * red + r) * inner + j];
+                let b = data[(o * red + best) * inner + j];
+                let better = match op {
+                    ArgOp::ArgMax => v > b || (v.is_nan() && !b.is_nan()),
+                    ArgOp::ArgMin => v < b || (v.is_nan() && !b.is_nan()),
+                };
+                if better {
+                    best = r;
+                }
+            }
+            out[o * inner + j] = best as i64;
+        }
+    }
+    out
+}
+
+// ---- scan ----
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScanOp {
+    Cumsum,
+    Cumprod,
+}
+
+impl ScanOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanOp::Cumsum => "cumsum",
+            ScanOp::Cumprod => "cumprod",
+        }
+    }
+}
+
+pub fn scan(op: ScanOp, x: &Tensor, axis: usize, exclusive: bool, reverse: bool) -> Result<Tensor> {
+    Tensor::new(
+        Op::Scan {
+            op,
+            axis,
+            exclusive,
+            reverse,
+        },
+        vec![x.clone()],
+    )
+}
+
+pub fn infer_scan(op: ScanOp, axis: usize, x: &Tensor) -> Result<(Shape, DType)> {
+    if axis >= x.rank() {
+        return Err(Error::Value(format!(
+            "{}: axis {axis} is out of range for rank {}",
+            op.name(),
+            x.rank()
+        )));
+    }
+    if x.dtype() == DType::Bool {
+        return Err(Error::Type(format!(
+            "{}: bool tensors must be cast to a number type first",
+            op.name()
+        )));
+    }
+    Ok((x.shape().clone(), x.dtype()))
 }
 
 pub fn vjp_scan(
@@ -335,7 +522,127 @@ fn vjp_cumprod(
     select(&before, &g_before, &select(&first, &g_first, &zero)?)
 }
 
-// ---------------------------------------------------------------- kernels
+pub fn cpu_scan(
+    op: ScanOp,
+    axis: usize,
+    exclusive: bool,
+    reverse: bool,
+    x: &Value,
+) -> Result<Value> {
+    let shape = x.shape().to_vec();
+    let (outer, red, inner) = blocks(&shape, axis, axis + 1);
+    let (s1, s2, s3) = (shape.clone(), shape.clone(), shape);
+    Ok(in_class(
+        x,
+        x.dtype(),
+        |d| {
+            (
+                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
+                s1,
+            )
+        },
+        |d| {
+            (
+                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
+                s2,
+            )
+        },
+        |d| {
+            (
+                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
+                s3,
+            )
+        },
+    ))
+}
+
+fn scan_blocks<T: Acc>(
+    op: ScanOp,
+    data: &[T],
+    outer: usize,
+    red: usize,
+    inner: usize,
+    exclusive: bool,
+    reverse: bool,
+) -> Vec<T> {
+    let mut out = vec![T::zero(); data.len()];
+    let init = match op {
+        ScanOp::Cumsum => T::zero(),
+        ScanOp::Cumprod => T::one(),
+    };
+    for o in 0..outer {
+        let mut acc = vec![init; inner];
+        for k in 0..red {
+            let r = if reverse { red - 1 - k } else { k };
+            let base = (o * red + r) * inner;
+            for j in 0..inner {
+                let v = data[base + j];
+                if exclusive {
+                    out[base + j] = acc[j];
+                }
+                acc[j] = match op {
+                    ScanOp::Cumsum => acc[j].add(v),
+                    ScanOp::Cumprod => acc[j].mul(v),
+                };
+                if !exclusive {
+                    out[base + j] = acc[j];
+                }
+            }
+        }
+    }
+    out
+}
+
+// ---- helpers ----
+
+fn reduced_shape(s: &Shape, axes: &[usize], keepdims: bool) -> Shape {
+    Shape(
+        s.dims()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+                (false, _) => Some(d),
+                (true, true) => Some(Some(1)),
+                (true, false) => None,
+            })
+            .collect(),
+    )
+}
+
+/// Runs `f` on a compute-class copy of `x` (f32, f64 or i64) and casts the result back.
+fn in_class(
+    x: &Value,
+    back: DType,
+    f32f: impl FnOnce(&[f32]) -> (Vec<f32>, Vec<usize>),
+    f64f: impl FnOnce(&[f64]) -> (Vec<f64>, Vec<usize>),
+    i64f: impl FnOnce(&[i64]) -> (Vec<i64>, Vec<usize>),
+) -> Value {
+    let out = match x {
+        Value::F32(a) => {
+            let (v, s) = f32f(a.as_slice().expect("standard"));
+            Value::from_vec(&s, v)
+        }
+        Value::F64(a) => {
+            let (v, s) = f64f(a.as_slice().expect("standard"));
+            Value::from_vec(&s, v)
+        }
+        Value::F16(_) => {
+            let Value::F32(a) = x.cast(DType::F32) else {
+                unreachable!()
+            };
+            let (v, s) = f32f(a.as_slice().expect("standard"));
+            Value::from_vec(&s, v)
+        }
+        _ => {
+            let Value::I64(a) = x.cast(DType::I64) else {
+                unreachable!()
+            };
+            let (v, s) = i64f(a.as_slice().expect("standard"));
+            Value::from_vec(&s, v)
+        }
+    };
+    out.expect("kernel output matches its shape").cast(back)
+}
 
 /// Splits `shape` around a contiguous block of axes [lo, hi) into (outer, reduced, inner).
 fn blocks(shape: &[usize], lo: usize, hi: usize) -> (usize, usize, usize) {
@@ -344,23 +651,6 @@ fn blocks(shape: &[usize], lo: usize, hi: usize) -> (usize, usize, usize) {
         shape[lo..hi].iter().product(),
         shape[hi..].iter().product(),
     )
-}
-
-/// Moves `axes` to the end (keeping order) when they are not already one contiguous block,
-/// returning the value to reduce and the block [lo, hi) holding the axes.
-fn contiguous_block(x: &Value, axes: &[usize]) -> (Value, usize, usize) {
-    let r = x.shape().len();
-    if axes.is_empty() {
-        return (x.clone(), r, r);
-    }
-    let (lo, hi) = (axes[0], axes[axes.len() - 1] + 1);
-    if hi - lo == axes.len() {
-        return (x.clone(), lo, hi);
-    }
-    let mut perm: Vec<usize> = (0..r).filter(|i| !axes.contains(i)).collect();
-    perm.extend_from_slice(axes);
-    let t = crate::map_value!(x.clone(), a => a.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned().into_shared());
-    (t, r - axes.len(), r)
 }
 
 trait Acc: Copy + Send + Sync + PartialOrd + 'static {
@@ -412,8 +702,11 @@ macro_rules! acc_float {
         }
     };
 }
+
 acc_float!(f32);
+
 acc_float!(f64);
+
 impl Acc for i64 {
     fn zero() -> Self {
         0
@@ -482,6 +775,7 @@ fn pick_max<T: Acc>(a: T, b: T) -> T {
         a
     }
 }
+
 #[inline(always)]
 fn pick_min<T: Acc>(a: T, b: T) -> T {
     if b < a || b.is_nan() {
@@ -699,293 +993,3 @@ fn fold_rows_rowwise<T: Acc>(
 
 /// Rows per task when one block of many rows is split across threads.
 const ROWS_GRAIN_ELEMS: usize = 1 << 16;
-
-fn reduce_blocks<T: Acc>(
-    op: ReduceOp,
-    data: &[T],
-    outer: usize,
-    red: usize,
-    inner: usize,
-) -> Vec<T> {
-    if inner == 1 {
-        let mut out = vec![T::zero(); outer];
-        if red == 0 {
-            out.iter_mut().for_each(|o| *o = reduce_row(op, &[]));
-        } else if outer * red >= 1 << 15 {
-            out.par_iter_mut()
-                .zip(data.par_chunks(red))
-                .for_each(|(o, row)| *o = reduce_row(op, row));
-        } else {
-            out.iter_mut()
-                .zip(data.chunks(red))
-                .for_each(|(o, row)| *o = reduce_row(op, row));
-        }
-        return out;
-    }
-    let init = match op {
-        ReduceOp::Sum | ReduceOp::Mean => T::zero(),
-        ReduceOp::Prod => T::one(),
-        ReduceOp::Max => T::lowest(),
-        ReduceOp::Min => T::highest(),
-    };
-    let mut out = vec![init; outer * inner];
-    let per_outer = |o: &mut [T], block: &[T]| fold_rows(op, o, block, red, inner, 0);
-    if red * inner == 0 {
-        if op == ReduceOp::Mean {
-            out.iter_mut().for_each(|a| *a = a.div_count(0));
-        }
-        return out;
-    }
-    let threads = rayon::current_num_threads();
-    if outer > 1 && outer * red * inner >= 1 << 15 {
-        out.par_chunks_mut(inner)
-            .zip(data.par_chunks(red * inner))
-            .for_each(|(o, b)| per_outer(o, b));
-    } else if inner >= 4096 && red * inner >= 1 << 15 {
-        // One outer block, wide rows: split the columns across threads.
-        let cols = 1024;
-        for (oi, block) in out.chunks_mut(inner).zip(data.chunks(red * inner)) {
-            oi.par_chunks_mut(cols)
-                .enumerate()
-                .for_each(|(ci, o)| fold_rows(op, o, block, red, inner, ci * cols));
-        }
-    } else if outer == 1 && threads > 1 && red * inner >= 2 * ROWS_GRAIN_ELEMS {
-        // One block of many narrow rows (a bias gradient): each task folds a run of rows
-        // into its own partial result, then the partials are folded like rows.
-        let per = (ROWS_GRAIN_ELEMS / inner).max(red.div_ceil(threads));
-        let parts: Vec<T> = (0..red.div_ceil(per))
-            .into_par_iter()
-            .flat_map_iter(|t| {
-                let rows = per.min(red - t * per);
-                let mut part = vec![init; inner];
-                let sub = if op == ReduceOp::Mean {
-                    ReduceOp::Sum
-                } else {
-                    op
-                };
-                fold_rows(sub, &mut part, &data[t * per * inner..], rows, inner, 0);
-                part
-            })
-            .collect();
-        let sub = if op == ReduceOp::Mean {
-            ReduceOp::Sum
-        } else {
-            op
-        };
-        fold_rows(sub, &mut out, &parts, parts.len() / inner, inner, 0);
-        if op == ReduceOp::Mean {
-            out.iter_mut().for_each(|a| *a = a.div_count(red));
-        }
-    } else {
-        out.chunks_mut(inner)
-            .zip(data.chunks(red * inner))
-            .for_each(|(o, b)| per_outer(o, b));
-    }
-    out
-}
-
-/// Runs `f` on a compute-class copy of `x` (f32, f64 or i64) and casts the result back.
-fn in_class(
-    x: &Value,
-    back: DType,
-    f32f: impl FnOnce(&[f32]) -> (Vec<f32>, Vec<usize>),
-    f64f: impl FnOnce(&[f64]) -> (Vec<f64>, Vec<usize>),
-    i64f: impl FnOnce(&[i64]) -> (Vec<i64>, Vec<usize>),
-) -> Value {
-    let out = match x {
-        Value::F32(a) => {
-            let (v, s) = f32f(a.as_slice().expect("standard"));
-            Value::from_vec(&s, v)
-        }
-        Value::F64(a) => {
-            let (v, s) = f64f(a.as_slice().expect("standard"));
-            Value::from_vec(&s, v)
-        }
-        Value::F16(_) => {
-            let Value::F32(a) = x.cast(DType::F32) else {
-                unreachable!()
-            };
-            let (v, s) = f32f(a.as_slice().expect("standard"));
-            Value::from_vec(&s, v)
-        }
-        _ => {
-            let Value::I64(a) = x.cast(DType::I64) else {
-                unreachable!()
-            };
-            let (v, s) = i64f(a.as_slice().expect("standard"));
-            Value::from_vec(&s, v)
-        }
-    };
-    out.expect("kernel output matches its shape").cast(back)
-}
-
-pub fn cpu_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Value) -> Result<Value> {
-    let in_shape = x.shape().to_vec();
-    let out_shape: Vec<usize> = in_shape
-        .iter()
-        .enumerate()
-        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
-            (false, _) => Some(d),
-            (true, true) => Some(1),
-            (true, false) => None,
-        })
-        .collect();
-    let (t, lo, hi) = contiguous_block(x, axes);
-    let (outer, red, inner) = blocks(t.shape(), lo, hi);
-    if red == 0 && !x.dtype().is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min) {
-        // The i64 identities would wrap on the cast back to a narrower type (the max of an
-        // empty int8 axis came out 0, of an empty bool axis True); f64 -> int casts saturate.
-        let v = match (op, x.dtype()) {
-            (ReduceOp::Max, DType::Bool) => 0.0,
-            (ReduceOp::Min, DType::Bool) => 1.0,
-            (ReduceOp::Max, _) => f64::NEG_INFINITY,
-            _ => f64::INFINITY,
-        };
-        return Ok(Value::full(x.dtype(), &out_shape, v));
-    }
-    let s = out_shape.clone();
-    let s2 = out_shape.clone();
-    let s3 = out_shape;
-    Ok(in_class(
-        &t,
-        x.dtype(),
-        |d| (reduce_blocks(op, d, outer, red, inner), s),
-        |d| (reduce_blocks(op, d, outer, red, inner), s2),
-        |d| (reduce_blocks(op, d, outer, red, inner), s3),
-    ))
-}
-
-fn arg_blocks<T: Acc>(op: ArgOp, data: &[T], outer: usize, red: usize, inner: usize) -> Vec<i64> {
-    let mut out = vec![0i64; outer * inner];
-    for o in 0..outer {
-        for j in 0..inner {
-            let mut best = 0usize;
-            for r in 1..red {
-                let v = data[(o * red + r) * inner + j];
-                let b = data[(o * red + best) * inner + j];
-                let better = match op {
-                    ArgOp::ArgMax => v > b || (v.is_nan() && !b.is_nan()),
-                    ArgOp::ArgMin => v < b || (v.is_nan() && !b.is_nan()),
-                };
-                if better {
-                    best = r;
-                }
-            }
-            out[o * inner + j] = best as i64;
-        }
-    }
-    out
-}
-
-pub fn cpu_arg(op: ArgOp, axis: usize, x: &Value) -> Result<Value> {
-    let shape = x.shape().to_vec();
-    if shape[axis] == 0 {
-        return Err(Error::Value(format!(
-            "{}: cannot reduce an empty axis {axis} of shape {shape:?}",
-            op.name()
-        )));
-    }
-    let (outer, red, inner) = blocks(&shape, axis, axis + 1);
-    let mut out_shape = shape.clone();
-    out_shape.remove(axis);
-    let v = match x {
-        Value::F32(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
-        Value::F64(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
-        Value::F16(_) => {
-            let Value::F32(a) = x.cast(DType::F32) else {
-                unreachable!()
-            };
-            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
-        }
-        _ => {
-            let Value::I64(a) = x.cast(DType::I64) else {
-                unreachable!()
-            };
-            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
-        }
-    };
-    Value::from_vec(&out_shape, v)
-}
-
-fn scan_blocks<T: Acc>(
-    op: ScanOp,
-    data: &[T],
-    outer: usize,
-    red: usize,
-    inner: usize,
-    exclusive: bool,
-    reverse: bool,
-) -> Vec<T> {
-    let mut out = vec![T::zero(); data.len()];
-    let init = match op {
-        ScanOp::Cumsum => T::zero(),
-        ScanOp::Cumprod => T::one(),
-    };
-    for o in 0..outer {
-        let mut acc = vec![init; inner];
-        for k in 0..red {
-            let r = if reverse { red - 1 - k } else { k };
-            let base = (o * red + r) * inner;
-            for j in 0..inner {
-                let v = data[base + j];
-                if exclusive {
-                    out[base + j] = acc[j];
-                }
-                acc[j] = match op {
-                    ScanOp::Cumsum => acc[j].add(v),
-                    ScanOp::Cumprod => acc[j].mul(v),
-                };
-                if !exclusive {
-                    out[base + j] = acc[j];
-                }
-            }
-        }
-    }
-    out
-}
-
-pub fn cpu_scan(
-    op: ScanOp,
-    axis: usize,
-    exclusive: bool,
-    reverse: bool,
-    x: &Value,
-) -> Result<Value> {
-    let shape = x.shape().to_vec();
-    let (outer, red, inner) = blocks(&shape, axis, axis + 1);
-    let (s1, s2, s3) = (shape.clone(), shape.clone(), shape);
-    Ok(in_class(
-        x,
-        x.dtype(),
-        |d| {
-            (
-                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
-                s1,
-            )
-        },
-        |d| {
-            (
-                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
-                s2,
-            )
-        },
-        |d| {
-            (
-                scan_blocks(op, d, outer, red, inner, exclusive, reverse),
-                s3,
-            )
-        },
-    ))
-}
-
-/// Adds the `red` rows of `inner` f32 columns in `block` into `o` (Kahan-compensated
-/// register strips, as a reduction over leading axes runs): for a fused group folding its
-/// tiles (`runtime::cpu::fused`).
-pub(crate) fn fold_sum_f32(o: &mut [f32], block: &[f32], red: usize, inner: usize) {
-    fold_rows(ReduceOp::Sum, o, block, red, inner, 0);
-}
-
-/// The pairwise sum of `xs`.
-pub(crate) fn sum_f32(xs: &[f32]) -> f32 {
-    pairwise_sum(xs)
-}

@@ -243,6 +243,8 @@ impl VarCell {
     }
 }
 
+// ---- placeholder, constant, variable ----
+
 pub fn placeholder(
     name: &str,
     shape: Shape,

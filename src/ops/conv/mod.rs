@@ -26,6 +26,8 @@ use crate::ops::movement::partial_value;
 use crate::value_err;
 use std::sync::Arc;
 
+// ---- spec ----
+
 /// Padding of each spatial dim. `Same` is TensorFlow's rule, resolved against the runtime
 /// input size (so spatial dims unknown until run time work): the output has
 /// `ceil(in / stride)` elements and an odd total padding puts the extra element at the end.
@@ -150,27 +152,21 @@ impl ConvSpec {
     }
 }
 
-// ---------------------------------------------------------------- shape rules
+// ---- conv ----
 
-fn check_float(what: &str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if !a.dtype().is_float() || a.dtype() != b.dtype() {
-        return Err(Error::Type(format!(
-            "{what}: input and kernel must have the same float dtype, got {} and {}",
-            a.dtype(),
-            b.dtype()
-        )));
-    }
-    Ok(())
+pub fn conv(x: &Tensor, w: &Tensor, spec: &Arc<ConvSpec>) -> Result<Tensor> {
+    Tensor::new(Op::Conv(spec.clone()), vec![x.clone(), w.clone()])
 }
 
-fn check_rank(what: &str, arg: &str, t: &Tensor, rank: usize, layout: &str) -> Result<()> {
-    if t.rank() != rank {
-        return Err(value_err!(
-            "{what}: {arg} must have rank {rank} {layout}, got shape {}",
-            t.shape()
-        ));
-    }
-    Ok(())
+pub fn infer_conv(spec: &ConvSpec, x: &Tensor, w: &Tensor) -> Result<(Shape, DType)> {
+    check_float("conv", x, w)?;
+    let (_, cout) = check_xw(spec, "conv", x, w, "x")?;
+    let n = spec.nsp();
+    let xd = x.shape().dims();
+    let mut dims = vec![xd[0]];
+    dims.extend(spec.out_static("conv", &xd[1..=n], &w.shape().dims()[..n])?);
+    dims.push(cout);
+    Ok((Shape(dims), x.dtype()))
 }
 
 /// Checks `x` against `w` (ranks and channel counts); returns (cin, cout) where known.
@@ -214,35 +210,58 @@ fn check_xw(
     Ok((cin, cout))
 }
 
-fn shape_input(what: &str, s: &Tensor, rank: usize) -> Result<Vec<Dim>> {
-    if !s.dtype().is_int() || s.rank() != 1 {
-        return Err(Error::Type(format!(
-            "{what}: the shape argument must be a 1-D int tensor, got {} {}",
-            s.dtype(),
-            s.shape()
-        )));
-    }
-    let p = partial_value(s).unwrap_or_else(|| vec![None; s.shape().dims()[0].unwrap_or(rank)]);
-    if p.len() != rank {
-        return Err(value_err!(
-            "{what}: the shape argument has {} entries, expected {rank}",
-            p.len()
-        ));
-    }
-    Ok(p.into_iter()
-        .map(|d| d.and_then(|d| (d >= 0).then_some(d as usize)))
-        .collect())
+pub fn vjp_conv(spec: &Arc<ConvSpec>, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let (x, w) = (node.input(0), node.input(1));
+    Ok(vec![
+        Some(conv_input_grad(g, w, &shape_of(x)?, spec)?),
+        Some(conv_kernel_grad(x, g, &shape_of(w)?, spec)?),
+    ])
 }
 
-pub fn infer_conv(spec: &ConvSpec, x: &Tensor, w: &Tensor) -> Result<(Shape, DType)> {
-    check_float("conv", x, w)?;
-    let (_, cout) = check_xw(spec, "conv", x, w, "x")?;
+pub fn cpu_conv(spec: &ConvSpec, x: &Value, w: &Value) -> Result<Value> {
+    cpu::forward(&forward_geom(spec, x.shape(), w.shape())?, x, w)
+}
+
+/// The geometry of a forward convolution of inputs of shapes `xs`, `ws`.
+pub fn forward_geom(spec: &ConvSpec, xs: &[usize], ws: &[usize]) -> Result<cpu::Geom> {
     let n = spec.nsp();
-    let xd = x.shape().dims();
-    let mut dims = vec![xd[0]];
-    dims.extend(spec.out_static("conv", &xd[1..=n], &w.shape().dims()[..n])?);
-    dims.push(cout);
-    Ok((Shape(dims), x.dtype()))
+    if xs[n + 1] != ws[n] * spec.groups {
+        return Err(value_err!(
+            "conv: the input has {} channels but the kernel expects {}",
+            xs[n + 1],
+            ws[n] * spec.groups
+        ));
+    }
+    cpu::Geom::new(spec, xs, ws, None)
+}
+
+/// The geometry each primitive's kernel runs with, from runtime shapes (`s` the host value
+/// of the target-shape input), raising the CPU wrappers' errors: for device lowerings,
+/// which must reject exactly what the CPU path rejects.
+pub fn conv_geom(spec: &ConvSpec, xs: &[usize], ws: &[usize]) -> Result<cpu::Geom> {
+    let n = spec.nsp();
+    if xs.len() == n + 2 && ws.len() == n + 2 && xs[n + 1] != ws[n] * spec.groups {
+        return Err(value_err!(
+            "conv: the input has {} channels but the kernel expects {}",
+            xs[n + 1],
+            ws[n] * spec.groups
+        ));
+    }
+    cpu::Geom::new(spec, xs, ws, None)
+}
+
+// ---- conv_input_grad ----
+
+pub fn conv_input_grad(
+    g: &Tensor,
+    w: &Tensor,
+    x_shape: &Tensor,
+    spec: &Arc<ConvSpec>,
+) -> Result<Tensor> {
+    Tensor::new(
+        Op::ConvInputGrad(spec.clone()),
+        vec![g.clone(), w.clone(), x_shape.clone()],
+    )
 }
 
 pub fn infer_input_grad(
@@ -293,6 +312,50 @@ pub fn infer_input_grad(
     Ok((Shape(out), g.dtype()))
 }
 
+/// `dx = ConvInputGrad(gy, w)` is linear in both: upstream `h` (x-shaped) gives
+/// `d gy = Conv(h, w)` and `d w = ConvKernelGrad(h, gy)`.
+pub fn vjp_input_grad(
+    spec: &Arc<ConvSpec>,
+    node: &Tensor,
+    h: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
+    let (gy, w) = (node.input(0), node.input(1));
+    Ok(vec![
+        Some(conv(h, w, spec)?),
+        Some(conv_kernel_grad(h, gy, &shape_of(w)?, spec)?),
+        None,
+    ])
+}
+
+pub fn cpu_input_grad(spec: &ConvSpec, g: &Value, w: &Value, s: &Value) -> Result<Value> {
+    let xs = target("conv_transpose", s, g.shape())?;
+    let geo = cpu::Geom::new(spec, &xs, w.shape(), Some(g.shape()))?;
+    cpu::input_grad(&geo, g, w)
+}
+
+pub fn input_grad_geom(
+    spec: &ConvSpec,
+    gs: &[usize],
+    ws: &[usize],
+    s: &Value,
+) -> Result<cpu::Geom> {
+    cpu::Geom::new(spec, &target("conv_transpose", s, gs)?, ws, Some(gs))
+}
+
+// ---- conv_kernel_grad ----
+
+pub fn conv_kernel_grad(
+    x: &Tensor,
+    g: &Tensor,
+    w_shape: &Tensor,
+    spec: &Arc<ConvSpec>,
+) -> Result<Tensor> {
+    Tensor::new(
+        Op::ConvKernelGrad(spec.clone()),
+        vec![x.clone(), g.clone(), w_shape.clone()],
+    )
+}
+
 pub fn infer_kernel_grad(
     spec: &ConvSpec,
     x: &Tensor,
@@ -319,59 +382,6 @@ pub fn infer_kernel_grad(
     Ok((Shape(shape_input("conv_kernel_grad", s, n + 2)?), x.dtype()))
 }
 
-// ---------------------------------------------------------------- builders
-
-pub fn conv(x: &Tensor, w: &Tensor, spec: &Arc<ConvSpec>) -> Result<Tensor> {
-    Tensor::new(Op::Conv(spec.clone()), vec![x.clone(), w.clone()])
-}
-pub fn conv_input_grad(
-    g: &Tensor,
-    w: &Tensor,
-    x_shape: &Tensor,
-    spec: &Arc<ConvSpec>,
-) -> Result<Tensor> {
-    Tensor::new(
-        Op::ConvInputGrad(spec.clone()),
-        vec![g.clone(), w.clone(), x_shape.clone()],
-    )
-}
-pub fn conv_kernel_grad(
-    x: &Tensor,
-    g: &Tensor,
-    w_shape: &Tensor,
-    spec: &Arc<ConvSpec>,
-) -> Result<Tensor> {
-    Tensor::new(
-        Op::ConvKernelGrad(spec.clone()),
-        vec![x.clone(), g.clone(), w_shape.clone()],
-    )
-}
-
-// ---------------------------------------------------------------- VJP rules
-
-pub fn vjp_conv(spec: &Arc<ConvSpec>, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
-    let (x, w) = (node.input(0), node.input(1));
-    Ok(vec![
-        Some(conv_input_grad(g, w, &shape_of(x)?, spec)?),
-        Some(conv_kernel_grad(x, g, &shape_of(w)?, spec)?),
-    ])
-}
-
-/// `dx = ConvInputGrad(gy, w)` is linear in both: upstream `h` (x-shaped) gives
-/// `d gy = Conv(h, w)` and `d w = ConvKernelGrad(h, gy)`.
-pub fn vjp_input_grad(
-    spec: &Arc<ConvSpec>,
-    node: &Tensor,
-    h: &Tensor,
-) -> Result<Vec<Option<Tensor>>> {
-    let (gy, w) = (node.input(0), node.input(1));
-    Ok(vec![
-        Some(conv(h, w, spec)?),
-        Some(conv_kernel_grad(h, gy, &shape_of(w)?, spec)?),
-        None,
-    ])
-}
-
 /// `dw = ConvKernelGrad(x, gy)`: upstream `h` (kernel-shaped) gives
 /// `d x = ConvInputGrad(gy, h)` and `d gy = Conv(x, h)`.
 pub fn vjp_kernel_grad(
@@ -387,39 +397,6 @@ pub fn vjp_kernel_grad(
     ])
 }
 
-// ---------------------------------------------------------------- kernels
-
-fn target(what: &str, s: &Value, like: &[usize]) -> Result<Vec<usize>> {
-    let t = s.to_i64_vec();
-    if t.len() != like.len() || t.iter().any(|&d| d < 0) {
-        return Err(value_err!("{what}: bad target shape {t:?}"));
-    }
-    Ok(t.into_iter().map(|d| d as usize).collect())
-}
-
-pub fn cpu_conv(spec: &ConvSpec, x: &Value, w: &Value) -> Result<Value> {
-    cpu::forward(&forward_geom(spec, x.shape(), w.shape())?, x, w)
-}
-
-/// The geometry of a forward convolution of inputs of shapes `xs`, `ws`.
-pub fn forward_geom(spec: &ConvSpec, xs: &[usize], ws: &[usize]) -> Result<cpu::Geom> {
-    let n = spec.nsp();
-    if xs[n + 1] != ws[n] * spec.groups {
-        return Err(value_err!(
-            "conv: the input has {} channels but the kernel expects {}",
-            xs[n + 1],
-            ws[n] * spec.groups
-        ));
-    }
-    cpu::Geom::new(spec, xs, ws, None)
-}
-
-pub fn cpu_input_grad(spec: &ConvSpec, g: &Value, w: &Value, s: &Value) -> Result<Value> {
-    let xs = target("conv_transpose", s, g.shape())?;
-    let geo = cpu::Geom::new(spec, &xs, w.shape(), Some(g.shape()))?;
-    cpu::input_grad(&geo, g, w)
-}
-
 pub fn cpu_kernel_grad(spec: &ConvSpec, x: &Value, g: &Value, s: &Value) -> Result<Value> {
     let ws = target("conv_kernel_grad", s, x.shape())?;
     let geo = cpu::Geom::new(spec, x.shape(), &ws, Some(g.shape()))?;
@@ -430,28 +407,6 @@ pub fn cpu_kernel_grad(spec: &ConvSpec, x: &Value, g: &Value, s: &Value) -> Resu
     cpu::kernel_grad(&geo, x, g)
 }
 
-/// The geometry each primitive's kernel runs with, from runtime shapes (`s` the host value
-/// of the target-shape input), raising the CPU wrappers' errors: for device lowerings,
-/// which must reject exactly what the CPU path rejects.
-pub fn conv_geom(spec: &ConvSpec, xs: &[usize], ws: &[usize]) -> Result<cpu::Geom> {
-    let n = spec.nsp();
-    if xs.len() == n + 2 && ws.len() == n + 2 && xs[n + 1] != ws[n] * spec.groups {
-        return Err(value_err!(
-            "conv: the input has {} channels but the kernel expects {}",
-            xs[n + 1],
-            ws[n] * spec.groups
-        ));
-    }
-    cpu::Geom::new(spec, xs, ws, None)
-}
-pub fn input_grad_geom(
-    spec: &ConvSpec,
-    gs: &[usize],
-    ws: &[usize],
-    s: &Value,
-) -> Result<cpu::Geom> {
-    cpu::Geom::new(spec, &target("conv_transpose", s, gs)?, ws, Some(gs))
-}
 pub fn kernel_grad_geom(
     spec: &ConvSpec,
     xs: &[usize],
@@ -459,6 +414,57 @@ pub fn kernel_grad_geom(
     s: &Value,
 ) -> Result<cpu::Geom> {
     cpu::Geom::new(spec, xs, &target("conv_kernel_grad", s, xs)?, Some(gs))
+}
+
+// ---- helpers ----
+
+fn check_float(what: &str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if !a.dtype().is_float() || a.dtype() != b.dtype() {
+        return Err(Error::Type(format!(
+            "{what}: input and kernel must have the same float dtype, got {} and {}",
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    Ok(())
+}
+
+fn check_rank(what: &str, arg: &str, t: &Tensor, rank: usize, layout: &str) -> Result<()> {
+    if t.rank() != rank {
+        return Err(value_err!(
+            "{what}: {arg} must have rank {rank} {layout}, got shape {}",
+            t.shape()
+        ));
+    }
+    Ok(())
+}
+
+fn shape_input(what: &str, s: &Tensor, rank: usize) -> Result<Vec<Dim>> {
+    if !s.dtype().is_int() || s.rank() != 1 {
+        return Err(Error::Type(format!(
+            "{what}: the shape argument must be a 1-D int tensor, got {} {}",
+            s.dtype(),
+            s.shape()
+        )));
+    }
+    let p = partial_value(s).unwrap_or_else(|| vec![None; s.shape().dims()[0].unwrap_or(rank)]);
+    if p.len() != rank {
+        return Err(value_err!(
+            "{what}: the shape argument has {} entries, expected {rank}",
+            p.len()
+        ));
+    }
+    Ok(p.into_iter()
+        .map(|d| d.and_then(|d| (d >= 0).then_some(d as usize)))
+        .collect())
+}
+
+fn target(what: &str, s: &Value, like: &[usize]) -> Result<Vec<usize>> {
+    let t = s.to_i64_vec();
+    if t.len() != like.len() || t.iter().any(|&d| d < 0) {
+        return Err(value_err!("{what}: bad target shape {t:?}"));
+    }
+    Ok(t.into_iter().map(|d| d as usize).collect())
 }
 
 #[cfg(test)]

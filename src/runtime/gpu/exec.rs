@@ -17,7 +17,7 @@ use crate::base::value::Value;
 use crate::compile::fuse::{self, Item, Schedule, Target};
 use crate::compile::{Plan, Step};
 use crate::ops::graph::Tensor;
-use crate::ops::{movement, GpuKind, Op, ViewOp};
+use crate::ops::{movement, Class, Op, ViewOp};
 use crate::runtime::{profile, Out, RunStats};
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -123,7 +123,7 @@ pub(crate) struct Exec<'a> {
 
 fn gpu_supports(t: &Tensor) -> bool {
     let op = t.op();
-    let hargs = op.host_args();
+    let hargs = op.shape_operands();
     let ins_ok = t
         .inputs()
         .iter()
@@ -158,12 +158,12 @@ fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
     let place: Vec<Place> = (0..n)
         .map(|i| match plan.steps[i] {
             Step::Fed(_) | Step::Folded(_) => Place::Source,
-            Step::Compute => match plan.nodes[i].op().gpu_kind() {
-                GpuKind::Source => Place::Source,
-                GpuKind::Meta => Place::Meta,
-                GpuKind::View(_) => Place::View,
-                GpuKind::Host => Place::Host,
-                GpuKind::Fused(_) | GpuKind::Kernel => {
+            Step::Compute => match plan.nodes[i].op().class() {
+                Class::Source => Place::Source,
+                Class::Meta => Place::Meta,
+                Class::View(_) => Place::View,
+                Class::Host => Place::Host,
+                Class::Elementwise(_) | Class::Kernel => {
                     if !shape_like[i] && gpu_supports(&plan.nodes[i]) {
                         Place::Gpu
                     } else {
@@ -321,7 +321,7 @@ impl<'a> Exec<'a> {
                 }
                 Place::View => self.view(i)?,
                 Place::Host => self.on_host(i)?,
-                Place::Gpu if matches!(self.plan.nodes[i].op().gpu_kind(), GpuKind::Fused(_)) => {
+                Place::Gpu if matches!(self.plan.nodes[i].op().class(), Class::Elementwise(_)) => {
                     return fusion::record_members(self, &[i], &[i]);
                 }
                 Place::Gpu => kernels::record(self, i)?,
@@ -400,9 +400,9 @@ impl<'a> Exec<'a> {
         let node = &plan.nodes[i];
         let ins = &plan.inputs[i];
         let x = self.slot(ins[0]);
-        let shape = match node.op().gpu_kind() {
-            GpuKind::View(ViewOp::Identity) => x.shape.clone(),
-            GpuKind::View(ViewOp::Reshape) => {
+        let shape = match node.op().class() {
+            Class::View(ViewOp::Identity) => x.shape.clone(),
+            Class::View(ViewOp::Reshape) => {
                 let s = self.slot(ins[1]);
                 let Some(target) = s.host.as_ref() else {
                     return Err(Error::Runtime(
@@ -411,13 +411,9 @@ impl<'a> Exec<'a> {
                 };
                 movement::reshape_dims("reshape", &x.shape, target)?
             }
-            GpuKind::View(ViewOp::ExpandDims(axes)) => movement::expanded_dims(axes, &x.shape),
-            GpuKind::View(ViewOp::Squeeze(axes)) => movement::squeezed_dims(axes, &x.shape)?,
-            GpuKind::Source
-            | GpuKind::Meta
-            | GpuKind::Fused(_)
-            | GpuKind::Kernel
-            | GpuKind::Host => {
+            Class::View(ViewOp::ExpandDims(axes)) => movement::expanded_dims(axes, &x.shape),
+            Class::View(ViewOp::Squeeze(axes)) => movement::squeezed_dims(axes, &x.shape)?,
+            Class::Source | Class::Meta | Class::Elementwise(_) | Class::Kernel | Class::Host => {
                 return Err(Error::Runtime(format!(
                     "internal: {} is not a view",
                     node.op().name()

@@ -18,7 +18,7 @@ use crate::base::value::Value;
 use crate::compile::fuse::Group;
 use crate::compile::Step;
 use crate::ops::elementwise::BinaryClass;
-use crate::ops::{FusedOp, GpuKind};
+use crate::ops::{Class, FusedOp};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -36,14 +36,11 @@ enum Mode {
 }
 
 fn fused_op(op: &crate::ops::Op) -> Result<FusedOp> {
-    match op.gpu_kind() {
-        GpuKind::Fused(f) => Ok(f),
-        GpuKind::Source | GpuKind::Meta | GpuKind::View(_) | GpuKind::Kernel | GpuKind::Host => {
-            Err(Error::Runtime(format!(
-                "internal: {} is not an elementwise op",
-                op.name()
-            )))
-        }
+    match op.class() {
+        Class::Elementwise(f) => Ok(f),
+        Class::Source | Class::Meta | Class::View(_) | Class::Kernel | Class::Host => Err(
+            Error::Runtime(format!("internal: {} is not an elementwise op", op.name())),
+        ),
     }
 }
 
@@ -163,7 +160,7 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
     // External inputs, in first-use order.
     let mut ext: Vec<(usize, Mode)> = Vec::new();
     for &m in members {
-        let h = plan.nodes[m].op().host_args();
+        let h = plan.nodes[m].op().shape_operands();
         for (p, &j) in plan.inputs[m].iter().enumerate() {
             if h.contains(&p) || is_member(j) || ext.iter().any(|e| e.0 == j) {
                 continue;

@@ -8,7 +8,7 @@ use crate::base::value::Value;
 use crate::compile::fuse::Group;
 use crate::compile::Plan;
 use crate::ops::movement::resolve_slice;
-use crate::ops::{FusedOp, GpuKind, Op, SliceAxis};
+use crate::ops::{Class, FusedOp, Op, SliceAxis};
 
 /// How a gathered input is read: broadcast dims at stride 0, dims merged where possible.
 pub(super) struct Layout {
@@ -35,9 +35,9 @@ fn shape_of<'a>(
 }
 
 pub(super) fn fused_op(plan: &Plan, m: usize) -> FusedOp {
-    match plan.nodes[m].op().gpu_kind() {
-        GpuKind::Fused(f) => f,
-        GpuKind::Source | GpuKind::Meta | GpuKind::View(_) | GpuKind::Kernel | GpuKind::Host => {
+    match plan.nodes[m].op().class() {
+        Class::Elementwise(f) => f,
+        Class::Source | Class::Meta | Class::View(_) | Class::Kernel | Class::Host => {
             unreachable!("fusion groups hold elementwise nodes only")
         }
     }

@@ -13,7 +13,7 @@ use crate::base::value::Value;
 use crate::compile::fuse::Group;
 use crate::compile::update_rule::Update;
 use crate::compile::Plan;
-use crate::ops::{FusedOp, GpuKind, Op, UnaryOp};
+use crate::ops::{Class, FusedOp, Op, UnaryOp};
 use std::sync::{Arc, Mutex};
 
 /// Programs compiled for a group, one per input layout: kept per plan and schedule item
@@ -97,8 +97,8 @@ pub(super) fn program(
         .iter()
         .filter(|&&m| {
             matches!(
-                plan.nodes[m].op().gpu_kind(),
-                GpuKind::Fused(FusedOp::BroadcastTo)
+                plan.nodes[m].op().class(),
+                Class::Elementwise(FusedOp::BroadcastTo)
             )
         })
         .map(|&m| plan.inputs[m][1])

@@ -10,7 +10,7 @@ use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
 use crate::ops::graph::Tensor;
-use crate::ops::{Op, ReduceOp};
+use crate::ops::Op;
 
 mod conv;
 mod matmul;
@@ -19,56 +19,10 @@ mod pool;
 mod random;
 mod reduce;
 
-/// Whether the GPU lowering of `t` handles its dtypes (the rest run on the CPU).
+/// Whether the GPU lowering of `t` handles its dtypes (the rest run on the CPU); the
+/// table is `Op::gpu_supports`.
 pub(crate) fn supports(t: &Tensor) -> bool {
-    let d = t.dtype();
-    match t.op() {
-        // Integer means divide an i32 sum, which could wrap where the CPU's i64 does not.
-        Op::Reduce {
-            op: ReduceOp::Mean, ..
-        } => d.is_float(),
-        // Atomic adds accumulate in the storage type: exact only for f32 and i32.
-        Op::ScatterAdd(_) => matches!(d, DType::F32 | DType::I32),
-        Op::Random(_) => matches!(d, DType::F32 | DType::F16),
-        // Float only, as their shape rules require; f64 never gets here (no WGSL type).
-        Op::Conv(_)
-        | Op::ConvInputGrad(_)
-        | Op::ConvKernelGrad(_)
-        | Op::Pool(_)
-        | Op::PoolGrad(_)
-        | Op::PoolSelect(_) => d.is_float(),
-        Op::Reduce { .. }
-        | Op::Arg { .. }
-        | Op::Scan { .. }
-        | Op::SumTo
-        | Op::Transpose(_)
-        | Op::Slice(_)
-        | Op::SliceGrad(_)
-        | Op::Concat(_)
-        | Op::ConcatGrad { .. }
-        | Op::Pad { .. }
-        | Op::Reverse(_)
-        | Op::Gather(_)
-        | Op::MatMul { .. }
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Select
-        | Op::Cast(_)
-        | Op::BroadcastTo => true,
-        Op::Placeholder(_)
-        | Op::Constant(_)
-        | Op::Variable(_)
-        | Op::StopGradient
-        | Op::Reshape
-        | Op::ShapeOf
-        | Op::ExpandDims(_)
-        | Op::Squeeze(_)
-        | Op::Loop(_)
-        | Op::TupleGet(_)
-        | Op::HostCall(_)
-        | Op::Ctc(_)
-        | Op::CtcDecode(_) => false,
-    }
+    t.op().gpu_supports(t.dtype())
 }
 
 fn c_strides(shape: &[usize]) -> Vec<i64> {
