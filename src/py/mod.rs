@@ -35,7 +35,7 @@ fn err(e: Error) -> PyErr {
         Error::Value(m) | Error::Unfed(m) => PyValueError::new_err(m),
         Error::Type(m) => PyTypeError::new_err(m),
         Error::Unsupported(m) | Error::Runtime(m) => PyRuntimeError::new_err(m),
-        e @ Error::Lent(_) => PyRuntimeError::new_err(format!("internal: {e}")),
+        e @ Error::UpdatingInPlace(_) => PyRuntimeError::new_err(format!("internal: {e}")),
         Error::Device(m) => DeviceError::new_err(m),
     }
 }

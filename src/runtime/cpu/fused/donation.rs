@@ -3,11 +3,11 @@
 
 use crate::base::value::Value;
 use crate::compile::fuse::Group;
-use crate::runtime::cpu::Lend;
+use crate::runtime::cpu::InPlace;
 use ndarray::IxDyn;
 
 /// A buffer for output slot `o` of `g` taken from a dead input that nothing else holds
-/// (`spare`, not yet `donated`): the variable `o` is the new value of first, when `lend`
+/// (`spare`, not yet `donated`): the variable `o` is the new value of first, when `in_place`
 /// lets the run overwrite it, then the others in order.
 pub(super) fn donor(
     g: &Group,
@@ -15,9 +15,9 @@ pub(super) fn donor(
     donated: &mut [bool],
     o: usize,
     slots: &mut [Option<Value>],
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
 ) -> Option<ndarray::Array<f32, IxDyn>> {
-    let own = lend.and_then(|l| l.donor[o]);
+    let own = in_place.and_then(|l| l.variable_slot[o]);
     let first = spare.iter().position(|&e| Some(g.ext[e]) == own);
     for s in first
         .into_iter()
@@ -27,8 +27,8 @@ pub(super) fn donor(
         if donated[s] || !matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout()) {
             continue;
         }
-        let buf = match lend.and_then(|l| l.cells[j].as_ref()) {
-            Some(cell) => cell.lend(&mut slots[j]),
+        let buf = match in_place.and_then(|l| l.cells[j].as_ref()) {
+            Some(cell) => cell.take_for_update(&mut slots[j]),
             None => {
                 let Some(Value::F32(a)) = slots[j].take() else {
                     unreachable!("checked f32")

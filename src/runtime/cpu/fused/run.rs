@@ -16,7 +16,7 @@ use crate::compile::fuse::Group;
 use crate::compile::update_rule::Update;
 use crate::compile::Plan;
 use crate::ops::elementwise::grain;
-use crate::runtime::cpu::Lend;
+use crate::runtime::cpu::InPlace;
 use ndarray::IxDyn;
 use rayon::prelude::*;
 
@@ -58,7 +58,7 @@ fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
 }
 
 /// Runs group `g` reading its inputs from `slots` (dead inputs may be taken out of them,
-/// and variables `lend` names overwritten), with the programs compiled for it so far
+/// and variables `in_place` names overwritten), with the programs compiled for it so far
 /// (`programs`, kept with the plan in its `cpu::PlanState`). Returns the output values in
 /// `g.outputs` order, or `None` when the outputs' runtime shapes differ (the caller then
 /// runs the members one by one). `update` is the rule the group computes (`Item::Update`): its
@@ -69,13 +69,19 @@ pub fn run(
     programs: &Programs,
     update: Option<&Update>,
     slots: &mut [Option<Value>],
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
 ) -> Result<Option<Vec<Value>>> {
     match g.first {
-        Some(f) => run_after(plan, g, programs, update, f, slots, lend),
-        None => run_driven(plan, g, programs, update, slots, lend, &|kern, shape| {
-            split_exec(kern, shape.iter().product(), g.cost)
-        }),
+        Some(f) => run_after(plan, g, programs, update, f, slots, in_place),
+        None => run_driven(
+            plan,
+            g,
+            programs,
+            update,
+            slots,
+            in_place,
+            &|kern, shape| split_exec(kern, shape.iter().product(), g.cost),
+        ),
     }
 }
 
@@ -124,7 +130,7 @@ pub(super) fn run_driven(
     programs: &Programs,
     update: Option<&Update>,
     slots: &mut [Option<Value>],
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
     drive: &dyn Fn(&Kernel<'_>, &[usize]),
 ) -> Result<Option<Vec<Value>>> {
     let p = program(plan, g, programs, update, slots)?;
@@ -224,7 +230,7 @@ pub(super) fn run_driven(
             }
             Out::F32(opd) => {
                 let donor = if f32_outs < b.spare.len() {
-                    donor(g, &b.spare, &mut donated, written[k], slots, lend)
+                    donor(g, &b.spare, &mut donated, written[k], slots, in_place)
                 } else {
                     None
                 };
