@@ -336,7 +336,7 @@ pub(crate) use dispatch_dtype;
 /// A borrowed value is an ordinary `Value` whose buffer is the caller's. That is sound as
 /// long as nothing ever frees, grows or writes that buffer, which the `Lease` that made
 /// it ensures: it holds a clone of every value it lent for the whole call, so no kernel
-/// ever finds the buffer unshared (in-place updates, donation to a fused group's output
+/// ever finds the buffer unshared (in-place updates, reuse by a fused group's output
 /// and `into_owned` all copy a shared array instead), and when it ends it forgets the last
 /// clone rather than dropping it. The one way a borrowed buffer could outlive the call is
 /// to be assigned to a variable; `VarCell::set` copies any value `aliases` names. Should

@@ -45,7 +45,7 @@ fn first_kernel<'a>(
 
 /// Runs node `f` and then `g` on each image of its result as soon as the image is
 /// written (see `fuse::Group::first`). The result's buffer is put in slot `f` before it
-/// is computed, so the group's program, inputs and buffer donation see it as any input
+/// is computed, so the group's program, inputs and buffer reuse see it as any input
 /// (the group may write its output in place there).
 pub(super) fn run_after(
     plan: &Plan,
@@ -86,7 +86,7 @@ pub(super) fn run_after(
     let ran = std::cell::Cell::new(false);
     let drive = |kern: &Kernel<'_>, gshape: &[usize]| {
         let d = dst;
-        // SAFETY: the buffer of slot f (or of the output it was donated to) holds `len`
+        // SAFETY: the buffer of slot f (or of the output that reused it) holds `len`
         // elements, and nothing reads it before the kernel writes it: the group reads
         // image i only in `after(i)`.
         let y = unsafe { std::slice::from_raw_parts_mut(d.0, len) };

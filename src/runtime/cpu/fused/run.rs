@@ -2,11 +2,11 @@
 //! takes over the output buffers, and drives the chunk executor over the elements (in
 //! parallel tasks, in halves with the helper thread, or on this thread).
 
-use super::donation::donor;
 use super::epilogue::run_after;
 use super::exec::{eval_scalar, exec, Kernel};
 use super::fold::{fold_plain, fold_run};
 use super::program::{program, Programs};
+use super::reuse::reusable_buffer;
 use super::{Data, Opd, Out, OutBuf, CH, TEAM_WORK};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -208,7 +208,7 @@ pub(super) fn run_driven(
     for &ins in &b.prelude {
         scal.push(eval_scalar(ins, &scal));
     }
-    let mut donated = vec![false; b.spare.len()];
+    let mut reused = vec![false; b.reusable.len()];
     let mut f32_outs = 0;
     let mut results: Vec<Option<Value>> = vec![None; b.outs.len()];
     let mut outs: Vec<(Opd, OutBuf)> = Vec::with_capacity(b.outs.len());
@@ -229,14 +229,14 @@ pub(super) fn run_driven(
                 outs.push((opd, OutBuf::F32(std::ptr::null_mut())))
             }
             Out::F32(opd) => {
-                let donor = if f32_outs < b.spare.len() {
-                    donor(g, &b.spare, &mut donated, written[k], slots, in_place)
+                let reused_buf = if f32_outs < b.reusable.len() {
+                    reusable_buffer(g, &b.reusable, &mut reused, written[k], slots, in_place)
                 } else {
                     None
                 };
                 f32_outs += 1;
                 // The kernel writes every element before the buffer is read.
-                let mut buf = donor.unwrap_or_else(|| {
+                let mut buf = reused_buf.unwrap_or_else(|| {
                     ndarray::Array::from_shape_vec(IxDyn(&[n]), uninit(n)).expect("n elements")
                 });
                 outs.push((opd, OutBuf::F32(buf.as_mut_ptr())));
