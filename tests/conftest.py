@@ -51,13 +51,13 @@ def rng():
 @pytest.fixture(autouse=True, scope="session")
 def _no_leaked_feeds():
     """No test of the suite leaves a feed read in place held past its call
-    (`_core.leased_feeds`, test_feeds_in_place.py)."""
+    (`_core.borrowed_feeds`, test_feeds_in_place.py)."""
     yield
     from ferrokeras import _core
 
-    leased, leaked = _core.leased_feeds()
+    borrowed, leaked = _core.borrowed_feeds()
     assert leaked == 0, (
-        f"{leaked} of {leased} feeds read in place were still held when their call ended"
+        f"{leaked} of {borrowed} feeds read in place were still held when their call ended"
     )
 
 

@@ -1,8 +1,8 @@
 """Feeds read in place: a `K.function` call reads a large C-contiguous, aligned
 NumPy feed without copying it into the engine. The caller's array is never written, no
 result or variable keeps pointing into it after the call (outputs and assigned values
-are copies), and every leased buffer is let go when its call ends
-(`_core.leased_feeds()` counts leases and leaks; leaks must stay 0).
+are copies), and every borrowed buffer is let go when its call ends
+(`_core.borrowed_feeds()` counts borrows and leaks; leaks must stay 0).
 
 Runs on the device `FERROKERAS_DEVICE` selects, like the rest of the suite.
 """
@@ -14,17 +14,17 @@ import pytest
 from ferrokeras import _core
 from ferrokeras import backend as K
 
-BIG = (64, 96)  # 24 KiB of float32: above the size that is leased
+BIG = (64, 96)  # 24 KiB of float32: above the size that is borrowed
 
 
 def _leases():
-    return _core.leased_feeds()[0]
+    return _core.borrowed_feeds()[0]
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     yield
-    assert _core.leased_feeds()[1] == 0, "a leased feed was still held when its call ended"
+    assert _core.borrowed_feeds()[1] == 0, "a borrowed feed was still held when its call ended"
 
 
 def _data(shape=BIG, dtype=np.float32, seed=0):

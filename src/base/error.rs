@@ -28,11 +28,11 @@ pub enum Error {
     /// layer can re-raise the original exception.
     #[error("{1}")]
     Callback(std::sync::Arc<dyn std::any::Any + Send + Sync>, String),
-    /// A run on a rayon worker read a variable lent to another call's in-place update
-    /// (`VarCell::lend`) and stopped instead of waiting; `Function::call` runs it again once
+    /// A run on a rayon worker read a variable held by another call's in-place update
+    /// (`VarCell::take_for_update`) and stopped instead of waiting; `Function::call` runs it again once
     /// the variable is assigned, so this never reaches Python.
     #[error("variable '{0}' is being updated in place")]
-    Lent(String),
+    UpdatingInPlace(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

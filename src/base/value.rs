@@ -334,13 +334,13 @@ pub(crate) use dispatch_dtype;
 /// in place instead of copying them in.
 ///
 /// A borrowed value is an ordinary `Value` whose buffer is the caller's. That is sound as
-/// long as nothing ever frees, grows or writes that buffer, which the `Lease` that made
-/// it ensures: it holds a clone of every value it lent for the whole call, so no kernel
-/// ever finds the buffer unshared (in-place updates, donation to a fused group's output
+/// long as nothing ever frees, grows or writes that buffer, which the `Borrowed` that made
+/// it ensures: it holds a clone of every value it borrowed for the whole call, so no kernel
+/// ever finds the buffer unshared (in-place updates, reuse by a fused group's output
 /// and `into_owned` all copy a shared array instead), and when it ends it forgets the last
 /// clone rather than dropping it. The one way a borrowed buffer could outlive the call is
 /// to be assigned to a variable; `VarCell::set` copies any value `aliases` names. Should
-/// a clone still be held elsewhere all the same when the lease ends, the lease leaks both
+/// a clone still be held elsewhere all the same when the borrow ends, the `Borrowed` leaks both
 /// the clone and the array's owner (`counts` reports these; tests check there are none): the
 /// buffer then stays valid and is never freed twice.
 pub mod foreign {
@@ -349,14 +349,14 @@ pub mod foreign {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
-    /// Address ranges of the buffers leased now, process-wide (one entry per lease of a
-    /// buffer; calls on several threads may lease the same array).
+    /// Address ranges of the buffers borrowed now, process-wide (one entry per borrow of a
+    /// buffer; calls on several threads may borrow the same array).
     static RANGES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
     /// Entries in `RANGES`, for a lock-free answer when there are none.
     static LIVE: AtomicUsize = AtomicUsize::new(0);
-    /// Leased values still shared when their lease ended (see the module comment).
+    /// Borrowed values still shared when their borrow ended (see the module comment).
     static LEAKED: AtomicUsize = AtomicUsize::new(0);
-    /// Values leased so far (tests check that a feed was read in place).
+    /// Values borrowed so far (tests check that a feed was read in place).
     static LEASED: AtomicUsize = AtomicUsize::new(0);
 
     fn ranges() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
@@ -365,20 +365,20 @@ pub mod foreign {
 
     /// The values one call reads in place, with the owners that keep their buffers alive.
     #[derive(Default)]
-    pub struct Lease {
+    pub struct Borrowed {
         held: Vec<Held>,
     }
 
-    /// One leased value: a clone of it, its buffer's address range, its buffer's owner.
+    /// One borrowed value: a clone of it, its buffer's address range, its buffer's owner.
     struct Held(Value, (usize, usize), Box<dyn Any + Send>);
 
-    impl Lease {
+    impl Borrowed {
         /// A value of `shape` (C order) reading `data` in place.
         ///
         /// # Safety
         /// `data` must point to `shape.iter().product()` initialised, aligned elements
-        /// that stay valid and that nothing writes until this lease is dropped (`owner`
-        /// keeps them alive; it is dropped with the lease, or leaked with the buffer).
+        /// that stay valid and that nothing writes until this `Borrowed` is dropped (`owner`
+        /// keeps them alive; it is dropped with the `Borrowed`, or leaked with the buffer).
         pub unsafe fn borrow<T: Elem>(
             &mut self,
             data: *const T,
@@ -388,7 +388,7 @@ pub mod foreign {
             let len: usize = shape.iter().product();
             // SAFETY: the caller vouches for `len` valid elements at `data`. The `Vec`
             // claims an allocation it does not own, so it must never be dropped, grown or
-            // written: the lease holds a clone of the array until it ends (so every
+            // written: the `Borrowed` holds a clone of the array until it ends (so every
             // kernel sees it shared and copies before writing or taking the buffer) and
             // then forgets the array instead of dropping it.
             let v = unsafe { Vec::from_raw_parts(data as *mut T, len, len) };
@@ -407,7 +407,7 @@ pub mod foreign {
         }
     }
 
-    impl Drop for Lease {
+    impl Drop for Borrowed {
         fn drop(&mut self) {
             let held = std::mem::take(&mut self.held);
             if held.is_empty() {
@@ -443,7 +443,7 @@ pub mod foreign {
         }
     }
 
-    /// Whether `v`'s elements lie in a buffer some lease holds now.
+    /// Whether `v`'s elements lie in a buffer some `Borrowed` holds now.
     pub fn aliases(v: &Value) -> bool {
         if LIVE.load(Ordering::Acquire) == 0 {
             return false;
@@ -452,7 +452,7 @@ pub mod foreign {
         ranges().iter().any(|&(lo, hi)| (lo..=hi).contains(&p))
     }
 
-    /// (values leased so far, those of them still shared when their lease ended: 0 unless
+    /// (values borrowed so far, those of them still shared when their borrow ended: 0 unless
     /// a path that keeps values past a call was missed).
     pub fn counts() -> (usize, usize) {
         (

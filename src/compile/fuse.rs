@@ -123,7 +123,7 @@ pub struct Schedule {
     /// calling thread, so a callback never waits for the GIL on a pool worker.
     pub has_host: bool,
     /// Items from this index on cannot fail at run time (`infallible`): a run there may
-    /// overwrite variables in place (`runtime::cpu::Lend`), since the call will assign them.
+    /// overwrite variables in place (`runtime::cpu::InPlace`), since the call will assign them.
     pub tail: usize,
 }
 

@@ -37,35 +37,35 @@ pub struct PlaceholderInfo {
 /// copy made from an older value is never attached.
 ///
 /// One exception: while a run that assigns the variable updates its buffer in place
-/// (`lend`), `lent` is set and neither copy is present; readers wait until the run
+/// (`take_for_update`), `updating` is set and neither copy is present; readers wait until the run
 /// assigns the new value.
 pub struct VarState {
     pub host: Option<Value>,
     pub device: Option<Arc<dyn DeviceCopy>>,
     pub version: u64,
-    pub lent: bool,
+    pub updating: bool,
 }
 
-/// Variables lent to in-place updates now, process-wide (`VarCell::lend`).
-static LENT: AtomicUsize = AtomicUsize::new(0);
+/// Variables held by in-place updates now, process-wide (`VarCell::take_for_update`).
+static UPDATING: AtomicUsize = AtomicUsize::new(0);
 
-/// Ends a lending, if the state was lent.
+/// Ends an in-place update, if the state is in one.
 fn settle(st: &mut VarState) {
-    if std::mem::replace(&mut st.lent, false) {
-        LENT.fetch_sub(1, Ordering::AcqRel);
+    if std::mem::replace(&mut st.updating, false) {
+        UPDATING.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// Waits until no variable is lent to an in-place update (a run that stopped on one,
-/// `Error::Lent`, goes again then).
-pub fn wait_for_lent_variables() {
+/// Waits until no variable is held by an in-place update (a run that stopped on one,
+/// `Error::UpdatingInPlace`, goes again then).
+pub fn wait_for_in_place_updates() {
     let mut polls = 0;
-    while LENT.load(Ordering::Acquire) > 0 {
+    while UPDATING.load(Ordering::Acquire) > 0 {
         pause(&mut polls);
     }
 }
 
-/// One wait of a poll for the end of a lending, which comes a few kernels later: yields
+/// One wait of a poll for the end of an in-place update, which comes a few kernels later: yields
 /// at first, then sleeps 50 us at a time.
 fn pause(polls: &mut u32) {
     *polls += 1;
@@ -98,8 +98,8 @@ impl VarCell {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The state once no run holds the value for an in-place update (`lend`). With
-    /// `stop_on_worker`, a lent value on a rayon worker is `Error::Lent` instead of a wait
+    /// The state once no run holds the value for an in-place update (`take_for_update`). With
+    /// `stop_on_worker`, a held value on a rayon worker is `Error::UpdatingInPlace` instead of a wait
     /// (see `get`).
     fn read_settled(
         &self,
@@ -108,25 +108,28 @@ impl VarCell {
         let mut polls = 0;
         loop {
             let st = self.read();
-            if !st.lent {
+            if !st.updating {
                 return Ok(st);
             }
             if stop_on_worker && rayon::current_thread_index().is_some() {
-                return Err(Error::Lent(self.name.clone()));
+                return Err(Error::UpdatingInPlace(self.name.clone()));
             }
             drop(st);
             pause(&mut polls);
         }
     }
 
-    /// Lends the host value to a run that holds the same array in `slot` and will assign
+    /// Hands the host value to a run that holds the same array in `slot` and will assign
     /// the variable a new value: if no one else holds the array, the cell lets go of it
     /// and returns it, owned, for the run to overwrite; readers then wait until the
     /// assignment (`set`). Otherwise nothing changes and `None` is returned.
-    pub fn lend(&self, slot: &mut Option<Value>) -> Option<ndarray::Array<f32, ndarray::IxDyn>> {
+    pub fn take_for_update(
+        &self,
+        slot: &mut Option<Value>,
+    ) -> Option<ndarray::Array<f32, ndarray::IxDyn>> {
         let mut st = self.write();
         let same = matches!((&st.host, &*slot), (Some(Value::F32(h)), Some(Value::F32(a))) if h.as_ptr() == a.as_ptr() && a.is_standard_layout());
-        if !same || st.lent {
+        if !same || st.updating {
             return None;
         }
         st.host = None;
@@ -135,8 +138,8 @@ impl VarCell {
         };
         match a.try_into_owned_nocopy() {
             Ok(own) => {
-                st.lent = true;
-                LENT.fetch_add(1, Ordering::AcqRel);
+                st.updating = true;
+                UPDATING.fetch_add(1, Ordering::AcqRel);
                 Some(own)
             }
             Err(a) => {
@@ -148,16 +151,16 @@ impl VarCell {
     }
 
     /// Whether a run holds the value for an in-place update.
-    pub fn is_lent(&self) -> bool {
-        self.read().lent
+    pub fn is_updating(&self) -> bool {
+        self.read().updating
     }
 
-    /// Ends a lending that no assignment ended (a run that failed or panicked after
-    /// lending, which the executor rules out): the value is gone, so the variable becomes
+    /// Ends an in-place update that no assignment ended (a run that failed or panicked
+    /// during the update, which the executor rules out): the value is gone, so the variable becomes
     /// NaN; returns whether that happened.
-    pub fn reclaim(&self) -> bool {
+    pub fn abandon_update(&self) -> bool {
         let mut st = self.write();
-        if !st.lent {
+        if !st.updating {
             return false;
         }
         settle(&mut st);
@@ -169,10 +172,10 @@ impl VarCell {
 
     /// The value on the host, downloading it from the device if only the device has it.
     ///
-    /// While the value is lent to an in-place update (`lend`) this waits for the
-    /// assignment, except on a rayon worker: there it returns `Error::Lent`, since the
-    /// lending run may be waiting for this very thread (a worker waiting in the pool runs
-    /// other jobs, so this read may sit on top of the lending run's stack).
+    /// While the value is held by an in-place update (`take_for_update`) this waits for the
+    /// assignment, except on a rayon worker: there it returns `Error::UpdatingInPlace`, since the
+    /// updating run may be waiting for this very thread (a worker waiting in the pool runs
+    /// other jobs, so this read may sit on top of the updating run's stack).
     pub fn get(&self) -> Result<Value> {
         let (dev, version) = {
             let st = self.read_settled(true)?;
@@ -286,7 +289,7 @@ pub fn variable(name: &str, v: Value) -> (Arc<VarCell>, Tensor) {
             host: Some(v),
             device: None,
             version: 0,
-            lent: false,
+            updating: false,
         }),
     });
     let t = Tensor::new(Op::Variable(cell.clone()), vec![]).expect("a variable always has a shape");

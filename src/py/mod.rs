@@ -5,7 +5,7 @@
 use crate::base::dtype::DType;
 use crate::base::error::Error;
 use crate::base::shape::{norm_axes, norm_axis, Shape};
-use crate::base::value::foreign::Lease;
+use crate::base::value::foreign::Borrowed;
 use crate::base::value::Value;
 use crate::ops::conv::{ConvSpec, Padding};
 use crate::ops::graph::Tensor;
@@ -35,7 +35,7 @@ fn err(e: Error) -> PyErr {
         Error::Value(m) | Error::Unfed(m) => PyValueError::new_err(m),
         Error::Type(m) => PyTypeError::new_err(m),
         Error::Unsupported(m) | Error::Runtime(m) => PyRuntimeError::new_err(m),
-        e @ Error::Lent(_) => PyRuntimeError::new_err(format!("internal: {e}")),
+        e @ Error::UpdatingInPlace(_) => PyRuntimeError::new_err(format!("internal: {e}")),
         Error::Device(m) => DeviceError::new_err(m),
     }
 }
@@ -66,27 +66,27 @@ fn to_value(obj: &Bound<'_, PyAny>) -> R<Value> {
 }
 
 /// Feeds of at least this many bytes are read in place when their layout allows
-/// (`foreign::Lease`); smaller ones cost less to copy than to lease.
+/// (`foreign::Borrowed`); smaller ones cost less to copy than to borrow.
 const LEASE_MIN_BYTES: usize = 4096;
 
 /// A `K.function` feed: read in place from a C-contiguous, aligned NumPy array for the
-/// length of the call (`lease`), else copied as `to_value` does.
-fn feed_value(obj: &Bound<'_, PyAny>, lease: &mut Lease) -> R<Value> {
-    value_of(obj, Some(lease))
+/// length of the call (`borrowed`), else copied as `to_value` does.
+fn feed_value(obj: &Bound<'_, PyAny>, borrowed: &mut Borrowed) -> R<Value> {
+    value_of(obj, Some(borrowed))
 }
 
-/// A NumPy array as a `Value`: copied, or with `lease` read in place where it is
+/// A NumPy array as a `Value`: copied, or with `borrowed` read in place where it is
 /// C-contiguous, aligned, at least `LEASE_MIN_BYTES` and not bool (NumPy's bools are bytes
 /// that Rust's `bool` must only see as 0 or 1, so they are copied).
-fn value_of(obj: &Bound<'_, PyAny>, mut lease: Option<&mut Lease>) -> R<Value> {
+fn value_of(obj: &Bound<'_, PyAny>, mut borrowed: Option<&mut Borrowed>) -> R<Value> {
     macro_rules! try_as {
-        ($t:ty, $var:ident, $leasable:expr) => {
+        ($t:ty, $var:ident, $borrowable:expr) => {
             if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
                 let ro = a
                     .try_readonly()
                     .map_err(|e| PyValueError::new_err(format!("array is not readable: {e}")))?;
                 let view = ro.as_array();
-                if let Some(lease) = lease.as_deref_mut().filter(|_| $leasable) {
+                if let Some(borrowed) = borrowed.as_deref_mut().filter(|_| $borrowable) {
                     let aligned = view.as_ptr() as usize % std::mem::align_of::<$t>() == 0;
                     if view.is_standard_layout()
                         && aligned
@@ -95,10 +95,10 @@ fn value_of(obj: &Bound<'_, PyAny>, mut lease: Option<&mut Lease>) -> R<Value> {
                         let shape = view.shape().to_vec();
                         // SAFETY: a C-contiguous, aligned array of `shape`; the caller's
                         // list and the owner (a reference to the array) keep it alive until
-                        // the lease ends in `__call__`, after the outputs are converted. The
-                        // engine never writes a leased buffer (see `foreign`).
+                        // the borrow ends in `__call__`, after the outputs are converted. The
+                        // engine never writes a borrowed buffer (see `foreign`).
                         return Ok(unsafe {
-                            lease.borrow(view.as_ptr(), &shape, Box::new(obj.clone().unbind()))
+                            borrowed.borrow(view.as_ptr(), &shape, Box::new(obj.clone().unbind()))
                         });
                     }
                 }
@@ -252,7 +252,7 @@ fn placeholder(
 /// (feeds read in place so far, those of them whose buffers were still held when their
 /// call ended and were leaked to stay valid: 0 unless a bug let one escape).
 #[pyfunction]
-fn leased_feeds() -> (usize, usize) {
+fn borrowed_feeds() -> (usize, usize) {
     crate::base::value::foreign::counts()
 }
 
@@ -719,16 +719,16 @@ impl PyFunction {
                 values.len()
             )));
         }
-        // Large contiguous feeds are read in place; the lease ends after the outputs are
+        // Large contiguous feeds are read in place; the borrow ends after the outputs are
         // converted (an output that is a feed, or a view of one, is copied then).
-        let mut lease = Lease::default();
+        let mut borrowed = Borrowed::default();
         let mut feeds = Vec::with_capacity(values.len());
         for (ph, v) in f.feeds.iter().zip(&values) {
-            feeds.push(check_feed(ph, feed_value(v, &mut lease)?).map_err(err)?);
+            feeds.push(check_feed(ph, feed_value(v, &mut borrowed)?).map_err(err)?);
         }
         let out = py.detach(|| guarded("function call", || f.call(feeds)))?;
         let out = out.into_iter().map(|v| to_py(py, v)).collect();
-        drop(lease);
+        drop(borrowed);
         Ok(out)
     }
 
@@ -892,7 +892,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFunction>()?;
     m.add_function(wrap_pyfunction!(placeholder, m)?)?;
     m.add_function(wrap_pyfunction!(constant, m)?)?;
-    m.add_function(wrap_pyfunction!(leased_feeds, m)?)?;
+    m.add_function(wrap_pyfunction!(borrowed_feeds, m)?)?;
     m.add_function(wrap_pyfunction!(unary, m)?)?;
     m.add_function(wrap_pyfunction!(binary, m)?)?;
     m.add_function(wrap_pyfunction!(select, m)?)?;

@@ -1,7 +1,7 @@
 //! A compiled `K.function` as the runtime runs it: the plan, its feeds, outputs and
 //! variable updates, the plans specialised to the shapes of the feeds seen, the CPU run
-//! state of each (`cpu::PlanState`), the GPU plan cache, the in-place update grant
-//! (`cpu::Lend`), the statistics of the last call and the lock that makes a call's
+//! state of each (`cpu::PlanState`), the GPU plan cache, the in-place updates
+//! (`cpu::InPlace`), the statistics of the last call and the lock that makes a call's
 //! variable updates atomic.
 
 use crate::base::error::{Error, Result};
@@ -26,11 +26,11 @@ pub struct Function {
     pub gpu: gpu::PlanCache,
     /// Kernel launches and submits of the last call.
     pub last: Mutex<Option<RunStats>>,
-    /// The variables a CPU run may overwrite with their new values (`cpu::Lend`); `None`
+    /// The variables a CPU run may overwrite with their new values (`cpu::InPlace`); `None`
     /// when an update's shape is known only at run time (its check could then fail after
     /// the overwrite).
-    lend: Option<cpu::Lend>,
-    /// Whether every update value has its variable's static shape (see `lending`).
+    in_place: Option<cpu::InPlace>,
+    /// Whether every update value has its variable's static shape (see `in_place_updates`).
     fixed_updates: bool,
     /// Whether CPU runs use the plan specialised to the feeds' shapes (`Specialised`).
     specialises: bool,
@@ -63,7 +63,7 @@ struct Specialised {
     key: Key,
     plan: Plan,
     state: cpu::PlanState,
-    lend: Option<cpu::Lend>,
+    in_place: Option<cpu::InPlace>,
 }
 
 /// Feed-shape sets a `Function` keeps specialised plans for (a Keras epoch's full and
@@ -114,7 +114,7 @@ impl Function {
             .iter()
             .zip(&cells)
             .all(|((_, val), cell)| val.shape().to_known().is_some_and(|s| s == cell.shape));
-        let lend = lending(&plan, outputs.len(), &cells, fixed_updates);
+        let in_place = in_place_updates(&plan, outputs.len(), &cells, fixed_updates);
         let specialises = plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
         let switches = switch_feeds(&plan);
         Ok(Function {
@@ -125,7 +125,7 @@ impl Function {
             cpu: Default::default(),
             gpu: Default::default(),
             last: Mutex::new(None),
-            lend,
+            in_place,
             fixed_updates,
             specialises,
             specialised: Default::default(),
@@ -141,9 +141,9 @@ impl Function {
         self
     }
 
-    /// Runs the plan. A run that stopped on a variable lent to another call's in-place
-    /// update (`Error::Lent`: the run was on a rayon worker, where it must not wait) runs
-    /// again once no variable is lent; it changed nothing.
+    /// Runs the plan. A run that stopped on a variable held by another call's in-place
+    /// update (`Error::UpdatingInPlace`: the run was on a rayon worker, where it must not wait) runs
+    /// again once no variable is being updated in place; it changed nothing.
     ///
     /// On the CPU, the plan specialised to the feeds' shapes (and the values of its switch
     /// feeds) runs; the first call with new shapes runs the generic plan, the second
@@ -172,7 +172,7 @@ impl Function {
         };
         loop {
             let r = match &special {
-                Some(sp) => cpu::run(&sp.plan, &sp.state, feeds.clone(), sp.lend.as_ref())
+                Some(sp) => cpu::run(&sp.plan, &sp.state, feeds.clone(), sp.in_place.as_ref())
                     .map(|v| host_results(v, &sp.plan)),
                 None if on_cpu && self.seen_before(&key) => {
                     let mut shapes = cpu::SlotShapes::new();
@@ -180,7 +180,7 @@ impl Function {
                         &self.plan,
                         &self.cpu,
                         feeds.clone(),
-                        self.lend.as_ref(),
+                        self.in_place.as_ref(),
                         Some(&mut shapes),
                     )
                     .map(|v| host_results(v, &self.plan));
@@ -195,11 +195,11 @@ impl Function {
                     self.n_outputs,
                     &self.cpu,
                     &self.gpu,
-                    self.lend.as_ref(),
+                    self.in_place.as_ref(),
                 ),
             };
             match r {
-                Err(Error::Lent(_)) => crate::ops::source::wait_for_lent_variables(),
+                Err(Error::UpdatingInPlace(_)) => crate::ops::source::wait_for_in_place_updates(),
                 r => return r,
             }
         }
@@ -233,7 +233,7 @@ impl Function {
             .map(|&f| (f, feeds[f].clone()))
             .collect();
         let plan = self.plan.specialize(shapes, &values);
-        let lend = lending(&plan, self.n_outputs, &self.updates, self.fixed_updates);
+        let in_place = in_place_updates(&plan, self.n_outputs, &self.updates, self.fixed_updates);
         let mut cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
         if cache.iter().any(|sp| sp.key == key) {
             return;
@@ -245,7 +245,7 @@ impl Function {
             key,
             plan,
             state: Default::default(),
-            lend,
+            in_place,
         }));
     }
 
@@ -351,18 +351,18 @@ fn loops_keep_shapes(plan: &Plan) -> bool {
     })
 }
 
-/// What a run of `plan` may overwrite in place (`cpu::Lend`): the variables assigned
+/// What a run of `plan` may overwrite in place (`cpu::InPlace`): the variables assigned
 /// `cells` (the updates `n_outputs..` of the plan's outputs), when every update value has
 /// the variable's static shape (`fixed`: the call's checks after the run cannot fail),
 /// each variable is assigned once and read at one slot (a second read would wait for its
 /// own run).
 /// `FERROKERAS_CPU_INPLACE=0` (`base::config`) turns this off.
-fn lending(
+fn in_place_updates(
     plan: &Plan,
     n_outputs: usize,
     cells: &[Arc<VarCell>],
     fixed: bool,
-) -> Option<cpu::Lend> {
+) -> Option<cpu::InPlace> {
     if !crate::base::config::settings().cpu_inplace {
         return None;
     }
@@ -374,9 +374,9 @@ fn lending(
         return None;
     }
     let n = plan.nodes.len();
-    let mut lend = cpu::Lend {
+    let mut in_place = cpu::InPlace {
         cells: vec![None; n],
-        donor: vec![None; n],
+        variable_slot: vec![None; n],
         assign: Vec::new(),
     };
     for (k, cell) in cells.iter().enumerate() {
@@ -386,15 +386,16 @@ fn lending(
         match reads.as_slice() {
             [] => {}
             [j] => {
-                lend.cells[*j] = Some(cell.clone());
-                lend.donor[plan.outputs[n_outputs + k]] = Some(*j);
-                lend.assign
+                in_place.cells[*j] = Some(cell.clone());
+                in_place.variable_slot[plan.outputs[n_outputs + k]] = Some(*j);
+                in_place
+                    .assign
                     .push((cell.clone(), plan.outputs[n_outputs + k]));
             }
             _ => return None,
         }
     }
-    Some(lend)
+    Some(in_place)
 }
 
 /// Checks a fed value against the placeholder (or tensor) it feeds, converting its dtype.

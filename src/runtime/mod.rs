@@ -47,17 +47,19 @@ pub struct RunStats {
 /// Runs `plan` on the current device, with its CPU run state and GPU cache. The first
 /// `n_host` results are returned as host values; the rest (update values) may stay on the
 /// device. On the CPU the run may write update values into the variables' buffers as
-/// `lend` allows.
+/// `in_place` allows.
 pub fn run(
     plan: &Plan,
     feeds: Vec<Value>,
     n_host: usize,
     state: &cpu::PlanState,
     cache: &gpu::PlanCache,
-    lend: Option<&cpu::Lend>,
+    in_place: Option<&cpu::InPlace>,
 ) -> Result<(Vec<Out>, RunStats)> {
     match device::current()? {
-        device::Device::Cpu => cpu::run(plan, state, feeds, lend).map(|v| host_results(v, plan)),
+        device::Device::Cpu => {
+            cpu::run(plan, state, feeds, in_place).map(|v| host_results(v, plan))
+        }
         device::Device::Gpu(ctx) => gpu::run(&ctx, plan, feeds, n_host, cache),
     }
 }

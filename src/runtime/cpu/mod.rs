@@ -57,15 +57,15 @@ impl PlanState {
 /// thread; so do plans with a Python callback (the calling thread holds the GIL's
 /// hand-off).
 ///
-/// With `lend`, the schedule's infallible tail may write the new values of the variables
-/// the call assigns into the variables' own buffers (`Lend`).
+/// With `in_place`, the schedule's infallible tail may write the new values of the variables
+/// the call assigns into the variables' own buffers (`InPlace`).
 pub fn run(
     plan: &Plan,
     state: &PlanState,
     feeds: Vec<Value>,
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
 ) -> Result<Vec<Value>> {
-    run_shaped(plan, state, feeds, lend, None)
+    run_shaped(plan, state, feeds, in_place, None)
 }
 
 /// `run`, also noting in `shapes` the shape of every value put in a slot before the
@@ -75,7 +75,7 @@ pub fn run_shaped(
     plan: &Plan,
     state: &PlanState,
     feeds: Vec<Value>,
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
     mut shapes: Option<&mut SlotShapes>,
 ) -> Result<Vec<Value>> {
     if let Some(s) = shapes.as_deref_mut() {
@@ -86,10 +86,10 @@ pub fn run_shaped(
     let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
     let t0 = std::time::Instant::now();
     let all = |r: &mut Run| -> Result<()> {
-        match lend {
-            Some(lend) => {
+        match in_place {
+            Some(in_place) => {
                 r.record(0..sched.tail, None, shapes)?;
-                r.lending(sched.tail..sched.items.len(), lend)
+                r.run_in_place(sched.tail..sched.items.len(), in_place)
             }
             None => r.record(0..sched.items.len(), None, shapes),
         }
@@ -122,20 +122,20 @@ fn on_worker<R: Send>(plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
 /// What a call that assigns variables lets its run overwrite in place (built by
 /// `runtime::Function`). A variable read at slot `j` whose last reader is a fused group in
 /// the schedule's infallible tail gives that group its buffer for an output, when nothing
-/// but the variable and the run holds it (`VarCell::lend`). Nothing after the group can
-/// fail, so the run ends by assigning the lent variables their new values (`Run::lending`).
-/// Reads of a lent variable on other threads wait for that assignment instead of seeing a
-/// half-written buffer; on a rayon worker they stop their run instead (`Error::Lent`, run
+/// but the variable and the run holds it (`VarCell::take_for_update`). Nothing after the group can
+/// fail, so the run ends by assigning the variables it updates their new values (`Run::run_in_place`).
+/// Reads of such a variable on other threads wait for that assignment instead of seeing a
+/// half-written buffer; on a rayon worker they stop their run instead (`Error::UpdatingInPlace`, run
 /// again by `Function::call`), since a worker waiting in the pool (for a piece of the
-/// lending run, say) runs other jobs, so the read may sit on top of the lending run's own
+/// updating run, say) runs other jobs, so the read may sit on top of the updating run's own
 /// stack.
-pub struct Lend {
+pub struct InPlace {
     /// Per plan slot: the variable read there, if the call assigns it.
     pub cells: Vec<Option<Arc<VarCell>>>,
     /// Per plan slot: for the new value of a variable, the slot where the variable is read
     /// (the buffer it prefers).
-    pub donor: Vec<Option<usize>>,
-    /// The variables that may be lent, with the slots of their new values.
+    pub variable_slot: Vec<Option<usize>>,
+    /// The variables that may be updated in place, with the slots of their new values.
     pub assign: Vec<(Arc<VarCell>, usize)>,
 }
 
@@ -209,15 +209,15 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Runs schedule items `range`; groups may overwrite the variables `lend` names.
-    fn items(&mut self, range: std::ops::Range<usize>, lend: Option<&Lend>) -> Result<()> {
-        self.record(range, lend, None)
+    /// Runs schedule items `range`; groups may overwrite the variables `in_place` names.
+    fn items(&mut self, range: std::ops::Range<usize>, in_place: Option<&InPlace>) -> Result<()> {
+        self.record(range, in_place, None)
     }
 
     fn record(
         &mut self,
         range: std::ops::Range<usize>,
-        lend: Option<&Lend>,
+        in_place: Option<&InPlace>,
         mut shapes: Option<&mut SlotShapes>,
     ) -> Result<()> {
         let Run {
@@ -250,7 +250,7 @@ impl<'a> Run<'a> {
                 }
                 Item::Group(_) | Item::Update(_) => {
                     let g = item.group().expect("a group item");
-                    match fused::run(plan, g, &programs[t], item.update(), slots, lend)? {
+                    match fused::run(plan, g, &programs[t], item.update(), slots, in_place)? {
                         Some(vals) => {
                             for (o, v) in g.outputs.iter().copied().chain(g.fold_nodes()).zip(vals)
                             {
@@ -295,24 +295,24 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// Runs the infallible tail `range` with `lend`, then assigns the variables it lent
-    /// their new values. If the tail fails all the same (or panics), the lent variables
-    /// are reclaimed (`VarCell::reclaim`) before this returns: none stays lent.
-    fn lending(&mut self, range: std::ops::Range<usize>, lend: &Lend) -> Result<()> {
-        struct Reclaim<'a>(&'a Lend);
-        impl Drop for Reclaim<'_> {
+    /// Runs the infallible tail `range` with `in_place`, then assigns the variables it updates
+    /// their new values. If the tail fails all the same (or panics), their updates are
+    /// abandoned (`VarCell::abandon_update`) before this returns: none stays held.
+    fn run_in_place(&mut self, range: std::ops::Range<usize>, in_place: &InPlace) -> Result<()> {
+        struct AbandonOnDrop<'a>(&'a InPlace);
+        impl Drop for AbandonOnDrop<'_> {
             fn drop(&mut self) {
                 self.0.assign.iter().for_each(|(cell, _)| {
-                    cell.reclaim();
+                    cell.abandon_update();
                 });
             }
         }
-        let guard = Reclaim(lend);
-        if let Err(e) = self.items(range, Some(lend)) {
-            let lost: Vec<&str> = lend
+        let guard = AbandonOnDrop(in_place);
+        if let Err(e) = self.items(range, Some(in_place)) {
+            let lost: Vec<&str> = in_place
                 .assign
                 .iter()
-                .filter(|(c, _)| c.reclaim())
+                .filter(|(c, _)| c.abandon_update())
                 .map(|(c, _)| c.name.as_str())
                 .collect();
             if lost.is_empty() {
@@ -322,8 +322,8 @@ impl<'a> Run<'a> {
                 "{e}; internal: variables {lost:?} were being updated in place and are now NaN"
             )));
         }
-        for (cell, slot) in &lend.assign {
-            if cell.is_lent() {
+        for (cell, slot) in &in_place.assign {
+            if cell.is_updating() {
                 cell.set(self.slots[*slot].clone().expect("update values are kept"))?;
             }
         }

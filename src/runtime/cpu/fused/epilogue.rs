@@ -10,7 +10,7 @@ use crate::compile::fuse::Group;
 use crate::compile::update_rule::Update;
 use crate::compile::Plan;
 use crate::ops::{ImageKernel, Op};
-use crate::runtime::cpu::Lend;
+use crate::runtime::cpu::InPlace;
 use ndarray::IxDyn;
 
 /// Node `f`'s result shape, image count and kernel, when it has an image-by-image f32
@@ -45,7 +45,7 @@ fn first_kernel<'a>(
 
 /// Runs node `f` and then `g` on each image of its result as soon as the image is
 /// written (see `fuse::Group::first`). The result's buffer is put in slot `f` before it
-/// is computed, so the group's program, inputs and buffer donation see it as any input
+/// is computed, so the group's program, inputs and buffer reuse see it as any input
 /// (the group may write its output in place there).
 pub(super) fn run_after(
     plan: &Plan,
@@ -54,7 +54,7 @@ pub(super) fn run_after(
     update: Option<&Update>,
     f: usize,
     slots: &mut [Option<Value>],
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
 ) -> Result<Option<Vec<Value>>> {
     let ins: Vec<Value> = plan.inputs[f]
         .iter()
@@ -67,9 +67,15 @@ pub(super) fn run_after(
     };
     let Some((shape, images, kernel)) = first_kernel(plan, f, &ins)? else {
         plain(slots)?;
-        return run_driven(plan, g, programs, update, slots, lend, &|kern, shape| {
-            split_exec(kern, shape.iter().product(), g.cost)
-        });
+        return run_driven(
+            plan,
+            g,
+            programs,
+            update,
+            slots,
+            in_place,
+            &|kern, shape| split_exec(kern, shape.iter().product(), g.cost),
+        );
     };
     let len: usize = shape.iter().product();
     let mut y: Vec<f32> = uninit(len);
@@ -80,7 +86,7 @@ pub(super) fn run_after(
     let ran = std::cell::Cell::new(false);
     let drive = |kern: &Kernel<'_>, gshape: &[usize]| {
         let d = dst;
-        // SAFETY: the buffer of slot f (or of the output it was donated to) holds `len`
+        // SAFETY: the buffer of slot f (or of the output that reused it) holds `len`
         // elements, and nothing reads it before the kernel writes it: the group reads
         // image i only in `after(i)`.
         let y = unsafe { std::slice::from_raw_parts_mut(d.0, len) };
@@ -96,7 +102,7 @@ pub(super) fn run_after(
         }
         ran.set(true);
     };
-    let out = run_driven(plan, g, programs, update, slots, lend, &drive)?;
+    let out = run_driven(plan, g, programs, update, slots, in_place, &drive)?;
     if !ran.get() {
         // The group did not run (outputs of different shapes, or nothing to compute): the
         // members read a computed result.

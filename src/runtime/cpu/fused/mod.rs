@@ -15,19 +15,19 @@
 //! - `layout`: member shapes and how each input is read (strides, slices, periods);
 //! - `regalloc`: the register allocator;
 //! - `run`: a call (pointers, output buffers, splitting the elements over threads);
-//! - `donation`: outputs written into dead inputs' buffers;
+//! - `reuse`: outputs written into dead inputs' buffers;
 //! - `epilogue`: groups run image by image after a conv or pool;
 //! - `fold`: sums and means folded into the pass;
 //! - `update`: the kernel of optimizer update rules (`compile::update_rule`);
 //! - `exec`: the unsafe chunk executor.
 
-mod donation;
 mod epilogue;
 mod exec;
 mod fold;
 mod layout;
 mod program;
 mod regalloc;
+mod reuse;
 mod run;
 mod update;
 

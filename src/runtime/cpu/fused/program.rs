@@ -57,9 +57,9 @@ pub(super) struct Body {
     /// Per `Opd::Tile` input: (index into `Group::ext`, period).
     pub(super) tiles: Vec<(usize, usize)>,
     pub(super) outs: Vec<Out>,
-    /// Same-size f32 inputs that die here and may donate their buffers to the first
-    /// `spare.len()` f32 outputs, one each.
-    pub(super) spare: Vec<usize>,
+    /// Same-size f32 inputs that die here, whose buffers the first `reusable.len()` f32
+    /// outputs may reuse, one each.
+    pub(super) reusable: Vec<usize>,
     /// The group's update rule, lowered for this layout: run with its values in registers.
     pub(super) update: Option<UpdateKernel>,
 }
@@ -269,12 +269,12 @@ fn compile(
     }
     // Same-size f32 inputs that die here may become the first f32 outputs' buffers: such
     // an output is written after the whole chunk's program has read them.
-    let mut spare = Vec::new();
+    let mut reusable = Vec::new();
     if outs.iter().any(|o| matches!(o, Out::F32(_))) {
         for (e, &j) in g.ext.iter().enumerate() {
             let passed = outs.iter().any(|o| matches!(o, Out::Passed(p) if *p == e));
             if matches!(inputs[e], Opd::Ext(_)) && !passed && g.frees.contains(&j) {
-                spare.push(e);
+                reusable.push(e);
             }
         }
     }
@@ -283,7 +283,7 @@ fn compile(
     let update = update
         .filter(|_| prelude.is_empty() && outs.iter().all(|o| matches!(o, Out::F32(_))))
         .and_then(|u| lower(u, g, &inputs));
-    direct_writes(&mut prog, &mut outs, &spare, &inputs);
+    direct_writes(&mut prog, &mut outs, &reusable, &inputs);
     // Register allocation: a register is free after its last reader; outputs live to the end.
     let out_opds: Vec<Opd> = outs
         .iter()
@@ -312,7 +312,7 @@ fn compile(
         load_src,
         tiles,
         outs,
-        spare,
+        reusable,
         update,
     }))
 }
@@ -320,7 +320,7 @@ fn compile(
 /// Makes the instruction that computes an f32 output write it into the output's buffer
 /// (later readers read it there), saving a copy from a register. Not for an output that
 /// may take a dead input's buffer when an instruction at or after it reads such an input.
-fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[Opd]) {
+fn direct_writes(prog: &mut [Ins], outs: &mut [Out], reusable: &[usize], inputs: &[Opd]) {
     let mut slot = 0u16;
     let mut f32_outs = 0;
     let mut to: Vec<Option<u16>> = vec![None; prog.len()];
@@ -332,21 +332,21 @@ fn direct_writes(prog: &mut [Ins], outs: &mut [Out], spare: &[usize], inputs: &[
         };
         let s = slot;
         slot += 1;
-        let takes_spare = is_f32 && f32_outs < spare.len();
+        let takes_reusable = is_f32 && f32_outs < reusable.len();
         f32_outs += is_f32 as usize;
         let Opd::Reg(v) = opd else { continue };
         if !is_f32 || v >= LOAD_BASE || to[v as usize].is_some() {
             continue;
         }
         // The instruction writing virtual register v is prog[v].
-        let reads_spare = |ins: &Ins| {
+        let reads_reusable = |ins: &Ins| {
             operands(*ins).any(|a| {
-                spare
+                reusable
                     .iter()
                     .any(|&e| matches!((a, inputs[e]), (Opd::Ext(x), Opd::Ext(y)) if x == y))
             })
         };
-        if !(takes_spare && prog[v as usize..].iter().any(reads_spare)) {
+        if !(takes_reusable && prog[v as usize..].iter().any(reads_reusable)) {
             to[v as usize] = Some(s);
         }
     }

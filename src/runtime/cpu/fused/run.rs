@@ -2,11 +2,11 @@
 //! takes over the output buffers, and drives the chunk executor over the elements (in
 //! parallel tasks, in halves with the helper thread, or on this thread).
 
-use super::donation::donor;
 use super::epilogue::run_after;
 use super::exec::{eval_scalar, exec, Kernel};
 use super::fold::{fold_plain, fold_run};
 use super::program::{program, Programs};
+use super::reuse::reusable_buffer;
 use super::{Data, Opd, Out, OutBuf, CH, TEAM_WORK};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -16,7 +16,7 @@ use crate::compile::fuse::Group;
 use crate::compile::update_rule::Update;
 use crate::compile::Plan;
 use crate::ops::elementwise::grain;
-use crate::runtime::cpu::Lend;
+use crate::runtime::cpu::InPlace;
 use ndarray::IxDyn;
 use rayon::prelude::*;
 
@@ -58,7 +58,7 @@ fn data_of(v: &Value, held: &mut Vec<Value>) -> Data {
 }
 
 /// Runs group `g` reading its inputs from `slots` (dead inputs may be taken out of them,
-/// and variables `lend` names overwritten), with the programs compiled for it so far
+/// and variables `in_place` names overwritten), with the programs compiled for it so far
 /// (`programs`, kept with the plan in its `cpu::PlanState`). Returns the output values in
 /// `g.outputs` order, or `None` when the outputs' runtime shapes differ (the caller then
 /// runs the members one by one). `update` is the rule the group computes (`Item::Update`): its
@@ -69,13 +69,19 @@ pub fn run(
     programs: &Programs,
     update: Option<&Update>,
     slots: &mut [Option<Value>],
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
 ) -> Result<Option<Vec<Value>>> {
     match g.first {
-        Some(f) => run_after(plan, g, programs, update, f, slots, lend),
-        None => run_driven(plan, g, programs, update, slots, lend, &|kern, shape| {
-            split_exec(kern, shape.iter().product(), g.cost)
-        }),
+        Some(f) => run_after(plan, g, programs, update, f, slots, in_place),
+        None => run_driven(
+            plan,
+            g,
+            programs,
+            update,
+            slots,
+            in_place,
+            &|kern, shape| split_exec(kern, shape.iter().product(), g.cost),
+        ),
     }
 }
 
@@ -124,7 +130,7 @@ pub(super) fn run_driven(
     programs: &Programs,
     update: Option<&Update>,
     slots: &mut [Option<Value>],
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
     drive: &dyn Fn(&Kernel<'_>, &[usize]),
 ) -> Result<Option<Vec<Value>>> {
     let p = program(plan, g, programs, update, slots)?;
@@ -202,7 +208,7 @@ pub(super) fn run_driven(
     for &ins in &b.prelude {
         scal.push(eval_scalar(ins, &scal));
     }
-    let mut donated = vec![false; b.spare.len()];
+    let mut reused = vec![false; b.reusable.len()];
     let mut f32_outs = 0;
     let mut results: Vec<Option<Value>> = vec![None; b.outs.len()];
     let mut outs: Vec<(Opd, OutBuf)> = Vec::with_capacity(b.outs.len());
@@ -223,14 +229,14 @@ pub(super) fn run_driven(
                 outs.push((opd, OutBuf::F32(std::ptr::null_mut())))
             }
             Out::F32(opd) => {
-                let donor = if f32_outs < b.spare.len() {
-                    donor(g, &b.spare, &mut donated, written[k], slots, lend)
+                let reused_buf = if f32_outs < b.reusable.len() {
+                    reusable_buffer(g, &b.reusable, &mut reused, written[k], slots, in_place)
                 } else {
                     None
                 };
                 f32_outs += 1;
                 // The kernel writes every element before the buffer is read.
-                let mut buf = donor.unwrap_or_else(|| {
+                let mut buf = reused_buf.unwrap_or_else(|| {
                     ndarray::Array::from_shape_vec(IxDyn(&[n]), uninit(n)).expect("n elements")
                 });
                 outs.push((opd, OutBuf::F32(buf.as_mut_ptr())));

@@ -1,34 +1,34 @@
-//! Buffer donation: an f32 output written into the buffer of a dead input that nothing
+//! Buffer reuse: an f32 output written into the buffer of a dead input that nothing
 //! else holds (or into the variable it is the new value of, when the run may overwrite it).
 
 use crate::base::value::Value;
 use crate::compile::fuse::Group;
-use crate::runtime::cpu::Lend;
+use crate::runtime::cpu::InPlace;
 use ndarray::IxDyn;
 
 /// A buffer for output slot `o` of `g` taken from a dead input that nothing else holds
-/// (`spare`, not yet `donated`): the variable `o` is the new value of first, when `lend`
+/// (`reusable`, not yet `reused`): the variable `o` is the new value of first, when `in_place`
 /// lets the run overwrite it, then the others in order.
-pub(super) fn donor(
+pub(super) fn reusable_buffer(
     g: &Group,
-    spare: &[usize],
-    donated: &mut [bool],
+    reusable: &[usize],
+    reused: &mut [bool],
     o: usize,
     slots: &mut [Option<Value>],
-    lend: Option<&Lend>,
+    in_place: Option<&InPlace>,
 ) -> Option<ndarray::Array<f32, IxDyn>> {
-    let own = lend.and_then(|l| l.donor[o]);
-    let first = spare.iter().position(|&e| Some(g.ext[e]) == own);
+    let own = in_place.and_then(|l| l.variable_slot[o]);
+    let first = reusable.iter().position(|&e| Some(g.ext[e]) == own);
     for s in first
         .into_iter()
-        .chain((0..spare.len()).filter(|&s| Some(s) != first))
+        .chain((0..reusable.len()).filter(|&s| Some(s) != first))
     {
-        let j = g.ext[spare[s]];
-        if donated[s] || !matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout()) {
+        let j = g.ext[reusable[s]];
+        if reused[s] || !matches!(&slots[j], Some(Value::F32(a)) if a.is_standard_layout()) {
             continue;
         }
-        let buf = match lend.and_then(|l| l.cells[j].as_ref()) {
-            Some(cell) => cell.lend(&mut slots[j]),
+        let buf = match in_place.and_then(|l| l.cells[j].as_ref()) {
+            Some(cell) => cell.take_for_update(&mut slots[j]),
             None => {
                 let Some(Value::F32(a)) = slots[j].take() else {
                     unreachable!("checked f32")
@@ -39,7 +39,7 @@ pub(super) fn donor(
             }
         };
         if buf.is_some() {
-            donated[s] = true;
+            reused[s] = true;
             return buf;
         }
     }
