@@ -6,7 +6,8 @@
 //! docs/performance.md); so they ran on one core while the other slept. While a loop runs
 //! (and during a short top-level run, `cpu::run`), `with_team` keeps one other worker
 //! polling a slot instead, so a kernel can hand it half of its work for the price of a
-//! cache-line exchange (`split2`).
+//! cache-line exchange (`split2`). The leading thread and its polling helper are a *team*,
+//! OpenMP's word for the threads that share one parallel region.
 //!
 //! The helper is asked for, never relied on: the thread that posts a job takes the second
 //! half back when the helper has not started it, so a pool with one thread, a helper that
