@@ -754,8 +754,15 @@ pub fn accumulate(
     }
 }
 
-pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {
-    let (sa, sb) = (a.shape(), b.shape());
+/// The runtime geometry of a batched product of operands of shapes `sa` and `sb` (rank 2
+/// or more, transposed as `ta`/`tb` say): `(m, k, n, broadcast batch shape)`, or the error
+/// both devices raise for contracted dims that differ or batch dims that do not broadcast.
+pub fn runtime_dims(
+    ta: bool,
+    tb: bool,
+    sa: &[usize],
+    sb: &[usize],
+) -> Result<(usize, usize, usize, Vec<usize>)> {
     let (ra, rb) = (sa.len(), sb.len());
     let (m, ka) = if ta {
         (sa[ra - 1], sa[ra - 2])
@@ -773,6 +780,13 @@ pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {
         ));
     }
     let bshape = broadcast_runtime("matmul", &sa[..ra - 2], &sb[..rb - 2])?;
+    Ok((m, ka, n, bshape))
+}
+
+pub fn cpu(ta: bool, tb: bool, a: &Value, b: &Value) -> Result<Value> {
+    let (sa, sb) = (a.shape(), b.shape());
+    let (ra, rb) = (sa.len(), sb.len());
+    let (m, ka, n, bshape) = runtime_dims(ta, tb, sa, sb)?;
     let mut out_shape = bshape.clone();
     out_shape.extend([m, n]);
     let aoff = batch_offsets(&bshape, &sa[..ra - 2], sa[ra - 2] * sa[ra - 1]);

@@ -5,8 +5,6 @@ use super::super::params::{self as blk, Params};
 use super::super::pipelines::{self};
 use super::{max_groups, split_grid, tag};
 use crate::base::error::Result;
-use crate::base::shape::broadcast_runtime;
-use crate::value_err;
 
 pub(super) fn matmul(ex: &mut Exec, i: usize, ta: bool, tb: bool) -> Result<Slot> {
     let plan = ex.plan;
@@ -15,22 +13,7 @@ pub(super) fn matmul(ex: &mut Exec, i: usize, ta: bool, tb: bool) -> Result<Slot
     let b = ex.dev(ins[1])?;
     let (sa, sb) = (a.shape.clone(), b.shape.clone());
     let (ra, rb) = (sa.len(), sb.len());
-    let (m, ka) = if ta {
-        (sa[ra - 1], sa[ra - 2])
-    } else {
-        (sa[ra - 2], sa[ra - 1])
-    };
-    let (kb, n) = if tb {
-        (sb[rb - 1], sb[rb - 2])
-    } else {
-        (sb[rb - 2], sb[rb - 1])
-    };
-    if ka != kb {
-        return Err(value_err!(
-            "dot: shapes {sa:?} and {sb:?} are incompatible: the contracted dims are {ka} and {kb}"
-        ));
-    }
-    let bshape = broadcast_runtime("matmul", &sa[..ra - 2], &sb[..rb - 2])?;
+    let (m, ka, n, bshape) = crate::ops::matmul::runtime_dims(ta, tb, &sa, &sb)?;
     let batches: usize = bshape.iter().product();
     let mut shape = bshape.clone();
     shape.extend([m, n]);
