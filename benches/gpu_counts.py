@@ -21,11 +21,14 @@ placement changes:
     FERROKERAS_DEVICE=gpu python benches/gpu_counts.py             # the table, checked
     python benches/gpu_counts.py --markdown                        # docs/performance.md
     python benches/gpu_counts.py --models mlp,cnn --no-check       # counts only
+    python benches/gpu_counts.py --json before.json                # on the earlier build
+    python benches/gpu_counts.py --markdown --before before.json   # before -> after
 
 Without a GPU adapter only the CPU column is filled.
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -171,10 +174,37 @@ def _cell(v):
     return "-" if v is None else str(v)
 
 
+def _change(before, after, key):
+    """`before -> after` of one count, or the count alone where there is no before."""
+    a = _cell(after.get(key))
+    if before is None or before.get(key) is None or before.get(key) == after.get(key):
+        return a
+    return f"{before[key]} → {a}"
+
+
+def markdown(rows, before):
+    """The table of docs/performance.md: GPU counts (before -> after where a `--json`
+    file of an earlier build is given) and the CPU device's launches."""
+    old = {r["name"]: r for r in before or []}
+    print(
+        "| step | what | GPU dispatches | GPU submits | host nodes | shape nodes | CPU launches |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        b = old.get(r["name"]) if before is not None else None
+        cells = [_change(b, r, k) for k in ("dispatches", "submits", "host_nodes")]
+        cells += [_cell(r.get("shape_nodes")), _change(b, r, "cpu")]
+        print(f"| {r['name']} | {r['what']} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", help="comma-separated case names (default: all)")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument(
+        "--before", help="a --json file of an earlier build: the table shows before -> after"
+    )
     ap.add_argument("--no-check", action="store_true", help="skip the GPU = CPU check")
     args = ap.parse_args()
     import ferrokeras
@@ -185,7 +215,7 @@ def main():
     unknown = set(names) - {c[0] for c in CASES}
     if unknown:
         ap.error(f"unknown models: {', '.join(sorted(unknown))}")
-    before = ferrokeras.device()
+    start_device = ferrokeras.device()
     rows = []
     try:
         for name, build, what in CASES:
@@ -201,25 +231,24 @@ def main():
                         f"{'model':<13} {'dispatches':>10} {'submits':>8} {'host':>5} "
                         f"{'shape':>6} {'cpu':>5}  gpu-cpu"
                     )
+                diff = None if row["diff"] is None else round(row["diff"], 3)
                 print(
-                    f"{name:<13} {_cell(row.get('dispatches')):>10} {_cell(row.get('submits')):>8} "
-                    f"{_cell(row.get('host_nodes')):>5} {_cell(row.get('shape_nodes')):>6} "
-                    f"{row['cpu']:>5}  {_cell(None if row['diff'] is None else round(row['diff'], 3))}",
+                    f"{name:<13} {_cell(row.get('dispatches')):>10} "
+                    f"{_cell(row.get('submits')):>8} {_cell(row.get('host_nodes')):>5} "
+                    f"{_cell(row.get('shape_nodes')):>6} {row['cpu']:>5}  {_cell(diff)}",
                     flush=True,
                 )
     finally:
-        ferrokeras.set_device(before)
+        ferrokeras.set_device(start_device)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
     if args.markdown:
-        print(
-            "| step | what | GPU dispatches | GPU submits | host nodes | shape nodes | CPU launches |"
-        )
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-        for r in rows:
-            print(
-                f"| {r['name']} | {r['what']} | {_cell(r.get('dispatches'))} | "
-                f"{_cell(r.get('submits'))} | {_cell(r.get('host_nodes'))} | "
-                f"{_cell(r.get('shape_nodes'))} | {r['cpu']} |"
-            )
+        before = None
+        if args.before:
+            with open(args.before) as f:
+                before = json.load(f)
+        markdown(rows, before)
     bad = [r["name"] for r in rows if r["diff"] is not None and r["diff"] > 1.0]
     if bad:
         sys.exit(f"GPU and CPU results differ beyond float32 tolerance: {', '.join(bad)}")

@@ -871,6 +871,23 @@ def test_int64_variable_updates_stay_on_the_gpu(gpu):
     assert K.get_value(it) == 2**32 + 2
 
 
+def test_shape_arithmetic_is_computed_apart_from_host_nodes(gpu, rng):
+    # Small int vectors that only feed target shapes, computed from host values: no
+    # host node, no transfer.
+    x = K.placeholder(shape=(None, 6))
+    n = K.shape(x)[:1] * 2
+    y = K.reshape(x, K.concatenate([n, K.constant([3], dtype="int32")]))
+    f = K.function([x], [y * 2.0])
+    xv = rng.standard_normal((4, 6)).astype("float32")
+    np.testing.assert_array_equal(f([xv])[0], xv.reshape(8, 3) * 2.0)
+    assert f._f.shape_nodes >= 2 and f._f.host_nodes == 0 and f._f.submits == 1
+    # One that reads a variable (whose value may live on the device) is a host node.
+    s = K.variable(np.array([2, 12], "int32"), dtype="int32")
+    g = K.function([x], [K.reshape(x, s * 1) * 2.0])
+    np.testing.assert_array_equal(g([xv])[0], xv.reshape(2, 12) * 2.0)
+    assert g._f.shape_nodes == 0 and g._f.host_nodes == 1, (g._f.shape_nodes, g._f.host_nodes)
+
+
 @pytest.mark.parametrize("optimizer", ["rmsprop", "adam"])
 def test_keras_mlp_step_with_accuracy_has_no_host_node(gpu, optimizer):
     import keras

@@ -117,7 +117,10 @@ fn int64_binary(b: BinaryOp) -> Option<&'static str> {
         // Logical ops take bool operands only (`infer_binary`).
         BinaryOp::And
         | BinaryOp::Or
-        | BinaryOp::Div | BinaryOp::FloorDiv | BinaryOp::Mod | BinaryOp::Pow => return None,
+        | BinaryOp::Div
+        | BinaryOp::FloorDiv
+        | BinaryOp::Mod
+        | BinaryOp::Pow => return None,
     })
 }
 
@@ -396,11 +399,7 @@ fn generate(
                 format!("in{k}[2u * bidx(i, p.rank + {bcast_k}u * p.rank) + {w}u]")
             }
             Mode::Bcast => format!("in{k}[bidx(i, p.rank + {bcast_k}u * p.rank)]"),
-            Mode::Param(_) => format!(
-                "p.tail[p.rank * {}u + {}u]",
-                1 + n_bcast,
-                param_k + w
-            ),
+            Mode::Param(_) => format!("p.tail[p.rank * {}u + {}u]", 1 + n_bcast, param_k + w),
         };
         let load = if d == DType::I64 {
             format!("vec2<u32>({}, {})", word(0), word(1))
@@ -449,7 +448,10 @@ fn generate(
                 };
                 let e = if in_dt(0) == DType::I64 {
                     int64_binary(b).ok_or_else(|| {
-                        Error::Runtime(format!("internal: {} of int64 reached a GPU kernel", b.name()))
+                        Error::Runtime(format!(
+                            "internal: {} of int64 reached a GPU kernel",
+                            b.name()
+                        ))
                     })?
                 } else {
                     b.wgsl(is_float(in_dt(0)))
@@ -474,7 +476,10 @@ fn generate(
     }
     for (k, &o) in outputs.iter().enumerate() {
         if plan.nodes[o].dtype() == DType::I64 {
-            let _ = writeln!(body, "    out{k}[2u * i] = v{o}.x;\n    out{k}[2u * i + 1u] = v{o}.y;");
+            let _ = writeln!(
+                body,
+                "    out{k}[2u * i] = v{o}.x;\n    out{k}[2u * i + 1u] = v{o}.y;"
+            );
         } else {
             let _ = writeln!(body, "    out{k}[i] = bitcast<u32>(v{o});");
         }
