@@ -491,3 +491,25 @@ fn generate(
     );
     Ok(src)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::Op;
+
+    /// The ops `Op::exact_int64` admits on int64 are those with an int64 lowering here
+    /// (`logical_not`, `logical_and` and `logical_or` take bool operands only).
+    #[test]
+    fn int64_lowerings_are_the_exact_int64_ops() {
+        for &u in UnaryOp::ALL.iter().filter(|&&u| u != UnaryOp::Not) {
+            let exact = Op::Unary(u).exact_int64();
+            assert_eq!(int64_unary(u).is_some(), exact, "{}", u.name());
+        }
+        for &b in BinaryOp::ALL {
+            if b.class() != BinaryClass::Logical {
+                let exact = Op::Binary(b).exact_int64();
+                assert_eq!(int64_binary(b).is_some(), exact, "{}", b.name());
+            }
+        }
+    }
+}
