@@ -113,8 +113,9 @@ fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup
 }
 
 // op 0 argmax, 1 argmin; first index wins ties, NaN wins.
-// Writes i32 indices. Covers steps [r0, r1) of the axis, going on from the index the
-// dispatch before left in `out` when r0 > 0 (see r_start).
+// Writes int64 indices (two words: the index, then a zero high word). Covers steps
+// [r0, r1) of the axis, going on from the index the dispatch before left in `out` when
+// r0 > 0 (see r_start).
 @compute @workgroup_size(256)
 fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
@@ -124,7 +125,7 @@ fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) 
     let op = p.op;
     let base = (i / inner) * red * inner + i % inner;
     var best = 0u;
-    if (p.r0 > 0u) { best = out[i]; }
+    if (p.r0 > 0u) { best = out[2u * i]; }
     var bv = ld(base + best * inner);
     for (var r = max(p.r0, 1u); r < p.r1; r++) {
         let v = ld(base + r * inner);
@@ -132,7 +133,8 @@ fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) 
         if (op == 1u) { better = (v < bv) || (t_isnan(v) && !t_isnan(bv)); }
         if (better) { best = r; bv = v; }
     }
-    out[i] = best;
+    out[2u * i] = best;
+    out[2u * i + 1u] = 0u;
 }
 
 // op 0 cumsum, 1 cumprod. One thread per (outer, inner) column, over steps

@@ -717,6 +717,204 @@ def test_float64_conv_is_an_observable_cpu_fallback(gpu, rng):
     np.testing.assert_allclose(out, f([xv])[0], rtol=1e-13)
 
 
+# ---------------------------------------------------------------- int64 on the device
+#
+# int64 lives on the GPU as two 32-bit words per element; the generated kernels compute
+# the ops a Keras step uses on it (wrapping arithmetic, comparisons, min/max, select,
+# casts) and arg-reductions write their int64 indices there, with NumPy's (and the CPU
+# device's) results bit for bit: values past 2^31, negative values, overflow wrapping.
+# Division, modulo and powers of int64 stay on the host.
+
+INT64_EDGES = [0, 1, -1, 2**31, -(2**31), 2**31 - 1, 2**32, -(2**32), 2**32 - 1]
+INT64_EDGES += [2**63 - 1, -(2**63), 3 * 2**32 + 5, -(3 * 2**32) - 5, 2**60 + 2**36 + 2**7]
+
+
+def _int64(rng, shape):
+    big = rng.integers(-(2**63), 2**63 - 1, size=shape, dtype=np.int64)
+    small = rng.integers(-300, 300, size=shape, dtype=np.int64)
+    v = np.where(rng.random(shape) < 0.5, big, small)
+    flat = v.reshape(-1)
+    k = min(len(INT64_EDGES), flat.size)
+    flat[:k] = INT64_EDGES[:k]
+    return v
+
+
+def _on_gpu_exactly(build, arrays):
+    """GPU results of `build`, checked equal to the CPU device's, with no host node."""
+    g, c, f = _on_both(build, arrays)
+    _same(g, c)
+    assert f.host_nodes == 0 and f.submits == 1, (f.host_nodes, f.submits)
+    return g
+
+
+def test_int64_elementwise_ops_are_exact_on_the_gpu(gpu, rng):
+    a = _int64(rng, (4, 1, 6))
+    b = _int64(rng, (3, 6))
+    b.reshape(-1)[: len(INT64_EDGES)] = INT64_EDGES[::-1][: b.size]
+    with np.errstate(over="ignore"):
+        unary = {
+            "neg": -a,
+            "abs": np.abs(a),
+            "sign": np.sign(a),
+            "square": a * a,
+            "relu": np.maximum(a, 0),
+            "round": a,
+            "floor": a,
+            "ceil": a,
+        }
+        binary = {
+            "add": a + b,
+            "subtract": a - b,
+            "multiply": a * b,
+            "maximum": np.maximum(a, b),
+            "minimum": np.minimum(a, b),
+            "equal": a == b,
+            "not_equal": a != b,
+            "less": a < b,
+            "less_equal": a <= b,
+            "greater": a > b,
+            "greater_equal": a >= b,
+        }
+    for name, ref in unary.items():
+        (g,) = _on_gpu_exactly(lambda p, name=name: _core.unary(name, p), [a])
+        np.testing.assert_array_equal(g, ref, err_msg=name)
+    for name, ref in binary.items():
+        (g,) = _on_gpu_exactly(lambda p, q, name=name: _core.binary(name, p, q), [a, b])
+        assert g.dtype == ref.dtype, name
+        np.testing.assert_array_equal(g, ref, err_msg=name)
+    # Overflow wraps as NumPy's int64 does.
+    top = np.array([2**63 - 1, -(2**63), 2**62, 3 * 2**40], np.int64)
+    one = np.array([1, -1, 2, 3 * 2**40], np.int64)
+    with np.errstate(over="ignore"):
+        refs = [top + one, top - one, top * one, -top]
+    g = _on_gpu_exactly(
+        lambda p, q: [
+            _core.binary("add", p, q),
+            _core.binary("subtract", p, q),
+            _core.binary("multiply", p, q),
+            _core.unary("neg", p),
+        ],
+        [top, one],
+    )
+    for x, ref in zip(g, refs):
+        np.testing.assert_array_equal(x, ref)
+    # A fused chain of int64 ops with a folded int64 scalar and a select.
+    k = _core.constant(np.array(2**40 + 3, np.int64))
+    c = rng.random((4, 3, 6)) > 0.5
+    (g,) = _on_gpu_exactly(
+        lambda p, q, s: _core.select(
+            s, _core.binary("multiply", _core.binary("add", p, q), k), _core.unary("neg", q)
+        ),
+        [a, b, c],
+    )
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(g, np.where(c, (a + b) * np.int64(2**40 + 3), -b))
+
+
+def test_int64_casts_are_exact_on_the_gpu(gpu, rng):
+    a = _int64(rng, (40,))
+    for dst in ["float32", "float16", "int32", "int16", "int8", "uint8", "bool"]:
+        (g,) = _on_gpu_exactly(lambda p, dst=dst: _core.cast(p, dst), [a])
+        # The CPU converts int64 to a float through float64 (two roundings); float16
+        # overflows to inf.
+        with np.errstate(over="ignore"):
+            ref = a.astype(np.float64).astype(dst) if dst.startswith("float") else a.astype(dst)
+        np.testing.assert_array_equal(g, ref, err_msg=dst)
+    # 2^60 + 2^36 + 2^7: float64 rounds it to a tie that float32 rounds to even, 2^60.
+    (g,) = _on_gpu_exactly(lambda p: _core.cast(p, "float32"), [a])
+    assert g[len(INT64_EDGES) - 1] == np.float32(2**60)
+    x = rng.uniform(-3e18, 3e18, 30).astype("float32")
+    x[:8] = [0.5, -0.5, -1.5, 2.0**40 + 2.0**20, 2.0**31, -(2.0**31), 1e10, -1e10]
+    for src in ["float32", "float16", "int32", "int16", "int8", "uint8", "bool"]:
+        v = x if src == "float32" else _inputs(src, (30,), rng)
+        (g,) = _on_gpu_exactly(lambda p: _core.cast(p, "int64"), [v])
+        np.testing.assert_array_equal(g, v.astype(np.int64), err_msg=src)
+    # Out of range: saturated, NaN to 0, as the CPU's conversion.
+    edge = np.array([np.nan, np.inf, -np.inf, 1e19, -1e19, 2.0**63, -(2.0**63)], "float32")
+    (g,) = _on_gpu_exactly(lambda p: _core.cast(p, "int64"), [edge])
+    top, low = 2**63 - 1, -(2**63)
+    np.testing.assert_array_equal(g, np.array([0, top, low, top, low, top, low], np.int64))
+
+
+def test_int64_argmax_and_argmin_on_the_gpu(gpu, rng):
+    x = rng.standard_normal((5, 7, 3)).astype("float32")
+    long = rng.standard_normal((3, 20000)).astype("float32")  # several dispatches
+    for name, ref in (("argmax", np.argmax), ("argmin", np.argmin)):
+        for v, axis in ((x, 1), (x, 2), (long, 1)):
+            (g,) = _on_gpu_exactly(lambda p, name=name, axis=axis: _core.arg(name, p, axis), [v])
+            assert g.dtype == np.int64
+            np.testing.assert_array_equal(g, ref(v, axis=axis))
+    # Indices read by int64 kernels on the device: Keras' accuracy.
+    p, q = (rng.integers(0, 3, (40, 5)).astype("float32") for _ in range(2))
+    (g,) = _on_gpu_exactly(
+        lambda p, q: _core.cast(
+            _core.binary("equal", _core.arg("argmax", p, 1), _core.arg("argmax", q, 1)),
+            "float32",
+        ),
+        [p, q],
+    )
+    np.testing.assert_array_equal(g, np.argmax(p, 1) == np.argmax(q, 1))
+
+
+def test_int64_division_stays_on_the_host(gpu, rng):
+    a, b = _int64(rng, (12,)), rng.integers(1, 2**40, 12)
+    for name, ref in (("floor_divide", a // b), ("mod", a % b)):
+        g, c, f = _on_both(lambda p, q, name=name: _core.binary(name, p, q), [a, b])
+        np.testing.assert_array_equal(g[0], ref)
+        assert f.host_nodes == 1
+
+
+def test_int64_variable_updates_stay_on_the_gpu(gpu):
+    it = K.variable(np.int64(2**32 - 1), dtype="int64")
+    step = K.function([], [], updates=[(it, it + K.constant(1, dtype="int64"))])
+    for _ in range(3):
+        step([])
+    assert step._f.host_nodes == 0 and step._f.submits == 1
+    assert K.get_value(it) == 2**32 + 2
+
+
+def test_shape_arithmetic_is_computed_apart_from_host_nodes(gpu, rng):
+    # Small int vectors that only feed target shapes, computed from host values: no
+    # host node, no transfer.
+    x = K.placeholder(shape=(None, 6))
+    n = K.shape(x)[:1] * 2
+    y = K.reshape(x, K.concatenate([n, K.constant([3], dtype="int32")]))
+    f = K.function([x], [y * 2.0])
+    xv = rng.standard_normal((4, 6)).astype("float32")
+    np.testing.assert_array_equal(f([xv])[0], xv.reshape(8, 3) * 2.0)
+    assert f._f.shape_nodes >= 2 and f._f.host_nodes == 0 and f._f.submits == 1
+    # One that reads a variable (whose value may live on the device) is a host node.
+    s = K.variable(np.array([2, 12], "int32"), dtype="int32")
+    g = K.function([x], [K.reshape(x, s * 1) * 2.0])
+    np.testing.assert_array_equal(g([xv])[0], xv.reshape(2, 12) * 2.0)
+    assert g._f.shape_nodes == 0 and g._f.host_nodes == 1, (g._f.shape_nodes, g._f.host_nodes)
+
+
+@pytest.mark.parametrize("optimizer", ["rmsprop", "adam"])
+def test_keras_mlp_step_with_accuracy_has_no_host_node(gpu, optimizer):
+    import keras
+
+    np.random.seed(0)
+    model = keras.models.Sequential(
+        [
+            keras.layers.Dense(16, activation="relu", input_shape=(8,)),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(4, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer, "categorical_crossentropy", ["accuracy"])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 8)).astype("float32")
+    y = np.eye(4, dtype="float32")[rng.integers(0, 4, 32)]
+    for _ in range(2):
+        loss, acc = model.train_on_batch(x, y)
+    f = model.train_function._f
+    assert f.host_nodes == 0 and f.submits == 1, (f.host_nodes, f.submits)
+    assert f.shape_nodes > 0  # the dropout mask's shape, computed on the host
+    assert np.isfinite(loss) and 0 <= acc <= 1
+    assert K.get_value(model.optimizer.iterations) == 2
+
+
 # ---------------------------------------------------------------- long axes, large grids
 
 

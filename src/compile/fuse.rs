@@ -208,16 +208,21 @@ impl Group {
     }
 }
 
-/// Whether the target's fusion kernel runs node `i` (`shape_like` nodes stay plain).
+/// Whether the target's fusion kernel runs node `i` (`shape_like` nodes stay plain). A
+/// target that fuses int64 does so only for the ops computed exactly on it
+/// (`Op::exact_int64`).
 fn fusible(plan: &Plan, t: &Target, shape_like: &[bool], i: usize) -> bool {
     if !matches!(plan.steps[i], Step::Compute) || shape_like[i] {
         return false;
     }
     let node = &plan.nodes[i];
     let reg = |d: DType| t.dtypes.contains(&d);
+    let int64 = node.dtype() == DType::I64
+        || data_inputs(plan, i).any(|j| plan.nodes[j].dtype() == DType::I64);
     matches!(node.op().class(), Class::Elementwise(_))
         && reg(node.dtype())
         && data_inputs(plan, i).all(|j| reg(plan.nodes[j].dtype()))
+        && (!int64 || node.op().exact_int64())
 }
 
 /// Small integer vectors (rank 0 or 1) computed only to become shape operands

@@ -507,7 +507,8 @@ impl Op {
     /// Whether the GPU lowering (`Class::Elementwise` or `Class::Kernel`) handles a result
     /// of dtype `d`; where it does not, the node runs its CPU kernel inside the GPU plan.
     /// Ops that never reach a GPU kernel (sources, views, metadata, `Class::Host`) say
-    /// `false`. Dtypes with no WGSL type (f64, i64) are refused before this is asked.
+    /// `false`. f64 (no WGSL type) is refused before this is asked, and int64 data is
+    /// asked of `exact_int64` too.
     pub fn gpu_supports(&self, d: DType) -> bool {
         match self {
             // Integer means divide an i32 sum, which could wrap where the CPU's i64 does not.
@@ -550,6 +551,57 @@ impl Op {
             | Op::ShapeOf
             | Op::ExpandDims(_)
             | Op::Squeeze(_)
+            | Op::Loop(_)
+            | Op::TupleGet(_)
+            | Op::HostCall(_)
+            | Op::Ctc(_)
+            | Op::CtcDecode(_) => false,
+        }
+    }
+
+    /// Whether the GPU's generated kernels compute this op exactly where it reads or
+    /// writes int64 (two 32-bit words per element): the wrapping arithmetic (add,
+    /// subtract, multiply, negate, abs, square), comparisons, min/max, the logical ops,
+    /// select, broadcasts and every cast but to f64. Division, modulo and powers of int64
+    /// run their CPU kernels, as do the non-elementwise ops (arg-reductions aside, whose
+    /// int64 indices their kernel writes).
+    pub fn exact_int64(&self) -> bool {
+        match self {
+            Op::Unary(u) => u.takes_int(),
+            Op::Binary(b) => !matches!(
+                b,
+                BinaryOp::Div | BinaryOp::FloorDiv | BinaryOp::Mod | BinaryOp::Pow
+            ),
+            Op::Cast(d) => *d != DType::F64,
+            Op::Select | Op::BroadcastTo | Op::Arg { .. } => true,
+            Op::Placeholder(_)
+            | Op::Constant(_)
+            | Op::Variable(_)
+            | Op::StopGradient
+            | Op::Reshape
+            | Op::ShapeOf
+            | Op::ExpandDims(_)
+            | Op::Squeeze(_)
+            | Op::Transpose(_)
+            | Op::Slice(_)
+            | Op::SliceGrad(_)
+            | Op::Concat(_)
+            | Op::ConcatGrad { .. }
+            | Op::Pad { .. }
+            | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::ScatterAdd(_)
+            | Op::Reduce { .. }
+            | Op::SumTo
+            | Op::Scan { .. }
+            | Op::MatMul { .. }
+            | Op::Conv(_)
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_)
+            | Op::Random(_)
             | Op::Loop(_)
             | Op::TupleGet(_)
             | Op::HostCall(_)

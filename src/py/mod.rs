@@ -763,6 +763,18 @@ impl PyFunction {
             .unwrap_or_else(|e| e.into_inner())
             .map_or(0, |s| s.host_nodes)
     }
+
+    /// Shape-arithmetic nodes of the last call's GPU plan: small int vectors that only
+    /// feed target shapes, computed on the host from host values, with no transfer (0 on
+    /// the CPU).
+    #[getter]
+    fn shape_nodes(&self) -> usize {
+        self.0
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(0, |s| s.shape_nodes)
+    }
 }
 
 #[pyfunction]

@@ -40,8 +40,11 @@ pub struct RunStats {
     pub dispatches: usize,
     pub submits: usize,
     /// Nodes of a GPU plan that ran their CPU kernel instead (no WGSL lowering, or a
-    /// dtype WGSL lacks); 0 on the CPU device.
+    /// dtype or op the device does not compute exactly); 0 on the CPU device.
     pub host_nodes: usize,
+    /// Shape-arithmetic nodes of a GPU plan, computed on the host from host values (no
+    /// transfer); 0 on the CPU device.
+    pub shape_nodes: usize,
 }
 
 /// Runs `plan` on the current device, with its CPU run state and GPU cache. The first
@@ -72,6 +75,7 @@ pub fn host_results(values: Vec<Value>, plan: &Plan) -> (Vec<Out>, RunStats) {
             .dispatches,
         submits: 0,
         host_nodes: 0,
+        shape_nodes: 0,
     };
     (values.into_iter().map(Out::Host).collect(), stats)
 }

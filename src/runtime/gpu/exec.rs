@@ -35,6 +35,10 @@ pub(crate) enum Place {
     View,
     /// Computed from the input's shape.
     Meta,
+    /// Shape arithmetic: a small int vector that only feeds target shapes
+    /// (`fuse::shape_like`), computed by its CPU kernel from host values alone (shapes,
+    /// feeds, constants), so it causes no transfer.
+    Shape,
 }
 
 /// Where each node of a plan runs on one device, and the device's schedule of the plan.
@@ -121,16 +125,27 @@ pub(crate) struct Exec<'a> {
     pub stats: RunStats,
 }
 
+/// Whether node `t` runs on the device: its data dtypes stored there (int64 by the
+/// generated kernels only, as pairs of words, and as the indices arg-reductions write) and
+/// its op lowered for them, int64 only where computed exactly (`Op::exact_int64`).
 fn gpu_supports(t: &Tensor) -> bool {
     let op = t.op();
     let hargs = op.shape_operands();
-    let ins_ok = t
+    let data: Vec<DType> = t
         .inputs()
         .iter()
         .enumerate()
-        .all(|(p, x)| hargs.contains(&p) || dtag(x.dtype()).is_some());
-    let out_ok = dtag(t.dtype()).is_some() || matches!(op, Op::Arg { .. });
-    ins_ok && out_ok && kernels::supports(t)
+        .filter(|(p, _)| !hargs.contains(p))
+        .map(|(_, x)| x.dtype())
+        .collect();
+    let generated = matches!(op.class(), Class::Elementwise(_));
+    let stored = |d: DType| dtag(d).is_some() || (d == DType::I64 && generated);
+    let int64 = t.dtype() == DType::I64 || data.contains(&DType::I64);
+    let out_ok = stored(t.dtype()) || matches!(op, Op::Arg { .. });
+    data.iter().all(|&d| stored(d))
+        && out_ok
+        && kernels::supports(t)
+        && (!int64 || op.exact_int64())
 }
 
 /// The fusion target of `ctx`'s generated kernels: the dtypes WGSL stores, and the
@@ -144,8 +159,8 @@ fn gpu_target(ctx: &Context) -> Target {
         DType::I8,
         DType::U8,
         DType::Bool,
+        DType::I64,
     ];
-    debug_assert!(STORABLE.iter().all(|&d| dtag(d).is_some()));
     let buffers = ctx.limits.max_storage_buffers_per_shader_stage as usize;
     Target::gpu(STORABLE, buffers.saturating_sub(1))
 }
@@ -153,26 +168,42 @@ fn gpu_target(ctx: &Context) -> Target {
 /// Places every node of `plan` on `ctx` and takes the plan's schedule for its target.
 fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
     let n = plan.nodes.len();
-    // Small int vectors that only feed target shapes stay on the host.
+    // Small int vectors that only feed target shapes stay on the host: shape arithmetic
+    // where they read host values only, else host nodes.
     let shape_like = fuse::shape_like(plan);
-    let place: Vec<Place> = (0..n)
-        .map(|i| match plan.steps[i] {
-            Step::Fed(_) | Step::Folded(_) => Place::Source,
+    let mut place: Vec<Place> = Vec::with_capacity(n);
+    // Whether slot i's value is always on the host (never only on the device).
+    let mut on_host: Vec<bool> = Vec::with_capacity(n);
+    for i in 0..n {
+        let (p, h) = match plan.steps[i] {
+            Step::Fed(_) | Step::Folded(_) => (Place::Source, true),
             Step::Compute => match plan.nodes[i].op().class() {
-                Class::Source => Place::Source,
-                Class::Meta => Place::Meta,
-                Class::View(_) => Place::View,
-                Class::Host => Place::Host,
-                Class::Elementwise(_) | Class::Kernel => {
-                    if !shape_like[i] && gpu_supports(&plan.nodes[i]) {
-                        Place::Gpu
+                Class::Source => (
+                    Place::Source,
+                    !matches!(plan.nodes[i].op(), Op::Variable(_)),
+                ),
+                Class::Meta => (Place::Meta, true),
+                Class::View(_) => (Place::View, on_host[plan.inputs[i][0]]),
+                Class::Host => (Place::Host, true),
+                Class::Elementwise(_) | Class::Kernel if shape_like[i] => {
+                    if plan.inputs[i].iter().all(|&j| on_host[j]) {
+                        (Place::Shape, true)
                     } else {
-                        Place::Host
+                        (Place::Host, true)
+                    }
+                }
+                Class::Elementwise(_) | Class::Kernel => {
+                    if gpu_supports(&plan.nodes[i]) {
+                        (Place::Gpu, false)
+                    } else {
+                        (Place::Host, true)
                     }
                 }
             },
-        })
-        .collect();
+        };
+        place.push(p);
+        on_host.push(h);
+    }
     let target = gpu_target(ctx);
     let own = (plan.schedule(&target).target != target).then(|| fuse::schedule(plan, &target));
     Placement {
@@ -321,6 +352,7 @@ impl<'a> Exec<'a> {
                 }
                 Place::View => self.view(i)?,
                 Place::Host => self.on_host(i)?,
+                Place::Shape => self.shape_arithmetic(i)?,
                 Place::Gpu if matches!(self.plan.nodes[i].op().class(), Class::Elementwise(_)) => {
                     return fusion::record_members(self, &[i], &[i]);
                 }
@@ -348,6 +380,7 @@ impl<'a> Exec<'a> {
             Place::Gpu => "gpu",
             Place::View => "view",
             Place::Meta => "meta",
+            Place::Shape => "shape",
         };
         let shape = |j: usize| self.slots[j].as_ref().map(|s| s.shape.clone());
         profile::gpu_node(start, self.plan, i, place, members, dispatches, &shape);
@@ -356,6 +389,24 @@ impl<'a> Exec<'a> {
     /// Runs node `i` with its CPU kernel, downloading its inputs.
     pub(crate) fn on_host(&mut self, i: usize) -> Result<Slot> {
         self.stats.host_nodes += 1;
+        self.cpu_kernel(i)
+    }
+
+    /// Runs shape-arithmetic node `i` (`Place::Shape`) with its CPU kernel on the host
+    /// values it reads; should one of them be on the device only, it is a host node.
+    fn shape_arithmetic(&mut self, i: usize) -> Result<Slot> {
+        if self.plan.inputs[i]
+            .iter()
+            .any(|&j| self.slot(j).host.is_none())
+        {
+            return self.on_host(i);
+        }
+        self.stats.shape_nodes += 1;
+        self.cpu_kernel(i)
+    }
+
+    /// Node `i`'s CPU kernel on the host values of its inputs (downloaded where needed).
+    fn cpu_kernel(&mut self, i: usize) -> Result<Slot> {
         let ins = self.plan.inputs[i].clone();
         self.ensure_host(&ins, false)?;
         let vals: Vec<Value> = ins
@@ -489,7 +540,7 @@ impl<'a> Exec<'a> {
 
     /// A fresh device tensor (contents undefined).
     pub fn alloc(&self, shape: &[usize], dtype: DType, node: usize) -> Result<DTensor> {
-        let n: usize = shape.iter().product();
+        let n = shape.iter().product::<usize>() * transfer::words_per(dtype);
         let what = || {
             format!(
                 "the result of {} (shape {shape:?}, {dtype})",
@@ -517,7 +568,7 @@ impl<'a> Exec<'a> {
         }
         let bufs = bufs
             .iter()
-            .map(|(b, t)| (*b, t.buf.clone(), (t.numel() as u64 * 4).max(4)))
+            .map(|(b, t)| (*b, t.buf.clone(), (t.words() as u64 * 4).max(4)))
             .collect();
         self.cmds.push(Cmd {
             pipe,
@@ -555,7 +606,7 @@ impl<'a> Exec<'a> {
         self.status_msgs.insert(tag, msg);
         let mut b: Vec<(u32, Arc<DevBuf>, u64)> = bufs
             .iter()
-            .map(|(b, t)| (*b, t.buf.clone(), (t.numel() as u64 * 4).max(4)))
+            .map(|(b, t)| (*b, t.buf.clone(), (t.words() as u64 * 4).max(4)))
             .collect();
         b.push((4, status, 16));
         self.cmds.push(Cmd {
@@ -707,7 +758,7 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
             pass.dispatch_workgroups(c.groups[0], c.groups[1], c.groups[2]);
         }
     }
-    let sizes: Vec<u64> = reads.iter().map(|t| t.numel() as u64 * 4).collect();
+    let sizes: Vec<u64> = reads.iter().map(|t| t.words() as u64 * 4).collect();
     let total: u64 = sizes.iter().sum();
     let staging = if total > 0 {
         Some(pool::alloc_staging(ctx, total)?)

@@ -7,17 +7,23 @@
 //! buffer of its own. So `relu(x @ w + b) * 2` is the matmul plus one dispatch. A group
 //! the kernel cannot run as a whole (a member placed on the host, outputs whose shapes
 //! differ at run time) runs member by member.
+//!
+//! int64 values are `vec2<u32>` (low word, high word) in the kernel and two words per
+//! element in buffers, computed with the helpers of `shaders/int64.wgsl` by the ops
+//! `Op::exact_int64` lists, with the CPU kernels' results bit for bit (`int64_unary`,
+//! `int64_binary`, `cast_expr`).
 
 use super::exec::{grid, Exec, Place, Slot};
 use super::params::{self, Params, FUSED_WGSL};
 use super::pipelines::{self, dtag, is_float, norm_fn};
+use super::transfer::{self, words_per};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::broadcast_runtime;
 use crate::base::value::Value;
 use crate::compile::fuse::Group;
 use crate::compile::Step;
-use crate::ops::elementwise::BinaryClass;
+use crate::ops::elementwise::{BinaryClass, BinaryOp, UnaryOp};
 use crate::ops::{Class, FusedOp};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -30,10 +36,14 @@ enum Mode {
     Scalar,
     /// Broadcast: index through strides in the parameter tail.
     Bcast,
-    /// A folded scalar constant, passed in the parameter tail. (Not a WGSL literal: drivers fold
-    /// and reassociate literals, turning `(1 - p) + eps` into `(1 + eps) - p`.)
-    Param(u32),
+    /// A folded scalar constant, passed in the parameter tail as its words (the second
+    /// for int64 only). (Not a WGSL literal: drivers fold and reassociate literals,
+    /// turning `(1 - p) + eps` into `(1 + eps) - p`.)
+    Param([u32; 2]),
 }
+
+/// The int64 helpers of the generated kernels.
+const INT64_WGSL: &str = include_str!("../../../shaders/int64.wgsl");
 
 fn fused_op(op: &crate::ops::Op) -> Result<FusedOp> {
     match op.class() {
@@ -44,12 +54,74 @@ fn fused_op(op: &crate::ops::Op) -> Result<FusedOp> {
     }
 }
 
+/// The WGSL type a dtype computes in.
 fn wty(d: DType) -> &'static str {
-    if is_float(d) {
-        "f32"
-    } else {
-        "i32"
+    match d {
+        DType::I64 => "vec2<u32>",
+        _ if is_float(d) => "f32",
+        _ => "i32",
     }
+}
+
+/// The name of that type in generated helper names (`wty` is not an identifier for int64).
+fn tname(d: DType) -> &'static str {
+    match d {
+        DType::I64 => "i64",
+        _ if is_float(d) => "f32",
+        _ => "i32",
+    }
+}
+
+/// The WGSL expression of a unary op on an int64 `x` (`shaders/int64.wgsl`), for the ops
+/// that take integers.
+fn int64_unary(u: UnaryOp) -> Option<&'static str> {
+    Some(match u {
+        UnaryOp::Neg => "q_neg(x)",
+        UnaryOp::Abs => "q_abs(x)",
+        UnaryOp::Sign => "q_sign(x)",
+        UnaryOp::Square => "q_mul(x, x)",
+        UnaryOp::Relu => "q_relu(x)",
+        UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil => "x",
+        UnaryOp::Sqrt
+        | UnaryOp::Rsqrt
+        | UnaryOp::Exp
+        | UnaryOp::Expm1
+        | UnaryOp::Log
+        | UnaryOp::Log1p
+        | UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Tan
+        | UnaryOp::Tanh
+        | UnaryOp::Sigmoid
+        | UnaryOp::Recip
+        | UnaryOp::Softplus
+        | UnaryOp::Not => return None,
+    })
+}
+
+/// The WGSL expression of a binary op on int64 `a`, `b` (predicates give an `i32` 0/1),
+/// for the ops computed exactly (`Op::exact_int64`).
+fn int64_binary(b: BinaryOp) -> Option<&'static str> {
+    Some(match b {
+        BinaryOp::Add => "q_add(a, b)",
+        BinaryOp::Sub => "q_sub(a, b)",
+        BinaryOp::Mul => "q_mul(a, b)",
+        BinaryOp::Maximum => "q_max(a, b)",
+        BinaryOp::Minimum => "q_min(a, b)",
+        BinaryOp::Equal => "i32(q_eq(a, b))",
+        BinaryOp::NotEqual => "i32(!q_eq(a, b))",
+        BinaryOp::Less => "i32(q_lt(a, b))",
+        BinaryOp::LessEqual => "i32(!q_lt(b, a))",
+        BinaryOp::Greater => "i32(q_lt(b, a))",
+        BinaryOp::GreaterEqual => "i32(!q_lt(a, b))",
+        // Logical ops take bool operands only (`infer_binary`).
+        BinaryOp::And
+        | BinaryOp::Or
+        | BinaryOp::Div
+        | BinaryOp::FloorDiv
+        | BinaryOp::Mod
+        | BinaryOp::Pow => return None,
+    })
 }
 
 /// C-order strides of `shape` seen from the right-aligned `out` shape; 0 on broadcast dims.
@@ -66,6 +138,18 @@ fn bcast_strides(shape: &[usize], out: &[usize]) -> Vec<u32> {
 
 /// WGSL converting `v` (of `from`'s compute type) to dtype `to`, before rounding.
 fn cast_expr(from: DType, to: DType, v: &str) -> String {
+    match (from, to) {
+        (DType::I64, DType::I64) => return v.to_string(),
+        (DType::I64, DType::F32 | DType::F64) => return format!("q_to_float({v}, 24u)"),
+        (DType::I64, DType::F16) => return format!("q_to_float({v}, 11u)"),
+        (DType::I64, DType::Bool) => return format!("i32(!q_eq({v}, vec2<u32>(0u)))"),
+        (DType::I64, DType::I32 | DType::I16 | DType::I8 | DType::U8) => {
+            return format!("bitcast<i32>({v}.x)")
+        }
+        (_, DType::I64) if is_float(from) => return format!("q_from_f32({v})"),
+        (_, DType::I64) => return format!("q_from_i32({v})"),
+        _ => {}
+    }
     match (is_float(from), to) {
         (true, DType::F32 | DType::F16 | DType::F64) => v.to_string(),
         (true, DType::I32 | DType::I64) => format!("fk_f2i32({v})"),
@@ -166,8 +250,9 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
                 continue;
             }
             let mode = match &plan.steps[j] {
-                Step::Folded(v) if v.len() == 1 && dtag(v.dtype()).is_some() => {
-                    Mode::Param(super::transfer::to_words(v).expect("gpu dtype")[0])
+                Step::Folded(v) if v.len() == 1 && transfer::to_words(v).is_some() => {
+                    let w = transfer::to_words(v).expect("a device dtype");
+                    Mode::Param([w[0], w.get(1).copied().unwrap_or(0)])
                 }
                 _ => {
                     let c: usize = ex.slot(j).shape.iter().product();
@@ -199,7 +284,10 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
         .unwrap_or_else(|e| e.into_inner())
         .get(&(members.to_vec(), key.clone()))
         .cloned();
-    let tag = dtag(plan.nodes[s].dtype()).expect("gpu dtype");
+    let tag = match plan.nodes[s].dtype() {
+        DType::I64 => "i64",
+        d => dtag(d).expect("gpu dtype"),
+    };
     let entry = format!("fused_{tag}");
     let pipe = match cached {
         Some(p) => p,
@@ -227,10 +315,11 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
             bound.push((first_in + k as u32, ex.dev(*j)?));
         }
     }
-    tail.extend(ext.iter().filter_map(|(_, m)| match m {
-        Mode::Param(w) => Some(*w),
-        Mode::Same | Mode::Scalar | Mode::Bcast => None,
-    }));
+    for (j, m) in &ext {
+        if let Mode::Param(w) = m {
+            tail.extend(&w[..words_per(plan.nodes[*j].dtype())]);
+        }
+    }
     let outs = outputs
         .iter()
         .map(|&o| ex.alloc(&out_shape, plan.nodes[o].dtype(), o))
@@ -263,6 +352,13 @@ fn generate(
     let has_f16 = ex.ctx.has_f16;
     let mut src = pipelines::common(has_f16);
     src.push_str(FUSED_WGSL);
+    let int64 = members
+        .iter()
+        .chain(ext.iter().map(|(j, _)| j))
+        .any(|&j| plan.nodes[j].dtype() == DType::I64);
+    if int64 {
+        src.push_str(INT64_WGSL);
+    }
     for k in 0..outputs.len() {
         let _ = writeln!(
             src,
@@ -294,21 +390,28 @@ fn generate(
     let mut name: HashMap<usize, String> = HashMap::new();
     for (k, (j, mode)) in ext.iter().enumerate() {
         let d = plan.nodes[*j].dtype();
-        let load = match mode {
+        // Word `w` of the element (int64: 0 low, 1 high).
+        let word = |w: usize| match mode {
+            Mode::Same if d == DType::I64 => format!("in{k}[2u * i + {w}u]"),
             Mode::Same => format!("in{k}[i]"),
-            Mode::Scalar => format!("in{k}[0]"),
-            Mode::Bcast => {
-                let e = format!("in{k}[bidx(i, p.rank + {bcast_k}u * p.rank)]");
-                bcast_k += 1;
-                e
+            Mode::Scalar => format!("in{k}[{w}u]"),
+            Mode::Bcast if d == DType::I64 => {
+                format!("in{k}[2u * bidx(i, p.rank + {bcast_k}u * p.rank) + {w}u]")
             }
-            Mode::Param(_) => {
-                let e = format!("p.tail[p.rank * {}u + {param_k}u]", 1 + n_bcast);
-                param_k += 1;
-                e
-            }
+            Mode::Bcast => format!("in{k}[bidx(i, p.rank + {bcast_k}u * p.rank)]"),
+            Mode::Param(_) => format!("p.tail[p.rank * {}u + {}u]", 1 + n_bcast, param_k + w),
         };
-        let _ = writeln!(body, "    let x{j} = bitcast<{}>({load});", wty(d));
+        let load = if d == DType::I64 {
+            format!("vec2<u32>({}, {})", word(0), word(1))
+        } else {
+            format!("bitcast<{}>({})", wty(d), word(0))
+        };
+        match mode {
+            Mode::Bcast => bcast_k += 1,
+            Mode::Param(_) => param_k += words_per(d),
+            Mode::Same | Mode::Scalar => {}
+        }
+        let _ = writeln!(body, "    let x{j} = {load};");
         name.insert(*j, format!("x{j}"));
     }
     for &m in members {
@@ -319,10 +422,15 @@ fn generate(
         let expr = match fused_op(node.op())? {
             FusedOp::Unary(u) => {
                 let fl = is_float(in_dt(0));
-                let e = u.wgsl(fl).ok_or_else(|| {
+                let e = if in_dt(0) == DType::I64 {
+                    int64_unary(u)
+                } else {
+                    u.wgsl(fl)
+                };
+                let e = e.ok_or_else(|| {
                     Error::Runtime(format!("{}: no integer WGSL lowering", u.name()))
                 })?;
-                let f = format!("u_{}_{}", u.name(), wty(in_dt(0)));
+                let f = format!("u_{}_{}", u.name(), tname(in_dt(0)));
                 let h = format!(
                     "fn {f}(x: {t}) -> {t} {{ return {e}; }}\n",
                     t = wty(in_dt(0))
@@ -338,11 +446,18 @@ fn generate(
                     BinaryClass::Arith => t,
                     BinaryClass::Compare | BinaryClass::Logical => "i32",
                 };
-                let f = format!("b_{}_{t}", b.name());
-                let h = format!(
-                    "fn {f}(a: {t}, b: {t}) -> {r} {{ return {}; }}\n",
+                let e = if in_dt(0) == DType::I64 {
+                    int64_binary(b).ok_or_else(|| {
+                        Error::Runtime(format!(
+                            "internal: {} of int64 reached a GPU kernel",
+                            b.name()
+                        ))
+                    })?
+                } else {
                     b.wgsl(is_float(in_dt(0)))
-                );
+                };
+                let f = format!("b_{}_{}", b.name(), tname(in_dt(0)));
+                let h = format!("fn {f}(a: {t}, b: {t}) -> {r} {{ return {e}; }}\n");
                 if !helpers.contains(&h) {
                     helpers.push(h);
                 }
@@ -359,8 +474,15 @@ fn generate(
     for h in helpers {
         src.push_str(&h);
     }
-    for (k, o) in outputs.iter().enumerate() {
-        let _ = writeln!(body, "    out{k}[i] = bitcast<u32>(v{o});");
+    for (k, &o) in outputs.iter().enumerate() {
+        if plan.nodes[o].dtype() == DType::I64 {
+            let _ = writeln!(
+                body,
+                "    out{k}[2u * i] = v{o}.x;\n    out{k}[2u * i + 1u] = v{o}.y;"
+            );
+        } else {
+            let _ = writeln!(body, "    out{k}[i] = bitcast<u32>(v{o});");
+        }
     }
     let _ = write!(
         src,
@@ -368,4 +490,26 @@ fn generate(
          let i = fk_index(g, nw);\n    if (i >= p.n) {{ return; }}\n{body}}}\n"
     );
     Ok(src)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::Op;
+
+    /// The ops `Op::exact_int64` admits on int64 are those with an int64 lowering here
+    /// (`logical_not`, `logical_and` and `logical_or` take bool operands only).
+    #[test]
+    fn int64_lowerings_are_the_exact_int64_ops() {
+        for &u in UnaryOp::ALL.iter().filter(|&&u| u != UnaryOp::Not) {
+            let exact = Op::Unary(u).exact_int64();
+            assert_eq!(int64_unary(u).is_some(), exact, "{}", u.name());
+        }
+        for &b in BinaryOp::ALL {
+            if b.class() != BinaryClass::Logical {
+                let exact = Op::Binary(b).exact_int64();
+                assert_eq!(int64_binary(b).is_some(), exact, "{}", b.name());
+            }
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! The wgpu device. A plan runs as one command encoder: fused elementwise kernels
 //! generated from the op -> WGSL tables (`fusion`), hand-written kernels from
 //! `shaders/<family>.wgsl` (`kernels`), views that alias buffers, and nodes without a
-//! WGSL lowering (f64, i64, new primitives) on the CPU inside the same plan (`exec`).
+//! WGSL lowering (f64, int64 ops not computed exactly, loops, callbacks) on the CPU inside
+//! the same plan (`exec`).
 //! One call submits once and maps one staging buffer for all its outputs, unless a CPU
 //! node needs a GPU value mid-plan.
 //!
@@ -31,7 +32,8 @@ use crate::ops::source::DeviceCopy;
 use pool::DevBuf;
 use std::sync::Arc;
 
-/// A tensor in device memory: one 32-bit word per element, C order (see `transfer`).
+/// A tensor in device memory: one 32-bit word per element (two for int64), C order (see
+/// `transfer`).
 #[derive(Clone)]
 pub struct DTensor {
     pub buf: Arc<DevBuf>,
@@ -42,6 +44,10 @@ pub struct DTensor {
 impl DTensor {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+    /// The 32-bit words it holds (`transfer::words_per` per element).
+    pub fn words(&self) -> usize {
+        self.numel() * transfer::words_per(self.dtype)
     }
     pub fn ctx(&self) -> &Arc<Context> {
         self.buf.ctx()

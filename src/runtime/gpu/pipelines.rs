@@ -38,7 +38,9 @@ fn shader(family: &str) -> &'static str {
         .expect("family is in the shader table")
 }
 
-/// The kernel-name suffix of a dtype on the device; `None` for dtypes WGSL lacks.
+/// The kernel-name suffix of a dtype in the hand-written kernels; `None` for f64 (no WGSL
+/// type) and for int64, which only the generated kernels compute, as pairs of words
+/// (`fusion`), besides the indices arg-reductions write.
 pub fn dtag(d: DType) -> Option<&'static str> {
     Some(match d {
         DType::F32 => "f32",
