@@ -15,6 +15,7 @@ mod context;
 mod exec;
 mod fusion;
 mod kernels;
+mod loops;
 mod params;
 mod pipelines;
 mod pool;
