@@ -3,7 +3,8 @@
 //! (`compile::fuse`, built by the same algorithm as the CPU's): which elementwise nodes
 //! fuse into which generated kernel, and when each slot dies. Per call, the schedule's
 //! items are walked in order: kernels are *recorded*, not run; views alias buffers; CPU
-//! nodes download what they read (the only reason for a submit before the end); at the
+//! nodes download what they read (the only reason for a submit before the end); a loop
+//! whose body runs on the device records its body's schedule once per step (`loops`); at the
 //! end one submit runs everything and one mapped staging buffer brings back all outputs.
 //! Update values stay on the device.
 

@@ -205,6 +205,15 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
     let fed = fed_nodes(body_plan, ins.len());
     let shape_like = fuse::shape_like(body_plan);
     let host_feed = |f: usize| fed[f].is_some_and(|n| shape_like[n]);
+    // Shape vectors the body reads on the host: downloaded if they were computed on the
+    // device (a submit before the loop).
+    let on_device_only: Vec<usize> = ins
+        .iter()
+        .enumerate()
+        .filter(|&(f, &j)| host_feed(f) && ex.slot(j).host.is_none())
+        .map(|(_, &j)| j)
+        .collect();
+    ex.ensure_host(&on_device_only, false)?;
     let mut seqs = Vec::with_capacity(nq);
     for (f, &q) in ins[..nq].iter().enumerate() {
         let s = ex.slot(q);
