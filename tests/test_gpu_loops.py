@@ -4,7 +4,9 @@ the CPU device; a body that needs the host runs the whole loop on the CPU.
 
 Every test switches to a GPU explicitly (and back afterwards), as test_gpu.py does, so
 the file runs the same in the cpu and the gpu pass of the suite. Without a GPU adapter
-the tests are skipped, unless FERROKERAS_REQUIRE_GPU=1.
+the tests are skipped, unless FERROKERAS_REQUIRE_GPU=1. With FERROKERAS_GPU_LOOPS=0 (the
+last test runs the file so in a child process) every loop runs on the CPU inside the GPU
+plan, with the same results.
 """
 
 import json
@@ -13,11 +15,13 @@ import os
 import ferrokeras
 import numpy as np
 import pytest
+from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
 
 GPUS = [d for d in ferrokeras.devices() if d["device"] != "cpu"]
 REQUIRE = os.environ.get("FERROKERAS_REQUIRE_GPU", "") not in ("", "0")
 TOL = dict(rtol=2e-4, atol=2e-5)
+GPU_LOOPS = not env_is("FERROKERAS_GPU_LOOPS", "0")
 
 
 @pytest.fixture
@@ -48,14 +52,18 @@ def _on_both(f, feeds, tmp=None):
     """`f(feeds)` on the GPU, asserting it ran in one submit with no node on the host
     (with `tmp`, a folder for a trace: no loop or loop result on the host, while shape
     vectors built outside the loop may be), then on the CPU, with the same results."""
-    if tmp is None:
+    if not GPU_LOOPS:
+        on_gpu = f(feeds)
+        assert f._f.host_nodes > 0
+    elif tmp is None:
         on_gpu = f(feeds)
         assert f._f.host_nodes == 0, f._f.host_nodes
+        assert f._f.submits == 1, f._f.submits
     else:
         on_gpu, hosts = _host_spans(f, feeds, tmp)
         assert not [h for h in hosts if h == "loop" or h.startswith("result")], hosts
         assert f._f.host_nodes == len(hosts), (f._f.host_nodes, hosts)
-    assert f._f.submits == 1, f._f.submits
+        assert f._f.submits == 1, f._f.submits
     before = ferrokeras.device()
     ferrokeras.set_device("cpu")
     try:
@@ -263,3 +271,7 @@ def test_a_body_with_a_py_function_runs_on_the_cpu(gpu, rng):
     np.testing.assert_allclose(out, v.astype("float64") ** 2 + np.sin(v), **TOL)
     ferrokeras.set_device("cpu")
     np.testing.assert_allclose(out, f([v])[0], **TOL)
+
+
+def test_loops_stay_on_the_cpu_with_gpu_loops_off(gpu):
+    pytest_in_child({"FERROKERAS_GPU_LOOPS": "0"}, __file__, "-k", "not with_gpu_loops_off")

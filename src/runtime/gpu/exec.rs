@@ -189,7 +189,7 @@ pub(crate) fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
             let body_plan = plan.body(body);
             let key = Arc::as_ptr(body_plan) as usize;
             let lay = build_placement(ctx, body_plan);
-            if loops::on_device(body_plan, &lay) {
+            if crate::base::config::settings().gpu_loops && loops::on_device(body_plan, &lay) {
                 place[i] = Place::Gpu;
             }
             bodies.insert(key, lay);
