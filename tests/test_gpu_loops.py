@@ -275,3 +275,26 @@ def test_a_body_with_a_py_function_runs_on_the_cpu(gpu, rng):
 
 def test_loops_stay_on_the_cpu_with_gpu_loops_off(gpu):
     pytest_in_child({"FERROKERAS_GPU_LOOPS": "0"}, __file__, "-k", "not with_gpu_loops_off")
+
+
+def test_a_loop_holding_much_memory_submits_its_steps(gpu, rng):
+    # Buffers return to the pool only after a submit: a loop whose recorded steps hold
+    # more new bytes than the pool keeps idle submits them and goes on.
+    from ferrokeras import _core
+
+    before = _core.gpu_pool_stats()["max_idle_bytes"]
+    x = K.placeholder(shape=(None, 64, 64))
+    f = K.function([x], [K.foldl(lambda a, r: K.tanh(a * 0.5 + r), x)])
+    v = rng.normal(size=(48, 64, 64)).astype("float32")
+    _core.gpu_pool_limits(256 << 10, None)
+    try:
+        out = f([v])[0]
+        submits = f._f.submits
+    finally:
+        _core.gpu_pool_limits(before, None)
+    if GPU_LOOPS:
+        assert submits > 2, submits
+    ref = v[0].astype("float64")
+    for r in v[1:]:
+        ref = np.tanh(ref * 0.5 + r)
+    np.testing.assert_allclose(out, ref, **TOL)

@@ -5,7 +5,9 @@
 //! rows of the sequences (a copy kernel each); states carry over as device tensors; each
 //! stacked result (`[T, ..]`: outputs, state histories, residuals) is allocated at the
 //! first step and row `t` written by a kernel at each step; a stacked result nothing
-//! reads is not kept. A body that needs the host (a `py_function`, an op or dtype
+//! reads is not kept. Buffers a call drops return to the pool only after its submit, so
+//! a loop whose recorded steps hold more new buffer bytes than the pool keeps idle
+//! (`FERROKERAS_GPU_POOL_MAX_IDLE_MB`) submits them and goes on. A body that needs the host (a `py_function`, an op or dtype
 //! without a WGSL lowering) makes the whole loop run on the CPU (`Place::Host`).
 
 use super::exec::{Exec, Place, Placement, Slot};
@@ -242,6 +244,7 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
         .map(|k| Stacked::new(t_len, is_read(no + ns + k)))
         .collect();
     let debug = crate::base::config::settings().loop_debug;
+    let mut base = held(ex);
     let _in_loop = profile::enter_loop();
     let run_start = profile::begin();
     for step in 0..t_len {
@@ -291,6 +294,10 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
             o.put(ex, i, t, v)?;
         }
         states = rest;
+        if held(ex).0.saturating_sub(base.0) > base.1 {
+            ex.ensure_host(&[], true)?;
+            base = held(ex);
+        }
         if debug && step == 0 {
             eprintln!(
                 "gpu loop run: {t_len} steps x {} dispatches, {nq} step inputs, {nh} residuals",
@@ -319,6 +326,22 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
     }
     ex.loop_results.insert(i, results);
     Ok(Slot::host(Value::scalar_f64(plan.nodes[i].dtype(), 0.0)))
+}
+
+/// Bytes of the device's buffers in use or waiting for the call's submit, and the bytes
+/// its pool keeps idle at most (`pool::Pool::stats`).
+fn held(ex: &Exec) -> (u64, u64) {
+    let stats = super::pool_stats(ex.ctx);
+    let get = |name: &str| {
+        stats
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, v)| *v)
+    };
+    (
+        get("allocated_bytes").saturating_sub(get("pooled_bytes")),
+        get("max_idle_bytes"),
+    )
 }
 
 /// Result `k` of the loop node `TupleGet` node `i` reads.
