@@ -161,7 +161,7 @@ fn gpu_target(ctx: &Context) -> Target {
 /// Places every node of `plan` on `ctx` and takes the plan's schedule for its target. A
 /// loop whose body runs on the device as a whole (`loops::on_device`) is `Place::Gpu`,
 /// and so are the `TupleGet`s reading it.
-pub(crate) fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
+fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
     let n = plan.nodes.len();
     // Small int vectors that only feed target shapes stay on the host.
     let shape_like = fuse::shape_like(plan);
