@@ -43,6 +43,7 @@ def _probe(stmt, **env):
         ("FERROKERAS_CPU_INPLACE", "2"),
         ("FERROKERAS_LOOP_OPT", "hoist"),
         ("FERROKERAS_LOOP_DEBUG", "verbose"),
+        ("FERROKERAS_GPU_LOOPS", "sometimes"),
         ("FERROKERAS_REQUIRE_GPU", "yes please"),
         ("FERROKERAS_GPU_MAX_BINDING", "64k"),
         ("FERROKERAS_GPU_POOL_MAX_IDLE_MB", "-1"),

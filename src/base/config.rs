@@ -39,6 +39,9 @@ pub struct Config {
     pub loop_save_residuals: bool,
     /// `FERROKERAS_LOOP_DEBUG`: loops report on stderr how they are built and run.
     pub loop_debug: bool,
+    /// `FERROKERAS_GPU_LOOPS`: a GPU plan records a loop whose body runs on the device
+    /// step by step into its submit; off, every loop runs on the CPU inside the plan.
+    pub gpu_loops: bool,
 }
 
 impl Default for Config {
@@ -53,6 +56,7 @@ impl Default for Config {
             cpu_inplace: true,
             loop_save_residuals: true,
             loop_debug: false,
+            gpu_loops: true,
         }
     }
 }
@@ -93,6 +97,7 @@ impl Config {
             cpu_inplace: flag("FERROKERAS_CPU_INPLACE", d.cpu_inplace)?,
             loop_save_residuals: flag("FERROKERAS_LOOP_OPT", d.loop_save_residuals)?,
             loop_debug: flag("FERROKERAS_LOOP_DEBUG", d.loop_debug)?,
+            gpu_loops: flag("FERROKERAS_GPU_LOOPS", d.gpu_loops)?,
         })
     }
 }
@@ -174,6 +179,7 @@ mod tests {
             ("FERROKERAS_CPU_INPLACE", "Off"),
             ("FERROKERAS_LOOP_OPT", "false"),
             ("FERROKERAS_LOOP_DEBUG", "yes"),
+            ("FERROKERAS_GPU_LOOPS", "0"),
         ])
         .unwrap();
         assert_eq!(
@@ -188,6 +194,7 @@ mod tests {
                 cpu_inplace: false,
                 loop_save_residuals: false,
                 loop_debug: true,
+                gpu_loops: false,
             }
         );
     }

@@ -448,7 +448,8 @@ impl Op {
             | Op::Pool(_)
             | Op::PoolGrad(_)
             | Op::PoolSelect(_) => Class::Kernel,
-            // Loops run their body with the CPU executor, inside the GPU plan.
+            // Host to the fusion schedule; the GPU executor records a loop whose body runs
+            // on the device step by step (`runtime::gpu::loops`), else runs it on the CPU.
             Op::Loop(_) | Op::TupleGet(_) => Class::Host,
             // A Python callback: its inputs come to the host, its result goes back.
             Op::HostCall(_) => Class::Host,

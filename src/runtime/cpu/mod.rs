@@ -466,7 +466,7 @@ pub fn run_node(
 }
 
 /// Which results of multi-result node `i` some `TupleGet` of `plan` reads.
-fn results_read(plan: &Plan, i: usize, n: usize) -> Vec<bool> {
+pub(crate) fn results_read(plan: &Plan, i: usize, n: usize) -> Vec<bool> {
     let mut read = vec![false; n];
     for (node, ins) in plan.nodes.iter().zip(&plan.inputs) {
         if let (Op::TupleGet(k), [src]) = (node.op(), ins.as_slice()) {

@@ -3,14 +3,15 @@
 //! (`compile::fuse`, built by the same algorithm as the CPU's): which elementwise nodes
 //! fuse into which generated kernel, and when each slot dies. Per call, the schedule's
 //! items are walked in order: kernels are *recorded*, not run; views alias buffers; CPU
-//! nodes download what they read (the only reason for a submit before the end); at the
+//! nodes download what they read (the only reason for a submit before the end); a loop
+//! whose body runs on the device records its body's schedule once per step (`loops`); at the
 //! end one submit runs everything and one mapped staging buffer brings back all outputs.
 //! Update values stay on the device.
 
 use super::params::{Indexed, Params};
 use super::pipelines::{dtag, Pipe};
 use super::pool::{self, DevBuf};
-use super::{fusion, kernels, transfer, Context, DTensor, Resident};
+use super::{fusion, kernels, loops, transfer, Context, DTensor, Resident};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
@@ -43,6 +44,9 @@ pub(crate) enum Place {
 
 /// Where each node of a plan runs on one device, and the device's schedule of the plan.
 pub(crate) struct Placement {
+    /// The placements of the plan's loop bodies (`Plan::body`), keyed by the body plan's
+    /// address (the plan holds it fixed).
+    pub bodies: HashMap<usize, Placement>,
     ctx_id: u64,
     pub place: Vec<Place>,
     /// The device's fusion target (`gpu_target`).
@@ -74,6 +78,7 @@ pub struct PlanCache {
     placement: Mutex<Option<Arc<Placement>>>,
 }
 
+#[derive(Clone)]
 pub(crate) struct Slot {
     pub shape: Vec<usize>,
     pub dtype: DType,
@@ -122,6 +127,9 @@ pub(crate) struct Exec<'a> {
     var_versions: HashMap<usize, u64>,
     /// Results of multi-result nodes (loops), read by their `TupleGet` users.
     multi: HashMap<usize, Vec<Value>>,
+    /// Results of loops recorded on the device (`loops`), read by their `TupleGet` users;
+    /// `None` for a result nothing reads.
+    pub(crate) loop_results: HashMap<usize, Vec<Option<Slot>>>,
     pub stats: RunStats,
 }
 
@@ -165,12 +173,28 @@ fn gpu_target(ctx: &Context) -> Target {
     Target::gpu(STORABLE, buffers.saturating_sub(1))
 }
 
-/// Places every node of `plan` on `ctx` and takes the plan's schedule for its target.
+/// Places every node of `plan` on `ctx` and takes the plan's schedule for its target. A
+/// loop whose body runs on the device as a whole (`loops::on_device`) is `Place::Gpu`,
+/// and so are the `TupleGet`s reading it.
 fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
     let n = plan.nodes.len();
     // Small int vectors that only feed target shapes stay on the host: shape arithmetic
     // where they read host values only, else host nodes.
     let shape_like = fuse::shape_like(plan);
+    // Loops whose bodies run on the device as a whole, decided first: what reads their
+    // results then knows whether those are on the host.
+    let mut bodies = HashMap::new();
+    let mut loop_on_gpu = vec![false; n];
+    for i in 0..n {
+        if let (Op::Loop(body), Step::Compute) = (plan.nodes[i].op(), &plan.steps[i]) {
+            let body_plan = plan.body(body);
+            let key = Arc::as_ptr(body_plan) as usize;
+            let lay = build_placement(ctx, body_plan);
+            loop_on_gpu[i] =
+                crate::base::config::settings().gpu_loops && loops::on_device(body_plan, &lay);
+            bodies.insert(key, lay);
+        }
+    }
     let mut place: Vec<Place> = Vec::with_capacity(n);
     // Whether slot i's value is always on the host (never only on the device).
     let mut on_host: Vec<bool> = Vec::with_capacity(n);
@@ -184,6 +208,13 @@ fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
                 ),
                 Class::Meta => (Place::Meta, true),
                 Class::View(_) => (Place::View, on_host[plan.inputs[i][0]]),
+                Class::Host if loop_on_gpu[i] => (Place::Gpu, false),
+                Class::Host
+                    if matches!(plan.nodes[i].op(), Op::TupleGet(_))
+                        && loop_on_gpu[plan.inputs[i][0]] =>
+                {
+                    (Place::Gpu, false)
+                }
                 Class::Host => (Place::Host, true),
                 Class::Elementwise(_) | Class::Kernel if shape_like[i] => {
                     if plan.inputs[i].iter().all(|&j| on_host[j]) {
@@ -207,6 +238,7 @@ fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
     let target = gpu_target(ctx);
     let own = (plan.schedule(&target).target != target).then(|| fuse::schedule(plan, &target));
     Placement {
+        bodies,
         ctx_id: ctx.id,
         place,
         target,
@@ -237,32 +269,9 @@ pub fn run(
         }
     };
     ctx.check("an earlier call")?;
-    let mut ex = Exec {
-        ctx,
-        plan,
-        lay: &lay,
-        slots: (0..plan.nodes.len()).map(|_| None).collect(),
-        cmds: Vec::new(),
-        status: None,
-        status_msgs: HashMap::new(),
-        var_versions: HashMap::new(),
-        multi: HashMap::new(),
-        stats: RunStats::default(),
-    };
-    let mut feeds: Vec<Option<Value>> = feeds.into_iter().map(Some).collect();
-    let sched = lay.schedule(plan);
-    for (t, item) in sched.items.iter().enumerate() {
-        let start = profile::begin();
-        let before = ex.stats.dispatches;
-        ex.item(item, &mut feeds)?;
-        if let Some(start) = start {
-            ex.profile_item(start, item, ex.stats.dispatches - before);
-        }
-        for &j in &sched.frees[t] {
-            ex.slots[j] = None;
-            ex.multi.remove(&j);
-        }
-    }
+    let mut ex = Exec::new(ctx, plan, &lay);
+    let mut feeds: Vec<Option<Slot>> = feeds.into_iter().map(|v| Some(Slot::host(v))).collect();
+    ex.run_items(&mut feeds)?;
     let mut need: Vec<usize> = plan.outputs[..n_host].to_vec();
     need.sort_unstable();
     need.dedup();
@@ -296,6 +305,65 @@ fn annotate(e: Error, node: &Tensor) -> Error {
 }
 
 impl<'a> Exec<'a> {
+    fn new(ctx: &'a Arc<Context>, plan: &'a Plan, lay: &'a Placement) -> Exec<'a> {
+        Exec {
+            ctx,
+            plan,
+            lay,
+            slots: (0..plan.nodes.len()).map(|_| None).collect(),
+            cmds: Vec::new(),
+            status: None,
+            status_msgs: HashMap::new(),
+            var_versions: HashMap::new(),
+            multi: HashMap::new(),
+            loop_results: HashMap::new(),
+            stats: RunStats::default(),
+        }
+    }
+
+    /// An executor of `plan` (a loop body) that records into this one's command list:
+    /// it takes the recorded commands and the error-status buffer, which `absorb` gives back.
+    pub(crate) fn nested<'b>(&mut self, plan: &'b Plan, lay: &'b Placement) -> Exec<'b>
+    where
+        'a: 'b,
+    {
+        let mut child = Exec::new(self.ctx, plan, lay);
+        child.cmds = std::mem::take(&mut self.cmds);
+        child.status = self.status.take();
+        child.status_msgs = std::mem::take(&mut self.status_msgs);
+        child
+    }
+
+    /// Takes back what `nested` lent, with what the nested executor recorded and counted.
+    pub(crate) fn absorb(&mut self, child: Exec<'_>) {
+        self.cmds = child.cmds;
+        self.status = child.status;
+        self.status_msgs = child.status_msgs;
+        self.stats.dispatches += child.stats.dispatches;
+        self.stats.submits += child.stats.submits;
+        self.stats.host_nodes += child.stats.host_nodes;
+    }
+
+    /// Lowers the plan's schedule, item by item, releasing slots as they die; `feeds`
+    /// are the values of its `Step::Fed` nodes.
+    pub(crate) fn run_items(&mut self, feeds: &mut [Option<Slot>]) -> Result<()> {
+        let sched = self.lay.schedule(self.plan);
+        for (t, item) in sched.items.iter().enumerate() {
+            let start = profile::begin();
+            let before = self.stats.dispatches;
+            self.item(item, feeds)?;
+            if let Some(start) = start {
+                self.profile_item(start, item, self.stats.dispatches - before);
+            }
+            for &j in &sched.frees[t] {
+                self.slots[j] = None;
+                self.multi.remove(&j);
+                self.loop_results.remove(&j);
+            }
+        }
+        Ok(())
+    }
+
     pub fn slot(&self, j: usize) -> &Slot {
         self.slots[j]
             .as_ref()
@@ -304,7 +372,7 @@ impl<'a> Exec<'a> {
 
     /// Lowers one schedule item: a node by its placement, a group as generated kernels
     /// (`fusion::record`).
-    fn item(&mut self, item: &Item, feeds: &mut [Option<Value>]) -> Result<()> {
+    fn item(&mut self, item: &Item, feeds: &mut [Option<Slot>]) -> Result<()> {
         let plan = self.plan;
         match item {
             Item::Node(i) => self
@@ -327,10 +395,10 @@ impl<'a> Exec<'a> {
     }
 
     /// Runs plan step `i` on its own (an elementwise node as a kernel of one member).
-    pub(crate) fn step(&mut self, i: usize, feeds: &mut [Option<Value>]) -> Result<()> {
+    pub(crate) fn step(&mut self, i: usize, feeds: &mut [Option<Slot>]) -> Result<()> {
         let lay = self.lay;
         let slot = match &self.plan.steps[i] {
-            Step::Fed(f) => Slot::host(feeds[*f].take().expect("each feed is read once")),
+            Step::Fed(f) => feeds[*f].take().expect("each feed is read once"),
             Step::Folded(v) => {
                 let mut s = Slot::host(v.clone());
                 s.dev = lay
@@ -356,7 +424,16 @@ impl<'a> Exec<'a> {
                 Place::Gpu if matches!(self.plan.nodes[i].op().class(), Class::Elementwise(_)) => {
                     return fusion::record_members(self, &[i], &[i]);
                 }
-                Place::Gpu => kernels::record(self, i)?,
+                Place::Gpu => {
+                    let op = self.plan.nodes[i].op();
+                    if let Op::Loop(body) = op {
+                        loops::record(self, i, body)?
+                    } else if let Op::TupleGet(k) = op {
+                        loops::result(self, i, *k)?
+                    } else {
+                        kernels::record(self, i)?
+                    }
+                }
             },
         };
         self.slots[i] = Some(slot);

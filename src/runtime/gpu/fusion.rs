@@ -20,7 +20,6 @@ use super::transfer::{self, words_per};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::broadcast_runtime;
-use crate::base::value::Value;
 use crate::compile::fuse::Group;
 use crate::compile::Step;
 use crate::ops::elementwise::{BinaryClass, BinaryOp, UnaryOp};
@@ -164,7 +163,7 @@ fn cast_expr(from: DType, to: DType, v: &str) -> String {
 }
 
 /// Records group `g` as one kernel, or member by member where it cannot run as a whole.
-pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Value>]) -> Result<()> {
+pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Slot>]) -> Result<()> {
     if g.first.is_some() || !g.folds.is_empty() || !g.hidden.is_empty() {
         return Err(Error::Runtime(
             "internal: a GPU group with an epilogue or folds".into(),

@@ -9,6 +9,7 @@
 //! Module map: `context` (adapters, device, error capture), `pool` (buffers by size
 //! class), `pipelines` (the shader table and pipeline cache), `transfer` (host <-> word
 //! conversion), `exec` (the executor), `fusion` (grouping and codegen), `kernels`,
+//! `loops` (loops whose bodies run on the device, recorded step by step),
 //! `params` (the typed parameter block of each kernel), `timestamps` (GPU pass times for
 //! the profiler).
 
@@ -16,6 +17,7 @@ mod context;
 mod exec;
 mod fusion;
 mod kernels;
+mod loops;
 mod params;
 mod pipelines;
 mod pool;

@@ -19,6 +19,8 @@ mod pool;
 mod random;
 mod reduce;
 
+pub(crate) use movement::{copy_row, write_row};
+
 /// Whether the GPU lowering of `t` handles its dtypes (the rest run on the CPU); the
 /// table is `Op::gpu_supports`.
 pub(crate) fn supports(t: &Tensor) -> bool {

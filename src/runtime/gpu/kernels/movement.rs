@@ -286,3 +286,24 @@ pub(super) fn scatter_add(ex: &mut Exec, i: usize, axis: &usize) -> Result<Slot>
     )?;
     Ok(Slot::dev(out))
 }
+
+/// Row `t` of `seq` (`[T, ..]`) copied into a tensor of the row's shape (a loop's step
+/// input); node `i` names the buffer in errors.
+pub(crate) fn copy_row(ex: &mut Exec, i: usize, seq: &DTensor, t: usize) -> Result<DTensor> {
+    let row = &seq.shape[1..];
+    let n: usize = row.iter().product();
+    let mut out = gather_strided(ex, i, seq, &[n], (t * n) as i64, &[1])?;
+    out.shape = row.to_vec();
+    Ok(out)
+}
+
+/// Writes `src` into row `t` of `dst` (`[T, ..src.shape]`; a loop's stacked result).
+pub(crate) fn write_row(ex: &mut Exec, dst: &DTensor, src: &DTensor, t: usize) -> Result<()> {
+    let n = src.numel();
+    let flat = DTensor {
+        buf: src.buf.clone(),
+        shape: vec![n],
+        dtype: src.dtype,
+    };
+    scatter_strided(ex, dst, &flat, (t * n) as i64, &[1])
+}

@@ -1,0 +1,360 @@
+//! Loops on the GPU. A loop whose body runs on the device as a whole (`on_device`) is
+//! recorded into the command list of the plan holding it: its body's schedule is lowered
+//! once per step by a nested executor (`Exec::nested`), so the whole call still submits
+//! once. The trip count is the sequences' length when the call runs. Step inputs are
+//! rows of the sequences (a copy kernel each); states carry over as device tensors; each
+//! stacked result (`[T, ..]`: outputs, state histories, residuals) is allocated at the
+//! first step and row `t` written by a kernel at each step; a stacked result nothing
+//! reads is not kept. Buffers a call drops return to the pool only after its submit, so
+//! a loop whose recorded steps hold more new buffer bytes than the pool keeps idle
+//! (`FERROKERAS_GPU_POOL_MAX_IDLE_MB`) submits them and goes on. A body that needs the host (a `py_function`, an op or dtype
+//! without a WGSL lowering) makes the whole loop run on the CPU (`Place::Host`).
+
+use super::exec::{Exec, Place, Placement, Slot};
+use super::pipelines::dtag;
+use super::{kernels, pool, transfer, DTensor};
+use crate::base::dtype::DType;
+use crate::base::error::{Error, Result};
+use crate::base::value::Value;
+use crate::compile::fuse;
+use crate::compile::{Plan, Step};
+use crate::ops::control::LoopBody;
+use crate::ops::graph::Tensor;
+use crate::runtime::profile;
+use crate::value_err;
+use std::sync::Arc;
+
+/// Whether every node of the body plan `plan` runs on the device (placed by `lay`; loops
+/// inside it are placed `Place::Gpu` only when their own bodies are) and every value fed
+/// to it is one the device stores, or a shape vector kept on the host.
+pub(crate) fn on_device(plan: &Plan, lay: &Placement) -> bool {
+    let shape_like = fuse::shape_like(plan);
+    (0..plan.nodes.len()).all(|i| match plan.steps[i] {
+        Step::Fed(_) => shape_like[i] || dtag(plan.nodes[i].dtype()).is_some(),
+        Step::Folded(_) => true,
+        Step::Compute => lay.place[i] != Place::Host,
+    })
+}
+
+/// Small integer vectors: kept on the host when they are step values (the shapes a VJP
+/// body reads as residuals), as `cpu::loops` keys its specialised plans on them.
+fn shape_value(v: &Value) -> bool {
+    v.dtype().is_int() && v.shape().len() <= 1 && v.len() <= 8
+}
+
+/// The body feed each `Step::Fed` index is read by, if any.
+fn fed_nodes(plan: &Plan, n_feeds: usize) -> Vec<Option<usize>> {
+    let mut fed = vec![None; n_feeds];
+    for (i, s) in plan.steps.iter().enumerate() {
+        if let Step::Fed(f) = s {
+            if *f < n_feeds {
+                fed[*f] = Some(i);
+            }
+        }
+    }
+    fed
+}
+
+/// Where a step input comes from.
+enum Rows {
+    /// Nothing in the body reads it.
+    Unread,
+    /// A host sequence of shape vectors: row `t` is a host view.
+    Host(Value),
+    /// A device sequence: row `t` is copied by a kernel.
+    Dev(DTensor),
+}
+
+/// One stacked result, `[T, ..]`: on the device, allocated at the first step and written
+/// a row per step; or, for shape vectors computed on the host, rows kept on the host.
+struct Stacked {
+    read: bool,
+    row: Option<(Vec<usize>, DType)>,
+    dev: Option<DTensor>,
+    host: Vec<Option<Value>>,
+}
+
+impl Stacked {
+    fn new(t_len: usize, read: bool) -> Stacked {
+        Stacked {
+            read,
+            row: None,
+            dev: None,
+            host: if read { vec![None; t_len] } else { Vec::new() },
+        }
+    }
+
+    fn put(&mut self, ex: &mut Exec, node: usize, t: usize, v: &Slot) -> Result<()> {
+        if !self.read {
+            return Ok(());
+        }
+        let t_len = self.host.len();
+        match &self.row {
+            Some((shape, dtype)) if shape != &v.shape || *dtype != v.dtype => {
+                return Err(value_err!(
+                    "loop: step {t} produced a result of shape {:?} and dtype {}, earlier steps {shape:?} and {dtype}; a step must keep its result shapes",
+                    v.shape,
+                    v.dtype
+                ));
+            }
+            Some(_) => {}
+            None => {
+                self.row = Some((v.shape.clone(), v.dtype));
+                let on_host = v.dev.is_none() && v.host.as_ref().is_some_and(shape_value);
+                if !on_host {
+                    let mut shape = vec![t_len];
+                    shape.extend_from_slice(&v.shape);
+                    self.dev = Some(ex.alloc(&shape, v.dtype, node)?);
+                }
+            }
+        }
+        match &self.dev {
+            Some(dst) => {
+                let dst = dst.clone();
+                let src = match (&v.dev, &v.host) {
+                    (Some(d), _) => d.clone(),
+                    (None, Some(h)) => upload(ex, h)?,
+                    (None, None) => unreachable!("a slot has a host or a device value"),
+                };
+                kernels::write_row(ex, &dst, &src, t)
+            }
+            None => {
+                let h = v.host.clone().ok_or_else(|| {
+                    Error::Runtime(format!(
+                        "internal: loop: step {t} computed on the device a result earlier steps computed on the host"
+                    ))
+                })?;
+                self.host[t] = Some(h);
+                Ok(())
+            }
+        }
+    }
+
+    /// The stacked value; `None` for a result nothing reads.
+    fn finish(self, like: &Tensor) -> Result<Option<Slot>> {
+        if !self.read {
+            return Ok(None);
+        }
+        if let Some(d) = self.dev {
+            return Ok(Some(Slot::dev(d)));
+        }
+        let rows: Vec<Value> = self.host.into_iter().flatten().collect();
+        if rows.is_empty() {
+            let mut shape = vec![0usize];
+            shape.extend(like.shape().dims().iter().map(|d| d.unwrap_or(0)));
+            return Ok(Some(Slot::host(Value::full(like.dtype(), &shape, 0.0))));
+        }
+        let views: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                let mut sh = vec![1];
+                sh.extend_from_slice(r.shape());
+                r.reshape(&sh)
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Value> = views.iter().collect();
+        Ok(Some(Slot::host(crate::ops::Op::Concat(0).cpu(&refs)?)))
+    }
+}
+
+/// A host value copied to a device tensor.
+fn upload(ex: &Exec, v: &Value) -> Result<DTensor> {
+    let words = transfer::to_words(v).ok_or_else(|| {
+        Error::Runtime(format!(
+            "internal: a {} value cannot be uploaded to the GPU",
+            v.dtype()
+        ))
+    })?;
+    let buf = pool::alloc(ex.ctx, (words.len() as u64 * 4).max(4), &|| {
+        format!("a loop step value (shape {:?}, {})", v.shape(), v.dtype())
+    })?;
+    if !words.is_empty() {
+        ex.ctx
+            .queue
+            .write_buffer(buf.raw(), 0, bytemuck::cast_slice(&words));
+    }
+    Ok(DTensor {
+        buf,
+        shape: v.shape().to_vec(),
+        dtype: v.dtype(),
+    })
+}
+
+/// Records loop node `i` of `ex`'s plan, its body run once per step by a nested
+/// executor; keeps its results for its `TupleGet` users (`result`).
+pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> Result<Slot> {
+    let plan: &'a Plan = ex.plan;
+    let outer: &'a Placement = ex.lay;
+    let body_plan: &'a Plan = plan.body(body);
+    let lay: &'a Placement = outer
+        .bodies
+        .get(&(Arc::as_ptr(plan.body(body)) as usize))
+        .ok_or_else(|| Error::Runtime("internal: a loop body without a placement".into()))?;
+    let ins = plan.inputs[i].clone();
+    let (nq, ns, no) = (body.seq_phs.len(), body.state_phs.len(), body.outputs.len());
+    let nh = body_plan.outputs.len() - no - ns;
+    let read = crate::runtime::cpu::results_read(plan, i, body.n_results());
+    let is_read = |k: usize| read.get(k).copied().unwrap_or(true);
+    let t_len = ex.slot(ins[0]).shape[0];
+    for &q in &ins[..nq] {
+        let len = ex.slot(q).shape[0];
+        if len != t_len {
+            return Err(value_err!(
+                "loop: sequences have different lengths {t_len} and {len}"
+            ));
+        }
+    }
+    let fed = fed_nodes(body_plan, ins.len());
+    let shape_like = fuse::shape_like(body_plan);
+    let host_feed = |f: usize| fed[f].is_some_and(|n| shape_like[n]);
+    // Shape vectors the body reads on the host: downloaded if they were computed on the
+    // device (a submit before the loop).
+    let on_device_only: Vec<usize> = ins
+        .iter()
+        .enumerate()
+        .filter(|&(f, &j)| host_feed(f) && ex.slot(j).host.is_none())
+        .map(|(_, &j)| j)
+        .collect();
+    ex.ensure_host(&on_device_only, false)?;
+    let mut seqs = Vec::with_capacity(nq);
+    for (f, &q) in ins[..nq].iter().enumerate() {
+        let s = ex.slot(q);
+        seqs.push(match (fed[f], &s.host) {
+            (None, _) => Rows::Unread,
+            (Some(_), Some(h)) if host_feed(f) => Rows::Host(h.clone()),
+            (Some(_), _) => Rows::Dev(ex.dev(q)?),
+        });
+    }
+    let mut states: Vec<Slot> = ins[nq..nq + ns]
+        .iter()
+        .map(|&j| ex.slot(j).clone())
+        .collect();
+    let mut captured = Vec::with_capacity(ins.len() - nq - ns);
+    for (f, &j) in ins.iter().enumerate().skip(nq + ns) {
+        if fed[f].is_some() && !host_feed(f) {
+            ex.dev(j)?;
+        }
+        captured.push(ex.slot(j).clone());
+    }
+    let state_shapes: Vec<Vec<usize>> = states.iter().map(|s| s.shape.clone()).collect();
+    let mut outs: Vec<Stacked> = (0..no + nh)
+        .map(|k| Stacked::new(t_len, is_read(if k < no { k } else { k + 2 * ns })))
+        .collect();
+    let mut hist: Vec<Stacked> = (0..ns)
+        .map(|k| Stacked::new(t_len, is_read(no + ns + k)))
+        .collect();
+    let debug = crate::base::config::settings().loop_debug;
+    let mut base = held(ex);
+    let _in_loop = profile::enter_loop();
+    let run_start = profile::begin();
+    for step in 0..t_len {
+        let step_start = profile::begin();
+        let t = if body.reverse { t_len - 1 - step } else { step };
+        let before = ex.stats.dispatches;
+        let mut feeds: Vec<Option<Slot>> = Vec::with_capacity(ins.len());
+        for s in &seqs {
+            feeds.push(match s {
+                Rows::Unread => None,
+                Rows::Host(v) => Some(Slot::host(row(v, t))),
+                Rows::Dev(d) => Some(Slot::dev(kernels::copy_row(ex, i, d, t)?)),
+            });
+        }
+        for (h, s) in hist.iter_mut().zip(&states) {
+            h.put(ex, i, t, s)?;
+        }
+        feeds.extend(states.drain(..).map(Some));
+        feeds.extend(captured.iter().cloned().map(Some));
+        let mut child = ex.nested(body_plan, lay);
+        let ran = child.run_items(&mut feeds);
+        let res: Vec<Slot> = body_plan
+            .outputs
+            .iter()
+            .map(|&o| child.slots[o].clone())
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        ex.absorb(child);
+        ran?;
+        if res.len() != body_plan.outputs.len() {
+            return Err(Error::Runtime(
+                "internal: a loop body did not compute its results".into(),
+            ));
+        }
+        let mut res = res;
+        let mut rest = res.split_off(no);
+        let saved = rest.split_off(ns);
+        for (j, (new, old)) in rest.iter().zip(&state_shapes).enumerate() {
+            if &new.shape != old {
+                return Err(value_err!(
+                    "rnn: the step function changed state {j} from shape {old:?} to {:?} at step {t}",
+                    new.shape
+                ));
+            }
+        }
+        for (o, v) in outs.iter_mut().zip(res.iter().chain(&saved)) {
+            o.put(ex, i, t, v)?;
+        }
+        states = rest;
+        if held(ex).0.saturating_sub(base.0) > base.1 {
+            ex.ensure_host(&[], true)?;
+            base = held(ex);
+        }
+        if debug && step == 0 {
+            eprintln!(
+                "gpu loop run: {t_len} steps x {} dispatches, {nq} step inputs, {nh} residuals",
+                ex.stats.dispatches - before
+            );
+        }
+        if let Some(start) = step_start {
+            profile::loop_step(start, step, t, t_len);
+        }
+    }
+    if let Some(start) = run_start {
+        profile::loop_run(start, t_len);
+    }
+    let hidden = body.hidden();
+    let mut results: Vec<Option<Slot>> = Vec::with_capacity(body.n_results());
+    let saved = outs.split_off(no);
+    for (o, like) in outs.into_iter().zip(&body.outputs) {
+        results.push(o.finish(like)?);
+    }
+    results.extend(states.into_iter().map(Some));
+    for (h, like) in hist.into_iter().zip(&body.state_phs) {
+        results.push(h.finish(like)?);
+    }
+    for (o, like) in saved.into_iter().zip(&hidden) {
+        results.push(o.finish(like)?);
+    }
+    ex.loop_results.insert(i, results);
+    Ok(Slot::host(Value::scalar_f64(plan.nodes[i].dtype(), 0.0)))
+}
+
+/// Bytes of the device's buffers in use or waiting for the call's submit, and the bytes
+/// its pool keeps idle at most (`pool::Pool::stats`).
+fn held(ex: &Exec) -> (u64, u64) {
+    let stats = super::pool_stats(ex.ctx);
+    let get = |name: &str| {
+        stats
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, v)| *v)
+    };
+    (
+        get("allocated_bytes").saturating_sub(get("pooled_bytes")),
+        get("max_idle_bytes"),
+    )
+}
+
+/// Result `k` of the loop node `TupleGet` node `i` reads.
+pub(crate) fn result(ex: &mut Exec, i: usize, k: usize) -> Result<Slot> {
+    let src = ex.plan.inputs[i][0];
+    ex.loop_results
+        .get(&src)
+        .and_then(|r| r.get(k))
+        .and_then(Option::clone)
+        .ok_or_else(|| Error::Runtime(format!("result {k} of a loop was not computed")))
+}
+
+/// Row `t` of a host sequence: a view sharing its buffer.
+fn row(v: &Value, t: usize) -> Value {
+    crate::map_value!(v.clone(), a => a.index_axis_move(ndarray::Axis(0), t))
+}

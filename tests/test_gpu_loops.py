@@ -1,0 +1,300 @@
+"""Loops on the GPU: rnn, map_fn, foldl, foldr and their gradients recorded as GPU
+dispatches into the call's one submit (`runtime::gpu::loops`), against NumPy loops and
+the CPU device; a body that needs the host runs the whole loop on the CPU.
+
+Every test switches to a GPU explicitly (and back afterwards), as test_gpu.py does, so
+the file runs the same in the cpu and the gpu pass of the suite. Without a GPU adapter
+the tests are skipped, unless FERROKERAS_REQUIRE_GPU=1. With FERROKERAS_GPU_LOOPS=0 (the
+last test runs the file so in a child process) every loop runs on the CPU inside the GPU
+plan, with the same results.
+"""
+
+import json
+import os
+
+import ferrokeras
+import numpy as np
+import pytest
+from env_child import env_is, pytest_in_child
+from ferrokeras import backend as K
+
+GPUS = [d for d in ferrokeras.devices() if d["device"] != "cpu"]
+REQUIRE = os.environ.get("FERROKERAS_REQUIRE_GPU", "") not in ("", "0")
+TOL = dict(rtol=2e-4, atol=2e-5)
+GPU_LOOPS = not env_is("FERROKERAS_GPU_LOOPS", "0")
+
+
+@pytest.fixture
+def gpu():
+    """Runs the test on the first GPU adapter, restoring the previous device after."""
+    if not GPUS:
+        if REQUIRE:
+            pytest.fail("FERROKERAS_REQUIRE_GPU=1 but wgpu found no GPU adapter")
+        pytest.skip("no GPU adapter on this machine")
+    before = ferrokeras.device()
+    ferrokeras.set_device("gpu")
+    yield
+    ferrokeras.set_device(before)
+
+
+def _host_spans(f, feeds, tmp):
+    """The names of the nodes a call of `f` ran on the host (`ferrokeras.profile`)."""
+    path = str(tmp / "trace.json")
+    with ferrokeras.profile(path):
+        out = f(feeds)
+    with open(path) as fh:
+        events = json.load(fh)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    return out, [e["name"] for e in events if e.get("cat") == "host"]
+
+
+def _on_both(f, feeds, tmp=None):
+    """`f(feeds)` on the GPU, asserting it ran in one submit with no node on the host
+    (with `tmp`, a folder for a trace: no loop or loop result on the host, while shape
+    vectors built outside the loop may be), then on the CPU, with the same results."""
+    if not GPU_LOOPS:
+        on_gpu = f(feeds)
+        assert f._f.host_nodes > 0
+    elif tmp is None:
+        on_gpu = f(feeds)
+        assert f._f.host_nodes == 0, f._f.host_nodes
+        assert f._f.submits == 1, f._f.submits
+    else:
+        on_gpu, hosts = _host_spans(f, feeds, tmp)
+        assert not [h for h in hosts if h == "loop" or h.startswith("result")], hosts
+        assert f._f.host_nodes == len(hosts), (f._f.host_nodes, hosts)
+        assert f._f.submits == 1, f._f.submits
+    before = ferrokeras.device()
+    ferrokeras.set_device("cpu")
+    try:
+        on_cpu = f(feeds)
+    finally:
+        ferrokeras.set_device(before)
+    for a, b in zip(on_gpu, on_cpu):
+        np.testing.assert_allclose(a, b, **TOL)
+    return on_gpu
+
+
+def _np_rnn(x, h0, W, U, b, mask=None, go_backwards=False):
+    """h_t = tanh(x_t W + h_{t-1} U + b); masked steps keep h and the previous output."""
+    T = x.shape[1]
+    order = range(T - 1, -1, -1) if go_backwards else range(T)
+    h, outs, prev = h0, [], np.zeros_like(h0)
+    for t in order:
+        hn = np.tanh(x[:, t] @ W + h @ U + b)
+        if mask is not None:
+            m = mask[:, t][:, None].astype(bool)
+            hn = np.where(m, hn, h)
+            out = np.where(m, hn, prev)
+        else:
+            out = hn
+        h, prev = hn, out
+        outs.append(out)
+    return outs[-1], np.stack(outs, axis=1), h
+
+
+def _np_rnn_loss(x, h0, W, U, b, mask, go_backwards):
+    last, outs, h = _np_rnn(x, h0, W, U, b, mask, go_backwards)
+    return (outs * outs).sum() + h.sum() + last.sum()
+
+
+def _fd(loss, w, eps=1e-6):
+    """Central finite differences of the float64 NumPy `loss(w)`."""
+    g = np.zeros_like(w)
+    for idx in np.ndindex(w.shape):
+        wp, wm = w.copy(), w.copy()
+        wp[idx] += eps
+        wm[idx] -= eps
+        g[idx] = (loss(wp) - loss(wm)) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_rnn_runs_on_the_gpu(gpu, rng, tmp_path, masked, go_backwards):
+    B, D, H = 3, 4, 5
+    W0 = (rng.normal(size=(D, H)) * 0.4).astype("float32")
+    U0 = (rng.normal(size=(H, H)) * 0.4).astype("float32")
+    b0 = (rng.normal(size=(H,)) * 0.1).astype("float32")
+    x = K.placeholder(shape=(None, None, D))
+    h0 = K.placeholder(shape=(None, H))
+    m = K.placeholder(shape=(None, None)) if masked else None
+    W, U = K.variable(W0), K.variable(U0)
+    b = K.constant(b0)
+
+    def step(x_t, states):
+        h, bias = states[0], states[1]
+        h2 = K.tanh(K.dot(x_t, W) + K.dot(h, U) + bias)
+        return h2, [h2]
+
+    last, outs, (h,) = K.rnn(
+        step, x, [h0], mask=m, go_backwards=go_backwards, constants=[b], unroll=False
+    )
+    loss = K.sum(outs * outs) + K.sum(h) + K.sum(last)
+    grads = K.gradients(loss, [x, h0, W, U])
+    ins = [x, h0] + ([m] if masked else [])
+    f = K.function(ins, [last, outs, h] + grads)
+    # The trip count is the fed sequence's length, so one function serves several.
+    for T in (7, 3):
+        xv = rng.normal(size=(B, T, D)).astype("float32")
+        hv = (rng.normal(size=(B, H)) * 0.1).astype("float32")
+        mv = (rng.uniform(size=(B, T)) > 0.3).astype("float32") if masked else None
+        out = _on_both(f, [xv, hv] + ([mv] if masked else []), tmp_path if masked else None)
+        x64, h64, W64, U64, b64 = (a.astype("float64") for a in (xv, hv, W0, U0, b0))
+        ref = _np_rnn(x64, h64, W64, U64, b64, mv, go_backwards)
+        for a, r in zip(out[:3], ref):
+            np.testing.assert_allclose(a, r, **TOL)
+        gW = _fd(lambda w: _np_rnn_loss(x64, h64, w, U64, b64, mv, go_backwards), W64)
+        gU = _fd(lambda u: _np_rnn_loss(x64, h64, W64, u, b64, mv, go_backwards), U64)
+        np.testing.assert_allclose(out[5], gW, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(out[6], gU, rtol=1e-3, atol=1e-3)
+
+
+def test_lstm_like_step_with_slices_runs_on_the_gpu(gpu, rng):
+    # The step of a Keras LSTM: one matmul per input, the four gates sliced out of it,
+    # two states, a bias constant; outputs and every gradient as on the CPU.
+    B, T, D, H = 4, 6, 3, 5
+    x = K.placeholder(shape=(None, None, D))
+    W = K.variable((rng.normal(size=(D, 4 * H)) * 0.4).astype("float32"))
+    U = K.variable((rng.normal(size=(H, 4 * H)) * 0.4).astype("float32"))
+    b = K.variable((rng.normal(size=(4 * H,)) * 0.1).astype("float32"))
+
+    def step(x_t, states):
+        h, c, bias = states
+        z = K.dot(x_t, W) + K.dot(h, U) + bias
+        i, f, g, o = (
+            K.sigmoid(z[:, :H]),
+            K.sigmoid(z[:, H : 2 * H]),
+            K.tanh(z[:, 2 * H : 3 * H]),
+            K.sigmoid(z[:, 3 * H :]),
+        )
+        c2 = f * c + i * g
+        h2 = o * K.tanh(c2)
+        return h2, [h2, c2]
+
+    zeros = K.zeros_like(x[:, 0, :1]) * K.zeros((1, H))
+    last, outs, (h, c) = K.rnn(step, x, [zeros, zeros], constants=[b])
+    loss = K.sum(outs * outs) + K.sum(c) + K.sum(last)
+    f = K.function([x], [last, outs, h, c] + K.gradients(loss, [x, W, U, b]))
+    xv = rng.normal(size=(B, T, D)).astype("float32")
+    _on_both(f, [xv])
+
+
+def test_map_fn_foldl_foldr_run_on_the_gpu(gpu, rng):
+    x = K.placeholder(shape=(None, 3))
+    ys = [
+        K.map_fn(lambda r: K.sin(r) * r, x),
+        K.foldl(lambda a, r: a * 0.5 + r, x),
+        K.foldr(lambda a, r: K.tanh(a + r), x),
+        K.foldl(lambda a, r: a + r, x, initializer=K.ones((3,))),
+    ]
+    grads = [K.gradients(K.sum(y), [x])[0] for y in ys]
+    f = K.function([x], ys + grads)
+    v = rng.normal(size=(5, 3)).astype("float32")
+    out = _on_both(f, [v])
+    v64 = v.astype("float64")
+    fl, fr = v64[0], v64[-1]
+    for r in v64[1:]:
+        fl = fl * 0.5 + r
+    for r in v64[-2::-1]:
+        fr = np.tanh(fr + r)
+    np.testing.assert_allclose(out[0], np.sin(v64) * v64, **TOL)
+    np.testing.assert_allclose(out[1], fl, **TOL)
+    np.testing.assert_allclose(out[2], fr, **TOL)
+    np.testing.assert_allclose(out[3], 1 + v64.sum(0), **TOL)
+    np.testing.assert_allclose(out[4], np.cos(v64) * v64 + np.sin(v64), **TOL)
+    np.testing.assert_allclose(
+        out[5], 0.5 ** np.arange(4, -1, -1)[:, None] * np.ones((5, 3)), **TOL
+    )
+    np.testing.assert_allclose(out[7], np.ones((5, 3)), **TOL)
+
+    def fold_r(w):
+        a = w[-1]
+        for r in w[-2::-1]:
+            a = np.tanh(a + r)
+        return a.sum()
+
+    np.testing.assert_allclose(out[6], _fd(fold_r, v64), rtol=1e-3, atol=1e-4)
+
+
+def test_nested_loops_run_on_the_gpu(gpu, rng):
+    # A fold inside a map: the inner loop is recorded inside each step of the outer one.
+    x = K.placeholder(shape=(None, None))
+    y = K.map_fn(lambda row: K.foldl(lambda a, v: a * 0.5 + K.square(v), row), x)
+    g = K.gradients(K.sum(y), [x])[0]
+    f = K.function([x], [y, g])
+    v = rng.normal(size=(4, 6)).astype("float32")
+    y_gpu, g_gpu = _on_both(f, [v])
+    v64 = v.astype("float64")
+    ref = v64[:, 0]
+    for k in range(1, v64.shape[1]):
+        ref = ref * 0.5 + v64[:, k] ** 2
+    np.testing.assert_allclose(y_gpu, ref, **TOL)
+    weights = np.array(
+        [0.5 ** (v64.shape[1] - 1)] + [0.5 ** (v64.shape[1] - 1 - k) for k in range(1, 6)]
+    )
+    dref = np.where(np.arange(6) == 0, weights, weights * 2 * v64)
+    np.testing.assert_allclose(g_gpu, dref, **TOL)
+
+
+def test_zero_length_sequences_on_the_gpu(gpu, rng):
+    x = K.placeholder(shape=(None, 3))
+    W = K.variable(rng.normal(size=(3, 4)).astype("float32"))
+    y = K.map_fn(lambda r: K.tanh(K.dot(K.expand_dims(r, 0), W))[0], x)
+    s = K.foldl(lambda a, r: a + r, x, initializer=K.ones((3,)))
+    f = K.function([x], [y, s, K.gradients(K.sum(y) + K.sum(s), [W])[0]])
+    empty = np.zeros((0, 3), "float32")
+    out = f([empty])
+    assert out[0].shape[0] == 0
+    np.testing.assert_allclose(out[1], np.ones(3))
+    np.testing.assert_allclose(out[2], np.zeros((3, 4)))
+    v = rng.normal(size=(5, 3)).astype("float32")
+    y5, s5, _ = _on_both(f, [v])
+    np.testing.assert_allclose(y5, np.tanh(v.astype("float64") @ K.get_value(W)), **TOL)
+    np.testing.assert_allclose(s5, 1 + v.astype("float64").sum(0), **TOL)
+
+
+def test_a_body_with_a_py_function_runs_on_the_cpu(gpu, rng):
+    # A callback in the body needs the host at every step: the loop runs on the CPU
+    # inside the GPU plan, with the same results.
+    x = K.placeholder(shape=(None, 3))
+
+    def body(r):
+        sq = K.py_function(lambda a: np.square(np.asarray(a)), [r], "float32")
+        return K.reshape(sq, (3,)) + K.sin(r)
+
+    y = K.map_fn(body, x)
+    f = K.function([x], [y])
+    v = rng.normal(size=(4, 3)).astype("float32")
+    out = f([v])[0]
+    assert f._f.host_nodes > 0
+    np.testing.assert_allclose(out, v.astype("float64") ** 2 + np.sin(v), **TOL)
+    ferrokeras.set_device("cpu")
+    np.testing.assert_allclose(out, f([v])[0], **TOL)
+
+
+def test_loops_stay_on_the_cpu_with_gpu_loops_off(gpu):
+    pytest_in_child({"FERROKERAS_GPU_LOOPS": "0"}, __file__, "-k", "not with_gpu_loops_off")
+
+
+def test_a_loop_holding_much_memory_submits_its_steps(gpu, rng):
+    # Buffers return to the pool only after a submit: a loop whose recorded steps hold
+    # more new bytes than the pool keeps idle submits them and goes on.
+    from ferrokeras import _core
+
+    before = _core.gpu_pool_stats()["max_idle_bytes"]
+    x = K.placeholder(shape=(None, 64, 64))
+    f = K.function([x], [K.foldl(lambda a, r: K.tanh(a * 0.5 + r), x)])
+    v = rng.normal(size=(48, 64, 64)).astype("float32")
+    _core.gpu_pool_limits(256 << 10, None)
+    try:
+        out = f([v])[0]
+        submits = f._f.submits
+    finally:
+        _core.gpu_pool_limits(before, None)
+    if GPU_LOOPS:
+        assert submits > 2, submits
+    ref = v[0].astype("float64")
+    for r in v[1:]:
+        ref = np.tanh(ref * 0.5 + r)
+    np.testing.assert_allclose(out, ref, **TOL)
