@@ -201,6 +201,11 @@ pub(super) fn gather_run<T: F>(wk: &Walk, sg: &Segments, x: &[T], cnt: usize, sc
             pad_into(wk.x, wk.p, wk.cin, img, a);
             a
         };
-        sg.gather(src, 0, opix, &mut col[j * opix * ktot..(j + 1) * opix * ktot]);
+        sg.gather(
+            src,
+            0,
+            opix,
+            &mut col[j * opix * ktot..(j + 1) * opix * ktot],
+        );
     }
 }

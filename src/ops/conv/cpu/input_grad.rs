@@ -52,9 +52,15 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
             };
             dense_fwd(g.n, &wk, gy, &wf, dx, None);
         }
-        _ if g.groups == 1 => per_run(g.n, run_len(g.opix(), g.n), dx, None, |i, cnt, dx, sc, par| {
-            segment_input(g, &gy[i * yl..(i + cnt) * yl], cnt, w, dx, sc, par)
-        }),
+        _ if g.groups == 1 => per_run(
+            g.n,
+            run_len(g.opix(), g.n),
+            dx,
+            None,
+            |i, cnt, dx, sc, par| {
+                segment_input(g, &gy[i * yl..(i + cnt) * yl], cnt, w, dx, sc, par)
+            },
+        ),
         _ if g.cg() == 1 => per_image(g.n, dx, None, |i, dx, sc, _| {
             depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc)
         }),
@@ -115,7 +121,10 @@ fn segment_input<T: F>(
         );
         for j in (r0 / opix)..(r0 + rows).div_ceil(opix) {
             // The part of image j in this tile: output pixels p0..p1.
-            let (p0, p1) = ((j * opix).max(r0) - j * opix, ((j + 1) * opix).min(r0 + rows) - j * opix);
+            let (p0, p1) = (
+                (j * opix).max(r0) - j * opix,
+                ((j + 1) * opix).min(r0 + rows) - j * opix,
+            );
             if p0 == 0 {
                 xp.fill(T::zero());
             }
