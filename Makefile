@@ -15,6 +15,11 @@
 #                     raw results in benches/out/, compared with benches/baselines/)
 #   make bench-quick  the same, as a ~2 minute smoke run
 #   make bench-profile  where ferrokeras' time goes in the MLP and LSTM steps (py-spy)
+#   make bench-apps   keras.applications ResNet50 and MobileNetV2 (128x128, batch 8) vs TF:
+#                     train step, predict at batch 1 and 32, first step, peak RSS
+#                     (benches/bench_apps.py; `make bench BENCH_APPS=1` runs it after
+#                     bench_keras.py), then the per-op profile of a ResNet50 training step
+#                     next to TF's (benches/profile_apps.py)
 #   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (the peer
 #                     venvs of make bench, benches/.venvs/tf and torch, made on first use)
 #   make bench-gpu    run benches/bench_gpu.py (GPU vs CPU vs NumPy, optional PyTorch CUDA)
@@ -69,7 +74,7 @@ ifeq ($(wildcard python/ferrokeras/_core*.so python/ferrokeras/_core*.pyd),)
 .PHONY: $(BUILD_STAMP)
 endif
 
-.PHONY: help venv .venv build demo test lint wheel wheel-check bench bench-quick bench-venvs bench-profile bench-conv bench-gpu bench-dist clean distclean
+.PHONY: help venv .venv build demo test lint wheel wheel-check bench bench-quick bench-venvs bench-profile bench-apps bench-conv bench-gpu bench-dist clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -165,6 +170,10 @@ BENCH_PEERS ?= tf jax torch
 BENCH_COMMA := ,
 BENCH_SPACE := $(subst ,, )
 BENCH_ARGS ?=
+# Non-empty: `make bench` also runs benches/bench_apps.py (ResNet50 and MobileNetV2 against
+# TF when tf is among BENCH_PEERS, ~10 min; --quick with BENCH_ARGS=--quick).
+BENCH_APPS ?=
+BENCH_APPS_ARGS ?=
 PEER_DIR := benches/.venvs
 PEER_PKGS_tf := tensorflow-cpu tf-keras
 PEER_PKGS_jax := keras 'jax[cpu]'
@@ -180,6 +189,7 @@ PROFILE_DIR ?= benches/out/profile
 bench: build bench-venvs
 	$(VENV_PY) benches/bench_core.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick,)
 	$(VENV_PY) benches/bench_keras.py --frameworks $(subst $(BENCH_SPACE),$(BENCH_COMMA),$(strip ferrokeras $(BENCH_PEERS))) $(BENCH_ARGS)
+	$(if $(BENCH_APPS),$(VENV_PY) benches/bench_apps.py --frameworks $(subst $(BENCH_SPACE),$(BENCH_COMMA),$(strip ferrokeras $(filter tf,$(BENCH_PEERS)))) $(if $(findstring --quick,$(BENCH_ARGS)),--quick,),)
 
 bench-quick:
 	$(MAKE) bench BENCH_ARGS="--quick $(BENCH_ARGS)"
@@ -212,6 +222,12 @@ $(PEER_DIR)/%/.stamp:
 	else \
 	  echo "!! bench peer '$*' failed to install (see $(PEER_DIR)/$*.log); its column will read n/a"; \
 	fi
+
+# keras.applications models against TF (benches/.venvs/tf), then where a ResNet50 training
+# step spends its time in each, by op kind.
+bench-apps: build $(PEER_DIR)/tf/.stamp
+	$(VENV_PY) benches/bench_apps.py $(BENCH_APPS_ARGS)
+	$(VENV_PY) benches/profile_apps.py
 
 # The conv benchmark's peers are bench_keras's tf and torch venvs (torch from PyPI brings
 # CUDA libraries; it runs on the CPU here).

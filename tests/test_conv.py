@@ -372,6 +372,84 @@ def test_strided_and_narrow_gradients_match_direct(xshape, kshape, strides, dil,
     np.testing.assert_allclose(dk, ref, rtol=1e-10, atol=1e-10)
 
 
+RUN_CASES = [
+    # 16 output pixels a image: the five images run as one GEMM (Winograd does not apply)
+    ((5, 4, 4, 16), (3, 3, 16, 24), (1, 1), "same"),
+    # 64 pixels: runs of four images (the last one short), more runs than threads
+    ((9, 8, 8, 20), (3, 3, 20, 16), (1, 1), "same"),
+    # 1x1, stride 1, unpadded: the images' rows read in place, one GEMM per run
+    ((7, 6, 6, 8), (1, 1, 8, 12), (1, 1), "valid"),
+    # 1x1 at stride 2: gathered columns, col2im input gradient over the run
+    ((6, 9, 9, 16), (1, 1, 16, 8), (2, 2), "valid"),
+    ((4, 7, 7, 4), (3, 3, 4, 5), (2, 2), "same"),
+    # 400 pixels a image: one image at a time (1x1 reads in place; 3x3 is Winograd)
+    ((3, 20, 20, 16), (1, 1, 16, 16), (1, 1), "valid"),
+    ((3, 20, 20, 16), (3, 3, 16, 16), (1, 1), "same"),
+]
+
+
+@pytest.mark.parametrize("xshape,kshape,strides,padding", RUN_CASES)
+def test_runs_of_small_images_match_direct(xshape, kshape, strides, padding, rng):
+    # Images with few output pixels run several to a GEMM (their columns gathered one
+    # image after another, or read in place for a 1x1 stride-1 kernel): the forward, the
+    # input gradient and the kernel gradient, float64, against the direct sums.
+    x, k = rng.normal(size=xshape), rng.normal(size=kshape)
+    xv, kv = K.variable(x, dtype="float64"), K.variable(k, dtype="float64")
+    y = K.conv2d(xv, kv, strides=strides, padding=padding)
+    np.testing.assert_allclose(
+        K.eval(y), ref_conv(x, k, strides, (1, 1), padding), rtol=1e-10, atol=1e-10
+    )
+    g = rng.normal(size=K.int_shape(y))
+    dx, dk = K.batch_get_value(K.gradients(K.sum(y * K.constant(g, dtype="float64")), [xv, kv]))
+    np.testing.assert_allclose(
+        dx, ref_conv_transpose(g, k, x.shape, strides, (1, 1), padding), rtol=1e-10, atol=1e-10
+    )
+    xp = np.pad(
+        x, [(0, 0)] + pads_for(padding, x.shape[1:3], kshape[:2], strides, (1, 1)) + [(0, 0)]
+    )
+    ref = np.zeros(kshape)
+    for kidx in np.ndindex(*kshape[:2]):
+        ref[kidx] = np.einsum(
+            "nhwc,nhwo->co", xp[(slice(None),) + windows(g.shape[1:3], kidx, strides, (1, 1))], g
+        )
+    np.testing.assert_allclose(dk, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("n", [1, 3, 9])
+@pytest.mark.parametrize("kshape,strides", [((3, 3, 16, 24), 1), ((1, 1, 16, 24), 2)])
+def test_runs_of_small_images_with_fused_epilogue(n, kshape, strides, rng):
+    # float32 with a bias and relu after the convolution: the group runs on each image of
+    # a run once the run's GEMM has written it (runs in parallel, or one run with a
+    # parallel GEMM); one image, a single run, and runs of four.
+    x, k = rng.normal(size=(n, 8, 8, 16)), rng.normal(size=kshape)
+    b = rng.normal(size=kshape[-1])
+    ph = K.placeholder(shape=(None, 8, 8, 16))
+    out = K.relu(
+        K.bias_add(K.conv2d(ph, K.constant(k), strides=strides, padding="same"), K.constant(b))
+    )
+    got = run([ph], [out], [x.astype("float32")])[0]
+    ref = np.maximum(ref_conv(x, k, (strides,) * 2, (1, 1), "same") + b, 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "xshape,kshape,strides",
+    [
+        ((3, 4, 4, 16), (3, 3, 16, 16), 1),
+        ((5, 5, 5, 3), (1, 1, 3, 4), 2),
+        ((4, 3, 3, 2), (1, 1, 2, 3), 1),
+    ],
+)
+def test_runs_of_small_images_gradients(xshape, kshape, strides, rng):
+    check_grad(
+        lambda x, k: K.conv2d(x, k, strides=strides, padding="same"),
+        [rng.normal(size=xshape), rng.normal(size=kshape)],
+        eps=1e-6,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
 def test_conv_transpose_output_shape_tensor(rng):
     x, k = (
         rng.normal(size=(2, 3, 3, 4)).astype("float32"),

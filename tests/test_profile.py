@@ -120,6 +120,27 @@ def test_a_training_step_records_every_item_once(tmp_path):
     assert "ferrokeras" in threads
 
 
+def test_a_convolution_span_names_the_convolution_and_its_operands(tmp_path):
+    # A convolution whose bias add and relu run on each image as it is written is one
+    # span: the convolution comes first among its members, and its inputs are the
+    # convolution's operands (the image batch and the kernel), then the group's others.
+    x = K.placeholder(shape=(None, 6, 6, 3))
+    w, b = K.variable(np.ones((3, 3, 3, 4), "float32")), K.variable(np.ones(4, "float32"))
+    f = K.function([x], [K.relu(K.bias_add(K.conv2d(x, w, padding="same"), b))])
+    xv = np.ones((2, 6, 6, 3), "float32")
+    f([xv])
+    path = tmp_path / "conv.json"
+    with ferrokeras.profile(path):
+        f([xv])
+    spans = [s for s in _spans(path) if s["cat"] not in ("call",) + tuple(NO_LAUNCH)]
+    convs = [s for s in spans if "conv" in [s["name"]] + s["args"].get("members", [])[:1]]
+    assert len(convs) == 1, [(s["name"], s["args"]) for s in spans]
+    args = convs[0]["args"]
+    assert args["inputs"][:2] == [[2, 6, 6, 3], [3, 3, 3, 4]]
+    if "members" in args:
+        assert args["members"][0] == "conv" and "relu" in args["members"]
+
+
 def test_an_rnn_step_records_its_loop_steps(tmp_path):
     model = keras.models.Sequential([LSTM(4, input_shape=(5, 3)), Dense(1)])
     model.compile("sgd", "mse")

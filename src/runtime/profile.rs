@@ -228,7 +228,19 @@ fn item_inputs(plan: &Plan, item: &Item) -> Vec<usize> {
             v.push(*acc);
             v
         }
-        Item::Group(_) | Item::Update(_) => item.group().map(|g| g.ext.clone()).unwrap_or_default(),
+        Item::Group(_) | Item::Update(_) => match item.group() {
+            // A group run image by image after a convolution or pooling reads that op's
+            // inputs (its result has no value yet when the span starts).
+            Some(g) => match g.first {
+                Some(f) => plan.inputs[f]
+                    .iter()
+                    .chain(g.ext.iter().filter(|&&j| j != f))
+                    .copied()
+                    .collect(),
+                None => g.ext.clone(),
+            },
+            None => Vec::new(),
+        },
     }
 }
 
@@ -258,9 +270,9 @@ pub fn cpu_item(start: u64, plan: &Plan, t: usize, shapes: &[Vec<usize>]) {
         Item::Group(_) | Item::Update(_) => {
             let g = item.group().expect("a group item");
             let members: Vec<String> = g
-                .members
-                .iter()
-                .copied()
+                .first
+                .into_iter()
+                .chain(g.members.iter().copied())
                 .chain(g.fold_nodes())
                 .map(|m| node_name(plan, m))
                 .collect();

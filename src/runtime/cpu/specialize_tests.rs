@@ -64,3 +64,43 @@ fn specialised_plans_match_the_generic_one() {
         }
     }
 }
+
+/// `out = broadcast_to(sum_to(x * x, shape(w)), shape(x * x))`: the generic plan reads the
+/// product's shape after the sum, its last other reader; the shape is taken as soon as
+/// the product exists and the product released after the sum, with the same result.
+#[test]
+fn a_value_read_later_only_for_its_shape_is_released_after_its_last_other_reader() {
+    let x = placeholder("x", Shape(vec![None, Some(3)]), DType::F32, None).unwrap();
+    let w = placeholder("w", Shape(vec![Some(1), Some(3)]), DType::F32, None).unwrap();
+    let a = mul(&x, &x).unwrap();
+    let r = sum_to(&a, &shape_of(&w).unwrap()).unwrap();
+    let out = crate::ops::movement::broadcast_to(&r, &shape_of(&a).unwrap()).unwrap();
+    let plan = Plan::new(&[x, w], &[out]).unwrap();
+    let early = super::EarlyShapes::new(&plan);
+    let released: Vec<&(usize, Vec<usize>)> = early.frees.iter().flatten().collect();
+    assert_eq!(released.len(), 1, "the product is released early");
+    let (j, readers) = released[0];
+    assert!(matches!(
+        plan.nodes[*j].op(),
+        Op::Binary(crate::ops::BinaryOp::Mul)
+    ));
+    assert_eq!(readers.len(), 1);
+    assert!(matches!(plan.nodes[readers[0]].op(), Op::ShapeOf));
+    assert!(early.early[readers[0]]);
+    let xv = Value::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    let wv = Value::from_vec(&[1, 3], vec![0.0f32; 3]).unwrap();
+    for _ in 0..2 {
+        let got = run_recording(
+            &plan,
+            &PlanState::default(),
+            vec![xv.clone(), wv.clone()],
+            None,
+        )
+        .unwrap();
+        assert_eq!(got[0].shape(), &[2, 3]);
+        assert_eq!(
+            got[0].to_f64_vec(),
+            vec![17.0, 29.0, 45.0, 17.0, 29.0, 45.0]
+        );
+    }
+}

@@ -37,7 +37,12 @@ pub(super) fn dense_fwd<T: F>(
     after: Option<&(dyn Fn(usize) + Sync)>,
 ) {
     let xl = x.len() / n.max(1);
-    if winograd::applies(wk) {
+    let run = run_len(Segments::new(wk).pixels(), n);
+    if run > 1 {
+        per_run(n, run, y, after, |i, cnt, y, sc, par| {
+            segment_fwd_run(wk, &x[i * xl..(i + cnt) * xl], cnt, w, y, sc, par)
+        });
+    } else if winograd::applies(wk) {
         let u = winograd::transform_kernel(w, wk.cin, wk.cout);
         per_image(n, y, after, |i, y, sc, par| {
             winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par)
@@ -61,8 +66,7 @@ pub(super) fn segment_fwd<T: F>(
     par: Parallelism,
 ) {
     let (cin, cout) = (wk.cin, wk.cout);
-    let unpadded = wk.p.iter().all(|&(a, b)| a == 0 && b == 0);
-    if wk.k.iter().product::<usize>() == 1 && *wk.s == [1; 3] && unpadded {
+    if wk.pointwise() {
         let rows = x.len() / cin.max(1);
         mm(
             rows,
@@ -100,6 +104,40 @@ pub(super) fn segment_fwd<T: F>(
             par,
         );
     }
+}
+
+/// A run of `cnt` small images of a groups=1 convolution as one `gemm`: their column rows
+/// gathered one image after another (read in place for a pointwise convolution, whose
+/// images' pixel rows are contiguous), `k = prod(kernel) * cin`, written straight into `y`.
+pub(super) fn segment_fwd_run<T: F>(
+    wk: &Walk,
+    x: &[T],
+    cnt: usize,
+    w: &[T],
+    y: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
+    if wk.pointwise() || cnt == 1 {
+        return segment_fwd(wk, x, w, y, sc, par);
+    }
+    let cout = wk.cout;
+    let sg = Segments::new(wk);
+    let (ktot, opix) = (sg.width(), sg.pixels());
+    gather_run(wk, &sg, x, cnt, sc);
+    mm(
+        cnt * opix,
+        cout,
+        ktot,
+        y,
+        cout,
+        false,
+        &sc.b,
+        (ktot, 1),
+        w,
+        (cout, 1),
+        par,
+    );
 }
 
 fn im2col_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], par: Parallelism) {

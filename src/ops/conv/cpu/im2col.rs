@@ -36,6 +36,17 @@ pub struct Walk<'a> {
     pub cout: usize,
 }
 
+impl Walk<'_> {
+    pub fn unpadded(&self) -> bool {
+        self.p.iter().all(|&(a, b)| a == 0 && b == 0)
+    }
+    /// A 1x1 kernel at stride 1 without padding: the image's pixel rows are its column
+    /// rows (dilation is immaterial for a 1x1 kernel).
+    pub fn pointwise(&self) -> bool {
+        *self.k == [1; 3] && *self.s == [1; 3] && self.unpadded()
+    }
+}
+
 /// Where the im2col rows of a groups=1 convolution lie in a zero-padded copy of one image
 /// (`pad_into`): each output pixel's window is `offs.len()` contiguous segments of `seg`
 /// elements, one window row along the last dim (`kernel_width * cin`) where that dim is
@@ -172,5 +183,29 @@ pub(super) fn padded_walk(g: &Geom, pd: &[usize; 3], mut f: impl FnMut(usize, us
                 }
             }
         }
+    }
+}
+
+/// The column rows of every output pixel of `cnt` consecutive images `x` (a groups=1
+/// convolution), one image after another, into `sc.b` (`cnt * pixels` rows of
+/// `sg.width()`); an image with padding is copied into `sc.a` padded first.
+pub(super) fn gather_run<T: F>(wk: &Walk, sg: &Segments, x: &[T], cnt: usize, sc: &mut Scratch<T>) {
+    let (ktot, opix, xl) = (sg.width(), sg.pixels(), x.len() / cnt.max(1));
+    let Scratch { a, b, .. } = sc;
+    let col = sized(b, cnt * opix * ktot);
+    for j in 0..cnt {
+        let img = &x[j * xl..(j + 1) * xl];
+        let src: &[T] = if wk.unpadded() {
+            img
+        } else {
+            pad_into(wk.x, wk.p, wk.cin, img, a);
+            a
+        };
+        sg.gather(
+            src,
+            0,
+            opix,
+            &mut col[j * opix * ktot..(j + 1) * opix * ktot],
+        );
     }
 }

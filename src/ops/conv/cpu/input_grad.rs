@@ -19,6 +19,26 @@ fn as_convolution(g: &Geom) -> Option<[(usize, usize); 3]> {
 pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
     match as_convolution(g) {
+        Some(_) if g.groups == 1 && g.walk().pointwise() => {
+            // `dx = gy · wᵀ` over runs of images, `w` read transposed in place.
+            let (cin, cout) = (g.cin, g.cout);
+            let run = run_len(g.opix(), g.n);
+            per_run(g.n, run, dx, None, |i, cnt, dx, _, par| {
+                mm(
+                    cnt * g.opix(),
+                    cin,
+                    cout,
+                    dx,
+                    cin,
+                    false,
+                    &gy[i * yl..(i + cnt) * yl],
+                    (cout, 1),
+                    w,
+                    (1, cout),
+                    par,
+                )
+            });
+        }
         Some(p2) if !col2im_input_first(g) => {
             let wf = flip_transpose(g, w);
             let wk = Walk {
@@ -32,9 +52,15 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
             };
             dense_fwd(g.n, &wk, gy, &wf, dx, None);
         }
-        _ if g.groups == 1 => per_image(g.n, dx, None, |i, dx, sc, par| {
-            segment_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc, par)
-        }),
+        _ if g.groups == 1 => per_run(
+            g.n,
+            run_len(g.opix(), g.n),
+            dx,
+            None,
+            |i, cnt, dx, sc, par| {
+                segment_input(g, &gy[i * yl..(i + cnt) * yl], cnt, w, dx, sc, par)
+            },
+        ),
         _ if g.cg() == 1 => per_image(g.n, dx, None, |i, dx, sc, _| {
             depthwise_input(g, &gy[i * yl..(i + 1) * yl], w, dx, sc)
         }),
@@ -47,18 +73,22 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
 
 /// Whether a stride-1 groups=1 input gradient runs by col2im (`segment_input`) rather than
 /// as the forward convolution of `gy` with the flipped kernel: when the latter's `gemm`
-/// would write fewer than 16 columns (the input's channels) and Winograd does not apply.
+/// would write fewer than 16 columns (the input's channels) and Winograd does not apply,
+/// and for runs of small images, where flipping and transposing the kernel (`w` is read
+/// transposed in place by col2im) costs more than adding the columns back.
 fn col2im_input_first(g: &Geom) -> bool {
-    g.groups == 1 && g.cin < 16
+    g.groups == 1 && (g.cin < 16 || run_len(g.opix(), g.n) > 1)
 }
 
-/// One image's input gradient of a groups=1 convolution by col2im: a tile's column rows
-/// `gy · wᵀ` (one `gemm` with `n = prod(kernel) * cin`) added back along the forward's
-/// window segments into a zeroed padded image, whose interior is `dx` (every element
-/// written).
+/// The input gradient of `cnt` consecutive images of a groups=1 convolution by col2im:
+/// the column rows `gy · wᵀ` of a tile of output pixels (one `gemm` with
+/// `n = prod(kernel) * cin`; a tile spans the whole run where images are small) added back
+/// along the forward's window segments into a zeroed padded image, whose interior is the
+/// image's `dx` (every element written).
 fn segment_input<T: F>(
     g: &Geom,
     gy: &[T],
+    cnt: usize,
     w: &[T],
     dx: &mut [T],
     sc: &mut Scratch<T>,
@@ -67,12 +97,15 @@ fn segment_input<T: F>(
     let sg = Segments::new(&g.walk());
     debug_assert_eq!(sg.o, g.o);
     let cout = g.cout;
-    let xp = sized(&mut sc.a, sg.pd.iter().product::<usize>() * g.cin);
-    xp.fill(T::zero());
-    let (ktot, tile, opix) = (sg.width(), sg.tile(), sg.pixels());
-    let col = sized(&mut sc.b, tile * ktot);
-    for r0 in (0..opix).step_by(tile) {
-        let rows = tile.min(opix - r0);
+    let (ktot, opix, xl) = (sg.width(), sg.pixels(), g.xpix() * g.cin);
+    let tile = if cnt > 1 { cnt * opix } else { sg.tile() };
+    let Scratch { a, b, .. } = sc;
+    let xp = sized(a, sg.pd.iter().product::<usize>() * g.cin);
+    let col = sized(b, tile * ktot);
+    // Row `r` of the run: pixel `r % opix` of image `r / opix`; a tile holds whole images
+    // or lies within one.
+    for r0 in (0..cnt * opix).step_by(tile) {
+        let rows = tile.min(cnt * opix - r0);
         mm(
             rows,
             ktot,
@@ -86,9 +119,21 @@ fn segment_input<T: F>(
             (1, cout),
             par,
         );
-        sg.scatter_add(col, r0, rows, xp);
+        for j in (r0 / opix)..(r0 + rows).div_ceil(opix) {
+            // The part of image j in this tile: output pixels p0..p1.
+            let (p0, p1) = (
+                (j * opix).max(r0) - j * opix,
+                ((j + 1) * opix).min(r0 + rows) - j * opix,
+            );
+            if p0 == 0 {
+                xp.fill(T::zero());
+            }
+            sg.scatter_add(&col[(j * opix + p0 - r0) * ktot..], p0, p1 - p0, xp);
+            if p1 == opix {
+                unpad(&g.x, &g.p, g.cin, xp, &mut dx[j * xl..(j + 1) * xl]);
+            }
+        }
     }
-    unpad(&g.x, &g.p, g.cin, xp, dx);
 }
 
 /// The interior of a padded image (`pad_into`'s layout) into `x`.
@@ -103,16 +148,23 @@ fn unpad<T: F>(xs: &[usize; 3], p: &[(usize, usize); 3], c: usize, xp: &[T], x: 
     }
 }
 
-/// `w[k0, k1, k2, ci, co]` -> `w'[K0-1-k0, K1-1-k1, K2-1-k2, co, ci]`.
+/// `w[k0, k1, k2, ci, co]` -> `w'[K0-1-k0, K1-1-k1, K2-1-k2, co, ci]`, each `ci x co`
+/// matrix transposed in square blocks (a row-by-row transpose of a large kernel misses
+/// the cache on every write).
 fn flip_transpose<T: F>(g: &Geom, w: &[T]) -> Vec<T> {
+    const B: usize = 16;
     let (kk, ci, co) = (g.kk(), g.cin, g.cout);
     let mut out = vec![T::zero(); w.len()];
     for kp in 0..kk {
         let src = &w[kp * ci * co..(kp + 1) * ci * co];
         let dst = &mut out[(kk - 1 - kp) * ci * co..(kk - kp) * ci * co];
-        for i in 0..ci {
-            for o in 0..co {
-                dst[o * ci + i] = src[i * co + o];
+        for i0 in (0..ci).step_by(B) {
+            for o0 in (0..co).step_by(B) {
+                for i in i0..(i0 + B).min(ci) {
+                    for o in o0..(o0 + B).min(co) {
+                        dst[o * ci + i] = src[i * co + o];
+                    }
+                }
             }
         }
     }

@@ -7,7 +7,38 @@ use super::*;
 pub(super) fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
     let (xl, yl) = (g.xpix() * g.cin, g.opix() * g.cout);
     let wk = g.walk();
-    if g.groups == 1 && winograd::applies(&wk) {
+    let run = run_len(g.opix(), g.n);
+    if g.groups == 1 && wk.pointwise() {
+        // `dw += xᵀ · gy` over runs of images read in place, one run per thread.
+        let (cin, cout) = (g.cin, g.cout);
+        sum_runs(g.n, g.n.div_ceil(threads()), dw, |i, cnt, dw, _, par| {
+            mm(
+                cin,
+                cout,
+                cnt * g.opix(),
+                dw,
+                cout,
+                true,
+                &x[i * xl..(i + cnt) * xl],
+                (1, cin),
+                &gy[i * yl..(i + cnt) * yl],
+                (cout, 1),
+                par,
+            )
+        });
+    } else if g.groups == 1 && run > 1 {
+        sum_runs(g.n, run, dw, |i, cnt, dw, sc, par| {
+            segment_kernel_run(
+                &wk,
+                &x[i * xl..(i + cnt) * xl],
+                cnt,
+                &gy[i * yl..(i + cnt) * yl],
+                dw,
+                sc,
+                par,
+            )
+        });
+    } else if g.groups == 1 && winograd::applies(&wk) {
         let mut du = vec![T::zero(); 16 * g.cin * g.cout];
         sum_images(g.n, &mut du, |i, du, sc, par| {
             winograd::kernel_grad(
@@ -144,6 +175,35 @@ fn segment_kernel<T: F>(
             par,
         );
     }
+}
+
+/// `dw += colsᵀ · gy` over a run of `cnt` small images: their column rows gathered one
+/// image after another (`gather_run`), one `gemm` with `k = cnt * pixels`.
+fn segment_kernel_run<T: F>(
+    wk: &Walk,
+    x: &[T],
+    cnt: usize,
+    gy: &[T],
+    dw: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
+    let sg = Segments::new(wk);
+    let (ktot, opix, cout) = (sg.width(), sg.pixels(), wk.cout);
+    gather_run(wk, &sg, x, cnt, sc);
+    mm(
+        ktot,
+        cout,
+        cnt * opix,
+        dw,
+        cout,
+        true,
+        &sc.b,
+        (1, ktot),
+        gy,
+        (cout, 1),
+        par,
+    );
 }
 
 fn im2col_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], par: Parallelism) {

@@ -357,27 +357,45 @@ fn per_image<T: F>(
     after: Option<&(dyn Fn(usize) + Sync)>,
     f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync,
 ) {
+    per_run(n, 1, out, after, |i, _, o, sc, par| f(i, o, sc, par))
+}
+
+/// Runs `f(first image, images, out_chunk, scratch, parallelism)` for runs of `run`
+/// consecutive images (the last run may be shorter): runs in parallel when there are
+/// enough of them, else one after another with a parallel `gemm` inside. `after(image)`
+/// runs for each image of a run once the run's chunk is written.
+fn per_run<T: F>(
+    n: usize,
+    run: usize,
+    out: &mut [T],
+    after: Option<&(dyn Fn(usize) + Sync)>,
+    f: impl Fn(usize, usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync,
+) {
     if n == 0 || out.is_empty() {
         return;
     }
-    let chunk = out.len() / n;
-    let then = |i: usize| {
-        if let Some(a) = after {
-            a(i)
-        }
-    };
-    if n >= threads() && n > 1 {
-        out.par_chunks_mut(chunk)
+    let (img, run) = (out.len() / n, run.clamp(1, n));
+    let runs = n.div_ceil(run);
+    if runs >= threads() && runs > 1 {
+        out.par_chunks_mut(run * img)
             .enumerate()
-            .for_each_init(Scratch::default, |sc, (i, o)| {
-                f(i, o, sc, Parallelism::None);
-                then(i);
+            .for_each_init(Scratch::default, |sc, (r, o)| {
+                let (i0, cnt) = (r * run, o.len() / img);
+                f(i0, cnt, o, sc, Parallelism::None);
+                if let Some(a) = after {
+                    (i0..i0 + cnt).for_each(a);
+                }
             });
     } else {
         let mut sc = Scratch::default();
-        out.chunks_mut(chunk).enumerate().for_each(|(i, o)| {
-            f(i, o, &mut sc, Parallelism::Rayon(threads()));
-            then(i);
+        out.chunks_mut(run * img).enumerate().for_each(|(r, o)| {
+            let (i0, cnt) = (r * run, o.len() / img);
+            f(i0, cnt, o, &mut sc, Parallelism::Rayon(threads()));
+            match after {
+                Some(a) if cnt > 1 => (i0..i0 + cnt).into_par_iter().for_each(a),
+                Some(a) => a(i0),
+                None => {}
+            }
         });
     }
 }
@@ -388,15 +406,33 @@ fn sum_images<T: F>(
     out: &mut [T],
     f: impl Fn(usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync,
 ) {
-    if n >= threads() && n > 1 {
+    sum_runs(n, 1, out, |i, _, acc, sc, par| f(i, acc, sc, par))
+}
+
+/// Sums `f(first image, images, acc, scratch, parallelism)` over runs of `run` consecutive
+/// images into `out`: runs split between the threads when there are enough of them (each
+/// thread summing into an accumulator of its own), else one after another with a parallel
+/// `gemm` inside.
+fn sum_runs<T: F>(
+    n: usize,
+    run: usize,
+    out: &mut [T],
+    f: impl Fn(usize, usize, &mut [T], &mut Scratch<T>, Parallelism) + Sync,
+) {
+    let run = run.clamp(1, n.max(1));
+    let runs = n.div_ceil(run);
+    let each = |r: usize| (r * run, run.min(n - r * run));
+    if runs >= threads() && runs > 1 {
         let len = out.len();
-        let per = n.div_ceil(threads());
-        let parts: Vec<Vec<T>> = (0..n.div_ceil(per))
+        let per = runs.div_ceil(threads());
+        let parts: Vec<Vec<T>> = (0..runs.div_ceil(per))
             .into_par_iter()
             .map(|t| {
                 let (mut acc, mut sc) = (vec![T::zero(); len], Scratch::default());
-                (t * per..((t + 1) * per).min(n))
-                    .for_each(|i| f(i, &mut acc, &mut sc, Parallelism::None));
+                (t * per..((t + 1) * per).min(runs)).for_each(|r| {
+                    let (i0, cnt) = each(r);
+                    f(i0, cnt, &mut acc, &mut sc, Parallelism::None)
+                });
                 acc
             })
             .collect();
@@ -405,8 +441,21 @@ fn sum_images<T: F>(
         }
     } else {
         let mut sc = Scratch::default();
-        (0..n).for_each(|i| f(i, out, &mut sc, Parallelism::Rayon(threads())));
+        (0..runs).for_each(|r| {
+            let (i0, cnt) = each(r);
+            f(i0, cnt, out, &mut sc, Parallelism::Rayon(threads()))
+        });
     }
+}
+
+/// Output pixels one `gemm` of a run of small images aims at: below this many per image,
+/// a `gemm` per image has few rows and packs the whole kernel again for each image, so
+/// consecutive images share one (`run_len`).
+const RUN_ROWS: usize = 256;
+
+/// Images per run for `n` images of `pix` output pixels (1: one image at a time).
+fn run_len(pix: usize, n: usize) -> usize {
+    RUN_ROWS.div_ceil(pix.max(1)).clamp(1, n.max(1))
 }
 
 /// `dst[m x n] (row stride drs) = [dst +] lhs[m x k] @ rhs[k x n]`, strides in elements.
