@@ -428,7 +428,7 @@ fn op_property_table_is_consistent() {
     use crate::ops::pool::{PoolKind, PoolSpec};
     use crate::ops::random::{random, RandomDist};
     use crate::ops::source::variable;
-    use crate::ops::{control, host, ArgOp, Class, Op, Purity, ScanOp, SliceAxis};
+    use crate::ops::{control, host, ArgOp, Class, Op, Purity, ScanOp, SliceAxis, Zeros};
     use std::sync::Arc;
 
     /// Each variant's index; its exhaustive match makes a new variant fail to compile here
@@ -640,6 +640,38 @@ fn op_property_table_is_consistent() {
         }
         if !matches!(class, Class::Elementwise(_)) {
             assert_eq!(op.cost(), 1, "{name}: only elementwise ops cost more");
+        }
+        // A zero operand 0 (any operand, for `Zeros::Any`) gives zeros, by the CPU kernel.
+        let zero_operands: &[usize] = match op.zeros() {
+            Zeros::First => &[0],
+            Zeros::Any => &[0, 1],
+            Zeros::Additive | Zeros::Select | Zeros::Unknown => &[],
+        };
+        for &z in zero_operands {
+            let args: Option<Vec<Value>> = t
+                .inputs()
+                .iter()
+                .enumerate()
+                .map(|(k, x)| {
+                    if op.shape_operands().contains(&k) {
+                        let Op::Constant(v) = x.op() else { return None };
+                        return Some((**v).clone());
+                    }
+                    let dims: Vec<usize> = x.shape().dims().iter().map(|d| d.unwrap()).collect();
+                    Some(Value::full(
+                        x.dtype(),
+                        &dims,
+                        if k == z { 0.0 } else { 1.5 },
+                    ))
+                })
+                .collect();
+            let Some(args) = args else { continue };
+            let refs: Vec<&Value> = args.iter().collect();
+            let out = op.cpu(&refs).unwrap();
+            assert!(
+                out.to_f64_vec().iter().all(|&v| v == 0.0),
+                "{name}: a zero operand {z} gives zeros"
+            );
         }
         let dtypes = [DType::F32, DType::F16, DType::I32, DType::Bool];
         let lowered = dtypes.iter().any(|&d| op.gpu_supports(d));

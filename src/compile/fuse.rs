@@ -251,10 +251,12 @@ pub fn shape_like(plan: &Plan) -> Vec<bool> {
 
 /// Whether a plan runs a host callback, here or in a loop body.
 fn has_host(plan: &Plan) -> bool {
-    plan.nodes.iter().any(|t| match t.op() {
-        Op::HostCall(_) => true,
-        Op::Loop(body) => has_host(plan.body(body)),
-        _ => false,
+    plan.nodes.iter().any(|t| {
+        if let Op::Loop(body) = t.op() {
+            has_host(plan.body(body))
+        } else {
+            matches!(t.op(), Op::HostCall(_))
+        }
     })
 }
 

@@ -7,7 +7,7 @@ use crate::base::progress::{self, Phase};
 use crate::base::value::Value;
 use crate::ops::control::LoopBody;
 use crate::ops::graph::{topo_order, Tensor};
-use crate::ops::{Op, Purity};
+use crate::ops::{BinaryOp, Op, Purity, Zeros};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -236,31 +236,24 @@ impl Plan {
             };
             if matches!(step, Step::Compute) && folded[i].is_none() {
                 let known = |j: usize| shapes.get(j).and_then(|s| s.as_ref());
-                match self.nodes[i].op() {
-                    Op::ShapeOf => {
-                        folded[i] = known(ins[0]).map(|s| crate::ops::movement::shape_value(s))
+                let op = self.nodes[i].op();
+                if let Op::ShapeOf = op {
+                    folded[i] = known(ins[0]).map(|s| crate::ops::movement::shape_value(s));
+                } else if matches!(op, Op::SumTo | Op::BroadcastTo)
+                    && known(ins[0]).is_some()
+                    && known(ins[0]) == known(i)
+                {
+                    alias[i] = ins[0];
+                } else if pure(op) && !ins.is_empty() && ins.iter().all(|&j| folded[j].is_some()) {
+                    let args: Vec<&Value> = ins
+                        .iter()
+                        .map(|&j| folded[j].as_ref().expect("checked"))
+                        .collect();
+                    folded[i] = op.cpu(&args).ok();
+                } else if !values.is_empty() {
+                    if let Some(to) = sw.node(op, i, &ins, &folded, &known) {
+                        alias[i] = to;
                     }
-                    Op::SumTo | Op::BroadcastTo
-                        if known(ins[0]).is_some() && known(ins[0]) == known(i) =>
-                    {
-                        alias[i] = ins[0];
-                    }
-                    op if pure(op)
-                        && !ins.is_empty()
-                        && ins.iter().all(|&j| folded[j].is_some()) =>
-                    {
-                        let args: Vec<&Value> = ins
-                            .iter()
-                            .map(|&j| folded[j].as_ref().expect("checked"))
-                            .collect();
-                        folded[i] = op.cpu(&args).ok();
-                    }
-                    op if !values.is_empty() => {
-                        if let Some(to) = sw.node(op, i, &ins, &folded, &known) {
-                            alias[i] = to;
-                        }
-                    }
-                    _ => {}
                 }
             }
             steps.push(step);
@@ -356,11 +349,10 @@ impl Switches {
         folded: &[Option<Value>],
         known: &dyn Fn(usize) -> Option<&'s Vec<usize>>,
     ) -> Option<usize> {
-        use crate::ops::{BinaryOp, UnaryOp};
         let same = |j: usize| known(j).is_some() && known(j) == known(i);
         let z = |k: usize| self.zero[ins[k]];
-        match op {
-            Op::Select => {
+        match op.zeros() {
+            Zeros::Select => {
                 let taken = match folded[ins[0]].as_ref().filter(|c| c.len() == 1) {
                     Some(c) => {
                         if c.to_f64_vec()[0] != 0.0 {
@@ -383,33 +375,24 @@ impl Switches {
                 }
                 same(taken).then_some(taken)
             }
-            Op::Binary(BinaryOp::Add) if z(0) && z(1) => {
+            Zeros::Additive if z(0) && z(1) => {
                 self.zero[i] = true;
                 None
             }
-            Op::Binary(BinaryOp::Add) if z(0) && same(ins[1]) => Some(ins[1]),
-            Op::Binary(BinaryOp::Add | BinaryOp::Sub) if z(1) && same(ins[0]) => Some(ins[0]),
-            Op::Binary(BinaryOp::Mul) | Op::MatMul { .. } if z(0) || z(1) => {
+            // `0 + b`; `0 - b` is not `b`.
+            Zeros::Additive if z(0) && same(ins[1]) && matches!(op, Op::Binary(BinaryOp::Add)) => {
+                Some(ins[1])
+            }
+            Zeros::Additive if z(1) && same(ins[0]) => Some(ins[0]),
+            Zeros::Any if ins.iter().enumerate().any(|(k, _)| z(k)) => {
                 self.zero[i] = true;
                 None
             }
-            Op::Binary(BinaryOp::Div)
-            | Op::Unary(UnaryOp::Neg)
-            | Op::Cast(_)
-            | Op::SumTo
-            | Op::BroadcastTo
-            | Op::Reshape
-            | Op::ExpandDims(_)
-            | Op::Squeeze(_)
-            | Op::Transpose(_)
-            | Op::Reduce {
-                op: crate::ops::ReduceOp::Sum | crate::ops::ReduceOp::Mean,
-                ..
-            } if z(0) => {
+            Zeros::First if z(0) => {
                 self.zero[i] = true;
                 None
             }
-            _ => None,
+            Zeros::Additive | Zeros::Any | Zeros::First | Zeros::Unknown => None,
         }
     }
 }

@@ -102,23 +102,23 @@ impl<'a> Matcher<'a> {
     }
 
     fn bin(&mut self, j: usize, b: BinaryOp) -> Option<(usize, usize)> {
-        match self.op(j)? {
-            (FusedOp::Binary(x), [l, r]) if x == b => {
-                self.used.push(j);
-                Some((*l, *r))
-            }
-            _ => None,
-        }
+        let (FusedOp::Binary(x), &[l, r]) = self.op(j)? else {
+            return None;
+        };
+        (x == b).then(|| {
+            self.used.push(j);
+            (l, r)
+        })
     }
 
     fn un(&mut self, j: usize, u: UnaryOp) -> Option<usize> {
-        match self.op(j)? {
-            (FusedOp::Unary(x), [a]) if x == u => {
-                self.used.push(j);
-                Some(*a)
-            }
-            _ => None,
-        }
+        let (FusedOp::Unary(x), &[a]) = self.op(j)? else {
+            return None;
+        };
+        (x == u).then(|| {
+            self.used.push(j);
+            a
+        })
     }
 
     fn vec(&self, j: usize) -> Option<usize> {

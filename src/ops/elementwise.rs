@@ -161,6 +161,31 @@ binary_table! {
     Or       "logical_or"    Logical float |a, b| a != F::zero() || b != F::zero(), int |a, b| a != 0 || b != 0; wgsl "i32(!(a == 0.0) || !(b == 0.0))", "i32(a != 0 || b != 0)";
 }
 
+impl BinaryOp {
+    /// What the op makes of a zero operand (`Op::zeros`).
+    pub fn zeros(self) -> super::Zeros {
+        use super::Zeros;
+        match self {
+            BinaryOp::Add | BinaryOp::Sub => Zeros::Additive,
+            BinaryOp::Mul => Zeros::Any,
+            BinaryOp::Div => Zeros::First,
+            BinaryOp::FloorDiv
+            | BinaryOp::Mod
+            | BinaryOp::Pow
+            | BinaryOp::Maximum
+            | BinaryOp::Minimum
+            | BinaryOp::Equal
+            | BinaryOp::NotEqual
+            | BinaryOp::Less
+            | BinaryOp::LessEqual
+            | BinaryOp::Greater
+            | BinaryOp::GreaterEqual
+            | BinaryOp::And
+            | BinaryOp::Or => Zeros::Unknown,
+        }
+    }
+}
+
 impl UnaryOp {
     /// Rough cost of one f32 element, in adds (sets the parallel grain).
     pub fn cost(self) -> usize {

@@ -48,30 +48,33 @@ pub fn hoist_transposes(
             .iter()
             .map(|i| rebuilt.get(&i.id()).unwrap_or(i).clone())
             .collect();
-        let new = match *t.op() {
+        let reads_captured_wt = matches!(
+            t.op(),
             Op::MatMul {
                 ta: false,
-                tb: true,
-            } if ins[1].rank() == 2 && caps.contains(&ins[1].id()) => {
-                let wt = match transposed.get(&ins[1].id()) {
-                    Some(wt) => wt.clone(),
-                    None => {
-                        let wt = transpose(&ins[1], &[1, 0])?;
-                        transposed.insert(ins[1].id(), wt.clone());
-                        wt
-                    }
-                };
-                // Not through `matmul`, which would read the transpose through the flag.
-                let plain = Op::MatMul {
-                    ta: false,
-                    tb: false,
-                };
-                Tensor::new(plain, vec![ins[0].clone(), wt])?
+                tb: true
             }
-            _ if ins.iter().zip(t.inputs()).any(|(a, b)| a.id() != b.id()) => {
-                Tensor::new(t.op().clone(), ins)?
-            }
-            _ => continue,
+        ) && ins[1].rank() == 2
+            && caps.contains(&ins[1].id());
+        let new = if reads_captured_wt {
+            let wt = match transposed.get(&ins[1].id()) {
+                Some(wt) => wt.clone(),
+                None => {
+                    let wt = transpose(&ins[1], &[1, 0])?;
+                    transposed.insert(ins[1].id(), wt.clone());
+                    wt
+                }
+            };
+            // Not through `matmul`, which would read the transpose through the flag.
+            let plain = Op::MatMul {
+                ta: false,
+                tb: false,
+            };
+            Tensor::new(plain, vec![ins[0].clone(), wt])?
+        } else if ins.iter().zip(t.inputs()).any(|(a, b)| a.id() != b.id()) {
+            Tensor::new(t.op().clone(), ins)?
+        } else {
+            continue;
         };
         rebuilt.insert(t.id(), new);
     }
@@ -162,7 +165,7 @@ fn cheap(t: &Tensor) -> bool {
             Class::Elementwise(FusedOp::Binary(b)) => b.cost() <= 1,
             Class::Elementwise(FusedOp::Unary(u)) => u.cost() <= 1,
             Class::Elementwise(FusedOp::Select | FusedOp::Cast(_) | FusedOp::BroadcastTo) => true,
-            _ => false,
+            Class::Source | Class::View(_) | Class::Meta | Class::Kernel | Class::Host => false,
         },
     }
 }

@@ -458,6 +458,61 @@ impl Op {
         }
     }
 
+    /// What the op makes of operands that are zero everywhere: `compile`'s specialisation
+    /// for a fixed `select` condition follows the zero gradients of untaken branches
+    /// through it, so that none of that work is computed.
+    pub fn zeros(&self) -> Zeros {
+        match self {
+            Op::Binary(b) => b.zeros(),
+            Op::Unary(UnaryOp::Neg) => Zeros::First,
+            Op::Unary(_) => Zeros::Unknown,
+            Op::Select => Zeros::Select,
+            Op::MatMul { .. } => Zeros::Any,
+            Op::Cast(_)
+            | Op::SumTo
+            | Op::BroadcastTo
+            | Op::Reshape
+            | Op::ExpandDims(_)
+            | Op::Squeeze(_)
+            | Op::Transpose(_)
+            | Op::Reduce {
+                op: ReduceOp::Sum | ReduceOp::Mean,
+                ..
+            } => Zeros::First,
+            Op::Reduce {
+                op: ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min,
+                ..
+            }
+            | Op::Placeholder(_)
+            | Op::Constant(_)
+            | Op::Variable(_)
+            | Op::StopGradient
+            | Op::Arg { .. }
+            | Op::Scan { .. }
+            | Op::ShapeOf
+            | Op::Slice(_)
+            | Op::SliceGrad(_)
+            | Op::Concat(_)
+            | Op::ConcatGrad { .. }
+            | Op::Pad { .. }
+            | Op::Reverse(_)
+            | Op::Gather(_)
+            | Op::ScatterAdd(_)
+            | Op::Random(_)
+            | Op::Conv(_)
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::Pool(_)
+            | Op::PoolGrad(_)
+            | Op::PoolSelect(_)
+            | Op::Loop(_)
+            | Op::TupleGet(_)
+            | Op::HostCall(_)
+            | Op::Ctc(_)
+            | Op::CtcDecode(_) => Zeros::Unknown,
+        }
+    }
+
     /// The rough cost of one element of the op's result in adds, which the CPU fusion
     /// pass sums over a group to set its parallel grain; 1 for everything that is not an
     /// elementwise math op.
@@ -610,6 +665,21 @@ impl Op {
             | Op::CtcDecode(_) => false,
         }
     }
+}
+
+/// How an op treats operands that are zero everywhere (`Op::zeros`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Zeros {
+    /// Zero when any operand is (products).
+    Any,
+    /// Zero when operand 0 is (division, negation, casts, sums, reshapes, transposes).
+    First,
+    /// A sum of its operands (`subtract` negates the second): a zero operand drops out.
+    Additive,
+    /// A `select`: zero when both branches are; a fixed condition picks one branch.
+    Select,
+    /// Nothing is assumed.
+    Unknown,
 }
 
 /// Whether an op's value follows from its inputs alone; see `Op::purity`.

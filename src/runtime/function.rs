@@ -4,6 +4,7 @@
 //! (`cpu::InPlace`), the statistics of the last call and the lock that makes a call's
 //! variable updates atomic.
 
+use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
 use crate::compile::{Plan, Step};
@@ -315,15 +316,11 @@ fn switch_feeds(plan: &Plan) -> Vec<usize> {
     let mut fed = vec![None; plan.nodes.len()];
     let mut out = Vec::new();
     for i in 0..plan.nodes.len() {
-        fed[i] = match (&plan.steps[i], plan.nodes[i].op()) {
-            (Step::Fed(f), _)
-                if plan.nodes[i].rank() == 0
-                    && plan.nodes[i].dtype() != crate::base::dtype::DType::I64 =>
-            {
-                Some(*f)
-            }
-            (Step::Compute, Op::Cast(_)) => fed[plan.inputs[i][0]],
-            _ => None,
+        let scalar = plan.nodes[i].rank() == 0 && plan.nodes[i].dtype() != DType::I64;
+        fed[i] = match &plan.steps[i] {
+            Step::Fed(f) => scalar.then_some(*f),
+            Step::Compute if matches!(plan.nodes[i].op(), Op::Cast(_)) => fed[plan.inputs[i][0]],
+            Step::Compute | Step::Folded(_) => None,
         };
         if let (Step::Compute, Op::Select) = (&plan.steps[i], plan.nodes[i].op()) {
             if let Some(f) = fed[plan.inputs[i][0]] {
@@ -342,12 +339,12 @@ fn switch_feeds(plan: &Plan) -> Vec<usize> {
 /// (a loop VJP body whose `sum_to`s read captured shape vectors fails this, conservatively).
 /// A Python callback or a CTC decode inside a body makes shapes of its own.
 fn loops_keep_shapes(plan: &Plan) -> bool {
-    plan.nodes.iter().all(|n| match n.op() {
-        Op::Loop(body) => {
-            let p = plan.body(body);
-            p.shapes_follow_feeds(&|_| false) && loops_keep_shapes(p)
-        }
-        _ => true,
+    plan.nodes.iter().all(|n| {
+        let Op::Loop(body) = n.op() else {
+            return true;
+        };
+        let p = plan.body(body);
+        p.shapes_follow_feeds(&|_| false) && loops_keep_shapes(p)
     })
 }
 

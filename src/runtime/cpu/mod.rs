@@ -7,7 +7,7 @@ use crate::base::value::Value;
 use crate::compile::fuse::{Item, Target};
 use crate::compile::{Plan, Step};
 use crate::ops::source::VarCell;
-use crate::ops::Op;
+use crate::ops::{Class, FusedOp, Op};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -271,11 +271,13 @@ fn member_shape(
     slots: &[Option<Value>],
 ) -> Option<Vec<usize>> {
     let ins = &plan.inputs[m];
-    match plan.nodes[m].op() {
-        Op::BroadcastTo => slots[ins[1]]
+    match plan.nodes[m].op().class() {
+        Class::Elementwise(FusedOp::BroadcastTo) => slots[ins[1]]
             .as_ref()
             .map(|v| v.to_f64_vec().iter().map(|&d| d as usize).collect()),
-        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_) => {
+        Class::Elementwise(
+            FusedOp::Unary(_) | FusedOp::Binary(_) | FusedOp::Select | FusedOp::Cast(_),
+        ) => {
             let mut out: Vec<usize> = Vec::new();
             for &j in ins {
                 let sj = shapes[j].as_ref()?;
@@ -283,7 +285,7 @@ fn member_shape(
             }
             Some(out)
         }
-        _ => None,
+        Class::Source | Class::View(_) | Class::Meta | Class::Kernel | Class::Host => None,
     }
 }
 

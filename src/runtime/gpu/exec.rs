@@ -596,20 +596,22 @@ impl<'a> Exec<'a> {
             shape: v.shape().to_vec(),
             dtype: v.dtype(),
         };
-        match (&self.plan.steps[j], self.plan.nodes[j].op()) {
-            (Step::Folded(_), _) => {
+        match &self.plan.steps[j] {
+            Step::Folded(_) => {
                 self.lay
                     .consts
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(j, d.clone());
             }
-            (Step::Compute, Op::Variable(cell)) => {
-                if let Some(&ver) = self.var_versions.get(&j) {
+            Step::Compute => {
+                if let (Op::Variable(cell), Some(&ver)) =
+                    (self.plan.nodes[j].op(), self.var_versions.get(&j))
+                {
                     cell.attach_resident(Arc::new(Resident(d.clone())), ver);
                 }
             }
-            _ => {}
+            Step::Fed(_) => {}
         }
         self.slots[j].as_mut().expect("slot").dev = Some(d.clone());
         Ok(d)

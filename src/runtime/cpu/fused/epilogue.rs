@@ -20,27 +20,30 @@ fn first_kernel<'a>(
     f: usize,
     ins: &'a [Value],
 ) -> Result<Option<(Vec<usize>, usize, ImageKernel<'a>)>> {
-    match plan.nodes[f].op() {
-        Op::Conv(spec) => {
-            let (Value::F32(x), Value::F32(w)) = (&ins[0], &ins[1]) else {
-                return Ok(None);
-            };
-            let geo = crate::ops::conv::forward_geom(spec, x.shape(), w.shape())?;
-            let (shape, n) = (geo.y_shape.clone(), geo.n);
-            let (x, w) = (x.as_standard_layout(), w.as_standard_layout());
-            let k: ImageKernel<'a> = Box::new(move |y, after| {
-                let (x, w) = (
-                    x.as_slice().expect("standard"),
-                    w.as_slice().expect("standard"),
-                );
-                crate::ops::conv::cpu::forward_f32_then(&geo, x, w, y, after)
-            });
-            Ok(Some((shape, n, k)))
-        }
-        Op::Pool(spec) => crate::ops::pool::f32_then(spec, &ins[0], None),
-        Op::PoolGrad(spec) => crate::ops::pool::f32_then(spec, &ins[0], Some(&ins[1])),
-        _ => Ok(None),
+    let op = plan.nodes[f].op();
+    if let Op::Pool(spec) = op {
+        return crate::ops::pool::f32_then(spec, &ins[0], None);
     }
+    if let Op::PoolGrad(spec) = op {
+        return crate::ops::pool::f32_then(spec, &ins[0], Some(&ins[1]));
+    }
+    let Op::Conv(spec) = op else {
+        return Ok(None);
+    };
+    let (Value::F32(x), Value::F32(w)) = (&ins[0], &ins[1]) else {
+        return Ok(None);
+    };
+    let geo = crate::ops::conv::forward_geom(spec, x.shape(), w.shape())?;
+    let (shape, n) = (geo.y_shape.clone(), geo.n);
+    let (x, w) = (x.as_standard_layout(), w.as_standard_layout());
+    let k: ImageKernel<'a> = Box::new(move |y, after| {
+        let (x, w) = (
+            x.as_slice().expect("standard"),
+            w.as_slice().expect("standard"),
+        );
+        crate::ops::conv::cpu::forward_f32_then(&geo, x, w, y, after)
+    });
+    Ok(Some((shape, n, k)))
 }
 
 /// Runs node `f` and then `g` on each image of its result as soon as the image is

@@ -88,8 +88,9 @@ pub(super) fn fold_run(
             .iter()
             .filter(|o| !matches!(o, Out::Passed(_)))
             .count();
-        let (reduced, mean, shape): (Vec<bool>, bool, Vec<usize>) = match plan.nodes[f.node].op() {
-            Op::Reduce { op, axes, keepdims } => {
+        let fold_op = plan.nodes[f.node].op();
+        let (reduced, mean, shape): (Vec<bool>, bool, Vec<usize>) =
+            if let Op::Reduce { op, axes, keepdims } = fold_op {
                 let reduced: Vec<bool> = (0..s.len()).map(|d| axes.contains(&d)).collect();
                 let shape = (0..s.len())
                     .filter_map(|d| {
@@ -103,8 +104,7 @@ pub(super) fn fold_run(
                     })
                     .collect();
                 (reduced, matches!(op, crate::ops::ReduceOp::Mean), shape)
-            }
-            Op::SumTo => {
+            } else if let Op::SumTo = fold_op {
                 let target = slots[plan.inputs[f.node][1]].as_ref()?.to_i64_vec();
                 let lead = s.len().checked_sub(target.len())?;
                 let mut reduced = vec![true; lead];
@@ -118,9 +118,9 @@ pub(super) fn fold_run(
                     }
                 }
                 (reduced, false, target.iter().map(|&t| t as usize).collect())
-            }
-            _ => return None,
-        };
+            } else {
+                return None;
+            };
         // Dims of size 1 go either way; the others must be reduced ones then kept ones
         // (columns) or kept ones then reduced ones (rows).
         let kinds: Vec<bool> = (0..s.len())

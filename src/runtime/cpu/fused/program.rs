@@ -141,9 +141,11 @@ fn compile(
     // Per load, the external input it reads (an index into `g.ext`).
     let mut load_src: Vec<usize> = Vec::new();
     let mut tiles: Vec<(usize, usize)> = Vec::new();
-    let slice_of = |m: usize| match plan.nodes[m].op() {
-        Op::Slice(spec) => Some(spec),
-        _ => None,
+    let slice_of = |m: usize| {
+        let Op::Slice(spec) = plan.nodes[m].op() else {
+            return None;
+        };
+        Some(spec)
     };
     // Inputs read only through slices are not read directly.
     let direct = |j: usize| {
