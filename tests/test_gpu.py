@@ -76,8 +76,46 @@ def test_fused_chain_is_one_dispatch(gpu, rng):
     out = f([xv])[0]
     ref = np.maximum(xv @ K.get_value(w) + K.get_value(b), 0) * 2.0
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
-    assert f.dispatches == 2  # matmul + one fused kernel for (+ b, relu, * 2)
+    assert f.dispatches == 1  # the matmul, computing (+ b, relu, * 2) as it stores
     assert f._f.submits == 1
+
+
+def test_conv_bias_relu_is_one_dispatch(gpu, rng):
+    # The bias add and relu run in the convolution's kernel; the product's result is
+    # also read by `shape` (the bias gradient's sum_to target) in a training step.
+    for cout in (4, 24):  # the direct kernel and the tiled one
+        x = K.placeholder(shape=(None, 7, 6, 3))
+        w = K.variable(rng.standard_normal((3, 3, 3, cout)).astype("float32"))
+        b = K.variable(rng.standard_normal(cout).astype("float32"))
+        y = _relu(K.bias_add(K.conv2d(x, w), b))
+        f = K.function([x], [y])
+        xv = rng.standard_normal((5, 7, 6, 3)).astype("float32")
+        out = f([xv])[0]
+        wv, bv = K.get_value(w), K.get_value(b)
+        ref = np.zeros((5, 5, 4, cout), np.float32)
+        for i in range(3):
+            for j in range(3):
+                ref += np.einsum("nhwc,co->nhwo", xv[:, i : i + 5, j : j + 4], wv[i, j])
+        np.testing.assert_allclose(out, np.maximum(ref + bv, 0), rtol=1e-4, atol=1e-4)
+        assert f.dispatches == 1
+
+
+def test_dense_epilogue_in_a_training_step(gpu, rng):
+    # relu(x @ w + b) trained: forward and backward products with their epilogues; the
+    # results match NumPy's step.
+    xv = rng.standard_normal((16, 6)).astype("float32")
+    wv = rng.standard_normal((6, 5)).astype("float32")
+    bv = rng.standard_normal(5).astype("float32")
+    x = K.placeholder(shape=(None, 6))
+    w, b = K.variable(wv), K.variable(bv)
+    loss = K.sum(_relu(K.dot(x, w) + b))
+    gw, gb = K.gradients(loss, [w, b])
+    f = K.function([x], [loss, gw, gb])
+    lv, gwv, gbv = f([xv])
+    z = xv @ wv + bv
+    np.testing.assert_allclose(lv, np.maximum(z, 0).sum(), rtol=1e-4)
+    np.testing.assert_allclose(gwv, xv.T @ (z > 0).astype("float32"), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gbv, (z > 0).sum(axis=0), rtol=1e-4, atol=1e-4)
 
 
 def test_long_elementwise_chain_is_one_dispatch(gpu, rng):

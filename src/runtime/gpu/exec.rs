@@ -220,17 +220,33 @@ pub fn run(
     };
     let mut feeds: Vec<Option<Value>> = feeds.into_iter().map(Some).collect();
     let sched = lay.schedule(plan);
-    for (t, item) in sched.items.iter().enumerate() {
+    let mut t = 0;
+    while t < sched.items.len() {
+        let item = &sched.items[t];
+        // A run of groups (`Schedule::runs`) is one kernel, profiled as its first item.
+        let end = sched
+            .runs
+            .iter()
+            .find(|r| r.start == t)
+            .map_or(t + 1, |r| r.end);
         let start = profile::begin();
         let before = ex.stats.dispatches;
-        ex.item(item, &mut feeds)?;
+        if end > t + 1 {
+            let gs: Vec<_> = sched.items[t..end].iter().filter_map(Item::group).collect();
+            fusion::record_run(&mut ex, &gs, &mut feeds)?;
+        } else {
+            ex.item(item, &mut feeds)?;
+        }
         if let Some(start) = start {
             ex.profile_item(start, item, ex.stats.dispatches - before);
         }
-        for &j in &sched.frees[t] {
-            ex.slots[j] = None;
-            ex.multi.remove(&j);
+        for frees in &sched.frees[t..end] {
+            for &j in frees {
+                ex.slots[j] = None;
+                ex.multi.remove(&j);
+            }
         }
+        t = end;
     }
     let mut need: Vec<usize> = plan.outputs[..n_host].to_vec();
     need.sort_unstable();
