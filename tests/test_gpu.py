@@ -100,6 +100,29 @@ def test_conv_bias_relu_is_one_dispatch(gpu, rng):
         assert f.dispatches == 1
 
 
+def test_updates_of_several_variables_are_one_dispatch(gpu, rng):
+    # Each variable's update is a group nothing reads; the groups run as one kernel over
+    # their concatenated elements (sizes 3, 20, 42, 1; a broadcast row, a scalar variable
+    # and folded constants among the inputs, the learning rate bound once).
+    shapes = [(3,), (4, 5), (7, 2, 3), (1,)]
+    vals = [rng.standard_normal(s).astype("float32") for s in shapes]
+    vs = [K.variable(v) for v in vals]
+    lr = K.variable(np.float32(0.1))
+    x = K.placeholder(shape=(2,))
+    row = K.placeholder(shape=(3,))
+    gs = [K.placeholder(shape=s) for s in shapes]
+    new = [v - lr * K.square(g) * 0.5 + 1.0 for v, g in zip(vs, gs)]
+    new[2] = new[2] + row
+    f = K.function([x, row] + gs, [K.sum(x)], updates=list(zip(vs, new)))
+    rv = rng.standard_normal(3).astype("float32")
+    gv = [rng.standard_normal(s).astype("float32") for s in shapes]
+    f([np.ones(2, "float32"), rv] + gv)
+    for k, (v, a, g) in enumerate(zip(vs, vals, gv)):
+        want = a - np.float32(0.1) * g**2 * 0.5 + 1.0 + (rv if k == 2 else 0)
+        np.testing.assert_allclose(K.get_value(v), want, rtol=1e-5, atol=1e-6)
+    assert f.dispatches == 2  # the sum, and one kernel for the four updates
+
+
 def test_dense_epilogue_in_a_training_step(gpu, rng):
     # relu(x @ w + b) trained: forward and backward products with their epilogues; the
     # results match NumPy's step.

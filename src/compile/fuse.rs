@@ -527,7 +527,10 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     }
     // Groups that nothing reads (they compute update values and outputs only) and that
     // cannot fail run last, in order: the run may then overwrite variables in place there
-    // (`tail`). Keras places each parameter's update right after its gradient.
+    // (`tail`). Keras places each parameter's update right after its gradient. A target
+    // that runs such groups together (`Target::runs`) and overwrites nothing in place
+    // moves those that may fail (a bias's update reads a `sum_to` of a runtime shape)
+    // there too.
     let unread = |item: &Item| match item.group() {
         Some(g) => {
             g.folds.is_empty()
@@ -539,15 +542,27 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     };
     let (last_items, mut items): (Vec<Item>, Vec<Item>) = items
         .into_iter()
-        .partition(|item| unread(item) && infallible(plan, item));
+        .partition(|item| unread(item) && (t.runs || infallible(plan, item)));
     let first_last = items.len();
-    items.extend(last_items);
+    if t.runs {
+        // Groups that run in their producer's kernel first, then those a run may join.
+        let (after, own): (Vec<Item>, Vec<Item>) = last_items
+            .into_iter()
+            .partition(|item| item.group().is_some_and(|g| g.first.is_some()));
+        items.extend(after);
+        items.extend(own);
+    } else {
+        items.extend(last_items);
+    }
     // Runs of those groups within the target's buffers, the inputs they share bound once.
     let mut runs = Vec::new();
     let mut start = first_last;
     while t.fuse && t.runs && start < items.len() {
         let (mut bound, mut outputs, mut end) = (Vec::new(), 0, start);
         while let Some(Item::Group(g)) = items.get(end) {
+            if g.first.is_some() {
+                break;
+            }
             let mut more = bound.clone();
             for &j in &g.ext {
                 if binds(j) && !more.contains(&j) {
@@ -947,6 +962,49 @@ mod tests {
                 "limit {limit}"
             );
         }
+    }
+
+    #[test]
+    fn a_gpu_group_runs_in_the_kernel_of_the_product_it_reads() {
+        // relu(x @ w + b): on the GPU the group {add, relu} takes the product as its first
+        // and the product leaves the schedule; the CPU runs no product epilogue.
+        let (x, w, b) = (ph("x", &[3, 4]), ph("w", &[4, 5]), ph("b", &[5]));
+        let mm = crate::ops::matmul::matmul(&x, &w, false, false).unwrap();
+        let y = unary(UnaryOp::Relu, &add(&mm, &b).unwrap()).unwrap();
+        let plan = Plan::new(&[x, w, b], &[y]).unwrap();
+        let product = |s: &Schedule| {
+            s.items.iter().any(
+                |i| matches!(i, Item::Node(j) if matches!(plan.nodes[*j].op(), crate::ops::Op::MatMul { .. })),
+            )
+        };
+        let g = schedule(&plan, &gpu(usize::MAX));
+        let gs = groups(&g);
+        assert_eq!(gs.len(), 1);
+        assert!(gs[0].first.is_some());
+        assert!(!product(&g));
+        let c = schedule(&plan, &Target::cpu(true));
+        assert!(groups(&c).iter().all(|g| g.first.is_none()));
+        assert!(product(&c));
+    }
+
+    #[test]
+    fn groups_nothing_reads_form_runs_within_the_buffer_limit() {
+        // Three returned values, each a group of its own reading one input: one run where
+        // six buffers fit, runs of at most two groups where four do, none on the CPU.
+        let xs: Vec<Tensor> = (0..3).map(|k| ph(&format!("x{k}"), &[k + 2])).collect();
+        let ys: Vec<Tensor> = xs
+            .iter()
+            .map(|x| unary(UnaryOp::Exp, &mul(x, x).unwrap()).unwrap())
+            .collect();
+        let plan = Plan::new(&xs, &ys).unwrap();
+        assert_eq!(schedule(&plan, &gpu(6)).runs.len(), 1);
+        let s = schedule(&plan, &gpu(4));
+        assert!(!s.runs.is_empty());
+        for r in &s.runs {
+            assert!(r.len() == 2);
+            assert!(s.items[r.clone()].iter().all(|i| i.group().is_some()));
+        }
+        assert!(schedule(&plan, &Target::cpu(true)).runs.is_empty());
     }
 
     #[test]

@@ -13,8 +13,8 @@
 
 use super::exec::{grid, Exec, Place, Slot};
 use super::params::{self, Params, EPILOGUE_BINDING, EPILOGUE_WGSL, FUSED_WGSL};
-use super::{pool, DTensor};
 use super::pipelines::{self, dtag, is_float, norm_fn, Pipe};
+use super::{pool, DTensor};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::broadcast_runtime;
@@ -247,17 +247,18 @@ pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Value
             p
         }
     };
-    let ins: Vec<DTensor> = inputs
-        .iter()
-        .map(|&j| ex.dev(j))
-        .collect::<Result<_>>()?;
+    let ins: Vec<DTensor> = inputs.iter().map(|&j| ex.dev(j)).collect::<Result<_>>()?;
     let mut bufs: Vec<(u32, &DTensor)> = outs
         .iter()
         .enumerate()
         .map(|(b, (_, t))| (1 + b as u32, t))
         .collect();
     let first_in = 1 + outs.len() as u32;
-    bufs.extend(ins.iter().enumerate().map(|(b, t)| (first_in + b as u32, t)));
+    bufs.extend(
+        ins.iter()
+            .enumerate()
+            .map(|(b, t)| (first_in + b as u32, t)),
+    );
     let block = params::Fused {
         n: total as u32,
         rank: k as u32,
@@ -571,7 +572,9 @@ impl Epilogue {
             .find("\nfn st(")
             .ok_or_else(|| Error::Runtime("internal: the kernel has no store line".into()))?
             + 1;
-        let end = module[start..].find('\n').map_or(module.len(), |e| start + e);
+        let end = module[start..]
+            .find('\n')
+            .map_or(module.len(), |e| start + e);
         // The entry point heads the source, which keys the device's pipeline cache.
         let src = format!(
             "// {entry} with an epilogue\n{}fn st(i: u32, v: T) {{ epi(i, t_norm(v)); }}{}{}",

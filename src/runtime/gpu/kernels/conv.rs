@@ -2,10 +2,10 @@
 //! `shaders/conv.wgsl`.
 
 use super::super::exec::{grid, Exec, Slot};
-use super::super::params::{self as blk, Params};
-use super::super::pipelines::{self};
 use super::super::fusion::{self, Epilogue};
+use super::super::params::{self as blk, Params};
 use super::super::pipelines::Pipe;
+use super::super::pipelines::{self};
 use super::super::DTensor;
 use super::matmul::MATMUL_K_STEP;
 use super::movement::fill;
@@ -113,7 +113,11 @@ fn conv_fwd(
     let og = g.cout / g.groups;
     let p = conv_block(g, 1, 0);
     let direct = og < DIRECT_BELOW;
-    let kernel = if direct { "conv_fwd_direct" } else { "conv_fwd" };
+    let kernel = if direct {
+        "conv_fwd_direct"
+    } else {
+        "conv_fwd"
+    };
     let pipe = match epi {
         Some(e) => {
             let t = tag(dtype)?;
@@ -288,12 +292,7 @@ fn conv_dw_partials(
 /// Records the convolution node `i`, with group `then` as its epilogue where it can
 /// (`kernels::record_then`): the result's slot, holding only its shape when the epilogue
 /// ran.
-pub(super) fn conv(
-    ex: &mut Exec,
-    i: usize,
-    spec: &ConvSpec,
-    then: Option<&Group>,
-) -> Result<Slot> {
+pub(super) fn conv(ex: &mut Exec, i: usize, spec: &ConvSpec, then: Option<&Group>) -> Result<Slot> {
     let plan = ex.plan;
     let ins = &plan.inputs[i];
     let (x, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
