@@ -149,6 +149,9 @@ pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Value>]) -> R
     Ok(())
 }
 
+/// A group of a run (`record_run`), the shape it computes and its inputs' modes.
+type Segment<'g> = (&'g Group, Vec<usize>, Vec<(usize, Mode)>);
+
 /// Records a run of groups that nothing reads (`Schedule::runs`: the optimizer's updates)
 /// as one kernel over their concatenated index spaces: element `i` of the run belongs to
 /// the group whose range holds it, which computes its element `i - start`. Each group
@@ -157,7 +160,7 @@ pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Value>]) -> R
 /// `record` does; the run stays within the adapter's storage-buffer limit (else the
 /// groups run one kernel each).
 pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Value>]) -> Result<()> {
-    let mut segs: Vec<(&Group, Vec<usize>, Vec<(usize, Mode)>)> = Vec::new();
+    let mut segs: Vec<Segment> = Vec::new();
     for &g in gs {
         let whole = g.first.is_none()
             && g.folds.is_empty()
@@ -273,11 +276,7 @@ pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Value
 
 /// The WGSL of a run of groups (`record_run`): segment `k` computes element
 /// `i - starts[k]` of its group, reading its block at word `heads[k]` of the tail.
-fn generate_run(
-    ex: &Exec,
-    segs: &[(&Group, Vec<usize>, Vec<(usize, Mode)>)],
-    inputs: &[usize],
-) -> Result<String> {
+fn generate_run(ex: &Exec, segs: &[Segment], inputs: &[usize]) -> Result<String> {
     let mut src = pipelines::common(ex.ctx.has_f16) + FUSED_WGSL;
     let mut binding = 1;
     for (g, _, _) in segs {
