@@ -350,13 +350,15 @@ impl<'a> Exec<'a> {
     /// Records a schedule item in the profile (`runtime::profile`): a node, or a fused
     /// group with its members.
     fn profile_item(&self, start: u64, item: &Item, dispatches: usize) {
-        let (i, members): (usize, &[usize]) = match item {
-            Item::Node(i) => (*i, &[]),
+        // A group lists the producer whose kernel runs it first (`Group::first`).
+        let (i, members): (usize, Vec<usize>) = match item {
+            Item::Node(i) => (*i, Vec::new()),
             Item::Group(_) | Item::Update(_) => {
                 let g = item.group().expect("a group item");
-                (*g.members.last().expect("a group has members"), &g.members)
+                let last = *g.members.last().expect("a group has members");
+                (last, g.first.iter().chain(&g.members).copied().collect())
             }
-            Item::MatAcc { add, .. } => (*add, &[]),
+            Item::MatAcc { add, .. } => (*add, Vec::new()),
         };
         let place = match self.lay.place[i] {
             Place::Source => "source",
@@ -366,7 +368,7 @@ impl<'a> Exec<'a> {
             Place::Meta => "meta",
         };
         let shape = |j: usize| self.slots[j].as_ref().map(|s| s.shape.clone());
-        profile::gpu_node(start, self.plan, i, place, members, dispatches, &shape);
+        profile::gpu_node(start, self.plan, i, place, &members, dispatches, &shape);
     }
 
     /// Runs node `i` with its CPU kernel, downloading its inputs.
