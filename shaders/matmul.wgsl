@@ -42,6 +42,10 @@ struct Matmul {
 @group(0) @binding(5) var<storage, read> a4: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read> b4: array<vec4<u32>>;
 
+// Stores element o of the product (adding to it when `add` is set). A kernel with an
+// epilogue (src/runtime/gpu/fusion.rs) replaces this line with a call of its `epi`.
+fn st(o: u32, v: T) { if (p.add != 0u) { out[o] = bitcast<u32>(t_norm(v + bitcast<T>(out[o]))); } else { out[o] = bitcast<u32>(t_norm(v)); } }
+
 var<workgroup> As: array<T, 1024>;  // [16 k][64 rows]
 var<workgroup> Bs: array<T, 1024>;  // [16 k][64 cols]
 
@@ -164,18 +168,12 @@ fn matmul_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) 
         workgroupBarrier();
     }
     let ooff = bz * M * N;
-    let add = p.add != 0u;
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + l.y * 4u + i;
         if (r >= M) { break; }
         for (var j = 0u; j < 4u; j++) {
             let c = col0 + l.x * 4u + j;
-            if (c < N) {
-                let o = ooff + r * N + c;
-                var v = acc[i][j];
-                if (add) { v += bitcast<T>(out[o]); }
-                out[o] = bitcast<u32>(t_norm(v));
-            }
+            if (c < N) { st(ooff + r * N + c, acc[i][j]); }
         }
     }
 }

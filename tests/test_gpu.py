@@ -76,8 +76,69 @@ def test_fused_chain_is_one_dispatch(gpu, rng):
     out = f([xv])[0]
     ref = np.maximum(xv @ K.get_value(w) + K.get_value(b), 0) * 2.0
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
-    assert f.dispatches == 2  # matmul + one fused kernel for (+ b, relu, * 2)
+    assert f.dispatches == 1  # the matmul, computing (+ b, relu, * 2) as it stores
     assert f._f.submits == 1
+
+
+def test_conv_bias_relu_is_one_dispatch(gpu, rng):
+    # The bias add and relu run in the convolution's kernel; the product's result is
+    # also read by `shape` (the bias gradient's sum_to target) in a training step.
+    for cout in (4, 24):  # the direct kernel and the tiled one
+        x = K.placeholder(shape=(None, 7, 6, 3))
+        w = K.variable(rng.standard_normal((3, 3, 3, cout)).astype("float32"))
+        b = K.variable(rng.standard_normal(cout).astype("float32"))
+        y = _relu(K.bias_add(K.conv2d(x, w), b))
+        f = K.function([x], [y])
+        xv = rng.standard_normal((5, 7, 6, 3)).astype("float32")
+        out = f([xv])[0]
+        wv, bv = K.get_value(w), K.get_value(b)
+        ref = np.zeros((5, 5, 4, cout), np.float32)
+        for i in range(3):
+            for j in range(3):
+                ref += np.einsum("nhwc,co->nhwo", xv[:, i : i + 5, j : j + 4], wv[i, j])
+        np.testing.assert_allclose(out, np.maximum(ref + bv, 0), rtol=1e-4, atol=1e-4)
+        assert f.dispatches == 1
+
+
+def test_updates_of_several_variables_are_one_dispatch(gpu, rng):
+    # Each variable's update is a group nothing reads; the groups run as one kernel over
+    # their concatenated elements (sizes 3, 20, 42, 1; a broadcast row, a scalar variable
+    # and folded constants among the inputs, the learning rate bound once).
+    shapes = [(3,), (4, 5), (7, 2, 3), (1,)]
+    vals = [rng.standard_normal(s).astype("float32") for s in shapes]
+    vs = [K.variable(v) for v in vals]
+    lr = K.variable(np.float32(0.1))
+    x = K.placeholder(shape=(2,))
+    row = K.placeholder(shape=(3,))
+    gs = [K.placeholder(shape=s) for s in shapes]
+    new = [v - lr * K.square(g) * 0.5 + 1.0 for v, g in zip(vs, gs)]
+    new[2] = new[2] + row
+    f = K.function([x, row] + gs, [K.sum(x)], updates=list(zip(vs, new)))
+    rv = rng.standard_normal(3).astype("float32")
+    gv = [rng.standard_normal(s).astype("float32") for s in shapes]
+    f([np.ones(2, "float32"), rv] + gv)
+    for k, (v, a, g) in enumerate(zip(vs, vals, gv)):
+        want = a - np.float32(0.1) * g**2 * 0.5 + 1.0 + (rv if k == 2 else 0)
+        np.testing.assert_allclose(K.get_value(v), want, rtol=1e-5, atol=1e-6)
+    assert f.dispatches == 2  # the sum, and one kernel for the four updates
+
+
+def test_dense_epilogue_in_a_training_step(gpu, rng):
+    # relu(x @ w + b) trained: forward and backward products with their epilogues; the
+    # results match NumPy's step.
+    xv = rng.standard_normal((16, 6)).astype("float32")
+    wv = rng.standard_normal((6, 5)).astype("float32")
+    bv = rng.standard_normal(5).astype("float32")
+    x = K.placeholder(shape=(None, 6))
+    w, b = K.variable(wv), K.variable(bv)
+    loss = K.sum(_relu(K.dot(x, w) + b))
+    gw, gb = K.gradients(loss, [w, b])
+    f = K.function([x], [loss, gw, gb])
+    lv, gwv, gbv = f([xv])
+    z = xv @ wv + bv
+    np.testing.assert_allclose(lv, np.maximum(z, 0).sum(), rtol=1e-4)
+    np.testing.assert_allclose(gwv, xv.T @ (z > 0).astype("float32"), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gbv, (z > 0).sum(axis=0), rtol=1e-4, atol=1e-4)
 
 
 def test_long_elementwise_chain_is_one_dispatch(gpu, rng):

@@ -53,13 +53,18 @@ pub struct Target {
     pub views: bool,
     /// Whether sums and means of members fold into the group (`Group::folds`).
     pub folds: bool,
-    /// Whether a group runs per image after the convolution or pooling it reads
-    /// (`Group::first`).
-    pub epilogues: bool,
+    /// The producers a group that reads one may run after (`Group::first`): on the CPU
+    /// per image of a convolution or pooling result, on the GPU in the convolution's or
+    /// product's kernel, as it stores each element.
+    pub epilogues: &'static [Producer],
     /// Whether a group computing an optimizer update rule becomes an `Item::Update`.
     pub updates: bool,
     /// Whether a product added into an accumulator becomes an `Item::MatAcc`.
     pub accumulations: bool,
+    /// Whether adjacent groups that nothing reads, at the end of the schedule (the
+    /// optimizer's updates), run as one kernel over their concatenated index spaces
+    /// (`Schedule::runs`), as many as `max_buffers` allows.
+    pub runs: bool,
 }
 
 impl Target {
@@ -76,9 +81,10 @@ impl Target {
             broadcast: false,
             views: true,
             folds: true,
-            epilogues: true,
+            epilogues: &[Producer::Conv, Producer::Pool],
             updates: true,
             accumulations: true,
+            runs: false,
         }
     }
 
@@ -88,8 +94,10 @@ impl Target {
     }
 
     /// A GPU whose generated kernels read and write the storable `dtypes` and bind at most
-    /// `max_buffers` storage buffers besides their parameter block: groups and plain nodes
-    /// only, members computed per element of the group's shape.
+    /// `max_buffers` storage buffers besides their parameter block: groups, plain nodes
+    /// and groups run in the kernel of the convolution or product they read (checked
+    /// against the buffer limit at run time), members computed per element of the
+    /// group's shape.
     pub fn gpu(dtypes: &'static [DType], max_buffers: usize) -> Target {
         Target {
             kind: TargetKind::Gpu,
@@ -101,9 +109,67 @@ impl Target {
             broadcast: true,
             views: false,
             folds: false,
-            epilogues: false,
+            epilogues: &[Producer::Conv, Producer::Product],
             updates: false,
             accumulations: false,
+            runs: true,
+        }
+    }
+}
+
+/// A kind of node a group may run after as its epilogue (`Target::epilogues`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Producer {
+    /// A forward convolution (`Op::Conv`).
+    Conv,
+    /// A pooling or pooling gradient (`Op::Pool`, `Op::PoolGrad`).
+    Pool,
+    /// A matrix product (`Op::MatMul`).
+    Product,
+}
+
+impl Producer {
+    /// The producer kind of `op`, if it is one.
+    pub fn of(op: &Op) -> Option<Producer> {
+        match op {
+            Op::Conv(_) => Some(Producer::Conv),
+            Op::Pool(_) | Op::PoolGrad(_) => Some(Producer::Pool),
+            Op::MatMul { .. } => Some(Producer::Product),
+            Op::Placeholder(_)
+            | Op::Constant(_)
+            | Op::Variable(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast(_)
+            | Op::StopGradient
+            | Op::Reshape
+            | Op::BroadcastTo
+            | Op::ShapeOf
+            | Op::ExpandDims(_)
+            | Op::Squeeze(_)
+            | Op::Transpose(_)
+            | Op::Slice(_)
+            | Op::Reverse(_)
+            | Op::ConcatGrad { .. }
+            | Op::SliceGrad(_)
+            | Op::Pad { .. }
+            | Op::Concat(_)
+            | Op::Gather(_)
+            | Op::ScatterAdd(_)
+            | Op::Reduce { .. }
+            | Op::SumTo
+            | Op::Arg { .. }
+            | Op::Scan { .. }
+            | Op::ConvInputGrad(_)
+            | Op::ConvKernelGrad(_)
+            | Op::PoolSelect(_)
+            | Op::Random(_)
+            | Op::Loop(_)
+            | Op::TupleGet(_)
+            | Op::HostCall(_)
+            | Op::Ctc(_)
+            | Op::CtcDecode(_) => None,
         }
     }
 }
@@ -125,6 +191,9 @@ pub struct Schedule {
     /// Items from this index on cannot fail at run time (`infallible`): a run there may
     /// overwrite variables in place (`runtime::cpu::InPlace`), since the call will assign them.
     pub tail: usize,
+    /// Ranges of adjacent items, each of two or more groups that nothing reads, that the
+    /// target runs as one kernel (`Target::runs`); empty where it has none.
+    pub runs: Vec<std::ops::Range<usize>>,
 }
 
 #[derive(Debug)]
@@ -158,9 +227,10 @@ pub struct Group {
     pub frees: Vec<usize>,
     /// Estimated cost per element, in adds (for the parallel grain).
     pub cost: usize,
-    /// A convolution or pooling (or pooling gradient) the group runs first, its only data
-    /// reader: the group then runs on each image of the result as soon as that image is
-    /// computed, while it is in cache (`epilogues`).
+    /// A convolution, pooling (or pooling gradient) or product the group runs first, its
+    /// only data reader (`Target::epilogues`): the CPU then runs the group on each image
+    /// of the result as soon as that image is computed, while it is in cache; the GPU
+    /// computes the group in the producer's kernel as it stores each element.
     pub first: Option<usize>,
     /// Sums and means of members the group folds as it computes them (`folds`).
     pub folds: Vec<Fold>,
@@ -453,8 +523,8 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
             hidden: Vec::new(),
         }));
     }
-    if t.fuse && t.epilogues {
-        epilogues(plan, &users, &is_output, &mut items);
+    if t.fuse && !t.epilogues.is_empty() {
+        epilogues(plan, t, &users, &is_output, &mut items);
     }
     if t.fuse && t.accumulations {
         dispatches -= accumulations(plan, &users, &is_output, &mut items);
@@ -464,7 +534,10 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     }
     // Groups that nothing reads (they compute update values and outputs only) and that
     // cannot fail run last, in order: the run may then overwrite variables in place there
-    // (`tail`). Keras places each parameter's update right after its gradient.
+    // (`tail`). Keras places each parameter's update right after its gradient. A target
+    // that runs such groups together (`Target::runs`) and overwrites nothing in place
+    // moves those that may fail (a bias's update reads a `sum_to` of a runtime shape)
+    // there too.
     let unread = |item: &Item| match item.group() {
         Some(g) => {
             g.folds.is_empty()
@@ -476,8 +549,43 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     };
     let (last_items, mut items): (Vec<Item>, Vec<Item>) = items
         .into_iter()
-        .partition(|item| unread(item) && infallible(plan, item));
-    items.extend(last_items);
+        .partition(|item| unread(item) && (t.runs || infallible(plan, item)));
+    let first_last = items.len();
+    if t.runs {
+        // Groups that run in their producer's kernel first, then those a run may join.
+        let (after, own): (Vec<Item>, Vec<Item>) = last_items
+            .into_iter()
+            .partition(|item| item.group().is_some_and(|g| g.first.is_some()));
+        items.extend(after);
+        items.extend(own);
+    } else {
+        items.extend(last_items);
+    }
+    // Runs of those groups within the target's buffers, the inputs they share bound once.
+    let mut runs = Vec::new();
+    let mut start = first_last;
+    while t.fuse && t.runs && start < items.len() {
+        let (mut bound, mut outputs, mut end) = (Vec::new(), 0, start);
+        while let Some(Item::Group(g)) = items.get(end) {
+            if g.first.is_some() {
+                break;
+            }
+            let mut more = bound.clone();
+            for &j in &g.ext {
+                if binds(j) && !more.contains(&j) {
+                    more.push(j);
+                }
+            }
+            if end > start && more.len() + outputs + g.outputs.len() > t.max_buffers {
+                break;
+            }
+            (bound, outputs, end) = (more, outputs + g.outputs.len(), end + 1);
+        }
+        if end > start + 1 {
+            runs.push(start..end);
+        }
+        start = end.max(start + 1);
+    }
     // A group runs later than its first members, so last uses are recounted by item.
     let mut last: Vec<Option<usize>> = vec![None; n];
     let reads = |item: &Item| -> Vec<usize> {
@@ -537,16 +645,25 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
         dispatches,
         has_host: has_host(plan),
         tail,
+        runs,
     }
 }
 
-/// Hands each f32 forward convolution, pooling or pooling gradient that one fused group of
+/// Hands each f32 producer of the target's kinds (`Target::epilogues`: a forward
+/// convolution, pooling or pooling gradient, a matrix product) that one fused group of
 /// its shape reads (a bias add and activation, a dropout mask, an activation's gradient;
 /// otherwise only `shape` reads it) to that group (`Group::first`), out of the schedule:
-/// the group then runs image by image right after the node writes each image, instead of
-/// reading the whole result back from memory (the CNN's `[64, 24, 24, 64]` add-relu pass
-/// took 1.2-1.5 ms of a 35 ms step).
-fn epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) {
+/// on the CPU the group then runs image by image right after the node writes each image,
+/// instead of reading the whole result back from memory (the CNN's `[64, 24, 24, 64]`
+/// add-relu pass took 1.2-1.5 ms of a 35 ms step); on the GPU the producer's kernel
+/// computes the group as it stores each element, one dispatch for both.
+fn epilogues(
+    plan: &Plan,
+    t: &Target,
+    users: &[Vec<usize>],
+    is_output: &[bool],
+    items: &mut Vec<Item>,
+) {
     let mut taken = Vec::new();
     for item in items.iter_mut() {
         let Item::Group(g) = item else { continue };
@@ -555,10 +672,8 @@ fn epilogues(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut 
         let shape = plan.nodes[g.outputs[0]].shape();
         let last = *g.members.last().expect("a group has members");
         let fits = |j: usize| {
-            matches!(
-                plan.nodes[j].op(),
-                Op::Conv(_) | Op::Pool(_) | Op::PoolGrad(_)
-            ) && matches!(plan.steps[j], Step::Compute)
+            Producer::of(plan.nodes[j].op()).is_some_and(|p| t.epilogues.contains(&p))
+                && matches!(plan.steps[j], Step::Compute)
                 && plan.nodes[j].dtype() == DType::F32
                 && compatible(plan.nodes[j].shape(), shape)
                 && !is_output[j]
@@ -854,6 +969,49 @@ mod tests {
                 "limit {limit}"
             );
         }
+    }
+
+    #[test]
+    fn a_gpu_group_runs_in_the_kernel_of_the_product_it_reads() {
+        // relu(x @ w + b): on the GPU the group {add, relu} takes the product as its first
+        // and the product leaves the schedule; the CPU runs no product epilogue.
+        let (x, w, b) = (ph("x", &[3, 4]), ph("w", &[4, 5]), ph("b", &[5]));
+        let mm = crate::ops::matmul::matmul(&x, &w, false, false).unwrap();
+        let y = unary(UnaryOp::Relu, &add(&mm, &b).unwrap()).unwrap();
+        let plan = Plan::new(&[x, w, b], &[y]).unwrap();
+        let product = |s: &Schedule| {
+            s.items.iter().any(
+                |i| matches!(i, Item::Node(j) if matches!(plan.nodes[*j].op(), crate::ops::Op::MatMul { .. })),
+            )
+        };
+        let g = schedule(&plan, &gpu(usize::MAX));
+        let gs = groups(&g);
+        assert_eq!(gs.len(), 1);
+        assert!(gs[0].first.is_some());
+        assert!(!product(&g));
+        let c = schedule(&plan, &Target::cpu(true));
+        assert!(groups(&c).iter().all(|g| g.first.is_none()));
+        assert!(product(&c));
+    }
+
+    #[test]
+    fn groups_nothing_reads_form_runs_within_the_buffer_limit() {
+        // Three returned values, each a group of its own reading one input: one run where
+        // six buffers fit, runs of at most two groups where four do, none on the CPU.
+        let xs: Vec<Tensor> = (0..3).map(|k| ph(&format!("x{k}"), &[k + 2])).collect();
+        let ys: Vec<Tensor> = xs
+            .iter()
+            .map(|x| unary(UnaryOp::Exp, &mul(x, x).unwrap()).unwrap())
+            .collect();
+        let plan = Plan::new(&xs, &ys).unwrap();
+        assert_eq!(schedule(&plan, &gpu(6)).runs.len(), 1);
+        let s = schedule(&plan, &gpu(4));
+        assert!(!s.runs.is_empty());
+        for r in &s.runs {
+            assert!(r.len() == 2);
+            assert!(s.items[r.clone()].iter().all(|i| i.group().is_some()));
+        }
+        assert!(schedule(&plan, &Target::cpu(true)).runs.is_empty());
     }
 
     #[test]

@@ -348,18 +348,34 @@ impl<'a> Exec<'a> {
     /// are the values of its `Step::Fed` nodes.
     pub(crate) fn run_items(&mut self, feeds: &mut [Option<Slot>]) -> Result<()> {
         let sched = self.lay.schedule(self.plan);
-        for (t, item) in sched.items.iter().enumerate() {
+        let mut t = 0;
+        while t < sched.items.len() {
+            let item = &sched.items[t];
+            // A run of groups (`Schedule::runs`) is one kernel, profiled as its first item.
+            let end = sched
+                .runs
+                .iter()
+                .find(|r| r.start == t)
+                .map_or(t + 1, |r| r.end);
             let start = profile::begin();
             let before = self.stats.dispatches;
-            self.item(item, feeds)?;
+            if end > t + 1 {
+                let gs: Vec<_> = sched.items[t..end].iter().filter_map(Item::group).collect();
+                fusion::record_run(self, &gs, feeds)?;
+            } else {
+                self.item(item, feeds)?;
+            }
             if let Some(start) = start {
                 self.profile_item(start, item, self.stats.dispatches - before);
             }
-            for &j in &sched.frees[t] {
-                self.slots[j] = None;
-                self.multi.remove(&j);
-                self.loop_results.remove(&j);
+            for frees in &sched.frees[t..end] {
+                for &j in frees {
+                    self.slots[j] = None;
+                    self.multi.remove(&j);
+                    self.loop_results.remove(&j);
+                }
             }
+            t = end;
         }
         Ok(())
     }
@@ -443,13 +459,15 @@ impl<'a> Exec<'a> {
     /// Records a schedule item in the profile (`runtime::profile`): a node, or a fused
     /// group with its members.
     fn profile_item(&self, start: u64, item: &Item, dispatches: usize) {
-        let (i, members): (usize, &[usize]) = match item {
-            Item::Node(i) => (*i, &[]),
+        // A group lists the producer whose kernel runs it first (`Group::first`).
+        let (i, members): (usize, Vec<usize>) = match item {
+            Item::Node(i) => (*i, Vec::new()),
             Item::Group(_) | Item::Update(_) => {
                 let g = item.group().expect("a group item");
-                (*g.members.last().expect("a group has members"), &g.members)
+                let last = *g.members.last().expect("a group has members");
+                (last, g.first.iter().chain(&g.members).copied().collect())
             }
-            Item::MatAcc { add, .. } => (*add, &[]),
+            Item::MatAcc { add, .. } => (*add, Vec::new()),
         };
         let place = match self.lay.place[i] {
             Place::Source => "source",
@@ -460,7 +478,7 @@ impl<'a> Exec<'a> {
             Place::Shape => "shape",
         };
         let shape = |j: usize| self.slots[j].as_ref().map(|s| s.shape.clone());
-        profile::gpu_node(start, self.plan, i, place, members, dispatches, &shape);
+        profile::gpu_node(start, self.plan, i, place, &members, dispatches, &shape);
     }
 
     /// Runs node `i` with its CPU kernel, downloading its inputs.

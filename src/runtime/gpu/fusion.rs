@@ -4,19 +4,24 @@
 //! once per element (directly, as a scalar, as an inlined folded constant, or through
 //! broadcast strides), then each member is one `let` built from the op -> WGSL expression
 //! tables of `ops::elementwise`, rounded to its dtype, and each output is written to a
-//! buffer of its own. So `relu(x @ w + b) * 2` is the matmul plus one dispatch. A group
-//! the kernel cannot run as a whole (a member placed on the host, outputs whose shapes
-//! differ at run time) runs member by member.
+//! buffer of its own. A group that runs after a product or convolution it reads
+//! (`Group::first`) is generated as that kernel's epilogue instead (`Epilogue`): the same
+//! body as a function `epi(i, v)` that the kernel calls where it would store element `i`
+//! of its result, so `relu(x @ w + b) * 2` is one dispatch. A group the kernel cannot run
+//! as a whole (a member placed on the host, outputs whose shapes differ at run time) runs
+//! member by member.
 //!
 //! int64 values are `vec2<u32>` (low word, high word) in the kernel and two words per
 //! element in buffers, computed with the helpers of `shaders/int64.wgsl` by the ops
 //! `Op::exact_int64` lists, with the CPU kernels' results bit for bit (`int64_unary`,
-//! `int64_binary`, `cast_expr`).
+//! `int64_binary`, `cast_expr`). Groups touching int64 run as kernels of their own (not
+//! as epilogues or in runs of update groups).
 
 use super::exec::{grid, Exec, Place, Slot};
-use super::params::{self, Params, FUSED_WGSL};
-use super::pipelines::{self, dtag, is_float, norm_fn};
+use super::params::{self, Params, EPILOGUE_BINDING, EPILOGUE_WGSL, FUSED_WGSL};
+use super::pipelines::{self, dtag, is_float, norm_fn, Pipe};
 use super::transfer::{self, words_per};
+use super::{pool, DTensor};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::shape::broadcast_runtime;
@@ -26,6 +31,7 @@ use crate::ops::elementwise::{BinaryClass, BinaryOp, UnaryOp};
 use crate::ops::{Class, FusedOp};
 use std::collections::HashMap;
 use std::fmt::Write;
+use std::sync::Arc;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -39,10 +45,49 @@ enum Mode {
     /// for int64 only). (Not a WGSL literal: drivers fold and reassociate literals,
     /// turning `(1 - p) + eps` into `(1 + eps) - p`.)
     Param([u32; 2]),
+    /// The result of the kernel an epilogue runs in: the value it stores (`epi`'s `v`).
+    Stored,
+}
+
+/// Where a generated body runs.
+#[derive(Clone, Copy)]
+enum Frame<'a> {
+    /// A kernel of its own with entry point `entry`, its parameters `p` at binding 0.
+    Kernel(&'a str),
+    /// `fn epi(i, v)` in a product's or convolution's kernel, its parameters `ep` at
+    /// `EPILOGUE_BINDING`.
+    Epilogue,
+}
+
+impl Frame<'_> {
+    /// The parameter block's name.
+    fn params(self) -> &'static str {
+        match self {
+            Frame::Kernel(_) => "p",
+            Frame::Epilogue => "ep",
+        }
+    }
+
+    /// The binding of the first output (inputs follow the outputs).
+    fn first_binding(self) -> u32 {
+        match self {
+            Frame::Kernel(_) => 1,
+            Frame::Epilogue => EPILOGUE_BINDING + 1,
+        }
+    }
 }
 
 /// The int64 helpers of the generated kernels.
 const INT64_WGSL: &str = include_str!("../../../shaders/int64.wgsl");
+
+/// Whether any member of `members` or any of their inputs is int64.
+fn touches_int64(ex: &Exec, members: &[usize]) -> bool {
+    let plan = ex.plan;
+    members
+        .iter()
+        .flat_map(|&m| plan.inputs[m].iter().copied().chain([m]))
+        .any(|j| plan.nodes[j].dtype() == DType::I64)
+}
 
 fn fused_op(op: &crate::ops::Op) -> Result<FusedOp> {
     match op.class() {
@@ -53,7 +98,6 @@ fn fused_op(op: &crate::ops::Op) -> Result<FusedOp> {
     }
 }
 
-/// The WGSL type a dtype computes in.
 fn wty(d: DType) -> &'static str {
     match d {
         DType::I64 => "vec2<u32>",
@@ -162,12 +206,21 @@ fn cast_expr(from: DType, to: DType, v: &str) -> String {
     }
 }
 
-/// Records group `g` as one kernel, or member by member where it cannot run as a whole.
+/// Records group `g` as one kernel (with the product or convolution it runs after, as
+/// that kernel's epilogue, where it can), or member by member where it cannot run as a
+/// whole.
 pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Slot>]) -> Result<()> {
-    if g.first.is_some() || !g.folds.is_empty() || !g.hidden.is_empty() {
-        return Err(Error::Runtime(
-            "internal: a GPU group with an epilogue or folds".into(),
-        ));
+    if !g.folds.is_empty() || !g.hidden.is_empty() {
+        return Err(Error::Runtime("internal: a GPU group with folds".into()));
+    }
+    if let Some(f) = g.first {
+        let fused = ex.lay.place[f] == Place::Gpu && super::kernels::record_then(ex, f, g)?;
+        if fused {
+            return Ok(());
+        }
+        if ex.slots[f].is_none() {
+            ex.step(f, feeds)?;
+        }
     }
     let whole = g.members.iter().all(|&m| ex.lay.place[m] == Place::Gpu) && {
         let shapes = member_shapes(ex, &g.members)?;
@@ -188,10 +241,214 @@ pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Slot>]) -> Re
     Ok(())
 }
 
+/// A group of a run (`record_run`), the shape it computes and its inputs' modes.
+type Segment<'g> = (&'g Group, Vec<usize>, Vec<(usize, Mode)>);
+
+/// Records a run of groups that nothing reads (`Schedule::runs`: the optimizer's updates)
+/// as one kernel over their concatenated index spaces: element `i` of the run belongs to
+/// the group whose range holds it, which computes its element `i - start`. Each group
+/// reads its own parameter block in the kernel's tail; an input read by several groups
+/// (a learning rate) is bound once. Groups the kernel cannot run whole are recorded as
+/// `record` does; the run stays within the adapter's storage-buffer limit (else the
+/// groups run one kernel each).
+pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Slot>]) -> Result<()> {
+    let mut segs: Vec<Segment> = Vec::new();
+    for &g in gs {
+        let whole = g.first.is_none()
+            && g.folds.is_empty()
+            && g.hidden.is_empty()
+            && g.members.iter().all(|&m| ex.lay.place[m] == Place::Gpu)
+            && !touches_int64(ex, &g.members);
+        let shape = if whole {
+            let shapes = member_shapes(ex, &g.members)?;
+            let last = &shapes[g.members.last().expect("a group has members")];
+            g.outputs
+                .iter()
+                .all(|o| &shapes[o] == last)
+                .then(|| last.clone())
+        } else {
+            None
+        };
+        match shape {
+            Some(shape) => {
+                let ext = ext_modes(ex, &g.members, shape.iter().product(), None);
+                segs.push((g, shape, ext));
+            }
+            None => record(ex, g, feeds)?,
+        }
+    }
+    let mut inputs: Vec<usize> = Vec::new();
+    for (_, _, ext) in &segs {
+        for (j, m) in ext {
+            if matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast) && !inputs.contains(j) {
+                inputs.push(*j);
+            }
+        }
+    }
+    let outputs: usize = segs.iter().map(|(g, _, _)| g.outputs.len()).sum();
+    let limit = ex.ctx.limits.max_storage_buffers_per_shader_stage as usize;
+    if segs.len() < 2 || 1 + outputs + inputs.len() > limit {
+        for (g, _, _) in segs {
+            record_members(ex, &g.members, &g.outputs)?;
+        }
+        return Ok(());
+    }
+    // Tail: the segments' element starts (k + 1 words), the word offset in the tail of
+    // each segment's block, then the blocks (a `Fused` block and its tail each).
+    let k = segs.len();
+    let mut starts = vec![0u32];
+    for (_, shape, _) in &segs {
+        let n: usize = shape.iter().product();
+        starts.push(starts.last().expect("a start") + n as u32);
+    }
+    let mut tail = starts.clone();
+    let mut blocks: Vec<u32> = Vec::new();
+    let mut heads = Vec::new();
+    let mut outs: Vec<(usize, DTensor)> = Vec::new();
+    for (g, shape, ext) in &segs {
+        let (words, _, o) = operands(ex, &g.outputs, ext, shape, Frame::Kernel(""))?;
+        heads.push((2 * k + 1 + blocks.len()) as u32);
+        blocks.extend(words.0);
+        outs.extend(g.outputs.iter().copied().zip(o));
+    }
+    tail.extend(heads);
+    tail.extend(blocks);
+    let total = *starts.last().expect("a start") as usize;
+    // Bindings: the outputs in order, then the inputs.
+    let members: Vec<usize> = segs
+        .iter()
+        .flat_map(|(g, _, _)| g.members.iter().copied().chain([usize::MAX]))
+        .collect();
+    let key = (
+        members,
+        segs.iter().flat_map(|(_, _, ext)| mode_key(ext)).collect(),
+    );
+    let cached = ex
+        .lay
+        .fused
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .cloned();
+    let pipe = match cached {
+        Some(p) => p,
+        None => {
+            let src = generate_run(ex, &segs, &inputs)?;
+            let p = pipelines::generated(ex.ctx, &src, "fused_run")?;
+            ex.lay
+                .fused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, p.clone());
+            p
+        }
+    };
+    let ins: Vec<DTensor> = inputs.iter().map(|&j| ex.dev(j)).collect::<Result<_>>()?;
+    let mut bufs: Vec<(u32, &DTensor)> = outs
+        .iter()
+        .enumerate()
+        .map(|(b, (_, t))| (1 + b as u32, t))
+        .collect();
+    let first_in = 1 + outs.len() as u32;
+    bufs.extend(
+        ins.iter()
+            .enumerate()
+            .map(|(b, t)| (first_in + b as u32, t)),
+    );
+    let block = params::Fused {
+        n: total as u32,
+        rank: k as u32,
+    };
+    ex.dispatch(pipe, &bufs, Params::with_tail(&block, &tail), grid(total));
+    drop(bufs);
+    for (o, t) in outs {
+        ex.slots[o] = Some(Slot::dev(t));
+    }
+    Ok(())
+}
+
+/// The WGSL of a run of groups (`record_run`): segment `k` computes element
+/// `i - starts[k]` of its group, reading its block at word `heads[k]` of the tail.
+fn generate_run(ex: &Exec, segs: &[Segment], inputs: &[usize]) -> Result<String> {
+    let mut src = pipelines::common(ex.ctx.has_f16) + FUSED_WGSL;
+    let mut binding = 1;
+    for (g, _, _) in segs {
+        for o in &g.outputs {
+            let _ = writeln!(
+                src,
+                "@group(0) @binding({binding}) var<storage, read_write> o{o}: array<u32>;"
+            );
+            binding += 1;
+        }
+    }
+    for j in inputs {
+        let _ = writeln!(
+            src,
+            "@group(0) @binding({binding}) var<storage, read> s{j}: array<u32>;"
+        );
+        binding += 1;
+    }
+    src.push_str(
+        "fn sbidx(i: u32, h: u32, base: u32) -> u32 {\n    let r = p.tail[h + 1u];\n    var rem = i;\n    \
+         var off = 0u;\n    for (var k = 0u; k < r; k++) {\n        let d = r - 1u - k;\n        \
+         let dim = p.tail[h + 2u + d];\n        off += (rem % dim) * p.tail[h + 2u + base + d];\n        \
+         rem = rem / dim;\n    }\n    return off;\n}\n",
+    );
+    let access = Access {
+        rank: "p.tail[h + 1u]".into(),
+        tail: "p.tail[h + 2u + ".into(),
+        bidx: "sbidx(i, h, ".into(),
+    };
+    let mut helpers = Vec::new();
+    let k = segs.len();
+    let mut main = String::new();
+    for (s, (g, _, ext)) in segs.iter().enumerate() {
+        let b = body(
+            ex,
+            &g.members,
+            &g.outputs,
+            ext,
+            &access,
+            &mut helpers,
+            &|q| format!("o{}", g.outputs[q]),
+            &|q| format!("s{}", ext[q].0),
+        )?;
+        let cond = if s + 1 < k {
+            format!("if (gi < p.tail[{}u]) ", s + 1)
+        } else {
+            String::new()
+        };
+        let _ = write!(
+            main,
+            "{}{cond}{{\n    let i = gi - p.tail[{s}u];\n    let h = p.tail[{}u];\n{b}}}",
+            if s == 0 { "    " } else { " else " },
+            k + 1 + s
+        );
+    }
+    for h in helpers {
+        src.push_str(&h);
+    }
+    let _ = write!(
+        src,
+        "@compute @workgroup_size(256)\nfn fused_run(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
+         let gi = fk_index(g, nw);\n    if (gi >= p.n) {{ return; }}\n{main}\n}}\n"
+    );
+    Ok(src)
+}
+
 /// Runtime shapes of `members` (in plan order), from their inputs' slots.
 fn member_shapes(ex: &Exec, members: &[usize]) -> Result<HashMap<usize, Vec<usize>>> {
+    member_shapes_from(ex, members, HashMap::new())
+}
+
+/// Runtime shapes of `members` (in plan order), from `shapes` (slots not computed yet)
+/// and their inputs' slots.
+fn member_shapes_from(
+    ex: &Exec,
+    members: &[usize],
+    mut shapes: HashMap<usize, Vec<usize>>,
+) -> Result<HashMap<usize, Vec<usize>>> {
     let plan = ex.plan;
-    let mut shapes: HashMap<usize, Vec<usize>> = HashMap::new();
     for &m in members {
         let ins = &plan.inputs[m];
         let sh = |j: usize| -> Vec<usize> {
@@ -235,20 +492,78 @@ fn member_shapes(ex: &Exec, members: &[usize]) -> Result<HashMap<usize, Vec<usiz
 /// in their slots.
 pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]) -> Result<()> {
     let plan = ex.plan;
-    let is_member = |j: usize| members.contains(&j);
     let shapes = member_shapes(ex, members)?;
     let s = *members.last().expect("a kernel has members");
     let out_shape = shapes[&s].clone();
     let n: usize = out_shape.iter().product();
-    // External inputs, in first-use order.
+    let ext = ext_modes(ex, members, n, None);
+    let key = mode_key(&ext);
+    let cached = ex
+        .lay
+        .fused
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(members.to_vec(), key.clone()))
+        .cloned();
+    let tag = match plan.nodes[s].dtype() {
+        DType::I64 => "i64",
+        d => dtag(d).expect("gpu dtype"),
+    };
+    let entry = format!("fused_{tag}");
+    let pipe = match cached {
+        Some(p) => p,
+        None => {
+            let src = generate(ex, members, outputs, &ext, Frame::Kernel(&entry))?;
+            let p = pipelines::generated(ex.ctx, &src, &entry)?;
+            ex.lay
+                .fused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert((members.to_vec(), key), p.clone());
+            p
+        }
+    };
+    let (words, bound, outs) = operands(ex, outputs, &ext, &out_shape, Frame::Kernel(""))?;
+    let mut bufs: Vec<(u32, &DTensor)> = outs
+        .iter()
+        .enumerate()
+        .map(|(k, t)| (1 + k as u32, t))
+        .collect();
+    bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
+    ex.dispatch(pipe, &bufs, words, grid(n));
+    for (&o, t) in outputs.iter().zip(outs) {
+        ex.slots[o] = Some(Slot::dev(t));
+    }
+    Ok(())
+}
+
+/// The modes of a kernel's inputs, as a pipeline cache key.
+fn mode_key(ext: &[(usize, Mode)]) -> Vec<u32> {
+    ext.iter()
+        .flat_map(|(_, m)| match m {
+            Mode::Same => [0, 0],
+            Mode::Scalar => [1, 0],
+            Mode::Bcast => [2, 0],
+            Mode::Param(_) => [3, 0],
+            Mode::Stored => [4, 0],
+        })
+        .collect()
+}
+
+/// The external inputs of `members`, in first-use order, and how the kernel reads each
+/// per element of an `n`-element result; `stored` is the result of the kernel an
+/// epilogue runs in.
+fn ext_modes(ex: &Exec, members: &[usize], n: usize, stored: Option<usize>) -> Vec<(usize, Mode)> {
+    let plan = ex.plan;
     let mut ext: Vec<(usize, Mode)> = Vec::new();
     for &m in members {
         let h = plan.nodes[m].op().shape_operands();
         for (p, &j) in plan.inputs[m].iter().enumerate() {
-            if h.contains(&p) || is_member(j) || ext.iter().any(|e| e.0 == j) {
+            if h.contains(&p) || members.contains(&j) || ext.iter().any(|e| e.0 == j) {
                 continue;
             }
             let mode = match &plan.steps[j] {
+                _ if stored == Some(j) => Mode::Stored,
                 Step::Folded(v) if v.len() == 1 && transfer::to_words(v).is_some() => {
                     let w = transfer::to_words(v).expect("a device dtype");
                     Mode::Param([w[0], w.get(1).copied().unwrap_or(0)])
@@ -267,90 +582,212 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
             ext.push((j, mode));
         }
     }
-    let key: Vec<u32> = ext
-        .iter()
-        .flat_map(|(_, m)| match m {
-            Mode::Same => [0, 0],
-            Mode::Scalar => [1, 0],
-            Mode::Bcast => [2, 0],
-            Mode::Param(_) => [3, 0],
-        })
-        .collect();
-    let cached = ex
-        .lay
-        .fused
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(members.to_vec(), key.clone()))
-        .cloned();
-    let tag = match plan.nodes[s].dtype() {
-        DType::I64 => "i64",
-        d => dtag(d).expect("gpu dtype"),
-    };
-    let entry = format!("fused_{tag}");
-    let pipe = match cached {
-        Some(p) => p,
-        None => {
-            let src = generate(ex, members, outputs, &ext, &entry)?;
-            let p = pipelines::generated(ex.ctx, &src, &entry)?;
-            ex.lay
-                .fused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert((members.to_vec(), key), p.clone());
-            p
-        }
-    };
-    // Tail: out_shape, the strides of each broadcast input, the scalar constants.
-    let rank = out_shape.len();
+    ext
+}
+
+/// What a generated body binds for a result of shape `out_shape`: its parameter words
+/// (the `Fused` block and its tail: `out_shape`, the strides of each broadcast input, the
+/// scalar constants), its inputs' (binding, tensor) pairs, and fresh buffers for
+/// `outputs`.
+#[allow(clippy::type_complexity)] // the three parts of one binding plan
+fn operands(
+    ex: &mut Exec,
+    outputs: &[usize],
+    ext: &[(usize, Mode)],
+    out_shape: &[usize],
+    frame: Frame,
+) -> Result<(Params, Vec<(u32, DTensor)>, Vec<DTensor>)> {
+    let plan = ex.plan;
     let mut tail: Vec<u32> = out_shape.iter().map(|&d| d as u32).collect();
     let mut bound = Vec::new();
-    let first_in = 1 + outputs.len() as u32;
+    let first_in = frame.first_binding() + outputs.len() as u32;
     for (k, (j, mode)) in ext.iter().enumerate() {
         if *mode == Mode::Bcast {
-            tail.extend(bcast_strides(&ex.slot(*j).shape, &out_shape));
+            tail.extend(bcast_strides(&ex.slot(*j).shape, out_shape));
         }
-        if !matches!(mode, Mode::Param(_)) {
+        if matches!(mode, Mode::Same | Mode::Scalar | Mode::Bcast) {
             bound.push((first_in + k as u32, ex.dev(*j)?));
         }
     }
-    for (j, m) in &ext {
+    for (j, m) in ext {
         if let Mode::Param(w) = m {
             tail.extend(&w[..words_per(plan.nodes[*j].dtype())]);
         }
     }
     let outs = outputs
         .iter()
-        .map(|&o| ex.alloc(&out_shape, plan.nodes[o].dtype(), o))
+        .map(|&o| ex.alloc(out_shape, plan.nodes[o].dtype(), o))
         .collect::<Result<Vec<_>>>()?;
-    let mut bufs: Vec<(u32, &super::DTensor)> = outs
-        .iter()
-        .enumerate()
-        .map(|(k, t)| (1 + k as u32, t))
-        .collect();
-    bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
     let block = params::Fused {
-        n: n as u32,
-        rank: rank as u32,
+        n: out_shape.iter().product::<usize>() as u32,
+        rank: out_shape.len() as u32,
     };
-    ex.dispatch(pipe, &bufs, Params::with_tail(&block, &tail), grid(n));
-    for (&o, t) in outputs.iter().zip(outs) {
-        ex.slots[o] = Some(Slot::dev(t));
-    }
-    Ok(())
+    Ok((Params::with_tail(&block, &tail), bound, outs))
 }
 
+/// A group computed in the kernel of the product or convolution it reads
+/// (`Group::first`), as the kernel stores each element of its result, which is then
+/// never written (`epilogue`).
+pub(crate) struct Epilogue {
+    /// The bindings, helpers and `fn epi(i: u32, v: f32)` that the kernel's module gets.
+    src: String,
+    /// (binding, tensor) pairs bound besides the kernel's operands: the parameter block,
+    /// the outputs and the inputs.
+    pub bufs: Vec<(u32, DTensor)>,
+    /// The group's outputs and their buffers.
+    outputs: Vec<(usize, DTensor)>,
+    /// The pipeline cache key of the group (its members, then the producer) and its
+    /// inputs' modes.
+    key: (Vec<usize>, Vec<u32>),
+}
+
+impl Epilogue {
+    /// The pipeline of entry point `entry` of `module` (a hand-written kernel's WGSL,
+    /// which stores its result through one line `fn st(i: u32, v: T) { ... }`) with that
+    /// store replaced by the epilogue; cached per plan by the group, its inputs' modes
+    /// and the entry point.
+    pub fn pipeline(
+        &self,
+        ex: &Exec,
+        module: impl FnOnce() -> String,
+        entry: &str,
+    ) -> Result<Arc<Pipe>> {
+        let mut key = self.key.clone();
+        key.1.extend(entry.bytes().map(u32::from));
+        let cached = ex
+            .lay
+            .fused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(p) = cached {
+            return Ok(p);
+        }
+        let module = module();
+        let start = module
+            .find("\nfn st(")
+            .ok_or_else(|| Error::Runtime("internal: the kernel has no store line".into()))?
+            + 1;
+        let end = module[start..]
+            .find('\n')
+            .map_or(module.len(), |e| start + e);
+        // The entry point heads the source, which keys the device's pipeline cache.
+        let src = format!(
+            "// {entry} with an epilogue\n{}fn st(i: u32, v: T) {{ epi(i, t_norm(v)); }}{}{}",
+            &module[..start],
+            &module[end..],
+            self.src
+        );
+        let p = pipelines::generated(ex.ctx, &src, entry)?;
+        ex.lay
+            .fused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Puts the group's outputs in their slots (after the kernel is recorded).
+    pub fn finish(self, ex: &mut Exec) {
+        for (o, t) in self.outputs {
+            ex.slots[o] = Some(Slot::dev(t));
+        }
+    }
+}
+
+/// The epilogue computing group `g` in the kernel of node `f` (a product or convolution
+/// whose result has shape `shape`, not computed yet), which binds `used` storage buffers
+/// of its own besides its parameter block: `None` where the group cannot run so (a
+/// member on the host, outputs of another shape, more buffers than the adapter binds).
+pub(crate) fn epilogue(
+    ex: &mut Exec,
+    g: &Group,
+    f: usize,
+    shape: &[usize],
+    used: usize,
+) -> Result<Option<Epilogue>> {
+    let plan = ex.plan;
+    if g.first != Some(f)
+        || !g.folds.is_empty()
+        || plan.nodes[f].dtype() != DType::F32
+        || !g.members.iter().all(|&m| ex.lay.place[m] == Place::Gpu)
+        || touches_int64(ex, &g.members)
+    {
+        return Ok(None);
+    }
+    let shapes = member_shapes_from(ex, &g.members, HashMap::from([(f, shape.to_vec())]))?;
+    let last = g.members.last().expect("a group has members");
+    if shapes[last] != shape || g.outputs.iter().any(|o| shapes[o] != shape) {
+        return Ok(None);
+    }
+    let n: usize = shape.iter().product();
+    let ext = ext_modes(ex, &g.members, n, Some(f));
+    let binds = ext
+        .iter()
+        .filter(|(_, m)| matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast))
+        .count();
+    let limit = ex.ctx.limits.max_storage_buffers_per_shader_stage as usize;
+    if 1 + used + 1 + g.outputs.len() + binds > limit {
+        return Ok(None);
+    }
+    let src = generate(ex, &g.members, &g.outputs, &ext, Frame::Epilogue)?;
+    let (words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Epilogue)?;
+    let pbuf = pool::alloc(ex.ctx, words.0.len() as u64 * 4, &|| {
+        "epilogue parameters".into()
+    })?;
+    ex.ctx
+        .queue
+        .write_buffer(pbuf.raw(), 0, bytemuck::cast_slice(&words.0));
+    let block = DTensor {
+        buf: pbuf,
+        shape: vec![words.0.len()],
+        dtype: DType::I32,
+    };
+    let first = Frame::Epilogue.first_binding();
+    let mut bufs = vec![(EPILOGUE_BINDING, block)];
+    bufs.extend(
+        outs.iter()
+            .enumerate()
+            .map(|(k, t)| (first + k as u32, t.clone())),
+    );
+    bufs.extend(bound);
+    Ok(Some(Epilogue {
+        src,
+        bufs,
+        outputs: g.outputs.iter().copied().zip(outs).collect(),
+        key: (
+            g.members.iter().copied().chain([f]).collect(),
+            mode_key(&ext),
+        ),
+    }))
+}
+
+/// How a generated body reads its parameters: its block's `rank`, the start of its tail
+/// (word `e` of the tail is `{tail}e]`), and the broadcast index helper's call up to its
+/// last argument.
+struct Access {
+    rank: String,
+    tail: String,
+    bidx: String,
+}
+
+/// The WGSL of `members` computed per element `i` and written to `outputs`: a module
+/// with its entry point (`Frame::Kernel`), or the declarations and `fn epi(i, v)` that an
+/// epilogue adds to its kernel's module (`Frame::Epilogue`).
 fn generate(
     ex: &Exec,
     members: &[usize],
     outputs: &[usize],
     ext: &[(usize, Mode)],
-    entry: &str,
+    frame: Frame,
 ) -> Result<String> {
-    let plan = ex.plan;
     let has_f16 = ex.ctx.has_f16;
-    let mut src = pipelines::common(has_f16);
-    src.push_str(FUSED_WGSL);
+    let (mut src, bidx) = match frame {
+        Frame::Kernel(_) => (pipelines::common(has_f16) + FUSED_WGSL, "bidx"),
+        Frame::Epilogue => (EPILOGUE_WGSL.to_string(), "ep_bidx"),
+    };
+    let plan = ex.plan;
     let int64 = members
         .iter()
         .chain(ext.iter().map(|(j, _)| j))
@@ -358,30 +795,87 @@ fn generate(
     if int64 {
         src.push_str(INT64_WGSL);
     }
+    let p = frame.params();
+    let first = frame.first_binding() as usize;
     for k in 0..outputs.len() {
         let _ = writeln!(
             src,
             "@group(0) @binding({}) var<storage, read_write> out{k}: array<u32>;",
-            1 + k
+            first + k
         );
     }
     for (k, (_, m)) in ext.iter().enumerate() {
-        if !matches!(m, Mode::Param(_)) {
+        if matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast) {
             let _ = writeln!(
                 src,
                 "@group(0) @binding({}) var<storage, read> in{k}: array<u32>;",
-                1 + outputs.len() + k
+                first + outputs.len() + k
             );
         }
     }
     if ext.iter().any(|e| e.1 == Mode::Bcast) {
-        src.push_str(
-            "fn bidx(i: u32, base: u32) -> u32 {\n    let r = p.rank;\n    var rem = i;\n    var off = 0u;\n    \
-             for (var k = 0u; k < r; k++) {\n        let d = r - 1u - k;\n        let dim = p.tail[d];\n        \
-             off += (rem % dim) * p.tail[base + d];\n        rem = rem / dim;\n    }\n    return off;\n}\n",
+        let _ = write!(
+            src,
+            "fn {bidx}(i: u32, base: u32) -> u32 {{\n    let r = {p}.rank;\n    var rem = i;\n    var off = 0u;\n    \
+             for (var k = 0u; k < r; k++) {{\n        let d = r - 1u - k;\n        let dim = {p}.tail[d];\n        \
+             off += (rem % dim) * {p}.tail[base + d];\n        rem = rem / dim;\n    }}\n    return off;\n}}\n",
         );
     }
+    let access = Access {
+        rank: format!("{p}.rank"),
+        tail: format!("{p}.tail["),
+        bidx: format!("{bidx}(i, "),
+    };
     let mut helpers: Vec<String> = Vec::new();
+    let body = body(
+        ex,
+        members,
+        outputs,
+        ext,
+        &access,
+        &mut helpers,
+        &|k| format!("out{k}"),
+        &|k| format!("in{k}"),
+    )?;
+    for h in helpers {
+        src.push_str(&h);
+    }
+    match frame {
+        Frame::Kernel(entry) => {
+            let _ = write!(
+                src,
+                "@compute @workgroup_size(256)\nfn {entry}(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
+                 let i = fk_index(g, nw);\n    if (i >= p.n) {{ return; }}\n{body}}}\n"
+            );
+        }
+        Frame::Epilogue => {
+            // Reading `ep.n` keeps the parameter binding in the pipeline's layout.
+            let _ = write!(
+                src,
+                "fn epi(i: u32, v: f32) {{\n    if (i >= ep.n) {{ return; }}\n{body}}}\n"
+            );
+        }
+    }
+    Ok(src)
+}
+
+/// The statements computing `members` at element `i` and storing `outputs` (output `k`
+/// to buffer `out_buf(k)`, input `k` of `ext` read from buffer `in_buf(k)`), the helper
+/// functions they call added to `helpers`.
+#[allow(clippy::too_many_arguments)] // a body's members, buffers and parameter access
+fn body(
+    ex: &Exec,
+    members: &[usize],
+    outputs: &[usize],
+    ext: &[(usize, Mode)],
+    access: &Access,
+    helpers: &mut Vec<String>,
+    out_buf: &dyn Fn(usize) -> String,
+    in_buf: &dyn Fn(usize) -> String,
+) -> Result<String> {
+    let plan = ex.plan;
+    let has_f16 = ex.ctx.has_f16;
+    let Access { rank, tail, bidx } = access;
     let mut body = String::new();
     let mut bcast_k = 0usize;
     let n_bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
@@ -389,16 +883,21 @@ fn generate(
     let mut name: HashMap<usize, String> = HashMap::new();
     for (k, (j, mode)) in ext.iter().enumerate() {
         let d = plan.nodes[*j].dtype();
+        if let Mode::Stored = mode {
+            let _ = writeln!(body, "    let x{j} = v;");
+            name.insert(*j, format!("x{j}"));
+            continue;
+        }
         // Word `w` of the element (int64: 0 low, 1 high).
         let word = |w: usize| match mode {
-            Mode::Same if d == DType::I64 => format!("in{k}[2u * i + {w}u]"),
-            Mode::Same => format!("in{k}[i]"),
-            Mode::Scalar => format!("in{k}[{w}u]"),
+            Mode::Same if d == DType::I64 => format!("{}[2u * i + {w}u]", in_buf(k)),
+            Mode::Same | Mode::Stored => format!("{}[i]", in_buf(k)),
+            Mode::Scalar => format!("{}[{w}u]", in_buf(k)),
             Mode::Bcast if d == DType::I64 => {
-                format!("in{k}[2u * bidx(i, p.rank + {bcast_k}u * p.rank) + {w}u]")
+                format!("{}[2u * {bidx}{rank} + {bcast_k}u * {rank}) + {w}u]", in_buf(k))
             }
-            Mode::Bcast => format!("in{k}[bidx(i, p.rank + {bcast_k}u * p.rank)]"),
-            Mode::Param(_) => format!("p.tail[p.rank * {}u + {}u]", 1 + n_bcast, param_k + w),
+            Mode::Bcast => format!("{}[{bidx}{rank} + {bcast_k}u * {rank})]", in_buf(k)),
+            Mode::Param(_) => format!("{tail}{rank} * {}u + {}u]", 1 + n_bcast, param_k + w),
         };
         let load = if d == DType::I64 {
             format!("vec2<u32>({}, {})", word(0), word(1))
@@ -408,7 +907,7 @@ fn generate(
         match mode {
             Mode::Bcast => bcast_k += 1,
             Mode::Param(_) => param_k += words_per(d),
-            Mode::Same | Mode::Scalar => {}
+            Mode::Same | Mode::Scalar | Mode::Stored => {}
         }
         let _ = writeln!(body, "    let x{j} = {load};");
         name.insert(*j, format!("x{j}"));
@@ -470,25 +969,18 @@ fn generate(
         let _ = writeln!(body, "    let v{m} = {norm}({expr});");
         name.insert(m, format!("v{m}"));
     }
-    for h in helpers {
-        src.push_str(&h);
-    }
     for (k, &o) in outputs.iter().enumerate() {
         if plan.nodes[o].dtype() == DType::I64 {
+            let b = out_buf(k);
             let _ = writeln!(
                 body,
-                "    out{k}[2u * i] = v{o}.x;\n    out{k}[2u * i + 1u] = v{o}.y;"
+                "    {b}[2u * i] = v{o}.x;\n    {b}[2u * i + 1u] = v{o}.y;"
             );
         } else {
-            let _ = writeln!(body, "    out{k}[i] = bitcast<u32>(v{o});");
+            let _ = writeln!(body, "    {}[i] = bitcast<u32>(v{o});", out_buf(k));
         }
     }
-    let _ = write!(
-        src,
-        "@compute @workgroup_size(256)\nfn {entry}(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
-         let i = fk_index(g, nw);\n    if (i >= p.n) {{ return; }}\n{body}}}\n"
-    );
-    Ok(src)
+    Ok(body)
 }
 
 #[cfg(test)]

@@ -201,10 +201,11 @@ blocks! {
         mode: u32,
     }
 
-    /// The generated fused elementwise kernels (`fusion.rs`, WGSL in `FUSED_WGSL`).
+    /// The generated fused elementwise kernels (`fusion.rs`, WGSL in `FUSED_WGSL`), and
+    /// the generated epilogues of product and convolution kernels (`EPILOGUE_WGSL`).
     /// Tail: `out_shape[rank]`, `rank` strides per broadcast input, then one word per
     /// folded scalar constant.
-    struct Fused in ["fused"] + tail {
+    struct Fused in ["fused", "epilogue"] + tail {
         n: u32,
         rank: u32,
     }
@@ -214,10 +215,19 @@ blocks! {
 pub(crate) const FUSED_WGSL: &str = "struct Fused {\n    n: u32,\n    rank: u32,\n    \
      tail: array<u32>,\n}\n@group(0) @binding(0) var<storage, read> p: Fused;\n";
 
+/// The binding of an epilogue's parameter block in the kernel it runs in (past the
+/// hand-written kernels' bindings); its outputs and inputs follow.
+pub(crate) const EPILOGUE_BINDING: u32 = 7;
+
+/// The parameter block of a generated epilogue (`fusion::Epilogue`): a `Fused` block,
+/// bound at `EPILOGUE_BINDING` of the product's or convolution's kernel as `ep`.
+pub(crate) const EPILOGUE_WGSL: &str = "struct Fused {\n    n: u32,\n    rank: u32,\n    \
+     tail: array<u32>,\n}\n@group(0) @binding(7) var<storage, read> ep: Fused;\n";
+
 #[cfg(test)]
 mod tests {
     use super::super::pipelines;
-    use super::{FUSED_WGSL, LAYOUTS};
+    use super::{EPILOGUE_WGSL, FUSED_WGSL, LAYOUTS};
 
     pub(super) struct Layout {
         pub name: &'static str,
@@ -230,6 +240,8 @@ mod tests {
     fn module(family: &str) -> naga::Module {
         let src = if family == "fused" {
             format!("{}{FUSED_WGSL}", pipelines::common(false))
+        } else if family == "epilogue" {
+            format!("{}{EPILOGUE_WGSL}", pipelines::common(false))
         } else {
             pipelines::family_source(family, "f32", false)
         };

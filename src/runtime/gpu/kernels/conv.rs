@@ -2,16 +2,20 @@
 //! `shaders/conv.wgsl`.
 
 use super::super::exec::{grid, Exec, Slot};
+use super::super::fusion::{self, Epilogue};
 use super::super::params::{self as blk, Params};
+use super::super::pipelines::Pipe;
 use super::super::pipelines::{self};
 use super::super::DTensor;
 use super::matmul::MATMUL_K_STEP;
 use super::movement::fill;
 use super::reduce::reduce;
-use super::{host_value, tag, LOOP_BUDGET};
+use super::{consumed, host_value, tag, LOOP_BUDGET};
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
+use crate::compile::fuse::Group;
 use crate::ops::conv::{self, cpu::Geom, ConvSpec};
+use std::sync::Arc;
 
 /// Loop iterations per invocation of the convolution kernels for a GEMM contracting `k`
 /// values into `cols` output channels per group: the direct kernel (under DIRECT_BELOW
@@ -59,13 +63,12 @@ fn conv_block(g: &Geom, splits: usize, chunk: usize) -> blk::Conv {
 /// beat the 64-wide tiles (depthwise convolutions: one channel per group).
 const DIRECT_BELOW: usize = 16;
 
-/// Records tiled kernel `kernel` over a `rows` x `cols` GEMM per z slice, as dispatches
+/// Records tiled kernel `pipe` over a `rows` x `cols` GEMM per z slice, as dispatches
 /// of at most 65535 row tiles each (the grid limit per dimension).
 #[allow(clippy::too_many_arguments)] // the GEMM geometry, spelled out at each call
 fn conv_tiled(
     ex: &mut Exec,
-    kernel: &str,
-    dtype: DType,
+    pipe: Arc<Pipe>,
     p: blk::Conv,
     bufs: &[(u32, &DTensor)],
     rows: usize,
@@ -77,7 +80,6 @@ fn conv_tiled(
             "conv: {z} groups exceed the GPU grid limit of 65535"
         )));
     }
-    let pipe = pipelines::family(ex.ctx, "conv", kernel, tag(dtype)?)?;
     let tiles = rows.div_ceil(64);
     let per = 65535usize;
     for t0 in (0..tiles).step_by(per) {
@@ -99,25 +101,37 @@ fn conv_tiled(
     Ok(())
 }
 
-fn conv_fwd(ex: &mut Exec, g: &Geom, out: &DTensor, x: &DTensor, w: &DTensor) -> Result<()> {
+/// The forward convolution over `bufs` (the result at binding 1, or an epilogue's
+/// bindings with `epi`, then x at 2 and the kernel at 3).
+fn conv_fwd(
+    ex: &mut Exec,
+    g: &Geom,
+    bufs: &[(u32, &DTensor)],
+    dtype: DType,
+    epi: Option<&Epilogue>,
+) -> Result<()> {
     let og = g.cout / g.groups;
     let p = conv_block(g, 1, 0);
-    if og < DIRECT_BELOW {
-        let pipe = pipelines::family(ex.ctx, "conv", "conv_fwd_direct", tag(x.dtype)?)?;
-        let groups = grid(out.numel());
-        ex.dispatch(pipe, &[(1, out), (2, x), (3, w)], Params::of(&p), groups);
+    let direct = og < DIRECT_BELOW;
+    let kernel = if direct {
+        "conv_fwd_direct"
+    } else {
+        "conv_fwd"
+    };
+    let pipe = match epi {
+        Some(e) => {
+            let t = tag(dtype)?;
+            let module = || pipelines::family_source("conv", t, ex.ctx.has_f16);
+            e.pipeline(ex, module, &format!("{kernel}_{t}"))?
+        }
+        None => pipelines::family(ex.ctx, "conv", kernel, tag(dtype)?)?,
+    };
+    if direct {
+        let groups = grid(g.y_shape.iter().product());
+        ex.dispatch(pipe, bufs, Params::of(&p), groups);
         Ok(())
     } else {
-        conv_tiled(
-            ex,
-            "conv_fwd",
-            x.dtype,
-            p,
-            &[(1, out), (2, x), (3, w)],
-            g.n * g.opix(),
-            og,
-            g.groups,
-        )
+        conv_tiled(ex, pipe, p, bufs, g.n * g.opix(), og, g.groups)
     }
 }
 
@@ -149,10 +163,10 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
                     kcount: field(4),
                     ..conv_block(g, 1, 0)
                 };
+                let pipe = pipelines::family(ex.ctx, "conv", "conv_dx", tag(gy.dtype)?)?;
                 conv_tiled(
                     ex,
-                    "conv_dx",
-                    gy.dtype,
+                    pipe,
                     p,
                     &[(1, out), (2, gy), (3, w)],
                     rows,
@@ -262,10 +276,10 @@ fn conv_dw_partials(
         Ok(())
     } else {
         let (rows, og) = (g.kk() * g.cin / g.groups, g.cout / g.groups);
+        let pipe = pipelines::family(ex.ctx, "conv", "conv_dw", tag(dtype)?)?;
         conv_tiled(
             ex,
-            "conv_dw",
-            dtype,
+            pipe,
             p,
             &[(1, out), (2, x), (3, gy)],
             rows,
@@ -275,7 +289,10 @@ fn conv_dw_partials(
     }
 }
 
-pub(super) fn conv(ex: &mut Exec, i: usize, spec: &ConvSpec) -> Result<Slot> {
+/// Records the convolution node `i`, with group `then` as its epilogue where it can
+/// (`kernels::record_then`): the result's slot, holding only its shape when the epilogue
+/// ran.
+pub(super) fn conv(ex: &mut Exec, i: usize, spec: &ConvSpec, then: Option<&Group>) -> Result<Slot> {
     let plan = ex.plan;
     let ins = &plan.inputs[i];
     let (x, w) = (ex.dev(ins[0])?, ex.dev(ins[1])?);
@@ -283,9 +300,26 @@ pub(super) fn conv(ex: &mut Exec, i: usize, spec: &ConvSpec) -> Result<Slot> {
     if gemm_loop(g.kk() * g.cin / g.groups, g.cout / g.groups) > LOOP_BUDGET {
         return ex.on_host(i);
     }
-    let out = ex.alloc(&g.y_shape, x.dtype, i)?;
-    conv_fwd(ex, &g, &out, &x, &w)?;
-    Ok(Slot::dev(out))
+    let epi = match then {
+        Some(grp) => fusion::epilogue(ex, grp, i, &g.y_shape, 2)?,
+        None => None,
+    };
+    match epi {
+        Some(e) => {
+            let bufs: Vec<(u32, &DTensor)> = [(2, &x), (3, &w)]
+                .into_iter()
+                .chain(e.bufs.iter().map(|(b, t)| (*b, t)))
+                .collect();
+            conv_fwd(ex, &g, &bufs, x.dtype, Some(&e))?;
+            e.finish(ex);
+            Ok(consumed(g.y_shape.clone(), x.dtype))
+        }
+        None => {
+            let out = ex.alloc(&g.y_shape, x.dtype, i)?;
+            conv_fwd(ex, &g, &[(1, &out), (2, &x), (3, &w)], x.dtype, None)?;
+            Ok(Slot::dev(out))
+        }
+    }
 }
 
 pub(super) fn conv_input_grad(ex: &mut Exec, i: usize, spec: &ConvSpec) -> Result<Slot> {

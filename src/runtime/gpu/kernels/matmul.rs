@@ -3,10 +3,21 @@
 use super::super::exec::{Exec, Slot};
 use super::super::params::{self as blk, Params};
 use super::super::pipelines::{self};
-use super::{max_groups, split_grid, tag};
+use super::super::{fusion, DTensor};
+use super::{consumed, max_groups, split_grid, tag};
 use crate::base::error::Result;
+use crate::compile::fuse::Group;
 
-pub(super) fn matmul(ex: &mut Exec, i: usize, ta: bool, tb: bool) -> Result<Slot> {
+/// Records the product node `i`, with group `then` as its epilogue where it can
+/// (`kernels::record_then`): the product's slot, holding only its shape when the epilogue
+/// ran.
+pub(super) fn matmul(
+    ex: &mut Exec,
+    i: usize,
+    ta: bool,
+    tb: bool,
+    then: Option<&Group>,
+) -> Result<Slot> {
     let plan = ex.plan;
     let ins = &plan.inputs[i];
     let a = ex.dev(ins[0])?;
@@ -17,7 +28,15 @@ pub(super) fn matmul(ex: &mut Exec, i: usize, ta: bool, tb: bool) -> Result<Slot
     let batches: usize = bshape.iter().product();
     let mut shape = bshape.clone();
     shape.extend([m, n]);
-    let out = ex.alloc(&shape, a.dtype, i)?;
+    // An epilogue needs the whole sum in one dispatch (one slice of K).
+    let epi = match then {
+        Some(g) if ka <= MATMUL_K_STEP => fusion::epilogue(ex, g, i, &shape, 4)?,
+        Some(_) | None => None,
+    };
+    let out = match epi {
+        Some(_) => None,
+        None => Some(ex.alloc(&shape, a.dtype, i)?),
+    };
     let bstrides = |own: &[usize], mat: usize| -> Vec<u32> {
         let lead = bshape.len() - own.len();
         let mut st = vec![0u32; bshape.len()];
@@ -52,8 +71,21 @@ pub(super) fn matmul(ex: &mut Exec, i: usize, ta: bool, tb: bool) -> Result<Slot
     let mut tail: Vec<u32> = bshape.iter().map(|&d| d as u32).collect();
     tail.extend(bstrides(&sa[..ra - 2], sa[ra - 2] * sa[ra - 1]));
     tail.extend(bstrides(&sb[..rb - 2], sb[rb - 2] * sb[rb - 1]));
-    let pipe = pipelines::family(ex.ctx, "matmul", "matmul", tag(a.dtype)?)?;
+    let pipe = match &epi {
+        Some(e) => {
+            let t = tag(a.dtype)?;
+            let module = || pipelines::family_source("matmul", t, ex.ctx.has_f16);
+            e.pipeline(ex, module, &format!("matmul_{t}"))?
+        }
+        None => pipelines::family(ex.ctx, "matmul", "matmul", tag(a.dtype)?)?,
+    };
     let (a4, b4) = (a.as_vec4(), b.as_vec4());
+    let mut bufs: Vec<(u32, &DTensor)> = vec![(2, &a), (3, &b), (5, &a4), (6, &b4)];
+    match (&out, &epi) {
+        (Some(out), _) => bufs.push((1, out)),
+        (None, Some(e)) => bufs.extend(e.bufs.iter().map(|(b, t)| (*b, t))),
+        (None, None) => unreachable!("a product has a result or an epilogue"),
+    }
     let tiles = [n.div_ceil(64), m.div_ceil(64), batches];
     for (first, groups) in split_grid(tiles, max_groups(ex)) {
         // The first slice of K writes the output, the others add to it; K = 0 writes zeros.
@@ -68,15 +100,18 @@ pub(super) fn matmul(ex: &mut Exec, i: usize, ta: bool, tb: bool) -> Result<Slot
                 ..block
             };
             let p = Params::with_tail(&block, &tail);
-            ex.dispatch(
-                pipe.clone(),
-                &[(1, &out), (2, &a), (3, &b), (5, &a4), (6, &b4)],
-                p,
-                groups,
-            );
+            ex.dispatch(pipe.clone(), &bufs, p, groups);
         }
     }
-    Ok(Slot::dev(out))
+    drop(bufs);
+    match (out, epi) {
+        (Some(out), _) => Ok(Slot::dev(out)),
+        (None, Some(e)) => {
+            e.finish(ex);
+            Ok(consumed(shape, a.dtype))
+        }
+        (None, None) => unreachable!("a product has a result or an epilogue"),
+    }
 }
 
 /// The slice of the contracted dim one matmul dispatch sums (a multiple of its 16-deep

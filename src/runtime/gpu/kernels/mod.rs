@@ -9,6 +9,7 @@ use super::pipelines::dtag;
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use crate::base::value::Value;
+use crate::compile::fuse::Group;
 use crate::ops::graph::Tensor;
 use crate::ops::Op;
 
@@ -83,6 +84,35 @@ fn split_grid(counts: [usize; 3], limit: usize) -> Vec<([usize; 3], [u32; 3])> {
     out
 }
 
+/// Records the kernel of node `i` (a product or convolution) with group `g`, which reads
+/// its result, as the kernel's epilogue (`fusion::Epilogue`) where it can: then the
+/// group's outputs are in their slots and `i`'s result is never written (its slot holds
+/// only its shape, for `shape` to read). Otherwise records `i` alone into its slot.
+/// Returns whether the epilogue ran.
+pub(crate) fn record_then(ex: &mut Exec, i: usize, g: &Group) -> Result<bool> {
+    let node = &ex.plan.nodes[i];
+    let slot = if let Op::MatMul { ta, tb } = node.op() {
+        matmul::matmul(ex, i, *ta, *tb, Some(g))?
+    } else if let Op::Conv(spec) = node.op() {
+        conv::conv(ex, i, spec, Some(g))?
+    } else {
+        record(ex, i)?
+    };
+    let ran = slot.host.is_none() && slot.dev.is_none();
+    ex.slots[i] = Some(slot);
+    Ok(ran)
+}
+
+/// The slot of a result an epilogue consumed as it was computed: its shape only.
+fn consumed(shape: Vec<usize>, dtype: DType) -> Slot {
+    Slot {
+        shape,
+        dtype,
+        host: None,
+        dev: None,
+    }
+}
+
 /// Records the kernel(s) of node `i`.
 pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
     let node = &ex.plan.nodes[i];
@@ -105,8 +135,8 @@ pub(crate) fn record(ex: &mut Exec, i: usize) -> Result<Slot> {
             exclusive,
             reverse,
         } => reduce::scan(ex, i, op, axis, exclusive, reverse),
-        Op::MatMul { ta, tb } => matmul::matmul(ex, i, *ta, *tb),
-        Op::Conv(spec) => conv::conv(ex, i, spec),
+        Op::MatMul { ta, tb } => matmul::matmul(ex, i, *ta, *tb, None),
+        Op::Conv(spec) => conv::conv(ex, i, spec, None),
         Op::ConvInputGrad(spec) => conv::conv_input_grad(ex, i, spec),
         Op::ConvKernelGrad(spec) => conv::conv_kernel_grad(ex, i, spec),
         Op::Pool(spec) => pool::pool(ex, i, spec),
