@@ -156,6 +156,15 @@ fn gpu_supports(t: &Tensor) -> bool {
         && (!int64 || op.exact_int64())
 }
 
+/// The target of a loop body's schedule on `ctx`: `gpu_target` without runs of update
+/// groups (a body's results are stacked per step by the loop, not updates).
+fn body_target(ctx: &Context) -> Target {
+    Target {
+        runs: false,
+        ..gpu_target(ctx)
+    }
+}
+
 /// The fusion target of `ctx`'s generated kernels: the dtypes WGSL stores, and the
 /// storage buffers a kernel may bind besides its parameter block.
 fn gpu_target(ctx: &Context) -> Target {
@@ -176,7 +185,7 @@ fn gpu_target(ctx: &Context) -> Target {
 /// Places every node of `plan` on `ctx` and takes the plan's schedule for its target. A
 /// loop whose body runs on the device as a whole (`loops::on_device`) is `Place::Gpu`,
 /// and so are the `TupleGet`s reading it.
-fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
+fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Placement {
     let n = plan.nodes.len();
     // Small int vectors that only feed target shapes stay on the host: shape arithmetic
     // where they read host values only, else host nodes.
@@ -189,7 +198,7 @@ fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
         if let (Op::Loop(body), Step::Compute) = (plan.nodes[i].op(), &plan.steps[i]) {
             let body_plan = plan.body(body);
             let key = Arc::as_ptr(body_plan) as usize;
-            let lay = build_placement(ctx, body_plan);
+            let lay = build_placement(ctx, body_plan, body_target(ctx));
             loop_on_gpu[i] =
                 crate::base::config::settings().gpu_loops && loops::on_device(body_plan, &lay);
             bodies.insert(key, lay);
@@ -235,7 +244,6 @@ fn build_placement(ctx: &Context, plan: &Plan) -> Placement {
         place.push(p);
         on_host.push(h);
     }
-    let target = gpu_target(ctx);
     let own = (plan.schedule(&target).target != target).then(|| fuse::schedule(plan, &target));
     Placement {
         bodies,
@@ -262,7 +270,7 @@ pub fn run(
         match l.as_ref() {
             Some(x) if x.ctx_id == ctx.id => x.clone(),
             _ => {
-                let x = Arc::new(build_placement(ctx, plan));
+                let x = Arc::new(build_placement(ctx, plan, gpu_target(ctx)));
                 *l = Some(x.clone());
                 x
             }
