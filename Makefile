@@ -23,6 +23,8 @@
 #   make bench-conv   3x3 conv forward/backward vs TensorFlow and PyTorch CPU (the peer
 #                     venvs of make bench, benches/.venvs/tf and torch, made on first use)
 #   make bench-gpu    run benches/bench_gpu.py (GPU vs CPU vs NumPy, optional PyTorch CUDA)
+#                     and benches/bench_gpu_steps.py (Keras training steps per device, and
+#                     the MLP/CNN/LSTM in PyTorch CUDA where installed)
 #   make bench-dist   data-parallel scaling: 1 process vs 2 MPI ranks (benches/bench_distributed.py)
 #   make clean        remove build outputs (make distclean also removes .venv)
 #
@@ -237,6 +239,7 @@ bench-conv: build $(PEER_DIR)/tf/.stamp $(PEER_DIR)/torch/.stamp
 
 bench-gpu: build
 	$(VENV_PY) benches/bench_gpu.py
+	$(VENV_PY) benches/bench_gpu_steps.py
 
 bench-dist: build $(MPI_STAMP)
 	$(VENV_PY) benches/bench_distributed.py
