@@ -894,7 +894,10 @@ fn body(
             Mode::Same | Mode::Stored => format!("{}[i]", in_buf(k)),
             Mode::Scalar => format!("{}[{w}u]", in_buf(k)),
             Mode::Bcast if d == DType::I64 => {
-                format!("{}[2u * {bidx}{rank} + {bcast_k}u * {rank}) + {w}u]", in_buf(k))
+                format!(
+                    "{}[2u * {bidx}{rank} + {bcast_k}u * {rank}) + {w}u]",
+                    in_buf(k)
+                )
             }
             Mode::Bcast => format!("{}[{bidx}{rank} + {bcast_k}u * {rank})]", in_buf(k)),
             Mode::Param(_) => format!("{tail}{rank} * {}u + {}u]", 1 + n_bcast, param_k + w),
