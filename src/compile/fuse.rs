@@ -538,11 +538,14 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     // that runs such groups together (`Target::runs`) and overwrites nothing in place
     // moves those that may fail (a bias's update reads a `sum_to` of a runtime shape)
     // there too.
+    // A group that computes its producer (`Group::first`) moves only when nothing else
+    // reads the producer either (a `shape` of a product is read where it stands).
     let unread = |item: &Item| match item.group() {
         Some(g) => {
             g.folds.is_empty()
                 && g.outputs
                     .iter()
+                    .chain(&g.first)
                     .all(|&o| users[o].iter().all(|u| g.members.contains(u)))
         }
         None => false,
@@ -992,6 +995,28 @@ mod tests {
         let c = schedule(&plan, &Target::cpu(true));
         assert!(groups(&c).iter().all(|g| g.first.is_none()));
         assert!(product(&c));
+    }
+
+    #[test]
+    fn a_group_computing_a_product_whose_shape_is_read_keeps_its_place() {
+        // y = relu(x @ w + b) and s = shape(x @ w) are both returned: the group computes
+        // the product in its kernel, so it must run before `shape` reads the product,
+        // not move to the end with the groups nothing reads.
+        let (x, w, b) = (ph("x", &[3, 4]), ph("w", &[4, 5]), ph("b", &[5]));
+        let mm = crate::ops::matmul::matmul(&x, &w, false, false).unwrap();
+        let y = unary(UnaryOp::Relu, &add(&mm, &b).unwrap()).unwrap();
+        let s = Tensor::new(crate::ops::Op::ShapeOf, vec![mm.clone()]).unwrap();
+        let plan = Plan::new(&[x, w, b], &[y, s]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        let at = |pred: &dyn Fn(&Item) -> bool| g.items.iter().position(pred).unwrap();
+        let group = at(&|i| i.group().is_some_and(|g| g.first.is_some()));
+        let shape = at(
+            &|i| matches!(i, Item::Node(j) if matches!(plan.nodes[*j].op(), crate::ops::Op::ShapeOf)),
+        );
+        assert!(
+            group < shape,
+            "the group runs at {group}, shape reads at {shape}"
+        );
     }
 
     #[test]

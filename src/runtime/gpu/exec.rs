@@ -156,15 +156,6 @@ fn gpu_supports(t: &Tensor) -> bool {
         && (!int64 || op.exact_int64())
 }
 
-/// The target of a loop body's schedule on `ctx`: `gpu_target` without runs of update
-/// groups (a body's results are stacked per step by the loop, not updates).
-fn body_target(ctx: &Context) -> Target {
-    Target {
-        runs: false,
-        ..gpu_target(ctx)
-    }
-}
-
 /// The fusion target of `ctx`'s generated kernels: the dtypes WGSL stores, and the
 /// storage buffers a kernel may bind besides its parameter block.
 fn gpu_target(ctx: &Context) -> Target {
@@ -198,7 +189,7 @@ fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Placement {
         if let (Op::Loop(body), Step::Compute) = (plan.nodes[i].op(), &plan.steps[i]) {
             let body_plan = plan.body(body);
             let key = Arc::as_ptr(body_plan) as usize;
-            let lay = build_placement(ctx, body_plan, body_target(ctx));
+            let lay = build_placement(ctx, body_plan, gpu_target(ctx));
             loop_on_gpu[i] =
                 crate::base::config::settings().gpu_loops && loops::on_device(body_plan, &lay);
             bodies.insert(key, lay);
