@@ -256,3 +256,25 @@ def ref_pool(x, window, strides, mode, pool_mode):
         acc = np.maximum(acc, xp[sl]) if pool_mode == "max" else acc + xp[sl]
         cnt += valid[sl]
     return acc if pool_mode == "max" else acc / cnt
+
+
+# ---- recurrences ---------------------------------------------------------------------------
+
+
+def np_rnn(x, h0, W, U, b, mask=None, go_backwards=False):
+    """h_t = tanh(x_t W + h_{t-1} U + b) over axis 1 of `x`; masked steps keep h and the
+    previous output. Returns (last output, stacked outputs, last state), as `K.rnn`."""
+    T = x.shape[1]
+    order = range(T - 1, -1, -1) if go_backwards else range(T)
+    h, outs, prev = h0, [], np.zeros_like(h0)
+    for t in order:
+        hn = np.tanh(x[:, t] @ W + h @ U + b)
+        if mask is not None:
+            m = mask[:, t][:, None].astype(bool)
+            hn = np.where(m, hn, h)
+            out = np.where(m, hn, prev)
+        else:
+            out = hn
+        h, prev = hn, out
+        outs.append(out)
+    return outs[-1], np.stack(outs, axis=1), h

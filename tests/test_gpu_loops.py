@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
+from reference import np_rnn
 
 GPUS = [d for d in ferrokeras.devices() if d["device"] != "cpu"]
 REQUIRE = os.environ.get("FERROKERAS_REQUIRE_GPU", "") not in ("", "0")
@@ -75,26 +76,8 @@ def _on_both(f, feeds, tmp=None):
     return on_gpu
 
 
-def _np_rnn(x, h0, W, U, b, mask=None, go_backwards=False):
-    """h_t = tanh(x_t W + h_{t-1} U + b); masked steps keep h and the previous output."""
-    T = x.shape[1]
-    order = range(T - 1, -1, -1) if go_backwards else range(T)
-    h, outs, prev = h0, [], np.zeros_like(h0)
-    for t in order:
-        hn = np.tanh(x[:, t] @ W + h @ U + b)
-        if mask is not None:
-            m = mask[:, t][:, None].astype(bool)
-            hn = np.where(m, hn, h)
-            out = np.where(m, hn, prev)
-        else:
-            out = hn
-        h, prev = hn, out
-        outs.append(out)
-    return outs[-1], np.stack(outs, axis=1), h
-
-
 def _np_rnn_loss(x, h0, W, U, b, mask, go_backwards):
-    last, outs, h = _np_rnn(x, h0, W, U, b, mask, go_backwards)
+    last, outs, h = np_rnn(x, h0, W, U, b, mask, go_backwards)
     return (outs * outs).sum() + h.sum() + last.sum()
 
 
@@ -141,7 +124,7 @@ def test_rnn_runs_on_the_gpu(gpu, rng, tmp_path, masked, go_backwards):
         mv = (rng.uniform(size=(B, T)) > 0.3).astype("float32") if masked else None
         out = _on_both(f, [xv, hv] + ([mv] if masked else []), tmp_path if masked else None)
         x64, h64, W64, U64, b64 = (a.astype("float64") for a in (xv, hv, W0, U0, b0))
-        ref = _np_rnn(x64, h64, W64, U64, b64, mv, go_backwards)
+        ref = np_rnn(x64, h64, W64, U64, b64, mv, go_backwards)
         for a, r in zip(out[:3], ref):
             np.testing.assert_allclose(a, r, **TOL)
         gW = _fd(lambda w: _np_rnn_loss(x64, h64, w, U64, b64, mv, go_backwards), W64)

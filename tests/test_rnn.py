@@ -11,24 +11,7 @@ import pytest
 from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
 from gradcheck import check_grad
-
-
-def _np_rnn(x, h0, W, U, b, mask=None, go_backwards=False):
-    """Reference: h_t = tanh(x_t W + h_{t-1} U + b); masked steps keep h and the output."""
-    T = x.shape[1]
-    order = range(T - 1, -1, -1) if go_backwards else range(T)
-    h, outs, prev = h0, [], np.zeros_like(h0)
-    for t in order:
-        hn = np.tanh(x[:, t] @ W + h @ U + b)
-        if mask is not None:
-            m = mask[:, t][:, None].astype(bool)
-            hn = np.where(m, hn, h)
-            out = np.where(m, hn, prev)
-        else:
-            out = hn
-        h, prev = hn, out
-        outs.append(out)
-    return outs[-1], np.stack(outs, axis=1), h
+from reference import np_rnn
 
 
 def _k_rnn(x, h0, W, U, b, mask=None, go_backwards=False, unroll=False):
@@ -65,7 +48,7 @@ def test_rnn_matches_numpy_loop(data, unroll, go_backwards, masked):
     ins = [x, h0] + ([m] if masked else [])
     feeds = [d["x"], d["h0"]] + ([d["mask"]] if masked else [])
     got = K.function(ins, [last, outs, states[0]])(feeds)
-    want = _np_rnn(
+    want = np_rnn(
         d["x"], d["h0"], d["W"], d["U"], d["b"], d["mask"] if masked else None, go_backwards
     )
     for g, w in zip(got, want):
