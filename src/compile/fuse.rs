@@ -319,6 +319,26 @@ pub fn shape_like(plan: &Plan) -> Vec<bool> {
     shape_like
 }
 
+/// The slots schedule item `item` reads: a node's inputs, a product's and its
+/// accumulator, a group's inputs from outside it (its producer's and folds' included).
+pub fn reads(plan: &Plan, item: &Item) -> Vec<usize> {
+    match item {
+        Item::Node(i) => plan.inputs[*i].clone(),
+        Item::MatAcc { mm, acc, .. } => plan.inputs[*mm].iter().copied().chain([*acc]).collect(),
+        Item::Group(_) | Item::Update(_) => {
+            let g = item.group().expect("a group item");
+            g.members
+                .iter()
+                .chain(&g.first)
+                .copied()
+                .chain(g.fold_nodes())
+                .flat_map(|m| plan.inputs[m].iter().copied())
+                .filter(|j| !g.members.contains(j))
+                .collect()
+        }
+    }
+}
+
 /// Whether a plan runs a host callback, here or in a loop body.
 fn has_host(plan: &Plan) -> bool {
     plan.nodes.iter().any(|t| {
@@ -591,27 +611,8 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     }
     // A group runs later than its first members, so last uses are recounted by item.
     let mut last: Vec<Option<usize>> = vec![None; n];
-    let reads = |item: &Item| -> Vec<usize> {
-        match item {
-            Item::Node(i) => plan.inputs[*i].clone(),
-            Item::MatAcc { mm, acc, .. } => {
-                plan.inputs[*mm].iter().copied().chain([*acc]).collect()
-            }
-            Item::Group(_) | Item::Update(_) => {
-                let g = item.group().expect("a group item");
-                g.members
-                    .iter()
-                    .chain(&g.first)
-                    .copied()
-                    .chain(g.fold_nodes())
-                    .flat_map(|m| plan.inputs[m].iter().copied())
-                    .filter(|&j| group[j].is_none() || !g.members.contains(&j))
-                    .collect()
-            }
-        }
-    };
     for (t, item) in items.iter().enumerate() {
-        for j in reads(item) {
+        for j in reads(plan, item) {
             last[j] = Some(t);
         }
     }

@@ -89,7 +89,7 @@ impl EarlyShapes {
                 Item::Node(i) if is_shape(*i) => {
                     plan.inputs[*i].iter().for_each(|&j| readers[j].push(*i))
                 }
-                _ => item_reads(plan, item)
+                _ => crate::compile::fuse::reads(plan, item)
                     .into_iter()
                     .for_each(|j| last[j] = Some(t)),
             }
@@ -127,25 +127,6 @@ impl EarlyShapes {
             }
         }
         out
-    }
-}
-
-/// The slots schedule item `item` reads (as `fuse::schedule` counts them for its frees).
-fn item_reads(plan: &Plan, item: &Item) -> Vec<usize> {
-    match item {
-        Item::Node(i) => plan.inputs[*i].clone(),
-        Item::MatAcc { mm, acc, .. } => plan.inputs[*mm].iter().copied().chain([*acc]).collect(),
-        Item::Group(_) | Item::Update(_) => {
-            let g = item.group().expect("a group item");
-            g.members
-                .iter()
-                .chain(&g.first)
-                .copied()
-                .chain(g.fold_nodes())
-                .flat_map(|m| plan.inputs[m].iter().copied())
-                .filter(|j| !g.members.contains(j))
-                .collect()
-        }
     }
 }
 
