@@ -49,6 +49,11 @@ LABELS = {
 }
 # Peers: venv folder and the packages `make bench` installs there (see the Makefile).
 PEER_VENVS = {"tf": "tf", "jax": "jax", "torch": "torch"}
+# Other ferrokeras builds run as columns of their own (--build NAME=DIR): column name ->
+# the `python/` folder of a source tree whose extension is built there. They run in the
+# project venv with that folder first on the path, and are not peers: the table gives
+# ferrokeras' ratio to each of them in a column of its own.
+BUILDS = {}
 
 # workload key, label, unit, higher-is-better
 WORKLOADS = [
@@ -72,7 +77,7 @@ TARGETS = {
 
 
 def python_for(fw):
-    if fw == "ferrokeras":  # the project venv (Keras 2.3.1 + the built extension)
+    if fw == "ferrokeras" or fw in BUILDS:  # the project venv (Keras 2.3.1 + the built extension)
         venv_py = ROOT / ".venv" / "bin" / "python"
         return venv_py if venv_py.exists() else Path(sys.executable)
     return HERE / ".venvs" / PEER_VENVS[fw] / "bin" / "python"
@@ -81,6 +86,10 @@ def python_for(fw):
 def peer_missing(fw):
     """None if the framework's venv is usable, else why not."""
     if fw == "ferrokeras":
+        return None
+    if fw in BUILDS:
+        if not list((BUILDS[fw] / "ferrokeras").glob("_core*.so")):
+            return f"no built extension in {BUILDS[fw] / 'ferrokeras'}"
         return None
     venv = HERE / ".venvs" / PEER_VENVS[fw]
     if not (venv / "bin" / "python").exists():
@@ -95,7 +104,11 @@ def peer_missing(fw):
 def worker_env(fw):
     env = dict(os.environ)
     env.pop("KERAS_BACKEND", None)
-    if fw != "ferrokeras":
+    if fw in BUILDS:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(BUILDS[fw]), env.get("PYTHONPATH")) if p
+        )
+    elif fw != "ferrokeras":
         env.pop("PYTHONPATH", None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("PYTHONWARNINGS", "ignore")
@@ -113,7 +126,8 @@ def worker_env(fw):
 
 def run_worker(fw, workloads, quick, timeout):
     """Runs `workloads` (a list) for `fw` in one subprocess; returns {workload: result}."""
-    cmd = [str(python_for(fw)), str(WORKER), "--framework", fw, "--workload", ",".join(workloads)]
+    name = "ferrokeras" if fw in BUILDS else fw
+    cmd = [str(python_for(fw)), str(WORKER), "--framework", name, "--workload", ",".join(workloads)]
     if quick:
         cmd.append("--quick")
     t0 = time.perf_counter()
@@ -230,7 +244,13 @@ def fmt(res, unit):
 
 def table(results, frameworks):
     """Rows of the side-by-side table (list of lists of strings)."""
-    head = ["workload"] + [LABELS[f] for f in frameworks] + ["ferrokeras / best peer", "target"]
+    builds = [f for f in frameworks if f in BUILDS]
+    head = (
+        ["workload"]
+        + [LABELS[f] for f in frameworks]
+        + ["ferrokeras / best peer", "target"]
+        + [f"ferrokeras / {LABELS[b]}" for b in builds]
+    )
     rows = [head]
     for key, label, unit, higher in WORKLOADS:
         if key not in results:
@@ -243,7 +263,7 @@ def table(results, frameworks):
         peers = {
             fw: v["value"]
             for fw, v in r.items()
-            if fw != "ferrokeras" and v and v.get("status") == "ok"
+            if fw in PEER_VENVS and v and v.get("status") == "ok"
         }
         if ours and ours.get("status") == "ok" and peers:
             f = ours["value"]
@@ -259,6 +279,13 @@ def table(results, frameworks):
         desc, check = TARGETS[key]
         met = check(ours["value"], peers) if ours and ours.get("status") == "ok" else None
         row.append(f"{desc}: " + {True: "met", False: "MISSED", None: "?"}[met])
+        for b in builds:
+            other = r.get(b)
+            if ours and other and ours.get("status") == "ok" and other.get("status") == "ok":
+                q = ours["value"] / other["value"] if higher else other["value"] / ours["value"]
+                row.append(f"{q:.2f}x")
+            else:
+                row.append("-")
         rows.append(row)
     # Peak memory while training the MLP (target: no higher than TF's).
     m = results.get("mlp", {})
@@ -274,6 +301,10 @@ def table(results, frameworks):
             row.append("<= TF: " + ("met" if ratio <= 1.0 else "MISSED"))
         else:
             row += ["-", "<= TF: ?"]
+        for b in builds:
+            other = m.get(b)
+            ok = ours and other and ours.get("status") == "ok" and other.get("status") == "ok"
+            row.append(f"{ours['peak_rss_mib'] / other['peak_rss_mib']:.2f}x" if ok else "-")
         rows.append(row)
     return rows
 
@@ -350,12 +381,30 @@ def main():
         help="rounds of the training workloads (each round runs them all, the frameworks "
         "taking turns) (default 3 in a full run, 1 in --quick); a cell is the median round",
     )
+    p.add_argument(
+        "--build",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also run the ferrokeras build in the source tree DIR (its extension built in "
+        "DIR/python, e.g. a git worktree of an earlier commit) as the column NAME, taking "
+        "turns with the others; repeatable",
+    )
     a = p.parse_args()
 
     frameworks = [f for f in a.frameworks.split(",") if f]
+    for spec in a.build:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder or name in FRAMEWORKS:
+            p.error(f"--build takes NAME=DIR with a NAME not among {FRAMEWORKS}: {spec!r}")
+        if not (Path(folder) / "python" / "ferrokeras").is_dir():
+            p.error(f"--build {spec!r}: {folder}/python/ferrokeras is not a directory")
+        BUILDS[name] = (Path(folder) / "python").resolve()
+        LABELS[name] = f"ferrokeras@{name}"
+        frameworks.append(name)
     workloads = [w for w in a.workloads.split(",") if w]
     for f in frameworks:
-        if f not in FRAMEWORKS:
+        if f not in FRAMEWORKS and f not in BUILDS:
             p.error(f"unknown framework {f!r}")
     for w in workloads:
         if w not in {k for k, *_ in WORKLOADS}:
@@ -443,7 +492,7 @@ def main():
                 prev = old.get("results", {}).get(key, {}).get(fw)
                 if prev is not None:
                     results[key][fw] = dict(prev, from_file=a.peers_from)
-        shown = [fw for fw in FRAMEWORKS if fw in shown]
+        shown = [fw for fw in FRAMEWORKS if fw in shown] + [b for b in frameworks if b in BUILDS]
         print(
             f"columns of {', '.join(LABELS[f] for f in shown if f not in frameworks)} "
             f"are from {a.peers_from} (started {old.get('started')})"
