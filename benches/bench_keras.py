@@ -70,9 +70,9 @@ KERAS2_ONLY = {"call4x4", "dot1024"}  # Keras 3 has no K.function / K.placeholde
 TARGETS = {
     "call4x4": ("<= 20 us", lambda f, p: f <= 20.0),
     "dot1024": (">= 1.0x TF", lambda f, p: f >= p["tf"] if "tf" in p else None),
-    "mlp": (">= best peer", lambda f, p: f >= max(p.values()) if p else None),
-    "cnn": (">= best peer", lambda f, p: f >= max(p.values()) if p else None),
-    "lstm": (">= best peer", lambda f, p: f >= max(p.values()) if p else None),
+    "mlp": (">= 1.25x best peer", lambda f, p: f >= 1.25 * max(p.values()) if p else None),
+    "cnn": (">= 1.25x best peer", lambda f, p: f >= 1.25 * max(p.values()) if p else None),
+    "lstm": (">= 1.25x best peer", lambda f, p: f >= 1.25 * max(p.values()) if p else None),
 }
 
 
