@@ -146,6 +146,26 @@ def test_bad_feeds_raise_and_function_still_works(fn, name, feeds, words):
     assert_backend_still_works()
 
 
+@pytest.mark.parametrize(
+    "make,good",
+    [
+        (K.zeros, np.zeros((2, 3))),
+        (K.ones, np.ones((2, 3))),
+        (lambda s: K.sum(K.ones(s) * 2.0), 12.0),
+    ],
+    ids=["zeros", "ones", "fused"],
+)
+def test_a_negative_target_shape_fed_at_run_time_raises(make, good):
+    # broadcast_to's target shape comes from a fed tensor: TF refuses a negative entry.
+    s = K.placeholder(shape=(2,), dtype="int32", name="target_shape")
+    f = K.function([s], [make(s)])
+    with pytest.raises(BAD) as excinfo:
+        f([np.array([-2, 3], "int32")])
+    assert_mentions(excinfo, "invalid dimension", "-2")
+    np.testing.assert_array_equal(f([np.array([2, 3], "int32")])[0], good)
+    assert_backend_still_works()
+
+
 def test_unfed_placeholder_raises_with_its_name():
     p = K.placeholder(shape=(3,), name="never_fed_placeholder")
     q = K.placeholder(shape=(3,), name="fed_placeholder")

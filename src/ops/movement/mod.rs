@@ -142,8 +142,7 @@ pub fn broadcast_like(x: &Tensor, like: &Tensor) -> Result<Tensor> {
 }
 
 pub fn infer_broadcast_to(x: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
-    let target = shape_arg("broadcast_to", s)?;
-    let t = Shape(target.iter().map(|d| d.map(|d| d as usize)).collect());
+    let t = static_target("broadcast_to", s)?;
     if x.rank() > t.rank() {
         return Err(value_err!(
             "broadcast_to: cannot broadcast shape {} to the lower rank {}",
@@ -177,7 +176,7 @@ pub fn vjp_broadcast_to(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>
 }
 
 pub fn cpu_broadcast_to(x: &Value, s: &Value) -> Result<Value> {
-    let target: Vec<usize> = s.to_i64_vec().iter().map(|&d| d.max(0) as usize).collect();
+    let target = target_dims("broadcast_to", s)?;
     if x.shape() == target.as_slice() {
         return Ok(x.clone());
     }
@@ -208,11 +207,34 @@ pub fn sum_like(x: &Tensor, like: &Tensor) -> Result<Tensor> {
 }
 
 pub fn infer_sum_to(x: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
-    let target = shape_arg("sum_to", s)?;
-    Ok((
-        Shape(target.iter().map(|d| d.map(|d| d as usize)).collect()),
-        x.dtype(),
+    Ok((static_target("sum_to", s)?, x.dtype()))
+}
+
+/// The target shape `s` of `broadcast_to` or `sum_to` (`op`) as far as it is known when
+/// the graph is built; a known negative entry is an error.
+fn static_target(op: &str, s: &Tensor) -> Result<Shape> {
+    let target = shape_arg(op, s)?;
+    if let Some(d) = target.iter().flatten().find(|d| **d < 0) {
+        return Err(value_err!(
+            "{op}: invalid dimension {d} in the target shape {}",
+            fmt_target(&target)
+        ));
+    }
+    Ok(Shape(
+        target.iter().map(|d| d.map(|d| d as usize)).collect(),
     ))
+}
+
+/// The run-time target shape `s` of `broadcast_to` or `sum_to` (`op`): its entries as
+/// sizes, for every device; a negative entry is an error naming it.
+pub fn target_dims(op: &str, s: &Value) -> Result<Vec<usize>> {
+    let t = s.to_i64_vec();
+    t.iter()
+        .map(|&d| {
+            usize::try_from(d)
+                .map_err(|_| value_err!("{op}: invalid dimension {d} in the target shape {t:?}"))
+        })
+        .collect()
 }
 
 pub fn vjp_sum_to(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
@@ -220,7 +242,7 @@ pub fn vjp_sum_to(node: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
 }
 
 pub fn cpu_sum_to(x: &Value, s: &Value) -> Result<Value> {
-    let target: Vec<usize> = s.to_i64_vec().iter().map(|&d| d.max(0) as usize).collect();
+    let target = target_dims("sum_to", s)?;
     let xs = x.shape();
     if xs == target.as_slice() {
         return Ok(x.clone());

@@ -469,8 +469,7 @@ fn member_shapes_from(
                 let t = ex.slot(ins[1]).host.as_ref().ok_or_else(|| {
                     Error::Runtime("broadcast_to: target shape not on the host".into())
                 })?;
-                let target: Vec<usize> =
-                    t.to_i64_vec().iter().map(|&d| d.max(0) as usize).collect();
+                let target = crate::ops::movement::target_dims("broadcast_to", t)?;
                 let x = sh(ins[0]);
                 if x.len() > target.len()
                     || broadcast_runtime("broadcast_to", &x, &target)? != target

@@ -66,8 +66,7 @@ pub(super) fn member_shapes(
             }
             FusedOp::BroadcastTo => {
                 let t = slots[ins[1]].as_ref().expect("computed");
-                let target: Vec<usize> =
-                    t.to_i64_vec().iter().map(|&d| d.max(0) as usize).collect();
+                let target = crate::ops::movement::target_dims("broadcast_to", t)?;
                 let x = sh(0);
                 if x != target.as_slice()
                     && broadcast_runtime("broadcast_to", x, &target)? != target

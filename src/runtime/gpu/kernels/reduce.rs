@@ -6,10 +6,10 @@ use super::super::params::{self as blk, Params};
 use super::super::pipelines::{self};
 use super::super::DTensor;
 use super::movement::gather_strided;
-use super::{c_strides, shape_value, tag};
+use super::{c_strides, host_value, tag};
 use crate::base::dtype::DType;
 use crate::base::error::Result;
-use crate::ops::movement::sum_to_axes;
+use crate::ops::movement::{sum_to_axes, target_dims};
 use crate::ops::{ArgOp, ReduceOp, ScanOp};
 use crate::value_err;
 
@@ -129,10 +129,7 @@ pub(super) fn sum_to(ex: &mut Exec, i: usize) -> Result<Slot> {
     let plan = ex.plan;
     let ins = &plan.inputs[i];
     let x = ex.dev(ins[0])?;
-    let target: Vec<usize> = shape_value(ex, ins[1], "sum_to")?
-        .iter()
-        .map(|&d| d.max(0) as usize)
-        .collect();
+    let target = target_dims("sum_to", &host_value(ex, ins[1], "sum_to")?)?;
     let out = if target == x.shape {
         x
     } else {
