@@ -203,6 +203,8 @@ MATMUL_PATHS = [
     ((0,), (0,), 4, 4, 4),
     ((), (), 9, 2100, 130),  # small result, long k: split along k across threads
     ((), (), 17, 40, 3300),  # A·Bᵀ with long n: column panels (the last one short)
+    ((), (), 64, 100, 256),  # A·Bᵀ read in place by gemm, one thread
+    ((), (), 70, 300, 257),  # the same above the threading threshold, too few for panels
 ]
 
 

@@ -198,6 +198,9 @@ const SPLIT_K_MIN_K: usize = 1024;
 /// block) and multiplies, instead of one thread transposing all of B first (the CNN's
 /// dense input gradient, 64x128 @ (9216x128)ᵀ, spent half its time in that copy).
 const PANELS_MAX_M: usize = 256;
+/// The least rows and columns of a single `A·Bᵀ` that `gemm` reads in place (`copies_bt`).
+const DIRECT_BT_MIN_M: usize = 64;
+const DIRECT_BT_MIN_N: usize = 256;
 const PANELS_MIN: usize = 4;
 
 /// Columns per panel: the transposed block of B stays about 128 KiB of f32.
@@ -393,9 +396,10 @@ fn run_gemm<T: GemmElem>(
         );
     }
     // A transposed B is read by `gemm` with a gather in its packing; one transposed copy
-    // (n*k moves) is cheaper once there are a few rows of A to reuse it.
+    // (n*k moves) is cheaper once there are a few rows of A to reuse it, but not for a
+    // single product with many rows and columns (`copies_bt`).
     let bt;
-    if geo.tb && n > 1 && k > 1 && m >= 4 {
+    if geo.tb && n > 1 && k > 1 && m >= 4 && copies_bt(aoff.len(), m, n) {
         let (buf, map) = transposed_copies(bd, &boff, n, k);
         (bt, boff) = (buf, std::borrow::Cow::Owned(map));
         bd = &bt;
@@ -627,6 +631,18 @@ unsafe fn team_halves<T: GemmElem>(
             )
         }
     });
+}
+
+/// Whether a product `A·Bᵀ` that runs through `gemm` as it is (not in column panels)
+/// copies B transposed first. A single product of at least `DIRECT_BT_MIN_M` rows and
+/// `DIRECT_BT_MIN_N` columns does not: `gemm` packs the transposed blocks faster than the
+/// copy and its own packing of the copy take together. On one thread: the MLP's `g·Wᵀ`
+/// (128x512x512) 577 -> 493 us, 128x784x512 957 -> 660 us, 64x128x9216 1,933 -> 1,291
+/// us, 100x300x700 360 -> 291 us, 256x256x256 and 1024x1024x1024 4% and 12% faster;
+/// with fewer columns the copy still pays (64x512x64 35 -> 44 us without it). A batch
+/// keeps the copy, one per distinct B.
+fn copies_bt(batches: usize, m: usize, n: usize) -> bool {
+    batches > 1 || m < DIRECT_BT_MIN_M || n < DIRECT_BT_MIN_N
 }
 
 /// Whether `C = Aᵀ·B` runs column-major and is transposed into place (`SKINNY_N`).
