@@ -385,6 +385,11 @@ RUN_CASES = [
     # 400 pixels a image: one image at a time (1x1 reads in place; 3x3 is Winograd)
     ((3, 20, 20, 16), (1, 1, 16, 16), (1, 1), "valid"),
     ((3, 20, 20, 16), (3, 3, 16, 16), (1, 1), "same"),
+    # one image of 16 pixels: one GEMM of its columns, col2im input gradient
+    ((1, 4, 4, 16), (3, 3, 16, 24), (1, 1), "same"),
+    # one image of 420 pixels: Winograd, two blocks of tiles, the 16 products of a block
+    # split between the threads
+    ((1, 20, 21, 16), (3, 3, 16, 24), (1, 1), "same"),
 ]
 
 

@@ -7,6 +7,7 @@
 
 use super::cpu::{pad_into, sized, Scratch, Walk, F};
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// Tiles per block: the transformed input and product blocks stay around 1 MiB of f32.
 const BLOCK: usize = 96;
@@ -236,13 +237,13 @@ fn forward_tiles<T: F>(
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
             input_transform(tile_rows(xp, pw, cin, ty, tx), cin, v, vs, tt * cin);
         }
-        for xi in 0..16 {
-            let (vo, mo, uo) = (xi * vs, xi * ms, xi * cin * cout);
+        let product = |xi: usize, mx: &mut [T], par: Parallelism| {
+            let (vo, uo) = (xi * vs, xi * cin * cout);
             super::cpu::mm(
                 nt,
                 cout,
                 cin,
-                &mut m[mo..],
+                mx,
                 cout,
                 false,
                 &v[vo..],
@@ -251,6 +252,18 @@ fn forward_tiles<T: F>(
                 (cout, 1),
                 par,
             );
+        };
+        match par {
+            // One image on several threads: the 16 products are split between them, each
+            // on one thread (a `gemm` of one block's tiles is too small to split well).
+            Parallelism::Rayon(t) if t > 1 => m
+                .par_chunks_mut(ms)
+                .enumerate()
+                .for_each(|(xi, mx)| product(xi, mx, Parallelism::None)),
+            _ => m
+                .chunks_mut(ms)
+                .enumerate()
+                .for_each(|(xi, mx)| product(xi, mx, par)),
         }
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);

@@ -75,9 +75,10 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
 /// as the forward convolution of `gy` with the flipped kernel: when the latter's `gemm`
 /// would write fewer than 16 columns (the input's channels) and Winograd does not apply,
 /// and for runs of small images, where flipping and transposing the kernel (`w` is read
-/// transposed in place by col2im) costs more than adding the columns back.
+/// transposed in place by col2im) costs more than adding the columns back, and for a
+/// single small image likewise.
 fn col2im_input_first(g: &Geom) -> bool {
-    g.groups == 1 && (g.cin < 16 || run_len(g.opix(), g.n) > 1)
+    g.groups == 1 && (g.cin < 16 || small(g.opix()))
 }
 
 /// The input gradient of `cnt` consecutive images of a groups=1 convolution by col2im:

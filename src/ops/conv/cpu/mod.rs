@@ -458,6 +458,12 @@ fn run_len(pix: usize, n: usize) -> usize {
     RUN_ROWS.div_ceil(pix.max(1)).clamp(1, n.max(1))
 }
 
+/// Whether an image of `pix` output pixels is small: fewer than `RUN_ROWS`, so a `gemm`
+/// per image has few rows (runs of such images share one, `run_len`).
+fn small(pix: usize) -> bool {
+    pix < RUN_ROWS
+}
+
 /// `dst[m x n] (row stride drs) = [dst +] lhs[m x k] @ rhs[k x n]`, strides in elements.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mm<T: F>(
