@@ -4,6 +4,7 @@ single process (weak scaling: N ranks train on N times the samples per step).
 
     python benches/bench_distributed.py [--ranks 2] [--workloads mlp,cnn]
                                         [--threads 1,default] [--epochs 3] [--json out.json]
+    python benches/bench_distributed.py --node-cost [--workloads mlp] [--rounds 40]
 
 Workloads are those of bench_keras.py: MLP 784-512-512-10 with dropout, RMSprop, batch
 128; CNN conv32-conv64-pool-d128, Adam, batch 64. ``--threads 1`` runs every process with
@@ -13,6 +14,9 @@ ranks taking turns; the median run is reported) it prints samples/s (all ranks t
 median epoch), the speed-up over one process with the same threads, and per step the
 time inside the gradient average: waiting for the other ranks (agreement check and load
 imbalance) and MPI_Allreduce itself.
+
+``--node-cost`` measures, in one process, what the gradient node adds to a step's CPU
+time and where that goes (``node_cost_worker``).
 
 Run on a quiet machine: every rank needs a core of its own.
 """
@@ -139,6 +143,104 @@ def allreduce_worker(args):
         print(MARK, json.dumps(res), flush=True)
 
 
+def node_cost_worker(args):
+    """One process: CPU ms per training step without the gradient node and with it, and
+    where the node's time goes.
+
+    The node is built as for two ranks and runs on a communicator of one, where its MPI
+    calls cost next to nothing, so the difference is the node's own work: packing the
+    gradients (a concatenation in the graph), handing the buffer to the callback and its
+    results back, and the callback itself (agreement check, Allreduce call, counters).
+    The two models train in alternating rounds (``--rounds``, ``--steps`` steps each), so
+    that drifts in the machine's load fall on both; CPU time, not wall time, is counted.
+    """
+    os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
+    import ferrokeras
+    import ferrokeras.distributed as hvd
+    import keras
+    import numpy as np
+
+    hvd.init()
+    hvd._comm.S.size = 2  # the node is built and run as on two ranks
+    batch, _ = WORKLOADS[args.workload]
+    models = {}
+    for variant in ("plain", "node"):
+        model, opt, shape = build(args.workload, keras)
+        if variant == "node":
+            opt = hvd.DistributedOptimizer(opt)
+        model.compile(opt, "categorical_crossentropy", ["accuracy"])
+        models[variant] = model
+    rng = np.random.default_rng(0)
+    x = rng.random((batch,) + shape, dtype=np.float32)
+    y = keras.utils.to_categorical(rng.integers(0, 10, batch), 10)
+    for model in models.values():
+        for _ in range(20):  # compiles, specialises, warms up
+            model.train_on_batch(x, y)
+    cpu = {v: [] for v in models}
+    for _ in range(args.rounds):
+        for v, model in models.items():
+            c0 = time.process_time()
+            for _ in range(args.steps):
+                model.train_on_batch(x, y)
+            cpu[v].append(1e3 * (time.process_time() - c0) / args.steps)
+    # Where the node's time goes: a profiled run of the node's model (wall time of the
+    # packing and of the whole callback per step), with the CPU time of the callback's
+    # Python body (agreement, Allreduce call, counters) counted apart.
+    runner = hvd._ops._GradientAverage
+    body, inner = [], runner._sum
+
+    def timed(self, arrays):
+        c0 = time.thread_time()
+        out = inner(self, arrays)
+        body.append(time.thread_time() - c0)
+        return out
+
+    runner._sum = timed
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_dist_node_{os.getpid()}.json"
+    with ferrokeras.profile(path):
+        for _ in range(args.steps * 4):
+            models["node"].train_on_batch(x, y)
+    runner._sum = inner
+    spans = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    path.unlink()
+    node = [s for s in spans if s["name"] == "py_function:gradient_allreduce"]
+    item = node[0]["args"]["item"]
+    pack = [
+        s
+        for s in spans
+        if s["name"] == "concatenate" and s["args"].get("item") == item - 1 and s["args"]["inputs"]
+    ]
+    med = statistics.median
+    print(
+        MARK,
+        json.dumps(
+            {
+                "workload": args.workload,
+                "cpu_ms_per_step_without": med(cpu["plain"]),
+                "cpu_ms_per_step_with": med(cpu["node"]),
+                "node_cpu_ms_per_step": med(b - a for a, b in zip(cpu["plain"], cpu["node"])),
+                "rounds": args.rounds,
+                "pack_us": med(s["dur"] for s in pack) if pack else None,
+                "callback_us": med(s["dur"] for s in node),
+                "python_cpu_us": 1e6 * med(body),
+            }
+        ),
+        flush=True,
+    )
+
+
+def node_cost(workload, rounds, steps):
+    env = dict(os.environ, KERAS_BACKEND="ferrokeras.backend", FERROKERAS_DEVICE="cpu")
+    env.update(OPENBLAS_NUM_THREADS="1", RAYON_NUM_THREADS="1")
+    cmd = [sys.executable, __file__, "--worker", "node-cost", "--node-workload", workload]
+    cmd += ["--rounds", str(rounds), "--steps", str(steps)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
+
+
 def mpiexec():
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else "mpiexec"
@@ -171,11 +273,39 @@ def main():
     p.add_argument("--workloads", default="mlp,cnn")
     p.add_argument("--threads", default="1,default")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up)")
-    p.add_argument("--rounds", type=int, default=3, help="runs of each configuration")
+    p.add_argument(
+        "--rounds", type=int, help="runs of each configuration (3; --node-cost: 40 rounds)"
+    )
     p.add_argument("--json", help="also write the results here")
+    p.add_argument(
+        "--node-cost",
+        action="store_true",
+        help="instead: in one process, the CPU time per step of the gradient node (rounds of "
+        "--steps steps) and where it goes",
+    )
+    p.add_argument("--steps", type=int, default=25, help=argparse.SUPPRESS)
+    p.add_argument("--node-workload", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.rounds is None:
+        args.rounds = 40 if args.node_cost else 3
     if args.worker == "allreduce":
         return allreduce_worker(args)
+    if args.worker == "node-cost":
+        args.workload = args.node_workload
+        return node_cost_worker(args)
+    if args.node_cost:
+        for workload in args.workloads.split(","):
+            r = node_cost(workload, args.rounds, args.steps)
+            pack = "n/a" if r["pack_us"] is None else f"{r['pack_us']:.0f}"
+            print(
+                f"{workload:4s} one process, 1 thread: CPU ms per step "
+                f"{r['cpu_ms_per_step_without']:.2f} without the gradient node, "
+                f"{r['cpu_ms_per_step_with']:.2f} with it: the node {r['node_cpu_ms_per_step']:.2f} "
+                f"ms (median of {r['rounds']} paired rounds) | median wall us per step: packing {pack}, "
+                f"callback {r['callback_us']:.0f} (its Python body: {r['python_cpu_us']:.0f} us of CPU)",
+                flush=True,
+            )
+        return None
     if args.worker:
         args.workload = args.worker
         return worker(args)

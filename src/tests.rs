@@ -385,7 +385,7 @@ fn host_callbacks_are_not_folded_or_merged() {
         fn name(&self) -> &str {
             "counting"
         }
-        fn call(&self, inputs: &[Value]) -> Result<Vec<Value>> {
+        fn call(&self, inputs: Vec<Value>) -> Result<Vec<Value>> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(vec![inputs[0].clone()])
         }
@@ -415,6 +415,74 @@ fn host_callbacks_are_not_folded_or_merged() {
     );
     let want: Vec<f64> = vals(&[3], 1).to_f64_vec().iter().map(|v| 2.0 * v).collect();
     assert_eq!(out[0].to_f64_vec(), want);
+}
+
+/// The CPU executor moves into a host callback the inputs that die at it: the callback
+/// gets a value that nothing else holds (and may write it in place) where the value is
+/// the run's alone, and a shared one where a later node, a variable or a constant also
+/// holds it, so that writing its own copy changes nothing else.
+#[test]
+fn host_callbacks_own_the_inputs_that_die_at_them() {
+    use crate::base::error::Result;
+    use crate::ops::control::tuple_get;
+    use crate::ops::host::{host_call, HostFn};
+    use crate::ops::source::variable;
+    use std::sync::{Arc, Mutex};
+    /// Records which inputs arrived unshared, and adds 1 to each (in place where it may).
+    #[derive(Debug, Default)]
+    struct AddOne(Mutex<Vec<Vec<bool>>>);
+    impl HostFn for AddOne {
+        fn name(&self) -> &str {
+            "add_one"
+        }
+        fn call(&self, inputs: Vec<Value>) -> Result<Vec<Value>> {
+            let mut unique = Vec::new();
+            let out = inputs
+                .into_iter()
+                .map(|v| {
+                    let Value::F64(a) = v else {
+                        unreachable!("f64 inputs")
+                    };
+                    unique.push(a.is_unique());
+                    let mut own = a.try_into_owned_nocopy().unwrap_or_else(|a| a.to_owned());
+                    own.mapv_inplace(|x| x + 1.0);
+                    Value::F64(own.into_shared())
+                })
+                .collect();
+            self.0.lock().unwrap().push(unique);
+            Ok(out)
+        }
+        fn vjp(&self, _: &[Value], _: &[Value]) -> Result<Vec<Option<Value>>> {
+            Ok(vec![None, None, None, None])
+        }
+    }
+    let f = Arc::new(AddOne::default());
+    let x = ph("x", &[Some(3)]);
+    let two = constant(Value::from_vec(&[3], vec![2.0f64; 3]).unwrap());
+    let dies = mul(&x, &two).unwrap();
+    let lives = add(&x, &two).unwrap();
+    let (cell, v) = variable("v", Value::from_vec(&[3], vec![5.0f64, 6.0, 7.0]).unwrap());
+    let spec = vec![(Shape(vec![Some(3)]), DType::F64); 4];
+    let h = host_call(f.clone(), &[dies, lives.clone(), v, two], spec).unwrap();
+    let r: Vec<Tensor> = (0..4).map(|k| tuple_get(&h, k).unwrap()).collect();
+    let after = add(&lives, &r[1]).unwrap();
+    let outs = vec![r[0].clone(), after, r[2].clone(), r[3].clone()];
+    let fun = Function::new(vec![x], outs, vec![]).unwrap();
+    let xs = Value::from_vec(&[3], vec![1.0f64, 2.0, 3.0]).unwrap();
+    for _ in 0..3 {
+        let out = fun.call(vec![xs.clone()]).unwrap();
+        assert_eq!(out[0].to_f64_vec(), vec![3.0, 5.0, 7.0]);
+        // `lives` is read after the callback: it kept its value (3, 4, 5).
+        assert_eq!(out[1].to_f64_vec(), vec![7.0, 9.0, 11.0]);
+        assert_eq!(out[2].to_f64_vec(), vec![6.0, 7.0, 8.0]);
+        assert_eq!(out[3].to_f64_vec(), vec![3.0, 3.0, 3.0]);
+        assert_eq!(cell.get().unwrap().to_f64_vec(), vec![5.0, 6.0, 7.0]);
+        assert_eq!(
+            f.0.lock().unwrap().pop().unwrap(),
+            vec![true, false, false, false],
+            "only the value that dies at the callback is its own"
+        );
+    }
 }
 
 /// One node of every `Op` variant, checked against the property table in `ops/mod.rs`:
@@ -484,8 +552,8 @@ fn op_property_table_is_consistent() {
         fn name(&self) -> &str {
             "id"
         }
-        fn call(&self, inputs: &[Value]) -> crate::base::error::Result<Vec<Value>> {
-            Ok(inputs.to_vec())
+        fn call(&self, inputs: Vec<Value>) -> crate::base::error::Result<Vec<Value>> {
+            Ok(inputs)
         }
         fn vjp(&self, _: &[Value], _: &[Value]) -> crate::base::error::Result<Vec<Option<Value>>> {
             Ok(vec![None])

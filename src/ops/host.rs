@@ -14,8 +14,10 @@ use std::sync::Arc;
 /// A function run on the host while a plan executes.
 pub trait HostFn: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &str;
-    /// Computes the results from the input values.
-    fn call(&self, inputs: &[Value]) -> Result<Vec<Value>>;
+    /// Computes the results from the input values. The inputs are the function's own: one
+    /// that nothing else holds (`is_unique`) may be written in place and returned, or
+    /// viewed by a result, without a copy.
+    fn call(&self, inputs: Vec<Value>) -> Result<Vec<Value>>;
     /// Gradients of `sum(result_k * grads_k)` w.r.t. each input (`None`: not connected).
     fn vjp(&self, inputs: &[Value], grads: &[Value]) -> Result<Vec<Option<Value>>>;
 }
@@ -54,12 +56,13 @@ pub fn result_spec(h: &HostCall, k: usize) -> Result<(Shape, DType)> {
     })
 }
 
-/// Runs the callback (or its VJP) and checks the results against the declared dtypes.
-pub fn run(h: &HostCall, args: &[&Value]) -> Result<Vec<Value>> {
-    let vals: Vec<Value> = args.iter().map(|v| (*v).clone()).collect();
+/// Runs the callback (or its VJP) on `args` and checks the results against the declared
+/// dtypes. An argument that nothing else holds reaches the callback without a copy (the
+/// CPU executor moves in the inputs that die at the node).
+pub fn run(h: &HostCall, args: Vec<Value>) -> Result<Vec<Value>> {
     let out = if h.is_grad {
         // A grad node's results are the forward inputs' gradients, one per input.
-        let (xs, gs) = vals.split_at(h.results.len());
+        let (xs, gs) = args.split_at(h.results.len());
         let grads = h.f.vjp(xs, gs)?;
         grads
             .into_iter()
@@ -70,7 +73,7 @@ pub fn run(h: &HostCall, args: &[&Value]) -> Result<Vec<Value>> {
             })
             .collect()
     } else {
-        h.f.call(&vals)?
+        h.f.call(args)?
     };
     if out.len() != h.results.len() {
         return Err(Error::Type(format!(

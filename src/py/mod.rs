@@ -564,6 +564,68 @@ struct PyHostFn {
     runner: Py<PyAny>,
 }
 
+/// The base object of a NumPy array lent to a host callback: it holds the array's buffer
+/// for as long as Python holds the array.
+#[pyclass(module = "ferrokeras._core", frozen)]
+struct LentBuffer {
+    _buffer: Value,
+}
+
+/// `v` as a writable NumPy array over `v`'s own buffer when nothing else holds it (a copy
+/// otherwise), and that buffer, for `lent_place` to find the results that view it. Bool
+/// arrays are copied out and in as before (`None`): NumPy may leave bytes in them that are
+/// not Rust bools.
+fn lend(py: Python<'_>, v: Value) -> R<(Py<PyAny>, Option<Value>)> {
+    if matches!(v, Value::Bool(_)) {
+        return Ok((to_py(py, v), None));
+    }
+    let own = crate::with_value!(&v, a => a.is_unique() && a.is_standard_layout());
+    let v = if own {
+        v
+    } else {
+        crate::map_value!(v, a => a.as_standard_layout().into_owned().into_shared())
+    };
+    let base = Bound::new(py, LentBuffer { _buffer: v.clone() })?.into_any();
+    // SAFETY: `base` holds a clone of `v`, whose buffer (an `Arc`'d `Vec`, never moved or
+    // grown) therefore lives as long as the array does. Nothing in the engine reads the
+    // buffer while the callback runs: `v` came to the callback as its own.
+    let array = crate::with_value!(&v, a => unsafe {
+        PyArrayDyn::borrow_from_array(a, base).into_any().unbind()
+    });
+    Ok((array, Some(v)))
+}
+
+/// Where the callback's result `obj` lies in the buffer `lent`: its element offset and
+/// shape, when it is a C-contiguous array of the buffer's dtype inside it.
+fn lent_place<T: numpy::Element>(
+    obj: &Bound<'_, PyAny>,
+    lent: &ndarray::ArcArray<T, ndarray::IxDyn>,
+) -> Option<(usize, Vec<usize>)> {
+    let a = obj.cast::<PyArrayDyn<T>>().ok()?;
+    let size = std::mem::size_of::<T>();
+    let shape = a.shape().to_vec();
+    let n: usize = shape.iter().product();
+    let (start, data) = (lent.as_ptr() as usize, a.data() as usize);
+    if n == 0 || !a.is_c_contiguous() || data < start || (data - start) % size != 0 {
+        return None;
+    }
+    let offset = (data - start) / size;
+    (offset + n <= lent.len()).then_some((offset, shape))
+}
+
+/// Elements `offset..` of the C-contiguous `buffer`, in `shape`, sharing its buffer.
+fn lent_view(buffer: &Value, offset: usize, shape: &[usize]) -> Value {
+    let n: usize = shape.iter().product();
+    crate::map_value!(buffer.clone(), a => {
+        let len = a.len();
+        a.into_shape_with_order(len)
+            .expect("lent buffers are C-contiguous")
+            .slice_move(ndarray::s![offset..offset + n])
+            .into_shape_with_order(ndarray::IxDyn(shape))
+            .expect("a range of a vector is contiguous")
+    })
+}
+
 fn callback_err(e: PyErr) -> Error {
     let msg = e.to_string();
     Error::Callback(Arc::new(e), msg)
@@ -573,17 +635,62 @@ impl crate::ops::host::HostFn for PyHostFn {
     fn name(&self) -> &str {
         &self.name
     }
-    fn call(&self, inputs: &[Value]) -> crate::Result<Vec<Value>> {
+    /// The inputs reach Python as writable arrays over buffers lent to the call (the
+    /// input's own when nothing else holds it, else a copy). A result that is a
+    /// C-contiguous view of a lent buffer (the input itself, a slice, a reshape) shares
+    /// that buffer instead of being copied, unless Python still holds an array over it
+    /// once the call's own references are dropped, so nothing can write it afterwards.
+    fn call(&self, inputs: Vec<Value>) -> crate::Result<Vec<Value>> {
         Python::attach(|py| {
-            let args: Vec<Py<PyAny>> = inputs.iter().map(|v| to_py(py, v.clone())).collect();
-            let out = self
+            let mut args = Vec::with_capacity(inputs.len());
+            let mut lent = Vec::with_capacity(inputs.len());
+            for v in inputs {
+                let (array, buffer) = lend(py, v).map_err(callback_err)?;
+                args.push(array);
+                lent.push(buffer);
+            }
+            let res = self
                 .runner
                 .call_method1(py, "call", (args,))
                 .map_err(callback_err)?;
-            let out: Vec<Bound<'_, PyAny>> = out.bind(py).extract().map_err(callback_err)?;
-            out.iter()
-                .map(|o| to_value(o).map_err(callback_err))
-                .collect()
+            let out: Vec<Bound<'_, PyAny>> = res.bind(py).extract().map_err(callback_err)?;
+            let mut results = Vec::with_capacity(out.len());
+            let mut views = Vec::new();
+            for (i, o) in out.iter().enumerate() {
+                let place = lent.iter().enumerate().find_map(|(k, b)| {
+                    let b = b.as_ref()?;
+                    crate::with_value!(b, a => lent_place(o, a)).map(|(off, sh)| (k, off, sh))
+                });
+                match place {
+                    Some(place) => {
+                        views.push((i, place));
+                        results.push(None);
+                    }
+                    None => results.push(Some(to_value(o).map_err(callback_err)?)),
+                }
+            }
+            drop(out);
+            drop(res);
+            let alone: Vec<bool> = lent
+                .iter()
+                .map(|b| {
+                    b.as_ref()
+                        .is_some_and(|b| crate::with_value!(b, a => a.is_unique()))
+                })
+                .collect();
+            for (i, (k, offset, shape)) in views {
+                let buffer = lent[k].as_ref().expect("a place is in a lent buffer");
+                let view = lent_view(buffer, offset, &shape);
+                results[i] = Some(if alone[k] {
+                    view
+                } else {
+                    crate::map_value!(view, a => a.to_owned().into_shared())
+                });
+            }
+            Ok(results
+                .into_iter()
+                .map(|r| r.expect("every result is converted"))
+                .collect())
         })
     }
     fn vjp(&self, inputs: &[Value], grads: &[Value]) -> crate::Result<Vec<Option<Value>>> {

@@ -289,10 +289,12 @@ def chunk_bytes():
 class _GradientAverage:
     """Runner of the one node that sums a training step's gradients over the ranks.
 
-    Its inputs are the packed buffers. Its results are the same buffers summed, or, with
-    ``split`` (a list per buffer of ``(offset, size, shape)``), the summed gradients one
-    by one: NumPy views of the buffers that the runtime copies out once, instead of
-    slices in the graph that would copy them once more."""
+    Its inputs are the packed buffers, lent by the runtime as writable arrays (the
+    concatenation's own buffer, which nothing else reads: no copy), summed in place.
+    Its results are the same buffers, or, with ``split`` (a list per buffer of
+    ``(offset, size, shape)``), the summed gradients one by one: NumPy views of the
+    buffers, which the runtime reads in place (no copy, where the node's inputs come
+    from the CPU executor's own buffers; from a GPU they come as downloads)."""
 
     def __init__(self, layout, detail, split=None):
         self.layout = layout

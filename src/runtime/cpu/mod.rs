@@ -340,7 +340,13 @@ impl<'a> Run<'a> {
                 Item::Node(i) if early.early.get(*i) == Some(&true) && slots[*i].is_some() => {}
                 Item::Node(i) => {
                     let i = *i;
-                    let v = step(plan, i, feeds, slots, multi)?;
+                    let v = if let (Op::HostCall(h), Step::Compute) =
+                        (plan.nodes[i].op(), &plan.steps[i])
+                    {
+                        run_host(plan, i, h, &sched.frees[t], slots, multi)?
+                    } else {
+                        step(plan, i, feeds, slots, multi)?
+                    };
                     slots[i] = Some(v);
                 }
                 &Item::MatAcc { mm, add, acc } => {
@@ -513,6 +519,35 @@ fn mat_acc(
     plan.nodes[add].op().cpu(&args)
 }
 
+/// Runs host callback node `i`, moving into it the inputs that die at its item (`dying`):
+/// a value that nothing else holds then reaches the callback as its own, to write in place
+/// or hand back without a copy (`HostFn::call`).
+fn run_host(
+    plan: &Plan,
+    i: usize,
+    h: &crate::ops::host::HostCall,
+    dying: &[usize],
+    slots: &mut [Option<Value>],
+    multi: &mut HashMap<usize, Vec<Value>>,
+) -> Result<Value> {
+    let ins = &plan.inputs[i];
+    let args = ins
+        .iter()
+        .enumerate()
+        .map(|(k, &j)| {
+            let last = dying.contains(&j) && !ins[k + 1..].contains(&j);
+            let v = if last {
+                slots[j].take()
+            } else {
+                slots[j].clone()
+            };
+            v.expect("inputs are computed before their users")
+        })
+        .collect();
+    multi.insert(i, crate::ops::host::run(h, args)?);
+    Ok(Value::scalar_f64(plan.nodes[i].dtype(), 0.0))
+}
+
 fn step(
     plan: &Plan,
     i: usize,
@@ -564,6 +599,7 @@ pub fn run_node(
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }
         Op::HostCall(h) => {
+            let args = args.iter().map(|&v| v.clone()).collect();
             multi.insert(i, crate::ops::host::run(h, args)?);
             Ok(Value::scalar_f64(node.dtype(), 0.0))
         }
