@@ -97,7 +97,8 @@ impl Target {
     /// `max_buffers` storage buffers besides their parameter block: groups, plain nodes
     /// and groups run in the kernel of the convolution or product they read (checked
     /// against the buffer limit at run time), members computed per element of the
-    /// group's shape.
+    /// group's shape, sums and means folded into the group's kernel (its workgroups
+    /// adding up blocks of the member's rows or columns, `runtime::gpu::fusion`).
     pub fn gpu(dtypes: &'static [DType], max_buffers: usize) -> Target {
         Target {
             kind: TargetKind::Gpu,
@@ -108,7 +109,7 @@ impl Target {
             scalar_params: true,
             broadcast: true,
             views: false,
-            folds: false,
+            folds: true,
             epilogues: &[Producer::Conv, Producer::Product],
             updates: false,
             accumulations: false,
