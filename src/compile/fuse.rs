@@ -1042,6 +1042,32 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_group_folds_its_sums_and_hides_what_only_they_read() {
+        // s = sum(exp(x * x), 0) and m = mean(x * x, 1): both reductions leave the schedule
+        // for the group's folds; exp(x * x) is read by its sum alone (hidden), x * x is
+        // also returned (an output).
+        let x = ph("x", &[6, 5]);
+        let t = mul(&x, &x).unwrap();
+        let e = unary(UnaryOp::Exp, &t).unwrap();
+        let red = |op, v: &Tensor, axis: usize| {
+            crate::ops::reduce::reduce(op, v, &[axis], false).unwrap()
+        };
+        let s = red(crate::ops::ReduceOp::Sum, &e, 0);
+        let m = red(crate::ops::ReduceOp::Mean, &t, 1);
+        let plan = Plan::new(&[x], &[s, m, t]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        let reduces = g.items.iter().filter(|i| {
+            matches!(i, Item::Node(j) if matches!(plan.nodes[*j].op(), crate::ops::Op::Reduce { .. }))
+        });
+        assert_eq!(reduces.count(), 0, "{:?}", g.items);
+        let gs = groups(&g);
+        assert_eq!(gs.len(), 1);
+        assert_eq!(gs[0].folds.len(), 2);
+        assert_eq!(gs[0].hidden.len(), 1);
+        assert_eq!(gs[0].outputs.len(), 1);
+    }
+
+    #[test]
     fn an_unfused_target_schedules_every_node_alone() {
         let x = ph("x", &[4]);
         let y = unary(UnaryOp::Exp, &mul(&x, &x).unwrap()).unwrap();
