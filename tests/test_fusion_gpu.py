@@ -102,6 +102,7 @@ def test_trailing_fold(gpu, rng, rows, width, op):
         ((64, 8, 8, 32), [0, 1, 2], True),  # batch-norm statistics
         ((50, 40, 3), [1, 2], True),  # rows of a 3-D tensor
         ((9, 10, 11), None, False),  # everything: one row
+        ((), None, False),  # a scalar (an empty parameter tail before the fold layout)
         ((1, 20, 1, 30), [0, 1], False),  # size-1 dims on either side
         ((20, 1, 30, 1), [2, 3], False),
     ],

@@ -480,6 +480,13 @@ fn record_fold_kernel(
         }
     };
     let (mut words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Kernel(""))?;
+    // The fold layout follows the tail's shape, strides and constants (`with_tail` pads
+    // an empty tail with a word, which goes).
+    let bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
+    let tail = shape.len() * (1 + bcast) + param_words(ex, &ext);
+    words
+        .0
+        .truncate(std::mem::size_of::<params::Fused>() / 4 + tail);
     let l = layout;
     words
         .0
@@ -1127,13 +1134,7 @@ fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)]) -> Result<String
         src.push_str(&h);
     }
     let bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
-    let consts: usize = ext
-        .iter()
-        .map(|(j, m)| match m {
-            Mode::Param(_) => words_per(ex.plan.nodes[*j].dtype()),
-            Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Stored => 0,
-        })
-        .sum();
+    let consts = param_words(ex, ext);
     let (mut init, mut add, mut tree, mut store) =
         (String::new(), String::new(), String::new(), String::new());
     for (k, f) in g.folds.iter().enumerate() {
@@ -1171,6 +1172,16 @@ fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)]) -> Result<String
         1 + bcast
     );
     Ok(src)
+}
+
+/// The words of the folded constants `ext` passes in the parameter tail.
+fn param_words(ex: &Exec, ext: &[(usize, Mode)]) -> usize {
+    ext.iter()
+        .map(|(j, m)| match m {
+            Mode::Param(_) => words_per(ex.plan.nodes[*j].dtype()),
+            Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Stored => 0,
+        })
+        .sum()
 }
 
 /// The start of a generated module for `frame`: the dtype prelude and parameter block
