@@ -8,7 +8,8 @@ axes (row sums) fold; other patterns (a middle axis) compute the member in full 
 it as before. These tests compare every pattern with NumPy in float64, with one or several
 folds per group, a member also returned, special values, empty batches, many tasks and
 a convolution's epilogue; on the CPU they check the launches saved. On a GPU device the
-same graphs run there (no folding) and must give the same values.
+same graphs run there (folded into the group's generated kernel, `test_fusion_gpu.py`)
+and must give the same values.
 """
 
 import ferrokeras

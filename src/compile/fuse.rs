@@ -97,7 +97,8 @@ impl Target {
     /// `max_buffers` storage buffers besides their parameter block: groups, plain nodes
     /// and groups run in the kernel of the convolution or product they read (checked
     /// against the buffer limit at run time), members computed per element of the
-    /// group's shape.
+    /// group's shape, sums and means folded into the group's kernel (its workgroups
+    /// adding up blocks of the member's rows or columns, `runtime::gpu::fusion`).
     pub fn gpu(dtypes: &'static [DType], max_buffers: usize) -> Target {
         Target {
             kind: TargetKind::Gpu,
@@ -108,7 +109,7 @@ impl Target {
             scalar_params: true,
             broadcast: true,
             views: false,
-            folds: false,
+            folds: true,
             epilogues: &[Producer::Conv, Producer::Product],
             updates: false,
             accumulations: false,
@@ -1038,6 +1039,32 @@ mod tests {
             assert!(s.items[r.clone()].iter().all(|i| i.group().is_some()));
         }
         assert!(schedule(&plan, &Target::cpu(true)).runs.is_empty());
+    }
+
+    #[test]
+    fn a_gpu_group_folds_its_sums_and_hides_what_only_they_read() {
+        // s = sum(exp(x * x), 0) and m = mean(x * x, 1): both reductions leave the schedule
+        // for the group's folds; exp(x * x) is read by its sum alone (hidden), x * x is
+        // also returned (an output).
+        let x = ph("x", &[6, 5]);
+        let t = mul(&x, &x).unwrap();
+        let e = unary(UnaryOp::Exp, &t).unwrap();
+        let red = |op, v: &Tensor, axis: usize| {
+            crate::ops::reduce::reduce(op, v, &[axis], false).unwrap()
+        };
+        let s = red(crate::ops::ReduceOp::Sum, &e, 0);
+        let m = red(crate::ops::ReduceOp::Mean, &t, 1);
+        let plan = Plan::new(&[x], &[s, m, t]).unwrap();
+        let g = schedule(&plan, &gpu(usize::MAX));
+        let reduces = g.items.iter().filter(|i| {
+            matches!(i, Item::Node(j) if matches!(plan.nodes[*j].op(), crate::ops::Op::Reduce { .. }))
+        });
+        assert_eq!(reduces.count(), 0, "{:?}", g.items);
+        let gs = groups(&g);
+        assert_eq!(gs.len(), 1);
+        assert_eq!(gs[0].folds.len(), 2);
+        assert_eq!(gs[0].hidden.len(), 1);
+        assert_eq!(gs[0].outputs.len(), 1);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::base::shape::broadcast_runtime;
 use crate::compile::fuse::Group;
 use crate::compile::Step;
 use crate::ops::elementwise::{BinaryClass, BinaryOp, UnaryOp};
-use crate::ops::{Class, FusedOp};
+use crate::ops::{Class, FusedOp, Op, ReduceOp};
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -210,8 +210,8 @@ fn cast_expr(from: DType, to: DType, v: &str) -> String {
 /// that kernel's epilogue, where it can), or member by member where it cannot run as a
 /// whole.
 pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Slot>]) -> Result<()> {
-    if !g.folds.is_empty() || !g.hidden.is_empty() {
-        return Err(Error::Runtime("internal: a GPU group with folds".into()));
+    if !g.folds.is_empty() {
+        return record_folded(ex, g, feeds);
     }
     if let Some(f) = g.first {
         let fused = ex.lay.place[f] == Place::Gpu && super::kernels::record_then(ex, f, g)?;
@@ -222,23 +222,307 @@ pub(crate) fn record(ex: &mut Exec, g: &Group, feeds: &mut [Option<Slot>]) -> Re
             ex.step(f, feeds)?;
         }
     }
-    let whole = g.members.iter().all(|&m| ex.lay.place[m] == Place::Gpu) && {
-        let shapes = member_shapes(ex, &g.members)?;
-        let last = g.members.last().expect("a group has members");
-        g.outputs.iter().all(|o| shapes[o] == shapes[last])
+    record_written(ex, &g.members, &g.outputs, feeds)
+}
+
+/// Records `members` as one kernel writing `outputs` where it can run them as a whole
+/// (every member on the device, the outputs of the last member's shape), else member by
+/// member, keeping only the slots of `outputs`.
+fn record_written(
+    ex: &mut Exec,
+    members: &[usize],
+    outputs: &[usize],
+    feeds: &mut [Option<Slot>],
+) -> Result<()> {
+    let whole = members.iter().all(|&m| ex.lay.place[m] == Place::Gpu) && {
+        let shapes = member_shapes(ex, members)?;
+        let last = members.last().expect("a group has members");
+        outputs.iter().all(|o| shapes[o] == shapes[last])
     };
     if whole {
-        return record_members(ex, &g.members, &g.outputs);
+        return record_members(ex, members, outputs);
     }
-    for &m in &g.members {
+    for &m in members {
         ex.step(m, feeds)?;
     }
-    for &m in &g.members {
-        if !g.outputs.contains(&m) {
+    for &m in members {
+        if !outputs.contains(&m) {
             ex.slots[m] = None;
         }
     }
     Ok(())
+}
+
+/// Records group `g` with its folds (`Group::folds`): one kernel computing the members,
+/// writing the outputs and each fold's sum or mean (`fold_layout`, `generate_folded`)
+/// where this run's shapes allow; else the group writes its hidden members too and each
+/// fold runs as its own reduction, the hidden members released after. A group with a
+/// producer (`Group::first`) runs after the producer's own kernel.
+fn record_folded(ex: &mut Exec, g: &Group, feeds: &mut [Option<Slot>]) -> Result<()> {
+    if let Some(f) = g.first {
+        if ex.slots[f].is_none() {
+            ex.step(f, feeds)?;
+        }
+    }
+    let on_device = g
+        .members
+        .iter()
+        .copied()
+        .chain(g.fold_nodes())
+        .all(|m| ex.lay.place[m] == Place::Gpu);
+    if on_device {
+        let shapes = member_shapes(ex, &g.members)?;
+        let shape = shapes[g.members.last().expect("a group has members")].clone();
+        if g.outputs.iter().all(|o| shapes[o] == shape) {
+            if let Some(layout) = fold_layout(ex, g, &shapes, &shape) {
+                if record_fold_kernel(ex, g, &shape, &layout)? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    let written: Vec<usize> = g.written().collect();
+    record_written(ex, &g.members, &written, feeds)?;
+    for f in &g.folds {
+        ex.step(f.node, feeds)?;
+    }
+    for &h in &g.hidden {
+        ex.slots[h] = None;
+    }
+    Ok(())
+}
+
+/// Workgroup size of the folding kernel (`generate_folded`), a power of two.
+const FOLD_WG: usize = 256;
+/// Most outputs (columns) one workgroup of the folding kernel adds up over leading axes.
+const FOLD_COLUMNS: usize = 16;
+/// Most loop steps one thread of the folding kernel takes (software rasterisers, Mesa
+/// llvmpipe, end a shader loop after 65535 iterations).
+const FOLD_STEPS: usize = 16384;
+
+/// How the folding kernel adds up the folds of one group run: each fold's result has
+/// `nout` elements, element `o` the sum of the member at `o * ostride + r * rstride` for
+/// `r` in `0..red` (leading axes reduced: `ostride` 1, `rstride` the kept block's size;
+/// trailing axes: `ostride` `red`, `rstride` 1). A workgroup takes `cb` outputs, its
+/// `FOLD_WG / cb` lanes per output splitting the `red` steps.
+struct FoldLayout {
+    nout: usize,
+    red: usize,
+    ostride: usize,
+    rstride: usize,
+    cb: usize,
+    /// Per fold: its result's shape and the factor its sum is scaled by (1 / `red` for
+    /// a mean).
+    results: Vec<(Vec<usize>, f32)>,
+}
+
+/// The layout of `g`'s folds over its members of runtime `shapes` (the group's is
+/// `shape`), or `None` where the folds run as reductions of their own: a member of
+/// another shape (broadcast), a reduction of neither a leading nor a trailing block of
+/// axes, folds of different layouts, an empty group, or more steps per thread than a
+/// shader loop may take.
+fn fold_layout(
+    ex: &Exec,
+    g: &Group,
+    shapes: &HashMap<usize, Vec<usize>>,
+    shape: &[usize],
+) -> Option<FoldLayout> {
+    let plan = ex.plan;
+    let s = shape;
+    let mut kind: Option<(bool, bool, usize, usize)> = None;
+    let mut results = Vec::with_capacity(g.folds.len());
+    for f in &g.folds {
+        if shapes.get(&f.member).map(Vec::as_slice) != Some(s) {
+            return None;
+        }
+        let fold_op = plan.nodes[f.node].op();
+        let (reduced, mean, out): (Vec<bool>, bool, Vec<usize>) = if let Op::Reduce {
+            op: op @ (ReduceOp::Sum | ReduceOp::Mean),
+            axes,
+            keepdims,
+        } = fold_op
+        {
+            {
+                let reduced: Vec<bool> = (0..s.len()).map(|d| axes.contains(&d)).collect();
+                let out = (0..s.len())
+                    .filter_map(|d| match (reduced[d], keepdims) {
+                        (false, _) => Some(s[d]),
+                        (true, true) => Some(1),
+                        (true, false) => None,
+                    })
+                    .collect();
+                (reduced, matches!(op, ReduceOp::Mean), out)
+            }
+        } else if let Op::SumTo = fold_op {
+            {
+                let target = ex.slot(plan.inputs[f.node][1]).host.as_ref()?.to_i64_vec();
+                let lead = s.len().checked_sub(target.len())?;
+                let mut reduced = vec![true; lead];
+                for (k, &t) in target.iter().enumerate() {
+                    let d = s[lead + k];
+                    match t {
+                        1 => reduced.push(d != 1),
+                        t if t >= 0 && t as usize == d => reduced.push(false),
+                        // Not a reduction of this shape: the op reports it.
+                        _ => return None,
+                    }
+                }
+                (reduced, false, target.iter().map(|&t| t as usize).collect())
+            }
+        } else {
+            return None;
+        };
+        // Dims of size 1 go either way; the others must be reduced ones then kept ones
+        // (leading) or kept ones then reduced ones (trailing).
+        let kinds: Vec<bool> = (0..s.len())
+            .filter(|&d| s[d] != 1)
+            .map(|d| reduced[d])
+            .collect();
+        let leading = kinds.windows(2).all(|w| w[0] || !w[1]);
+        let trailing = kinds.windows(2).all(|w| !w[0] || w[1]);
+        let prod = |r: bool| {
+            (0..s.len())
+                .filter(|&d| reduced[d] == r)
+                .map(|d| s[d])
+                .product::<usize>()
+        };
+        let k = (leading, trailing, prod(false), prod(true));
+        match kind {
+            None => kind = Some(k),
+            Some(prev) => {
+                let (lead, trail) = (prev.0 && leading, prev.1 && trailing);
+                if (prev.2, prev.3) != (k.2, k.3) || !(lead || trail) {
+                    return None;
+                }
+                kind = Some((lead, trail, k.2, k.3));
+            }
+        }
+        let scale = if mean {
+            (1.0 / prod(true) as f64) as f32
+        } else {
+            1.0
+        };
+        results.push((out, scale));
+    }
+    let (leading, trailing, nout, red) = kind?;
+    if nout == 0 || red == 0 || nout.checked_mul(red)? > u32::MAX as usize {
+        return None;
+    }
+    let p2 = |n: usize| n.next_power_of_two().min(FOLD_WG);
+    // Over trailing axes (or all of them) a workgroup takes whole rows, over leading ones
+    // a block of adjacent columns, so neighbouring threads read neighbouring elements.
+    let (ostride, rstride, cb) = if trailing && (!leading || nout == 1) {
+        (red, 1, FOLD_WG / p2(red))
+    } else if leading {
+        (1, nout, p2(nout).min(FOLD_COLUMNS).max(FOLD_WG / p2(red)))
+    } else {
+        return None;
+    };
+    if red.div_ceil(FOLD_WG / cb) > FOLD_STEPS {
+        return None;
+    }
+    Some(FoldLayout {
+        nout,
+        red,
+        ostride,
+        rstride,
+        cb,
+        results,
+    })
+}
+
+/// Records the folding kernel of group `g` (members of shape `shape`, folds laid out as
+/// `layout`) and puts its outputs and folds' results in their slots; false (nothing
+/// recorded) where it would bind more storage buffers than the adapter allows.
+fn record_fold_kernel(
+    ex: &mut Exec,
+    g: &Group,
+    shape: &[usize],
+    layout: &FoldLayout,
+) -> Result<bool> {
+    let n: usize = shape.iter().product();
+    let ext = ext_modes(ex, &g.members, n, None);
+    let binds = ext
+        .iter()
+        .filter(|(_, m)| matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast))
+        .count();
+    let limit = ex.ctx.limits.max_storage_buffers_per_shader_stage as usize;
+    if 1 + g.outputs.len() + binds + g.folds.len() > limit {
+        return Ok(false);
+    }
+    let key = (
+        g.members
+            .iter()
+            .copied()
+            .chain([usize::MAX])
+            .chain(g.fold_nodes())
+            .collect::<Vec<_>>(),
+        mode_key(&ext),
+    );
+    let cached = ex
+        .lay
+        .fused
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .cloned();
+    let pipe = match cached {
+        Some(p) => p,
+        None => {
+            let src = generate_folded(ex, g, &ext)?;
+            let p = pipelines::generated(ex.ctx, &src, "fused_fold")?;
+            ex.lay
+                .fused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, p.clone());
+            p
+        }
+    };
+    let (mut words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Kernel(""))?;
+    // The fold layout follows the tail's shape, strides and constants (`with_tail` pads
+    // an empty tail with a word, which goes).
+    let bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
+    let tail = shape.len() * (1 + bcast) + param_words(ex, &ext);
+    words
+        .0
+        .truncate(std::mem::size_of::<params::Fused>() / 4 + tail);
+    let l = layout;
+    words
+        .0
+        .extend([l.nout, l.red, l.ostride, l.rstride, l.cb].map(|w| w as u32));
+    words
+        .0
+        .extend(l.results.iter().map(|(_, scale)| scale.to_bits()));
+    let sums = g
+        .folds
+        .iter()
+        .zip(&l.results)
+        .map(|(f, (out, _))| ex.alloc(out, DType::F32, f.node))
+        .collect::<Result<Vec<_>>>()?;
+    let first_sum = 1 + (g.outputs.len() + ext.len()) as u32;
+    let mut bufs: Vec<(u32, &DTensor)> = outs
+        .iter()
+        .enumerate()
+        .map(|(k, t)| (1 + k as u32, t))
+        .collect();
+    bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
+    bufs.extend(
+        sums.iter()
+            .enumerate()
+            .map(|(k, t)| (first_sum + k as u32, t)),
+    );
+    let wgs = l.nout.div_ceil(l.cb);
+    let x = wgs.min(65535);
+    ex.dispatch(pipe, &bufs, words, [x as u32, wgs.div_ceil(x) as u32, 1]);
+    drop(bufs);
+    for (&o, t) in g.outputs.iter().zip(outs) {
+        ex.slots[o] = Some(Slot::dev(t));
+    }
+    for (f, t) in g.folds.iter().zip(sums) {
+        ex.slots[f.node] = Some(Slot::dev(t));
+    }
+    Ok(true)
 }
 
 /// A group of a run (`record_run`), the shape it computes and its inputs' modes.
@@ -781,6 +1065,135 @@ fn generate(
     ext: &[(usize, Mode)],
     frame: Frame,
 ) -> Result<String> {
+    let (mut src, access) = declarations(ex, members, outputs, ext, frame);
+    let mut helpers: Vec<String> = Vec::new();
+    let body = body(
+        ex,
+        members,
+        outputs,
+        ext,
+        &access,
+        &mut helpers,
+        &|k| format!("out{k}"),
+        &|k| format!("in{k}"),
+    )?;
+    for h in helpers {
+        src.push_str(&h);
+    }
+    match frame {
+        Frame::Kernel(entry) => {
+            let _ = write!(
+                src,
+                "@compute @workgroup_size(256)\nfn {entry}(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
+                 let i = fk_index(g, nw);\n    if (i >= p.n) {{ return; }}\n{body}}}\n"
+            );
+        }
+        Frame::Epilogue => {
+            // Reading `ep.n` keeps the parameter binding in the pipeline's layout.
+            let _ = write!(
+                src,
+                "fn epi(i: u32, v: f32) {{\n    if (i >= ep.n) {{ return; }}\n{body}}}\n"
+            );
+        }
+    }
+    Ok(src)
+}
+
+/// The WGSL of group `g` with its folds (`record_fold_kernel`), entry point
+/// `fused_fold`: workgroup `w` takes outputs `w * cb ..` of the folds (`FoldLayout`), lane
+/// `l / cb` of output `o` computes the group's members at the elements `o * ostride +
+/// r * rstride` for `r` = lane, lane + `FOLD_WG / cb`, ... in turn, writing the group's
+/// outputs there and adding up each folded member; the lanes' sums then meet in a tree
+/// in workgroup memory (a fixed order: runs give equal results), scaled for a mean. The
+/// fold layout follows the `Fused` tail (`rank` words per broadcast input and the
+/// constants' words after the shape); the folds' results are bound after the inputs.
+fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)]) -> Result<String> {
+    let (mut src, access) = declarations(ex, &g.members, &g.outputs, ext, Frame::Kernel(""));
+    let first_sum = 1 + g.outputs.len() + ext.len();
+    for k in 0..g.folds.len() {
+        let _ = writeln!(
+            src,
+            "@group(0) @binding({}) var<storage, read_write> sum{k}: array<u32>;\n\
+             var<workgroup> part{k}: array<f32, {FOLD_WG}>;",
+            first_sum + k
+        );
+    }
+    let mut helpers: Vec<String> = Vec::new();
+    let body = body(
+        ex,
+        &g.members,
+        &g.outputs,
+        ext,
+        &access,
+        &mut helpers,
+        &|k| format!("out{k}"),
+        &|k| format!("in{k}"),
+    )?;
+    for h in helpers {
+        src.push_str(&h);
+    }
+    let bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
+    let consts = param_words(ex, ext);
+    let (mut init, mut add, mut tree, mut store) =
+        (String::new(), String::new(), String::new(), String::new());
+    for (k, f) in g.folds.iter().enumerate() {
+        let _ = writeln!(init, "    var acc{k} = 0.0;");
+        let _ = writeln!(add, "    acc{k} = acc{k} + v{};", f.member);
+        let _ = writeln!(
+            tree,
+            "            part{k}[l.x] = part{k}[l.x] + part{k}[l.x + s * f_cb];"
+        );
+        let _ = writeln!(
+            store,
+            "        sum{k}[o] = bitcast<u32>(part{k}[l.x] * bitcast<f32>(p.tail[fb + {}u]));",
+            5 + k
+        );
+    }
+    let parts: String = (0..g.folds.len())
+        .map(|k| format!("    part{k}[l.x] = acc{k};\n"))
+        .collect();
+    let _ = write!(
+        src,
+        "@compute @workgroup_size({FOLD_WG})\n\
+         fn fused_fold(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>, \
+         @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
+         let fb = p.rank * {}u + {consts}u;\n    \
+         let f_nout = p.tail[fb];\n    let f_red = p.tail[fb + 1u];\n    \
+         let f_os = p.tail[fb + 2u];\n    let f_rs = p.tail[fb + 3u];\n    \
+         let f_cb = p.tail[fb + 4u];\n    let f_rb = {FOLD_WG}u / f_cb;\n    \
+         let wg = w.x + w.y * nw.x;\n    if (wg * f_cb >= f_nout) {{ return; }}\n    \
+         let lane = l.x / f_cb;\n    let o = wg * f_cb + l.x % f_cb;\n{init}    \
+         if (o < f_nout) {{\n        for (var r = lane; r < f_red; r += f_rb) {{\n            \
+         let i = o * f_os + r * f_rs;\n{body}{add}        }}\n    }}\n{parts}    \
+         workgroupBarrier();\n    for (var s = f_rb / 2u; s > 0u; s >>= 1u) {{\n        \
+         if (lane < s) {{\n{tree}        }}\n        workgroupBarrier();\n    }}\n    \
+         if (lane == 0u && o < f_nout) {{\n{store}    }}\n}}\n",
+        1 + bcast
+    );
+    Ok(src)
+}
+
+/// The words of the folded constants `ext` passes in the parameter tail.
+fn param_words(ex: &Exec, ext: &[(usize, Mode)]) -> usize {
+    ext.iter()
+        .map(|(j, m)| match m {
+            Mode::Param(_) => words_per(ex.plan.nodes[*j].dtype()),
+            Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Stored => 0,
+        })
+        .sum()
+}
+
+/// The start of a generated module for `frame`: the dtype prelude and parameter block
+/// (a kernel's) or the epilogue's parameter block, the int64 helpers where a value is
+/// int64, the bindings of `outputs` and of the buffers `ext` reads, and the broadcast
+/// index helper; with how a body reads the parameters.
+fn declarations(
+    ex: &Exec,
+    members: &[usize],
+    outputs: &[usize],
+    ext: &[(usize, Mode)],
+    frame: Frame,
+) -> (String, Access) {
     let has_f16 = ex.ctx.has_f16;
     let (mut src, bidx) = match frame {
         Frame::Kernel(_) => (pipelines::common(has_f16) + FUSED_WGSL, "bidx"),
@@ -825,37 +1238,7 @@ fn generate(
         tail: format!("{p}.tail["),
         bidx: format!("{bidx}(i, "),
     };
-    let mut helpers: Vec<String> = Vec::new();
-    let body = body(
-        ex,
-        members,
-        outputs,
-        ext,
-        &access,
-        &mut helpers,
-        &|k| format!("out{k}"),
-        &|k| format!("in{k}"),
-    )?;
-    for h in helpers {
-        src.push_str(&h);
-    }
-    match frame {
-        Frame::Kernel(entry) => {
-            let _ = write!(
-                src,
-                "@compute @workgroup_size(256)\nfn {entry}(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
-                 let i = fk_index(g, nw);\n    if (i >= p.n) {{ return; }}\n{body}}}\n"
-            );
-        }
-        Frame::Epilogue => {
-            // Reading `ep.n` keeps the parameter binding in the pipeline's layout.
-            let _ = write!(
-                src,
-                "fn epi(i: u32, v: f32) {{\n    if (i >= ep.n) {{ return; }}\n{body}}}\n"
-            );
-        }
-    }
-    Ok(src)
+    (src, access)
 }
 
 /// The statements computing `members` at element `i` and storing `outputs` (output `k`
