@@ -296,9 +296,13 @@ fn record_folded(ex: &mut Exec, g: &Group, feeds: &mut [Option<Slot>]) -> Result
 const FOLD_WG: usize = 256;
 /// Most outputs (columns) one workgroup of the folding kernel adds up over leading axes.
 const FOLD_COLUMNS: usize = 16;
-/// Most loop steps one thread of the folding kernel takes (software rasterisers, Mesa
-/// llvmpipe, end a shader loop after 65535 iterations).
-const FOLD_STEPS: usize = 16384;
+/// Most elements one thread of the folding kernel adds up. The kernel has one thread per
+/// `FOLD_WG / cb` rows of a column block, so a long reduction over few outputs (batch
+/// norm's statistics over `[65536, 32]`: two workgroups, 4096 elements a thread) would
+/// leave a GPU nearly idle where the group and a separate reduction spread the same work
+/// over the whole device; such runs take that path. (Software rasterisers, Mesa llvmpipe,
+/// also end a shader loop after 65535 iterations.)
+const FOLD_STEPS: usize = 128;
 
 /// How the folding kernel adds up the folds of one group run: each fold's result has
 /// `nout` elements, element `o` the sum of the member at `o * ostride + r * rstride` for
