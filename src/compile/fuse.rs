@@ -21,7 +21,8 @@ use super::update_rule::{self, Update};
 use super::{Plan, Step};
 use crate::base::dtype::DType;
 use crate::base::shape::Shape;
-use crate::ops::{Class, Op};
+use crate::base::value::Value;
+use crate::ops::{Class, Op, ReduceOp};
 
 /// Which device kind a `Target` describes; `Plan::schedule` caches one schedule per kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,6 +247,84 @@ pub struct Group {
 pub struct Fold {
     pub node: usize,
     pub member: usize,
+}
+
+/// What a fold reduces in one run of its group (`Fold::axes`), for the lowering of each
+/// device.
+#[derive(Debug)]
+pub struct FoldAxes {
+    /// Per axis of the members' run-time shape: whether the fold sums over it.
+    pub reduced: Vec<bool>,
+    /// A mean (the sum scaled by 1 / `red`).
+    pub mean: bool,
+    /// The shape of the fold's result.
+    pub out: Vec<usize>,
+    /// Whether the reduced axes come before the kept ones (dims of size 1 go either way).
+    pub leading: bool,
+    /// Whether the reduced axes come after the kept ones.
+    pub trailing: bool,
+    /// Elements of the kept axes (the result's size) and of the reduced ones.
+    pub kept: usize,
+    pub red: usize,
+}
+
+impl Fold {
+    /// The axes the fold reduces over members of run-time shape `s`; `target` is the
+    /// run-time value of a `sum_to`'s target shape. `None` where it is not a reduction of
+    /// `s` (run on its own, the op reports why).
+    pub fn axes(&self, plan: &Plan, s: &[usize], target: Option<&Value>) -> Option<FoldAxes> {
+        let node_op = plan.nodes[self.node].op();
+        let (reduced, mean, out) = if let Op::Reduce {
+            op: op @ (ReduceOp::Sum | ReduceOp::Mean),
+            axes,
+            keepdims,
+        } = node_op
+        {
+            let reduced: Vec<bool> = (0..s.len()).map(|d| axes.contains(&d)).collect();
+            let out = (0..s.len())
+                .filter_map(|d| match (reduced[d], keepdims) {
+                    (false, _) => Some(s[d]),
+                    (true, true) => Some(1),
+                    (true, false) => None,
+                })
+                .collect();
+            (reduced, *op == ReduceOp::Mean, out)
+        } else if let Op::SumTo = node_op {
+            let target = target?.to_i64_vec();
+            let lead = s.len().checked_sub(target.len())?;
+            let mut reduced = vec![true; lead];
+            for (k, &t) in target.iter().enumerate() {
+                let d = s[lead + k];
+                match t {
+                    1 => reduced.push(d != 1),
+                    t if t >= 0 && t as usize == d => reduced.push(false),
+                    _ => return None,
+                }
+            }
+            (reduced, false, target.iter().map(|&t| t as usize).collect())
+        } else {
+            return None;
+        };
+        let kinds: Vec<bool> = (0..s.len())
+            .filter(|&d| s[d] != 1)
+            .map(|d| reduced[d])
+            .collect();
+        let prod = |r: bool| {
+            (0..s.len())
+                .filter(|&d| reduced[d] == r)
+                .map(|d| s[d])
+                .product::<usize>()
+        };
+        Some(FoldAxes {
+            leading: kinds.windows(2).all(|w| w[0] || !w[1]),
+            trailing: kinds.windows(2).all(|w| !w[0] || w[1]),
+            kept: prod(false),
+            red: prod(true),
+            reduced,
+            mean,
+            out,
+        })
+    }
 }
 
 impl Item {

@@ -28,7 +28,7 @@ use crate::base::shape::broadcast_runtime;
 use crate::compile::fuse::Group;
 use crate::compile::Step;
 use crate::ops::elementwise::{BinaryClass, BinaryOp, UnaryOp};
-use crate::ops::{Class, FusedOp, Op, ReduceOp};
+use crate::ops::{Class, FusedOp};
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -339,74 +339,27 @@ fn fold_layout(
         if shapes.get(&f.member).map(Vec::as_slice) != Some(s) {
             return None;
         }
-        let fold_op = plan.nodes[f.node].op();
-        let (reduced, mean, out): (Vec<bool>, bool, Vec<usize>) = if let Op::Reduce {
-            op: op @ (ReduceOp::Sum | ReduceOp::Mean),
-            axes,
-            keepdims,
-        } = fold_op
-        {
-            {
-                let reduced: Vec<bool> = (0..s.len()).map(|d| axes.contains(&d)).collect();
-                let out = (0..s.len())
-                    .filter_map(|d| match (reduced[d], keepdims) {
-                        (false, _) => Some(s[d]),
-                        (true, true) => Some(1),
-                        (true, false) => None,
-                    })
-                    .collect();
-                (reduced, matches!(op, ReduceOp::Mean), out)
-            }
-        } else if let Op::SumTo = fold_op {
-            {
-                let target = ex.slot(plan.inputs[f.node][1]).host.as_ref()?.to_i64_vec();
-                let lead = s.len().checked_sub(target.len())?;
-                let mut reduced = vec![true; lead];
-                for (k, &t) in target.iter().enumerate() {
-                    let d = s[lead + k];
-                    match t {
-                        1 => reduced.push(d != 1),
-                        t if t >= 0 && t as usize == d => reduced.push(false),
-                        // Not a reduction of this shape: the op reports it.
-                        _ => return None,
-                    }
-                }
-                (reduced, false, target.iter().map(|&t| t as usize).collect())
-            }
-        } else {
-            return None;
-        };
-        // Dims of size 1 go either way; the others must be reduced ones then kept ones
-        // (leading) or kept ones then reduced ones (trailing).
-        let kinds: Vec<bool> = (0..s.len())
-            .filter(|&d| s[d] != 1)
-            .map(|d| reduced[d])
-            .collect();
-        let leading = kinds.windows(2).all(|w| w[0] || !w[1]);
-        let trailing = kinds.windows(2).all(|w| !w[0] || w[1]);
-        let prod = |r: bool| {
-            (0..s.len())
-                .filter(|&d| reduced[d] == r)
-                .map(|d| s[d])
-                .product::<usize>()
-        };
-        let k = (leading, trailing, prod(false), prod(true));
+        let target = plan.inputs[f.node]
+            .get(1)
+            .and_then(|&j| ex.slot(j).host.as_ref());
+        let a = f.axes(plan, s, target)?;
+        let k = (a.leading, a.trailing, a.kept, a.red);
         match kind {
             None => kind = Some(k),
             Some(prev) => {
-                let (lead, trail) = (prev.0 && leading, prev.1 && trailing);
+                let (lead, trail) = (prev.0 && a.leading, prev.1 && a.trailing);
                 if (prev.2, prev.3) != (k.2, k.3) || !(lead || trail) {
                     return None;
                 }
                 kind = Some((lead, trail, k.2, k.3));
             }
         }
-        let scale = if mean {
-            (1.0 / prod(true) as f64) as f32
+        let scale = if a.mean {
+            (1.0 / a.red as f64) as f32
         } else {
             1.0
         };
-        results.push((out, scale));
+        results.push((a.out, scale));
     }
     let (leading, trailing, nout, red) = kind?;
     if nout == 0 || red == 0 || nout.checked_mul(red)? > u32::MAX as usize {

@@ -8,7 +8,6 @@ use crate::base::error::Result;
 use crate::base::value::Value;
 use crate::compile::fuse::{Fold, Group};
 use crate::compile::Plan;
-use crate::ops::Op;
 use std::cell::RefCell;
 use std::sync::Mutex;
 
@@ -88,55 +87,13 @@ pub(super) fn fold_run(
             .iter()
             .filter(|o| !matches!(o, Out::Passed(_)))
             .count();
-        let fold_op = plan.nodes[f.node].op();
-        let (reduced, mean, shape): (Vec<bool>, bool, Vec<usize>) =
-            if let Op::Reduce { op, axes, keepdims } = fold_op {
-                let reduced: Vec<bool> = (0..s.len()).map(|d| axes.contains(&d)).collect();
-                let shape = (0..s.len())
-                    .filter_map(|d| {
-                        if !reduced[d] {
-                            Some(s[d])
-                        } else if *keepdims {
-                            Some(1)
-                        } else {
-                            None
-                        }
-                    })
-                    .collect();
-                (reduced, matches!(op, crate::ops::ReduceOp::Mean), shape)
-            } else if let Op::SumTo = fold_op {
-                let target = slots[plan.inputs[f.node][1]].as_ref()?.to_i64_vec();
-                let lead = s.len().checked_sub(target.len())?;
-                let mut reduced = vec![true; lead];
-                for (i, &t) in target.iter().enumerate() {
-                    let d = s[lead + i];
-                    match t {
-                        1 => reduced.push(d != 1),
-                        t if t >= 0 && t as usize == d => reduced.push(false),
-                        // Not a reduction of this shape: the op reports it.
-                        _ => return None,
-                    }
-                }
-                (reduced, false, target.iter().map(|&t| t as usize).collect())
-            } else {
-                return None;
-            };
-        // Dims of size 1 go either way; the others must be reduced ones then kept ones
-        // (columns) or kept ones then reduced ones (rows).
-        let kinds: Vec<bool> = (0..s.len())
-            .filter(|&d| s[d] != 1)
-            .map(|d| reduced[d])
-            .collect();
-        let prod = |keep: bool| {
-            (0..s.len())
-                .filter(|&d| reduced[d] != keep)
-                .map(|d| s[d])
-                .product::<usize>()
-        };
-        let (red, inner) = (prod(false), prod(true));
-        let (rows, block) = if kinds.windows(2).all(|w| w[0] || !w[1]) {
+        let target = plan.inputs[f.node].get(1).and_then(|&j| slots[j].as_ref());
+        let a = f.axes(plan, s, target)?;
+        let (red, inner, mean, shape) = (a.red, a.kept, a.mean, a.out);
+        // The reduced axes lead (column sums) or trail (row sums) the kept ones.
+        let (rows, block) = if a.leading {
             (false, inner)
-        } else if kinds.windows(2).all(|w| !w[0] || w[1]) {
+        } else if a.trailing {
             (true, red)
         } else {
             return None;
