@@ -137,17 +137,20 @@ def test_planning_and_differentiating_report_their_phase(capsys, monkeypatch):
     x, w, loss = _wide_graph(4000)
     capsys.readouterr()
     (g,) = K.gradients(loss, [w])
-    # Each report names the phase the engine is in when the reporting thread wakes; on a
-    # loaded machine it may wake late, so a report may name a later phase of the same job.
+    # Each report names the phase the engine is in when the reporting thread wakes (none
+    # between phases); on a loaded machine it may wake late, so a report may name a later
+    # phase of the same job.
     err = capsys.readouterr().err.splitlines()
     assert len(err) >= 2 and err[0].startswith("ferrokeras: K.gradients: ")
-    assert all(e.endswith(" s so far (differentiating)") for e in err[:-1]), err
+    assert all(e.endswith((" s so far (differentiating)", " s so far")) for e in err[:-1]), err
+    assert any(e.endswith(" s so far (differentiating)") for e in err[:-1]), err
     assert err[-1].startswith("ferrokeras: K.gradients: done in ")
     K.function([x], [loss, g], name="big")
     err = capsys.readouterr().err.splitlines()
     assert len(err) >= 2 and err[0].startswith("ferrokeras: planning K.function 'big': ")
     planning = (" s so far (optimising the graph)", " s so far (scheduling kernels)")
-    assert all(e.endswith(planning) for e in err[:-1]), err
+    assert all(e.endswith((*planning, " s so far")) for e in err[:-1]), err
+    assert any(e.endswith(planning) for e in err[:-1]), err
     assert err[-1].startswith("ferrokeras: planning K.function 'big': done in ")
     # Off: nothing.
     K.function([x], [loss, g], verbose=0)

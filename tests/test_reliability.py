@@ -386,9 +386,10 @@ def test_clear_session_releases_memory_and_keeps_held_variables():
         del big, f
         K.clear_session()
 
-    # The first session leaves what any first run leaves (thread stacks, and freed
-    # buffers that malloc keeps for the next call: runtime/cpu/alloc.rs); after it,
-    # sessions must not accumulate (five leaked sessions would be 80 MB).
+    # The first round of variables and a function leaves what any first run leaves
+    # (thread stacks, and freed buffers that malloc keeps for the next call:
+    # runtime/cpu/alloc.rs); after it, rounds must not accumulate (five leaked rounds
+    # would be 80 MB).
     session()
     gc.collect()
     before = _rss_mb()
