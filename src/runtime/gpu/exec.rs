@@ -61,7 +61,7 @@ pub(crate) struct Placement {
 }
 
 /// A generated pipeline's key: the kernel's members and its inputs' modes.
-type FusedKey = (Vec<usize>, Vec<u32>);
+pub type FusedKey = (Vec<usize>, Vec<u32>);
 
 impl Placement {
     /// The schedule the executor lowers.
@@ -383,6 +383,23 @@ impl<'a> Exec<'a> {
         self.slots[j]
             .as_ref()
             .expect("inputs are computed before their users")
+    }
+
+    /// The generated pipeline cached for this plan under `key`, or `source()` compiled at
+    /// entry point `entry` and cached (the lock is not held while it compiles).
+    pub fn generated_pipeline(
+        &self,
+        key: FusedKey,
+        entry: &str,
+        source: impl FnOnce() -> Result<String>,
+    ) -> Result<Arc<Pipe>> {
+        let cache = || self.lay.fused.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache().get(&key).cloned() {
+            return Ok(p);
+        }
+        let p = super::pipelines::generated(self.ctx, &source()?, entry)?;
+        cache().insert(key, p.clone());
+        Ok(p)
     }
 
     /// Lowers one schedule item: a node by its placement, a group as generated kernels

@@ -416,26 +416,7 @@ fn record_fold_kernel(
             .collect::<Vec<_>>(),
         mode_key(&ext),
     );
-    let cached = ex
-        .lay
-        .fused
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        .cloned();
-    let pipe = match cached {
-        Some(p) => p,
-        None => {
-            let src = generate_folded(ex, g, &ext)?;
-            let p = pipelines::generated(ex.ctx, &src, "fused_fold")?;
-            ex.lay
-                .fused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, p.clone());
-            p
-        }
-    };
+    let pipe = ex.generated_pipeline(key, "fused_fold", || generate_folded(ex, g, &ext))?;
     let (mut words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Kernel(""))?;
     // The fold layout follows the tail's shape, strides and constants (`with_tail` pads
     // an empty tail with a word, which goes).
@@ -564,26 +545,7 @@ pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Slot>
         members,
         segs.iter().flat_map(|(_, _, ext)| mode_key(ext)).collect(),
     );
-    let cached = ex
-        .lay
-        .fused
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        .cloned();
-    let pipe = match cached {
-        Some(p) => p,
-        None => {
-            let src = generate_run(ex, &segs, &inputs)?;
-            let p = pipelines::generated(ex.ctx, &src, "fused_run")?;
-            ex.lay
-                .fused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, p.clone());
-            p
-        }
-    };
+    let pipe = ex.generated_pipeline(key, "fused_run", || generate_run(ex, &segs, &inputs))?;
     let ins: Vec<DTensor> = inputs.iter().map(|&j| ex.dev(j)).collect::<Result<_>>()?;
     let mut bufs: Vec<(u32, &DTensor)> = outs
         .iter()
@@ -737,32 +699,14 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
     let out_shape = shapes[&s].clone();
     let n: usize = out_shape.iter().product();
     let ext = ext_modes(ex, members, n, None);
-    let key = mode_key(&ext);
-    let cached = ex
-        .lay
-        .fused
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(members.to_vec(), key.clone()))
-        .cloned();
     let tag = match plan.nodes[s].dtype() {
         DType::I64 => "i64",
         d => dtag(d).expect("gpu dtype"),
     };
     let entry = format!("fused_{tag}");
-    let pipe = match cached {
-        Some(p) => p,
-        None => {
-            let src = generate(ex, members, outputs, &ext, Frame::Kernel(&entry))?;
-            let p = pipelines::generated(ex.ctx, &src, &entry)?;
-            ex.lay
-                .fused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert((members.to_vec(), key), p.clone());
-            p
-        }
-    };
+    let pipe = ex.generated_pipeline((members.to_vec(), mode_key(&ext)), &entry, || {
+        generate(ex, members, outputs, &ext, Frame::Kernel(&entry))
+    })?;
     let (words, bound, outs) = operands(ex, outputs, &ext, &out_shape, Frame::Kernel(""))?;
     let mut bufs: Vec<(u32, &DTensor)> = outs
         .iter()
@@ -894,38 +838,23 @@ impl Epilogue {
     ) -> Result<Arc<Pipe>> {
         let mut key = self.key.clone();
         key.1.extend(entry.bytes().map(u32::from));
-        let cached = ex
-            .lay
-            .fused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        if let Some(p) = cached {
-            return Ok(p);
-        }
-        let module = module();
-        let start = module
-            .find("\nfn st(")
-            .ok_or_else(|| Error::Runtime("internal: the kernel has no store line".into()))?
-            + 1;
-        let end = module[start..]
-            .find('\n')
-            .map_or(module.len(), |e| start + e);
-        // The entry point heads the source, which keys the device's pipeline cache.
-        let src = format!(
-            "// {entry} with an epilogue\n{}fn st(i: u32, v: T) {{ epi(i, t_norm(v)); }}{}{}",
-            &module[..start],
-            &module[end..],
-            self.src
-        );
-        let p = pipelines::generated(ex.ctx, &src, entry)?;
-        ex.lay
-            .fused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, p.clone());
-        Ok(p)
+        ex.generated_pipeline(key, entry, || {
+            let module = module();
+            let start = module
+                .find("\nfn st(")
+                .ok_or_else(|| Error::Runtime("internal: the kernel has no store line".into()))?
+                + 1;
+            let end = module[start..]
+                .find('\n')
+                .map_or(module.len(), |e| start + e);
+            // The entry point heads the source, which keys the device's pipeline cache.
+            Ok(format!(
+                "// {entry} with an epilogue\n{}fn st(i: u32, v: T) {{ epi(i, t_norm(v)); }}{}{}",
+                &module[..start],
+                &module[end..],
+                self.src
+            ))
+        })
     }
 
     /// Puts the group's outputs in their slots (after the kernel is recorded).
