@@ -42,6 +42,25 @@ def pytest_report_header(config):
         return f"ferrokeras device: <error: {exc!r}>"
 
 
+GPUS = [d for d in ferrokeras.devices() if d["device"] != "cpu"]
+REQUIRE_GPU = os.environ.get("FERROKERAS_REQUIRE_GPU", "") not in ("", "0")
+
+
+@pytest.fixture
+def gpu():
+    """Runs the test on the first GPU adapter, restoring the previous device after; skips it
+    where there is none, unless FERROKERAS_REQUIRE_GPU=1 (CI), which makes that a failure."""
+    if not GPUS:
+        if REQUIRE_GPU:
+            pytest.fail("FERROKERAS_REQUIRE_GPU=1 but wgpu found no GPU adapter")
+        pytest.skip("no GPU adapter on this machine")
+    before = ferrokeras.device()
+    name = ferrokeras.set_device("gpu")
+    assert name.startswith("gpu:")
+    yield name
+    ferrokeras.set_device(before)
+
+
 @pytest.fixture
 def rng():
     """A seeded NumPy Generator, fresh for every test."""

@@ -15,29 +15,10 @@ FERROKERAS_REQUIRE_GPU=1. Results are compared with NumPy in float64 and with th
 device's; gradients with central finite differences of a float64 NumPy forward.
 """
 
-import os
-
 import ferrokeras
 import numpy as np
 import pytest
 from ferrokeras import backend as K
-
-GPUS = [d for d in ferrokeras.devices() if d["device"] != "cpu"]
-REQUIRE = os.environ.get("FERROKERAS_REQUIRE_GPU", "") not in ("", "0")
-
-
-@pytest.fixture
-def gpu():
-    """Runs the test on the first GPU adapter, restoring the previous device after."""
-    if not GPUS:
-        if REQUIRE:
-            pytest.fail("FERROKERAS_REQUIRE_GPU=1 but wgpu found no GPU adapter")
-        pytest.skip("no GPU adapter on this machine")
-    before = ferrokeras.device()
-    name = ferrokeras.set_device("gpu")
-    assert name.startswith("gpu:")
-    yield name
-    ferrokeras.set_device(before)
 
 
 def close(got, want, rtol=2e-5):

@@ -23,20 +23,6 @@ GPUS = [d for d in ferrokeras.devices() if d["device"] != "cpu"]
 REQUIRE = os.environ.get("FERROKERAS_REQUIRE_GPU", "") not in ("", "0")
 
 
-@pytest.fixture
-def gpu():
-    """Runs the test on the first GPU adapter, restoring the previous device after."""
-    if not GPUS:
-        if REQUIRE:
-            pytest.fail("FERROKERAS_REQUIRE_GPU=1 but wgpu found no GPU adapter")
-        pytest.skip("no GPU adapter on this machine")
-    before = ferrokeras.device()
-    name = ferrokeras.set_device("gpu")
-    assert name.startswith("gpu:")
-    yield name
-    ferrokeras.set_device(before)
-
-
 def test_device_listing():
     devs = ferrokeras.devices()
     assert devs[0]["device"] == "cpu" and devs[0]["backend"] == "host"

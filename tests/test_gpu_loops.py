@@ -10,7 +10,6 @@ plan, with the same results.
 """
 
 import json
-import os
 
 import ferrokeras
 import numpy as np
@@ -19,23 +18,8 @@ from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
 from reference import np_rnn
 
-GPUS = [d for d in ferrokeras.devices() if d["device"] != "cpu"]
-REQUIRE = os.environ.get("FERROKERAS_REQUIRE_GPU", "") not in ("", "0")
 TOL = dict(rtol=2e-4, atol=2e-5)
 GPU_LOOPS = not env_is("FERROKERAS_GPU_LOOPS", "0")
-
-
-@pytest.fixture
-def gpu():
-    """Runs the test on the first GPU adapter, restoring the previous device after."""
-    if not GPUS:
-        if REQUIRE:
-            pytest.fail("FERROKERAS_REQUIRE_GPU=1 but wgpu found no GPU adapter")
-        pytest.skip("no GPU adapter on this machine")
-    before = ferrokeras.device()
-    ferrokeras.set_device("gpu")
-    yield
-    ferrokeras.set_device(before)
 
 
 def _host_spans(f, feeds, tmp):
