@@ -87,10 +87,13 @@ fn registry() -> &'static Registry {
     R.get_or_init(|| {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::PRIMARY;
-        let (instance, found) = without_display_probe(|| {
-            let instance = wgpu::Instance::new(desc);
-            let found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
-            (instance, found)
+        let (instance, found) = without_llvm_drivers_next_to_foreign_llvm(|| {
+            without_display_probe(|| {
+                let instance = wgpu::Instance::new(desc);
+                let found =
+                    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+                (instance, found)
+            })
         });
         let adapters: Vec<(AdapterDesc, wgpu::Adapter)> = found
             .into_iter()
@@ -145,6 +148,57 @@ fn without_display_probe<T>(f: impl FnOnce() -> T) -> T {
     std::env::set_var("NODEVICE_SELECT", "1");
     let out = f();
     std::env::remove_var("NODEVICE_SELECT");
+    out
+}
+
+/// Mesa's Vulkan drivers that link `libLLVM`: llvmpipe (`lvp`) and RADV (`radeon`), as
+/// `VK_LOADER_DRIVERS_DISABLE` globs over their manifest file names.
+const LLVM_DRIVERS: &str = "*lvp_icd*,*radeon_icd*";
+
+/// Whether a library in the process's global symbol scope defines LLVM's symbols, as
+/// TensorFlow's `libtensorflow_framework.so.2` does (it exports its own LLVM). A Mesa
+/// driver loaded after it brings `libLLVM`, whose references to its global objects then
+/// bind to that library's copies: the two LLVMs' command-line option registries are
+/// mixed, and the process aborts at exit (`free(): invalid pointer` in an
+/// `llvm::cl::opt` destructor). Loaded in the other order, each keeps its own.
+fn foreign_llvm_loaded() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `dlsym` with `RTLD_DEFAULT` and a NUL-terminated name only looks the
+        // symbol up in the global scope.
+        let sym = unsafe {
+            libc::dlsym(
+                libc::RTLD_DEFAULT,
+                c"_ZN4llvm2cl6Option11addArgumentEv".as_ptr(),
+            )
+        };
+        !sym.is_null()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
+/// Runs `f` (the adapter enumeration) with Mesa's LLVM-based Vulkan drivers left unloaded
+/// when another LLVM is already in the global symbol scope (`foreign_llvm_loaded`), and
+/// says so once: their adapters are then not listed. `VK_LOADER_DRIVERS_DISABLE` (the
+/// Vulkan loader's switch, loader 1.3.234 and later) is set for the enumeration and removed
+/// after; a user who set it (even empty) decides alone.
+fn without_llvm_drivers_next_to_foreign_llvm<T>(f: impl FnOnce() -> T) -> T {
+    const VAR: &str = "VK_LOADER_DRIVERS_DISABLE";
+    if std::env::var_os(VAR).is_some() || !foreign_llvm_loaded() {
+        return f();
+    }
+    eprintln!(
+        "ferrokeras: another copy of LLVM is loaded (TensorFlow's?), so Mesa's LLVM-based Vulkan \
+         drivers (llvmpipe, RADV) are skipped: loading them next to it aborts the process at exit. \
+         Use them by importing ferrokeras and calling ferrokeras.devices() before importing \
+         TensorFlow, or choose with {VAR}."
+    );
+    std::env::set_var(VAR, LLVM_DRIVERS);
+    let out = f();
+    std::env::remove_var(VAR);
     out
 }
 
