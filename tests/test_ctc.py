@@ -151,8 +151,26 @@ def test_beam_search_finds_the_most_probable_labelings(rng):
         )
         for k, (lab, pr) in enumerate(want):
             row = K.eval(decoded[k])[i]
-            assert tuple(row[row >= 0]) == lab
+            # TensorFlow's decoder merges a path's repeated labels (`merge_repeated`)
+            assert tuple(row[row >= 0]) == tuple(k for k, _ in itertools.groupby(lab))
             np.testing.assert_allclose(lp[i, k], np.log(pr), rtol=1e-8)
+
+
+def test_beam_search_merges_repeated_labels_as_tensorflow():
+    # The best labelling is [1, 1] (a blank between the two 1s); TensorFlow's beam search
+    # decoder (merge_repeated=True, as Keras's backends call it) returns [1] with the
+    # log-probability of [1, 1]; the second path is [1] itself.
+    p = np.array([[[0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]]])
+    decoded, log_prob = K.ctc_decode(
+        K.constant(p), K.constant([4]), greedy=False, beam_width=10, top_paths=2
+    )
+    assert [K.eval(d).tolist() for d in decoded] == [[[1]], [[1]]]
+    labels = [((1, 1), 0), ((1,), 1)]
+    for lab, k in labels:
+        cost = K.ctc_batch_cost(
+            K.constant([lab]), K.constant(p), K.constant([[4]]), K.constant([[len(lab)]])
+        )
+        np.testing.assert_allclose(K.eval(log_prob)[0, k], -K.eval(cost)[0, 0], rtol=1e-5)
 
 
 def test_decode_bad_arguments():

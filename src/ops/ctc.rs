@@ -195,7 +195,11 @@ pub fn run_decode(d: Decode, args: &[&Value]) -> Result<Vec<Value>> {
             if d.greedy {
                 vec![greedy(lp, t, c)]
             } else {
-                beam(lp, t, c, d.beam_width, d.top_paths)
+                let mut paths = beam(lp, t, c, d.beam_width, d.top_paths);
+                for (p, _) in &mut paths {
+                    p.dedup();
+                }
+                paths
             }
         })
         .collect();
@@ -234,6 +238,10 @@ fn greedy(lp: &[f64], t: usize, c: usize) -> (Vec<i64>, f64) {
     (out, -score)
 }
 
+/// Prefix beam search: the `top` most probable labellings and their log-probabilities.
+/// `run_decode` then merges repeated labels in each labelling, as Keras's TensorFlow
+/// backends do (they call `ctc_beam_search_decoder` with its default
+/// `merge_repeated=True`, which collapses `[2, 1, 1]` to `[2, 1]` and keeps the score).
 fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i64>, f64)> {
     let ninf = f64::NEG_INFINITY;
     let blank = c - 1;

@@ -156,7 +156,10 @@ def ctc_decode(y_pred, input_length, greedy=True, beam_width=100, top_paths=1):
         Tuple ``(decoded, log_prob)``: ``decoded`` is a list of ``top_paths`` int64 tensors
         ``(samples, max_decoded_length)`` padded with -1; ``log_prob`` is ``(samples,
         top_paths)``: for greedy decoding the negative sum of the best log-probabilities per
-        step (as TensorFlow), for beam search the log-probability of each path. The decoded
+        step (as TensorFlow), for beam search the log-probability of each path. As in
+        TensorFlow, whose beam search decoder merges repeated labels by default, a beam
+        path's repeated labels are merged (``[2, 1, 1]`` is returned as ``[2, 1]``, with the
+        score of ``[2, 1, 1]``). The decoded
         width is Keras 2.3.1's (the longest decoded sequence); TensorFlow 2's
         ``tf.keras.backend.ctc_decode`` pads to ``time_steps`` columns instead.
 
