@@ -32,6 +32,11 @@ import time
 from pathlib import Path
 
 MARK = "@@RESULT@@"
+MODES = {
+    "plain": "no communication",
+    "none": "DistributedOptimizer",
+    "fp16": "Compression.fp16",
+}
 WORKLOADS = {
     # name: (batch per rank, steps per epoch)
     "mlp": (128, 40),
@@ -70,7 +75,10 @@ def worker(args):
     hvd.init()
     batch, steps = WORKLOADS[args.workload]
     model, opt, shape = build(args.workload, keras)
-    model.compile(hvd.DistributedOptimizer(opt), "categorical_crossentropy", ["accuracy"])
+    if args.mode != "plain":  # "plain": the ranks train side by side, never communicating
+        compression = getattr(hvd.Compression, args.mode)
+        opt = hvd.DistributedOptimizer(opt, compression=compression)
+    model.compile(opt, "categorical_crossentropy", ["accuracy"])
     rng = np.random.default_rng(hvd.rank())
     n = batch * steps
     x = rng.random((n,) + shape, dtype=np.float32)
@@ -88,7 +96,9 @@ def worker(args):
                 hvd.stats(reset=True)  # the first epoch compiles and warms up
 
     times, cpu = [], []
-    cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), EpochTimes()]
+    cbs = [EpochTimes()]
+    if args.mode != "plain":
+        cbs.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
     model.fit(x, y, batch_size=batch, epochs=1 + args.epochs, verbose=0, callbacks=cbs)
     st = hvd.stats()
     epoch_s = statistics.median(times[1:])
@@ -246,12 +256,13 @@ def mpiexec():
     return str(local) if local.exists() else "mpiexec"
 
 
-def run(workload, ranks, threads, epochs):
+def run(workload, ranks, threads, epochs, mode="none"):
     env = dict(os.environ, KERAS_BACKEND="ferrokeras.backend", FERROKERAS_DEVICE="cpu")
     env["OPENBLAS_NUM_THREADS"] = "1"
     if threads == "1":
         env.update(RAYON_NUM_THREADS="1")
     cmd = [sys.executable, __file__, "--worker", workload, "--epochs", str(epochs)]
+    cmd += ["--mode", mode]
     if ranks > 1:
         cmd = [mpiexec(), "-n", str(ranks)] + cmd
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -276,6 +287,12 @@ def main():
     p.add_argument(
         "--rounds", type=int, help="runs of each configuration (3; --node-cost: 40 rounds)"
     )
+    p.add_argument(
+        "--modes",
+        default="plain,none,fp16",
+        help="what the N ranks run: plain (side by side, no communication: the ceiling), "
+        "none (DistributedOptimizer), fp16 (compression=hvd.Compression.fp16)",
+    )
     p.add_argument("--json", help="also write the results here")
     p.add_argument(
         "--node-cost",
@@ -284,6 +301,7 @@ def main():
         "--steps steps) and where it goes",
     )
     p.add_argument("--steps", type=int, default=25, help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="none", help=argparse.SUPPRESS)
     p.add_argument("--node-workload", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rounds is None:
@@ -318,27 +336,38 @@ def main():
         if workload not in WORKLOADS:
             raise SystemExit(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
         for threads in args.threads.split(","):
-            ones, manys = [], []
-            for _ in range(args.rounds):  # the two take turns, against drifts in load
-                ones.append(run(workload, 1, threads, args.epochs))
-                manys.append(run(workload, args.ranks, threads, args.epochs))
-            one, many = (median_run(r) for r in (ones, manys))
-            for r, rounds in ((one, ones), (many, manys)):
-                r["threads"] = threads
+            modes = args.modes.split(",")
+            runs = {m: [] for m in ["one"] + modes}
+            for _ in range(args.rounds):  # the configurations take turns, against drifts in load
+                runs["one"].append(run(workload, 1, threads, args.epochs))
+                for m in modes:
+                    runs[m].append(run(workload, args.ranks, threads, args.epochs, m))
+            one = median_run(runs["one"])
+            line = (
+                f"{workload:4s} threads={threads:7s} 1 process {one['samples_per_s']:7.0f} samples/s "
+                f"({one['cpu_ms_per_step']:.2f} CPU ms/step; rounds "
+                + " ".join(f"{x['samples_per_s']:.0f}" for x in runs["one"])
+                + ")"
+            )
+            for key, rounds in runs.items():
+                r = median_run(rounds)
+                r.update(threads=threads, mode=key if key != "one" else None)
                 r["rounds_samples_per_s"] = [x["samples_per_s"] for x in rounds]
                 rows.append(r)
-            print(
-                f"{workload:4s} threads={threads:7s} 1 process {one['samples_per_s']:9.0f} "
-                f"samples/s | {args.ranks} ranks {many['samples_per_s']:9.0f} samples/s "
-                f"= {many['samples_per_s'] / one['samples_per_s']:.2f}x | per step: wait "
-                f"{many['wait_ms_per_step']:.2f} ms, allreduce {many['allreduce_ms_per_step']:.2f} "
-                f"ms of {many['allreduce_mb_per_step']:.2f} MiB | CPU ms per step "
-                f"{one['cpu_ms_per_step']:.2f} -> {many['cpu_ms_per_step']:.2f} | rounds "
-                + " ".join(f"{x:.0f}" for x in one["rounds_samples_per_s"])
-                + " / "
-                + " ".join(f"{x:.0f}" for x in many["rounds_samples_per_s"]),
-                flush=True,
-            )
+                if key == "one":
+                    continue
+                line += (
+                    f"\n     {args.ranks} ranks, {MODES[key]:22s} {r['samples_per_s']:7.0f} samples/s "
+                    f"= {r['samples_per_s'] / one['samples_per_s']:.2f}x | CPU ms/step "
+                    f"{r['cpu_ms_per_step']:.2f}"
+                )
+                if key != "plain":
+                    line += (
+                        f" | per step: wait {r['wait_ms_per_step']:.2f} ms, collective "
+                        f"{r['allreduce_ms_per_step']:.2f} ms of {r['allreduce_mb_per_step']:.2f} MiB"
+                    )
+                line += " | rounds " + " ".join(f"{x['samples_per_s']:.0f}" for x in rounds)
+            print(line, flush=True)
     ar = run("allreduce", args.ranks, "1", 0)
     for name, r in ar.items():
         print(
