@@ -134,7 +134,7 @@ def test_one_node_per_step_on_the_gpu(trained):
         # (test above) is the check there.
         assert r0["adam_host_nodes"] == single["adam_host_nodes"] == 0
         return
-    for opt in ("sgd", "adam"):
+    for opt in ("sgd", "adam", "adam_fp16"):
         # The callback node and the read of its result; one more readback per step.
         assert r0[f"{opt}_host_nodes"] == single[f"{opt}_host_nodes"] + 2
         assert r0[f"{opt}_submits"] == single[f"{opt}_submits"] + 1
