@@ -78,7 +78,20 @@ grads_in = [
 ]
 values = [rng.rand(*[d for d in t.shape]).astype(t.dtype) for t in grads_in]
 expected = [hvd.allreduce(v) for v in values]
-for limit in ("", "40", "8"):
+
+
+def check_vjp(outs, rtol):
+    # Differentiable as the average is: d/dx of the ranks' sum(out * (rank + 1)) is the
+    # mean of 1..n on every rank.
+    loss = sum(K.cast(K.sum(o * K.constant(r + 1.0, dtype=o.dtype)), "float32") for o in outs)
+    for gv in K.function(grads_in, K.gradients(loss, grads_in))(values):
+        np.testing.assert_allclose(gv, np.full(gv.shape, (n + 1) / 2), rtol=rtol)
+
+
+for limit, own in (("", 1 << 18), ("", 64), ("40", 64), ("8", 1 << 18)):
+    # `own`: gradients of this many bytes or more are summed in their own buffers
+    # (without a size limit): here none, or the two largest.
+    hvd._ops._OWN_BUFFER_BYTES = own
     os.environ["FERROKERAS_DIST_CHUNK_BYTES"] = limit
     before = hvd._comm.S.counts.get("gradient allreduce", 0)
     outs = hvd.allreduce_gradients(grads_in)
@@ -87,6 +100,7 @@ for limit in ("", "40", "8"):
     for g, e in zip(got, expected):
         assert g.dtype == e.dtype and g.shape == e.shape
         np.testing.assert_allclose(g, e, rtol=1e-6)
+    check_vjp(outs, 1e-6)
 os.environ.pop("FERROKERAS_DIST_CHUNK_BYTES")
 
 # Compression.fp16: float16 on the wire, the result in the value's dtype, equal to the
@@ -110,7 +124,8 @@ for gather_max in (3, 1):  # Allgather and added in float32, or the float16 Allr
     np.testing.assert_allclose(tv, 2 * exact, rtol=2e-3, atol=4e-3)
     np.testing.assert_allclose(tg, 8 * exact, rtol=4e-3, atol=2e-2)
     # The packed gradient average, on any chunking, within float16 rounding of the exact.
-    for limit in ("", "40", "8"):
+    for limit, own in (("", 1 << 18), ("", 64), ("40", 64), ("8", 1 << 18)):
+        hvd._ops._OWN_BUFFER_BYTES = own
         os.environ["FERROKERAS_DIST_CHUNK_BYTES"] = limit
         outs = hvd.allreduce_gradients(grads_in, compression=fp16)
         got = K.function(grads_in, outs)(values)
@@ -118,8 +133,10 @@ for gather_max in (3, 1):  # Allgather and added in float32, or the float16 Allr
             assert g.dtype == e.dtype and g.shape == e.shape
             np.testing.assert_allclose(g, e, rtol=2e-3, atol=2e-3)
         assert any(not np.array_equal(g, e) for g, e in zip(got, expected))
+        check_vjp(outs, 1e-3)
     os.environ.pop("FERROKERAS_DIST_CHUNK_BYTES")
 hvd._ops._FP16_GATHER_MAX_RANKS = 3
+hvd._ops._OWN_BUFFER_BYTES = 1 << 18
 try:
     hvd.allreduce(vals, compression="fp16")
     raise AssertionError("a compression that is not a compressor is refused")

@@ -32,6 +32,11 @@ _GPU_CHUNK_BYTES = 128 << 20
 # is correct but converts element by element (~19 ms for 1.3 MB here, against 0.25 ms
 # for the Allgather).
 _FP16_GATHER_MAX_RANKS = 3
+# Without a size limit (the CPU), a gradient of at least this many bytes is summed in
+# its own buffer, lent by the runtime as it is, instead of being copied into the packed
+# one: a copy of 256 KiB costs about what one more rendezvous of the ranks does
+# (~15 us) when each rank has a core of its own.
+_OWN_BUFFER_BYTES = 256 << 10
 
 
 def _mpi_op(op):
@@ -384,7 +389,7 @@ class _GradientAverage:
                 continue
             if not a.flags.writeable:
                 a = a.copy()
-            out.append(_reduce_in_place(a, Sum, wire16))
+            out.append(_reduce_in_place(a, Sum, wire16).reshape(-1))
         st = S.stats
         st["steps"] += 1
         st["wait_s"] += t1 - t0
@@ -401,6 +406,7 @@ class _GradientAverage:
         res = []
         for a, buf, pieces in zip(arrays, out, self.split):
             total = a.size
+            buf = buf.reshape(-1)
             for off, n, shape in pieces:
                 for k in range(copies):
                     start = k * total + off
@@ -427,7 +433,8 @@ class _GradientAverage:
                 packed.append(np.asarray(g).reshape(copies, a.size))
         if not self.gather:
             packed = [np.array(p.reshape(-1), order="C", copy=True) for p in packed]
-            return self._sum(packed, wire16=False)
+            summed = self._sum(packed, wire16=False)
+            return [o.reshape(a.shape) for o, a in zip(summed, arrays)]
         out = []
         for a, rows in zip(arrays, packed):
             rows = np.array(rows, np.float32, order="C", copy=True)
@@ -449,7 +456,8 @@ def allreduce_gradients(grads, names=None, op=Average, compression=None):
     The gradients are compressed (``compression``: ``hvd.Compression.none``, the default,
     or ``hvd.Compression.fp16``, a cast in the graph), flattened and concatenated into one
     buffer per dtype (split into chunks of at most :func:`chunk_bytes` where a size limit
-    demands), one host node sums all buffers with one in-place ``Allreduce`` each, and
+    demands; without one, gradients of 256 KiB or more keep buffers of their own, no
+    copy), one host node sums all buffers with one in-place ``Allreduce`` each, and
     the results are sliced, reshaped and decompressed; the average's ``1 / size`` is a
     product in the graph, which fuses with whatever reads the gradient next (the
     optimizer's update). float16 buffers from a compressor are gathered instead on up to
@@ -495,7 +503,10 @@ def allreduce_gradients(grads, names=None, op=Average, compression=None):
                 chunks.append((dt, [(i, 0, None)]))
                 continue
             if limit is None:
-                current.append((i, 0, n))
+                if n * np.dtype(dt).itemsize >= _OWN_BUFFER_BYTES:
+                    chunks.append((dt, [(i, 0, n)]))  # sent from its own buffer
+                else:
+                    current.append((i, 0, n))
                 continue
             start = 0
             while start < n:
@@ -515,7 +526,10 @@ def allreduce_gradients(grads, names=None, op=Average, compression=None):
         for i, a, b in pieces:
             whole = a == 0 and (b is None or b == sizes[i])
             parts.append(flats[i] if whole else flats[i][a:b])
-        buf = parts[0] if len(parts) == 1 else K.concatenate(parts, axis=0)
+        if len(pieces) == 1 and pieces[0][1:] == (0, sizes[pieces[0][0]]):
+            buf = grads[pieces[0][0]]  # the gradient's own buffer, lent as it is
+        else:
+            buf = parts[0] if len(parts) == 1 else K.concatenate(parts, axis=0)
         total = None if any(b is None for _, _, b in pieces) else sum(b - a for _, a, b in pieces)
         inputs.append(buf)
         specs.append(([None if total is None else total * copies], dt))
