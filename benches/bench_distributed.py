@@ -137,34 +137,54 @@ def worker(args):
 
 
 def allreduce_worker(args):
-    """MPI_Allreduce alone (in place, float32, the gradient sizes of the workloads) and a
-    memcpy of the same size: the floor under the gradient average's cost per step."""
+    """The collectives alone, on the gradient sizes of the workloads (medians of 50, the
+    ranks meeting at a barrier before each): MPI_Allreduce in place of float32, and a
+    memcpy of the same bytes (the floor under the gradient average's cost per step);
+    for the MLP also what float16 on the wire can use: an Allgather of float16, MPICH's
+    own float16 sum (MPI_FLOAT16_T) and a user-defined one (NumPy)."""
     raise_priority()
     import ferrokeras.distributed as hvd
     import numpy as np
 
     hvd.init()
     comm, MPI = hvd._comm.S.comm, hvd._comm.S.MPI
-    res = {}
-    for name, params in (("mlp", 669_706), ("cnn", 1_199_882)):
-        a = np.ones(params, np.float32)
-        b = np.empty_like(a)
-        for _ in range(5):
-            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
-        times, copies = [], []
-        for _ in range(50):
+
+    def timed(fn, reps=50):
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(reps):
             comm.Barrier()
             t = time.perf_counter()
-            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+            fn()
             times.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            np.copyto(b, a)
-            copies.append(time.perf_counter() - t)
-        res[name] = {
+        return 1e3 * statistics.median(times)
+
+    def measure(params, float16):
+        a = np.ones(params, np.float32)
+        b = np.empty_like(a)
+        out = {
             "mib": a.nbytes / 2**20,
-            "allreduce_ms": 1e3 * statistics.median(times),
-            "memcpy_ms": 1e3 * statistics.median(copies),
+            "allreduce_ms": timed(lambda: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)),
+            "memcpy_ms": timed(lambda: np.copyto(b, a)),
         }
+        if float16:
+            h = np.ones(params, np.float16)
+            rows = np.empty((comm.Get_size(), params), np.float16)
+            user = MPI.Op.Create(hvd._ops._f16_sum, commute=True)
+            out.update(
+                allgather_f16_ms=timed(lambda: comm.Allgather(h, rows)),
+                allreduce_f16_mpich_ms=timed(
+                    lambda: comm.Allreduce(MPI.IN_PLACE, h, op=MPI.SUM), 10
+                ),
+                allreduce_f16_user_op_ms=timed(
+                    lambda: comm.Allreduce(MPI.IN_PLACE, h, op=user), 10
+                ),
+            )
+            user.Free()
+        return out
+
+    res = {"mlp": measure(669_706, True), "cnn": measure(1_199_882, False)}
     if hvd.rank() == 0:
         print(MARK, json.dumps(res), flush=True)
 
@@ -272,8 +292,10 @@ def mpiexec():
     return str(local) if local.exists() else "mpiexec"
 
 
-def run(workload, ranks, threads, epochs, mode="none"):
-    env = dict(os.environ, KERAS_BACKEND="ferrokeras.backend", FERROKERAS_DEVICE="cpu")
+def run(workload, ranks, threads, epochs, mode="none", env=None):
+    env = dict(
+        os.environ, KERAS_BACKEND="ferrokeras.backend", FERROKERAS_DEVICE="cpu", **(env or {})
+    )
     env["OPENBLAS_NUM_THREADS"] = "1"
     if threads == "1":
         env.update(RAYON_NUM_THREADS="1")
@@ -308,6 +330,11 @@ def main():
         default="plain,none,fp16",
         help="what the N ranks run: plain (side by side, no communication: the ceiling), "
         "none (DistributedOptimizer), fp16 (compression=hvd.Compression.fp16)",
+    )
+    p.add_argument(
+        "--mpi-tunables",
+        help="comma-separated VAR=VALUE settings (MPIR_CVAR_...) under which the collectives "
+        "alone are measured again, one at a time",
     )
     p.add_argument(
         "--priority",
@@ -393,13 +420,23 @@ def main():
                     )
                 line += " | rounds " + " ".join(f"{x['samples_per_s']:.0f}" for x in rounds)
             print(line, flush=True)
-    ar = run("allreduce", args.ranks, "1", 0)
-    for name, r in ar.items():
-        print(
-            f"{name:4s} gradient alone: {r['mib']:.2f} MiB, MPI_Allreduce on {args.ranks} ranks "
-            f"{r['allreduce_ms']:.2f} ms, memcpy {r['memcpy_ms']:.2f} ms (medians of 50)"
-        )
-    rows.append({"allreduce_alone": ar})
+    for tunable in [""] + (args.mpi_tunables.split(",") if args.mpi_tunables else []):
+        env = dict([tunable.split("=", 1)]) if tunable else {}
+        ar = run("allreduce", args.ranks, "1", 0, env=env)
+        for name, r in ar.items():
+            line = (
+                f"{name:4s} gradient alone{' with ' + tunable if tunable else ''}: "
+                f"{r['mib']:.2f} MiB, MPI_Allreduce on {args.ranks} ranks "
+                f"{r['allreduce_ms']:.2f} ms, memcpy {r['memcpy_ms']:.2f} ms"
+            )
+            if "allgather_f16_ms" in r:
+                line += (
+                    f" | as float16: Allgather {r['allgather_f16_ms']:.2f} ms, Allreduce with "
+                    f"MPICH's float16 sum {r['allreduce_f16_mpich_ms']:.2f} ms, with a NumPy sum "
+                    f"{r['allreduce_f16_user_op_ms']:.2f} ms"
+                )
+            print(line, flush=True)
+        rows.append({"allreduce_alone": ar, "tunable": tunable})
     print(f"# load average {os.getloadavg()[0]:.2f} at the end")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
