@@ -90,9 +90,11 @@ def worker(args):
     hvd.init()
     batch, steps = WORKLOADS[args.workload]
     model, opt, shape = build(args.workload, keras)
-    if args.mode != "plain":  # "plain": the ranks train side by side, never communicating
-        compression = getattr(hvd.Compression, args.mode)
-        opt = hvd.DistributedOptimizer(opt, compression=compression)
+    if args.mode == "none":
+        opt = hvd.DistributedOptimizer(opt)
+    elif args.mode == "fp16":
+        opt = hvd.DistributedOptimizer(opt, compression=hvd.Compression.fp16)
+    # "plain": the ranks train side by side, never communicating.
     model.compile(opt, "categorical_crossentropy", ["accuracy"])
     rng = np.random.default_rng(hvd.rank())
     n = batch * steps
