@@ -174,10 +174,12 @@ def test_learning_rate_warmup(trained):
         np.testing.assert_allclose(run["schedule_lr"], expect, rtol=1e-6)
 
 
-def test_example_distributed_digits(tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--fp16"]])
+def test_example_distributed_digits(tmp_path, flags):
     ckpt = tmp_path / "digits.h5"
     example = ROOT / "examples" / "distributed_digits.py"
-    rc, out, _ = launch(2, example, "--epochs", "4", "--checkpoint", ckpt, timeout=240)
+    args = ["--epochs", "4", "--checkpoint", ckpt, *flags]
+    rc, out, _ = launch(2, example, *args, timeout=240)
     assert rc == 0, out
     assert ckpt.exists(), out
     line = [ln for ln in out.splitlines() if ln.startswith("test accuracy")]
