@@ -3,22 +3,30 @@ throughput of one process against N MPI ranks, each rank with the per-rank batch
 single process (weak scaling: N ranks train on N times the samples per step).
 
     python benches/bench_distributed.py [--ranks 2] [--workloads mlp,cnn]
-                                        [--threads 1,default] [--epochs 3] [--json out.json]
+                                        [--threads 1,default] [--modes plain,none,fp16]
+                                        [--epochs 3] [--priority] [--json out.json]
+                                        [--mpi-tunables VAR=VALUE,...]
     python benches/bench_distributed.py --node-cost [--workloads mlp] [--rounds 40]
 
 Workloads are those of bench_keras.py: MLP 784-512-512-10 with dropout, RMSprop, batch
 128; CNN conv32-conv64-pool-d128, Adam, batch 64. ``--threads 1`` runs every process with
-one compute thread (RAYON_NUM_THREADS=1), ``default`` with
-ferrokeras' own choice. For each configuration (``--rounds`` runs each, one process and N
-ranks taking turns; the median run is reported) it prints samples/s (all ranks together,
-median epoch), the speed-up over one process with the same threads, and per step the
-time inside the gradient average: waiting for the other ranks (agreement check and load
-imbalance) and MPI_Allreduce itself.
+one compute thread (RAYON_NUM_THREADS=1), ``default`` with ferrokeras' own choice. The N
+ranks run as ``--modes`` says: ``plain`` side by side without communicating (plain Keras
+optimizers: the ceiling the machine gives), ``none`` with DistributedOptimizer, ``fp16``
+with ``compression=hvd.Compression.fp16``. For each configuration (``--rounds`` runs
+each, all configurations taking turns; the median run is reported) it prints samples/s
+(all ranks together, median epoch), the speed-up over one process with the same threads,
+CPU ms per step, and per step the time inside the gradient average: waiting for the
+other ranks (agreement check and load imbalance) and the collective itself. Then the
+collectives alone (MPI_Allreduce of the gradients' size against a memcpy; for the MLP
+also as float16), again under each ``--mpi-tunables`` setting.
 
 ``--node-cost`` measures, in one process, what the gradient node adds to a step's CPU
 time and where that goes (``node_cost_worker``).
 
-Run on a quiet machine: every rank needs a core of its own.
+Run on a quiet machine: every rank needs a core of its own. On a machine that other jobs
+share, ``--priority`` (Linux, root) runs every process at nice -20 in a scheduling group
+of its own.
 """
 
 import argparse
