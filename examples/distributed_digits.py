@@ -2,6 +2,7 @@
 written as a horovod.keras script (the only change is the import):
 
     mpiexec -n 2 python examples/distributed_digits.py
+    mpiexec -n 2 python examples/distributed_digits.py --fp16   # float16 gradients on the wire
     python examples/distributed_digits.py          # one process works too
 
 Every rank trains on its own shard of the training set; the gradients are averaged over
@@ -24,7 +25,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 
-def main(epochs=12, batch_size=32, checkpoint=None):
+def main(epochs=12, batch_size=32, checkpoint=None, fp16=False):
     hvd.init()
     np.random.seed(hvd.rank())  # dropout masks differ per rank, as they would on one rank
     digits = load_digits()
@@ -46,7 +47,11 @@ def main(epochs=12, batch_size=32, checkpoint=None):
     )
     # The batch is batch_size per rank, batch_size * size in all: scale the learning
     # rate with it, and warm it up over the first epochs.
-    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(lr=1e-3 * hvd.size()))
+    # With --fp16 the gradients cross the wire as float16 (half the bytes).
+    compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+    opt = hvd.DistributedOptimizer(
+        keras.optimizers.Adam(lr=1e-3 * hvd.size()), compression=compression
+    )
     model.compile(optimizer=opt, loss="categorical_crossentropy", metrics=["accuracy"])
 
     callbacks = [
@@ -81,5 +86,8 @@ if __name__ == "__main__":
         default=os.path.join(tempfile.gettempdir(), "distributed_digits.h5"),
         help="where rank 0 saves the model after every epoch ('' for nowhere)",
     )
+    parser.add_argument(
+        "--fp16", action="store_true", help="compress the gradients to float16 on the wire"
+    )
     args = parser.parse_args()
-    main(args.epochs, args.batch_size, args.checkpoint)
+    main(args.epochs, args.batch_size, args.checkpoint, args.fp16)

@@ -96,6 +96,26 @@ def test_two_ranks_on_halves_match_one_process_on_the_batch(trained, opt):
     assert r0[f"{opt}_collectives"] == r0[f"{opt}_steps"] == 18
 
 
+def test_fp16_compression_trains_as_the_exact_average_within_float16(trained):
+    # Two ranks with hvd.Compression.fp16 against one process training on whole batches
+    # (with one rank nothing is compressed): the ranks agree bit for bit, the weights
+    # are the exact ones within what float16 gradients change over 18 Adam steps, and
+    # training converges as the exact run does.
+    r0, r1, single = trained
+    for i in range(4):
+        w16, w1, w2 = r0[f"adam_fp16_w{i}"], single[f"adam_w{i}"], r0[f"adam_w{i}"]
+        np.testing.assert_array_equal(w16, r1[f"adam_fp16_w{i}"])
+        np.testing.assert_allclose(w16, w1, rtol=0, atol=5e-4)
+        assert not np.array_equal(w16, w2)  # float16 on the wire, not float32
+    loss16, loss = r0["adam_fp16_loss"], single["adam_loss"]
+    assert loss16[-1] < 0.9 * loss16[0], loss16
+    np.testing.assert_allclose(loss16, loss, rtol=1e-3)
+    assert r0["adam_fp16_collectives"] == r0["adam_fp16_steps"] == 18
+    # Saved with the compressed optimizer, loaded by plain Keras (train_keras.py checks
+    # the class and the weights), with its step count.
+    assert r0["fp16_loaded_iterations"] == 18
+
+
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 def test_averaged_metrics_are_the_global_metrics(trained, opt):
     r0, r1, single = trained
@@ -114,7 +134,7 @@ def test_one_node_per_step_on_the_gpu(trained):
         # (test above) is the check there.
         assert r0["adam_host_nodes"] == single["adam_host_nodes"] == 0
         return
-    for opt in ("sgd", "adam"):
+    for opt in ("sgd", "adam", "adam_fp16"):
         # The callback node and the read of its result; one more readback per step.
         assert r0[f"{opt}_host_nodes"] == single[f"{opt}_host_nodes"] + 2
         assert r0[f"{opt}_submits"] == single[f"{opt}_submits"] + 1
@@ -154,10 +174,12 @@ def test_learning_rate_warmup(trained):
         np.testing.assert_allclose(run["schedule_lr"], expect, rtol=1e-6)
 
 
-def test_example_distributed_digits(tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--fp16"]])
+def test_example_distributed_digits(tmp_path, flags):
     ckpt = tmp_path / "digits.h5"
     example = ROOT / "examples" / "distributed_digits.py"
-    rc, out, _ = launch(2, example, "--epochs", "4", "--checkpoint", ckpt, timeout=240)
+    args = ["--epochs", "4", "--checkpoint", ckpt, *flags]
+    rc, out, _ = launch(2, example, *args, timeout=240)
     assert rc == 0, out
     assert ckpt.exists(), out
     line = [ln for ln in out.splitlines() if ln.startswith("test accuracy")]

@@ -78,7 +78,20 @@ grads_in = [
 ]
 values = [rng.rand(*[d for d in t.shape]).astype(t.dtype) for t in grads_in]
 expected = [hvd.allreduce(v) for v in values]
-for limit in ("", "40", "8"):
+
+
+def check_vjp(outs, rtol):
+    # Differentiable as the average is: d/dx of the ranks' sum(out * (rank + 1)) is the
+    # mean of 1..n on every rank.
+    loss = sum(K.cast(K.sum(o * K.constant(r + 1.0, dtype=o.dtype)), "float32") for o in outs)
+    for gv in K.function(grads_in, K.gradients(loss, grads_in))(values):
+        np.testing.assert_allclose(gv, np.full(gv.shape, (n + 1) / 2), rtol=rtol)
+
+
+for limit, own in (("", 1 << 18), ("", 64), ("40", 64), ("8", 1 << 18)):
+    # `own`: gradients of this many bytes or more are summed in their own buffers
+    # (without a size limit): here none, or the two largest.
+    hvd._ops._OWN_BUFFER_BYTES = own
     os.environ["FERROKERAS_DIST_CHUNK_BYTES"] = limit
     before = hvd._comm.S.counts.get("gradient allreduce", 0)
     outs = hvd.allreduce_gradients(grads_in)
@@ -87,7 +100,48 @@ for limit in ("", "40", "8"):
     for g, e in zip(got, expected):
         assert g.dtype == e.dtype and g.shape == e.shape
         np.testing.assert_allclose(g, e, rtol=1e-6)
+    check_vjp(outs, 1e-6)
 os.environ.pop("FERROKERAS_DIST_CHUNK_BYTES")
+
+# Compression.fp16: float16 on the wire, the result in the value's dtype, equal to the
+# float32 average within float16's rounding (of each rank's value and of the result).
+fp16 = hvd.Compression.fp16
+vals = np.random.RandomState(10 + r).uniform(-3, 3, (4, 33)).astype(np.float32)
+exact = hvd.allreduce(vals)
+tol = dict(rtol=2e-3, atol=2e-3)
+for gather_max in (3, 1):  # Allgather and added in float32, or the float16 Allreduce
+    hvd._ops._FP16_GATHER_MAX_RANKS = gather_max
+    got = hvd.allreduce(vals, compression=fp16)
+    assert got.dtype == np.float32 and got.shape == vals.shape
+    np.testing.assert_allclose(got, exact, **tol)
+    assert not np.array_equal(got, exact)  # float16 precision, not float32's
+    np.testing.assert_allclose(hvd.allreduce(vals, op=hvd.Sum, compression=fp16), exact * n, **tol)
+    # As a graph op, with its gradient (compressed the same way).
+    t = K.placeholder(shape=(4, 33))
+    ta = hvd.allreduce(t * 2.0, compression=fp16)
+    tv, tg = K.function([t], [ta, K.gradients(K.sum(ta * ta), [t])[0]])([vals])
+    assert tv.dtype == np.float32
+    np.testing.assert_allclose(tv, 2 * exact, rtol=2e-3, atol=4e-3)
+    np.testing.assert_allclose(tg, 8 * exact, rtol=4e-3, atol=2e-2)
+    # The packed gradient average, on any chunking, within float16 rounding of the exact.
+    for limit, own in (("", 1 << 18), ("", 64), ("40", 64), ("8", 1 << 18)):
+        hvd._ops._OWN_BUFFER_BYTES = own
+        os.environ["FERROKERAS_DIST_CHUNK_BYTES"] = limit
+        outs = hvd.allreduce_gradients(grads_in, compression=fp16)
+        got = K.function(grads_in, outs)(values)
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            np.testing.assert_allclose(g, e, rtol=2e-3, atol=2e-3)
+        assert any(not np.array_equal(g, e) for g, e in zip(got, expected))
+        check_vjp(outs, 1e-3)
+    os.environ.pop("FERROKERAS_DIST_CHUNK_BYTES")
+hvd._ops._FP16_GATHER_MAX_RANKS = 3
+hvd._ops._OWN_BUFFER_BYTES = 1 << 18
+try:
+    hvd.allreduce(vals, compression="fp16")
+    raise AssertionError("a compression that is not a compressor is refused")
+except TypeError as e:
+    assert "hvd.Compression.fp16" in str(e), e
 
 # Sharding: rank r takes samples r, r + n, ...; equal lengths.
 data = np.arange(10 * n + n - 1)

@@ -4,9 +4,11 @@ under `mpiexec -n 2` and as one plain process; the test compares what they save.
     python train_keras.py OUT_PREFIX
 
 Each rank writes OUT_PREFIX.rank<r>.npz: the final weights of an SGD model (momentum and
-clipnorm: clipping applies to the averaged gradient) and of an Adam model, the epoch
-metrics as MetricAverageCallback leaves them, and how many gradient collectives ran.
-Rank 0 also saves the Adam model to OUT_PREFIX.h5 and loads it back with plain Keras.
+clipnorm: clipping applies to the averaged gradient), of an Adam model and of the same
+Adam model with its gradients compressed to float16 on the wire, the epoch metrics as
+MetricAverageCallback leaves them, and how many gradient collectives ran. Rank 0 also
+saves the Adam models to OUT_PREFIX.h5 and OUT_PREFIX.fp16.h5 and loads them back with
+plain Keras.
 """
 
 import os
@@ -45,13 +47,27 @@ def build():
     return model
 
 
+def save_and_load(model, path):
+    """Rank 0 saves `model`; plain Keras loads it back, weights and optimizer state."""
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded.optimizer) is keras.optimizers.Adam, type(loaded.optimizer)
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    return loaded
+
+
 out = {}
-for name, make in [
-    ("sgd", lambda: keras.optimizers.SGD(lr=0.2, momentum=0.9, clipnorm=0.3)),
-    ("adam", lambda: keras.optimizers.Adam(lr=0.01)),
+for name, make, compression in [
+    ("sgd", lambda: keras.optimizers.SGD(lr=0.2, momentum=0.9, clipnorm=0.3), None),
+    ("adam", lambda: keras.optimizers.Adam(lr=0.01), hvd.Compression.none),
+    ("adam_fp16", lambda: keras.optimizers.Adam(lr=0.01), hvd.Compression.fp16),
 ]:
     model = build()
-    opt = hvd.DistributedOptimizer(make())
+    if compression is None:
+        opt = hvd.DistributedOptimizer(make())
+    else:
+        opt = hvd.DistributedOptimizer(make(), compression=compression)
     assert type(opt).__name__ == type(make()).__name__
     model.compile(optimizer=opt, loss="categorical_crossentropy", metrics=["accuracy"])
     before = hvd._comm.S.counts.get("gradient allreduce", 0)
@@ -75,6 +91,11 @@ for name, make in [
         out[f"{name}_w{i}"] = w
     for k, v in hist.history.items():
         out[f"{name}_{k}"] = np.array(v)
+    if name == "adam_fp16" and hvd.rank() == 0:
+        loaded = save_and_load(model, prefix + ".fp16.h5")
+        out["fp16_loaded_iterations"] = K.get_value(loaded.optimizer.iterations)
+    if name == "adam":
+        adam_model = model
 
 
 class RecordLR(keras.callbacks.Callback):
@@ -106,13 +127,8 @@ warm_model.fit(x_few, y_few, batch_size=batch, epochs=4, callbacks=[sched, Recor
 out["schedule_lr"] = np.array(lrs)
 
 if hvd.rank() == 0:
-    path = prefix + ".h5"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    assert type(loaded.optimizer) is keras.optimizers.Adam, type(loaded.optimizer)
-    for a, b in zip(loaded.get_weights(), model.get_weights()):
-        np.testing.assert_array_equal(a, b)
-    # The optimizer state comes back too: one more step from it matches.
+    loaded = save_and_load(adam_model, prefix + ".h5")
+    # The optimizer state comes back too.
     out["loaded_iterations"] = K.get_value(loaded.optimizer.iterations)
 
 # Every rank resumes from rank 0's checkpoint with hvd.load_model: a distributed

@@ -33,6 +33,7 @@ from ._ops import (
     broadcast_global_variables,
     broadcast_variables,
 )
+from .compression import Compression, Compressor
 from .optimizer import DistributedOptimizer, load_model
 
 
@@ -170,6 +171,8 @@ __all__ = [
     "shard",
     "DistributedOptimizer",
     "load_model",
+    "Compression",
+    "Compressor",
     "DistributedError",
     "MismatchError",
     "RankFailedError",

@@ -12,6 +12,8 @@ from .. import backend as K
 from .._k.common import _t
 from ..tensor import LIVE_VARIABLES, Tensor, wrap
 from ._comm import S, agree, require
+from .compression import NoneCompressor
+from .compression import check as _check_compression
 
 Average = "average"
 Sum = "sum"
@@ -23,6 +25,18 @@ _OPS = (Average, Sum, Min, Max)
 _MAX_COUNT = 2**31 - 1
 # Largest buffer a GPU kernel may bind on many adapters (WebGPU's default limit).
 _GPU_CHUNK_BYTES = 128 << 20
+# float16 on the wire (Compression.fp16) is summed after an Allgather up to this many
+# ranks (each rank receives (size - 1) * 2 bytes per value, no more than a float32
+# Allreduce's 2 * (size - 1) / size * 4 until 4 ranks), and by an Allreduce with a
+# user-defined float16 sum beyond: MPICH's own float16 sum (MPI_FLOAT16_T / MPI_SUM)
+# is correct but converts element by element (~19 ms for 1.3 MB here, against 0.25 ms
+# for the Allgather).
+_FP16_GATHER_MAX_RANKS = 3
+# Without a size limit (the CPU), a gradient of at least this many bytes is summed in
+# its own buffer, lent by the runtime as it is, instead of being copied into the packed
+# one: a copy of 256 KiB costs about what one more rendezvous of the ranks does
+# (~15 us) when each rank has a core of its own.
+_OWN_BUFFER_BYTES = 256 << 10
 
 
 def _mpi_op(op):
@@ -51,12 +65,52 @@ def _layout(arr):
     return f"{arr.dtype.name}{list(arr.shape)}"
 
 
-def _reduce_in_place(arr, op):
+def _f16_sum(inbuf, outbuf, datatype):
+    """The user-defined MPI sum of float16 buffers (each addition rounded to float16)."""
+    del datatype
+    out = np.frombuffer(outbuf, np.float16)
+    np.add(np.frombuffer(inbuf, np.float16), out, out=out)
+
+
+_F16_SUM = []  # the MPI.Op, created on first use
+
+
+def _f16_sum_op():
+    if not _F16_SUM:
+        _F16_SUM.append(require().MPI.Op.Create(_f16_sum, commute=True))
+    return _F16_SUM[0]
+
+
+def _reduce_f16_in_place(arr, op):
+    """Sums (averages) the float16 `arr` over the ranks with float16 on the wire: up to
+    _FP16_GATHER_MAX_RANKS ranks gathered and added in float32 in rank order (then
+    rounded once), beyond by an Allreduce with the float16 sum."""
+    s = require()
+    flat = arr.reshape(-1)
+    if s.size <= _FP16_GATHER_MAX_RANKS:
+        rows = np.empty((s.size, flat.size), np.float16)
+        s.comm.Allgather(flat, rows)
+        total = rows.astype(np.float32).sum(axis=0)
+        if op == Average:
+            total /= s.size
+        flat[...] = total
+        return arr
+    for start in range(0, flat.size, _MAX_COUNT):
+        s.comm.Allreduce(s.MPI.IN_PLACE, flat[start : start + _MAX_COUNT], op=_f16_sum_op())
+    if op == Average:
+        flat[...] = flat.astype(np.float32) / s.size
+    return arr
+
+
+def _reduce_in_place(arr, op, wire16=False):
     """Allreduces `arr` (C-contiguous, writable) in place, in chunks of at most 2**31-1
-    elements. float16 is reduced in float32."""
+    elements. float16 is reduced in float32, or with `wire16` (Compression.fp16) as
+    float16 by _reduce_f16_in_place."""
     s = require()
     if s.size == 1:
         return arr
+    if wire16 and arr.dtype == np.float16 and op in (Sum, Average):
+        return _reduce_f16_in_place(arr, op)
     work = arr.astype(np.float32) if arr.dtype == np.float16 else arr
     flat = work.reshape(-1)
     for start in range(0, flat.size, _MAX_COUNT):
@@ -68,7 +122,7 @@ def _reduce_in_place(arr, op):
     return arr
 
 
-def _np_allreduce(arr, op, name):
+def _np_allreduce(arr, op, name, wire16=False):
     require()
     if op == Average and arr.dtype.kind != "f":
         raise TypeError(
@@ -78,7 +132,7 @@ def _np_allreduce(arr, op, name):
         raise TypeError("allreduce: bool arrays cannot be reduced; cast them to int32")
     s_name = name or "unnamed"
     agree("allreduce", f"{s_name} {op} {_layout(arr)}")
-    return _reduce_in_place(arr, op)
+    return _reduce_in_place(arr, op, wire16)
 
 
 def _np_allgather(arr, name):
@@ -122,17 +176,18 @@ class _Collective:
     """The runner of a host-callback node: ``call`` runs the collective on this rank's
     value, ``vjp`` the collective of its gradient (every rank runs both in the same order)."""
 
-    def __init__(self, kind, op=None, name=None, root_rank=None):
+    def __init__(self, kind, op=None, name=None, root_rank=None, wire16=False):
         self.kind = kind
         self.op = op
         self.name = name
         self.root_rank = root_rank
+        self.wire16 = wire16  # float16 values cross the wire as float16
 
     def call(self, arrays):
         (x,) = arrays
         x = np.ascontiguousarray(x)
         if self.kind == "allreduce":
-            return [_np_allreduce(x, self.op, self.name)]
+            return [_np_allreduce(x, self.op, self.name, self.wire16)]
         if self.kind == "allgather":
             return [_np_allgather(x, self.name)]
         return [_np_broadcast(x, self.root_rank, self.name)]
@@ -145,7 +200,7 @@ class _Collective:
         if self.kind == "allreduce":
             if self.op in (Min, Max):
                 raise TypeError(f"allreduce with op={self.op!r} has no gradient")
-            return [_np_allreduce(g, self.op, grad_name)]
+            return [_np_allreduce(g, self.op, grad_name, self.wire16)]
         g = _np_allreduce(g, Sum, grad_name)
         if self.kind == "broadcast":
             return [g if require().rank == self.root_rank else np.zeros_like(g)]
@@ -167,7 +222,7 @@ def _is_symbolic(x):
     return isinstance(x, Tensor)
 
 
-def allreduce(value, average=None, name=None, op=None):
+def allreduce(value, average=None, name=None, op=None, compression=None):
     """Reduces ``value`` over all ranks; every rank gets the result.
 
     Arguments:
@@ -177,20 +232,33 @@ def allreduce(value, average=None, name=None, op=None):
             spelling of ``op``.
         name: A name; ranks must use the same one at the same collective.
         op: ``hvd.Average`` (default), ``hvd.Sum``, ``hvd.Min`` or ``hvd.Max``.
+        compression: ``hvd.Compression.none`` (default, exact) or
+            ``hvd.Compression.fp16`` (float values cross the wire as float16; the result
+            has ``value``'s dtype and float16's precision).
 
     Returns:
         A tensor of ``value``'s shape, or a NumPy array. The graph op is differentiable
         for Average and Sum: its gradient is the same reduction of the incoming gradient.
     """
     op = _resolve_op(op, average, "allreduce")
+    compression = _check_compression(compression, "allreduce")
+    # float16 from a compressor crosses the wire as float16; float16 values themselves,
+    # uncompressed, are reduced in float32.
+    wire16 = compression is not NoneCompressor
     require()
     if _is_symbolic(value):
         if op == Average and not value.dtype.startswith("float"):
             raise TypeError(
                 f"allreduce: averaging needs a float tensor, got {value.dtype}; use op=hvd.Sum"
             )
-        return _host("allreduce", value, list(value.shape), "allreduce", op=op, name=name)
-    return _np_allreduce(_as_numeric(value, "allreduce"), op, name)
+        wire, ctx = compression.compress(value)
+        out = _host(
+            "allreduce", wire, list(wire.shape), "allreduce", op=op, name=name, wire16=wire16
+        )
+        return compression.decompress(out, ctx)
+    wire, ctx = compression.compress(_as_numeric(value, "allreduce"))
+    wire = np.array(wire, order="C", copy=True)
+    return compression.decompress(_np_allreduce(wire, op, name, wire16), ctx)
 
 
 def allgather(value, name=None):
@@ -294,28 +362,39 @@ class _GradientAverage:
     Its results are the same buffers, or, with ``split`` (a list per buffer of
     ``(offset, size, shape)``), the summed gradients one by one: NumPy views of the
     buffers, which the runtime reads in place (no copy, where the node's inputs come
-    from the CPU executor's own buffers; from a GPU they come as downloads)."""
+    from the CPU executor's own buffers; from a GPU they come as downloads).
 
-    def __init__(self, layout, detail, split=None):
+    With ``gather`` (float16 on the wire, few ranks) the buffers are not summed but
+    gathered: every result comes as ``size`` copies, one per rank in rank order (a buffer
+    of ``size`` times the input's length, or each gradient ``size`` times), which the
+    graph adds after decompressing them."""
+
+    def __init__(self, layout, detail, split=None, gather=False):
         self.layout = layout
         self.detail = detail
         self.split = split
+        self.gather = gather
 
-    def _sum(self, arrays):
+    def _sum(self, arrays, wire16=True):
         t0 = time.perf_counter()
         agree("gradient allreduce", self.layout, self.detail)
         t1 = time.perf_counter()
         out = []
         for a in arrays:
             a = np.ascontiguousarray(a)
+            if self.gather:
+                rows = np.empty((S.size, a.size), a.dtype)
+                S.comm.Allgather(a.reshape(-1), rows)
+                out.append(rows.reshape(-1))
+                continue
             if not a.flags.writeable:
                 a = a.copy()
-            out.append(_reduce_in_place(a, Sum))
+            out.append(_reduce_in_place(a, Sum, wire16).reshape(-1))
         st = S.stats
         st["steps"] += 1
         st["wait_s"] += t1 - t0
         st["allreduce_s"] += time.perf_counter() - t1
-        st["bytes"] += sum(a.nbytes for a in out)
+        st["bytes"] += sum(a.nbytes for a in arrays)
         st["buffers"] += len(out)
         return out
 
@@ -323,23 +402,45 @@ class _GradientAverage:
         out = self._sum(arrays)
         if self.split is None:
             return out
-        return [
-            buf[off : off + n].reshape(shape)
-            for buf, pieces in zip(out, self.split)
-            for off, n, shape in pieces
-        ]
+        copies = S.size if self.gather else 1
+        res = []
+        for a, buf, pieces in zip(arrays, out, self.split):
+            total = a.size
+            buf = buf.reshape(-1)
+            for off, n, shape in pieces:
+                for k in range(copies):
+                    start = k * total + off
+                    res.append(buf[start : start + n].reshape(shape))
+        return res
 
     def vjp(self, arrays, grads):
         # The sum over ranks is linear and self-adjoint: its gradient is the sum of the
-        # incoming gradients (packed like the inputs when the results are split).
+        # incoming gradients (packed like the inputs when the results are split). Of the
+        # gather, this rank's copy of the gradients summed over the ranks.
+        copies = S.size if self.gather else 1
+        packed = []
         if self.split is not None:
-            packed, k = [], 0
-            for pieces in self.split:
-                part = [np.asarray(grads[k + j]).reshape(-1) for j in range(len(pieces))]
-                packed.append(np.concatenate(part) if len(part) > 1 else part[0].copy())
-                k += len(pieces)
-            grads = packed
-        return self._sum([np.array(g, order="C", copy=True) for g in grads])
+            k = 0
+            for a, pieces in zip(arrays, self.split):
+                rows = np.empty((copies, a.size), np.float32 if self.gather else a.dtype)
+                for off, n, _ in pieces:
+                    for c in range(copies):
+                        rows[c, off : off + n] = np.asarray(grads[k]).reshape(-1)
+                        k += 1
+                packed.append(rows)
+        else:
+            for a, g in zip(arrays, grads):
+                packed.append(np.asarray(g).reshape(copies, a.size))
+        if not self.gather:
+            packed = [np.array(p.reshape(-1), order="C", copy=True) for p in packed]
+            summed = self._sum(packed, wire16=False)
+            return [o.reshape(a.shape) for o, a in zip(summed, arrays)]
+        out = []
+        for a, rows in zip(arrays, packed):
+            rows = np.array(rows, np.float32, order="C", copy=True)
+            _reduce_in_place(rows, Sum)
+            out.append(rows[S.rank].astype(a.dtype).reshape(a.shape))
+        return out
 
 
 def _static_size(shape):
@@ -348,25 +449,37 @@ def _static_size(shape):
     return int(np.prod(shape, dtype=np.int64))
 
 
-def allreduce_gradients(grads, names=None, op=Average):
+def allreduce_gradients(grads, names=None, op=Average, compression=None):
     """Averages (``op=hvd.Average``) or sums (``hvd.Sum``) ``grads`` (tensors) over all
     ranks with one graph node.
 
-    The gradients are flattened and concatenated into one buffer per dtype (split into
-    chunks of at most :func:`chunk_bytes` where a size limit demands), one host node
-    sums all buffers with one in-place ``Allreduce`` each, and the results are sliced
-    and reshaped back; the average's ``1 / size`` is a product in the graph, which fuses
-    with whatever reads the gradient next (the optimizer's update). On the first call and
-    on every later one the node checks that all ranks have the same gradient layout. With
-    one rank the gradients are returned as they are.
+    The gradients are compressed (``compression``: ``hvd.Compression.none``, the default,
+    or ``hvd.Compression.fp16``, a cast in the graph), flattened and concatenated into one
+    buffer per dtype (split into chunks of at most :func:`chunk_bytes` where a size limit
+    demands; without one, gradients of 256 KiB or more keep buffers of their own, no
+    copy), one host node sums all buffers with one in-place ``Allreduce`` each, and
+    the results are sliced, reshaped and decompressed; the average's ``1 / size`` is a
+    product in the graph, which fuses with whatever reads the gradient next (the
+    optimizer's update). float16 buffers from a compressor are gathered instead on up to
+    three ranks (one ``Allgather`` each) and added in the graph after decompressing:
+    MPICH has no fast float16 sum. On the first call and on every later one the node
+    checks that all ranks have the same gradient layout. With one rank the gradients are
+    returned as they are.
     """
     s = require()
     if op not in (Average, Sum):
         raise ValueError(f"allreduce_gradients: op must be hvd.Average or hvd.Sum, got {op!r}")
+    compression = _check_compression(compression, "allreduce_gradients")
     grads = list(grads)
     if s.size == 1 or not grads:
         return grads
     names = list(names) if names is not None else [f"gradient {i}" for i in range(len(grads))]
+    originals = grads
+    compressed = [compression.compress(g) for g in grads]
+    grads = [c for c, _ in compressed]
+    wire16 = compression is not NoneCompressor and any(g.dtype == "float16" for g in grads)
+    gather = wire16 and s.size <= _FP16_GATHER_MAX_RANKS
+    copies = s.size if gather else 1
     limit_bytes = chunk_bytes()
     shapes = [tuple(g.shape) for g in grads]
     sizes = [_static_size(sh) for sh in shapes]
@@ -379,7 +492,8 @@ def allreduce_gradients(grads, names=None, op=Average):
     for dt in dtypes:
         limit = None
         if limit_bytes is not None:
-            limit = max(1, limit_bytes // np.dtype(dt).itemsize)
+            # A gathered chunk comes back `copies` times as long.
+            limit = max(1, limit_bytes // (np.dtype(dt).itemsize * copies))
         current, used = [], 0
         for i, g in enumerate(grads):
             if g.dtype != dt or sizes[i] == 0:
@@ -389,7 +503,10 @@ def allreduce_gradients(grads, names=None, op=Average):
                 chunks.append((dt, [(i, 0, None)]))
                 continue
             if limit is None:
-                current.append((i, 0, n))
+                if n * np.dtype(dt).itemsize >= _OWN_BUFFER_BYTES:
+                    chunks.append((dt, [(i, 0, n)]))  # sent from its own buffer
+                else:
+                    current.append((i, 0, n))
                 continue
             start = 0
             while start < n:
@@ -409,15 +526,18 @@ def allreduce_gradients(grads, names=None, op=Average):
         for i, a, b in pieces:
             whole = a == 0 and (b is None or b == sizes[i])
             parts.append(flats[i] if whole else flats[i][a:b])
-        buf = parts[0] if len(parts) == 1 else K.concatenate(parts, axis=0)
+        if len(pieces) == 1 and pieces[0][1:] == (0, sizes[pieces[0][0]]):
+            buf = grads[pieces[0][0]]  # the gradient's own buffer, lent as it is
+        else:
+            buf = parts[0] if len(parts) == 1 else K.concatenate(parts, axis=0)
         total = None if any(b is None for _, _, b in pieces) else sum(b - a for _, a, b in pieces)
         inputs.append(buf)
-        specs.append(([total], dt))
+        specs.append(([None if total is None else total * copies], dt))
     layout = "; ".join(f"{g.dtype}{list(sh)}" for g, sh in zip(grads, shapes))
     detail = f"{len(grads)} gradients: " + ", ".join(
         f"{n} {g.dtype}{list(sh)}" for n, g, sh in zip(names, grads, shapes)
     )
-    runner = _GradientAverage(f"{len(chunks)} buffers; {layout}", detail)
+    runner = _GradientAverage(f"{len(chunks)} buffers; {layout}", detail, gather=gather)
     # On the CPU (no size limit) the node hands back each gradient by itself; on a GPU
     # one buffer each way (one download, one upload) and slices in the graph.
     split = limit_bytes is None and all(b is not None for _, pieces in chunks for _, _, b in pieces)
@@ -428,37 +548,53 @@ def allreduce_gradients(grads, names=None, op=Average):
             off, mine = 0, []
             for i, a, b in pieces:
                 mine.append((off, b - a, shapes[i]))
-                specs.append((list(shapes[i]), dt))
+                specs.extend([(list(shapes[i]), dt)] * copies)
                 off += b - a
             runner.split.append(mine)
     res = _core.host_call("gradient_allreduce", runner, [b._core for b in inputs], specs)
     outs = [wrap(r) for r in res]
-    # Back to one tensor per gradient.
+    # The pieces of each gradient, each as `copies` tensors (one per rank when gathered).
     parts_of = {}
     if split:
         k = 0
         for _, pieces in chunks:
             for i, _, _ in pieces:
-                parts_of[i] = [outs[k]]
-                k += 1
+                parts_of[i] = [outs[k : k + copies]]
+                k += copies
     else:
         for (_, pieces), out in zip(chunks, outs):
+            rows = K.reshape(out, (copies, -1)) if gather else None
             off = 0
             for i, a, b in pieces:
                 if b is None or len(pieces) == 1:
-                    parts_of.setdefault(i, []).append(out)
+                    whole = [rows[k] for k in range(copies)] if gather else [out]
+                    parts_of.setdefault(i, []).append(whole)
                     continue
                 n = b - a
-                parts_of.setdefault(i, []).append(out[off : off + n])
+                if gather:
+                    parts = [rows[k][off : off + n] for k in range(copies)]
+                else:
+                    parts = [out[off : off + n]]
+                parts_of.setdefault(i, []).append(parts)
                 off += n
     result = []
-    for i, g in enumerate(grads):
+    for i, (g, (_, ctx)) in enumerate(zip(grads, compressed)):
         if sizes[i] == 0:
-            result.append(g)
+            result.append(originals[i])
             continue
-        p = parts_of[i]
-        flat = p[0] if len(p) == 1 else K.concatenate(p, axis=0)
+        pieces = []
+        for copies_of_piece in parts_of[i]:
+            summed = compression.decompress(copies_of_piece[0], ctx)
+            for c in copies_of_piece[1:]:
+                summed = summed + compression.decompress(c, ctx)
+            pieces.append(summed)
+        flat = (
+            pieces[0]
+            if len(pieces) == 1
+            else K.concatenate([K.reshape(p, (-1,)) for p in pieces], axis=0)
+        )
         shape = shapes[i] if sizes[i] is not None else K.shape(g)
         g_sum = K.reshape(flat, shape)
-        result.append(g_sum * K.constant(1.0 / s.size, dtype=g.dtype) if op == Average else g_sum)
+        dtype = originals[i].dtype
+        result.append(g_sum * K.constant(1.0 / s.size, dtype=dtype) if op == Average else g_sum)
     return result

@@ -4,6 +4,8 @@ ranks, with one graph node per training step."""
 from .. import backend as K
 from ._comm import require
 from ._ops import Average, Sum, allreduce_gradients
+from .compression import Compression
+from .compression import check as check_compression
 
 
 class _DistributedMethods:
@@ -31,7 +33,7 @@ class _DistributedMethods:
                 "gradient: K.argmax, K.round, K.eval."
             )
         names = [getattr(p, "name", str(p)) for p in params]
-        grads = allreduce_gradients(grads, names, op=Sum)
+        grads = allreduce_gradients(grads, names, op=Sum, compression=self._ferrokeras_compression)
         if getattr(self, "clipnorm", 0) and self.clipnorm > 0:
             norm = K.sqrt(sum([K.sum(K.square(g)) for g in grads]))
             grads = [clip_norm(g, self.clipnorm, norm) for g in grads]
@@ -40,7 +42,7 @@ class _DistributedMethods:
         return grads
 
 
-def DistributedOptimizer(optimizer, name=None, op=Average):
+def DistributedOptimizer(optimizer, name=None, op=Average, compression=Compression.none):
     """Wraps a Keras 2.3.1 optimizer so that every training step averages the gradients
     over all ranks before applying them.
 
@@ -48,6 +50,9 @@ def DistributedOptimizer(optimizer, name=None, op=Average):
         optimizer: A ``keras.optimizers.Optimizer`` instance (SGD, Adam, RMSprop, ...).
         name: Unused; accepted for scripts written for ``horovod.keras``.
         op: ``hvd.Average`` (default) or ``hvd.Sum`` of the ranks' gradients.
+        compression: ``hvd.Compression.none`` (default: exact) or ``hvd.Compression.fp16``
+            (the gradients cross the wire as float16, half the bytes; the update sees
+            them in float32 with float16's precision).
 
     Returns:
         A new optimizer of a subclass of ``optimizer``'s class with the same ``__name__``
@@ -62,6 +67,7 @@ def DistributedOptimizer(optimizer, name=None, op=Average):
     require()
     if op not in (Average, Sum):
         raise ValueError(f"DistributedOptimizer: op must be hvd.Average or hvd.Sum, got {op!r}")
+    compression = check_compression(compression, "DistributedOptimizer")
     base = type(optimizer)
     if getattr(base, "_ferrokeras_distributed", False):
         raise ValueError("DistributedOptimizer: this optimizer is already distributed")
@@ -69,13 +75,14 @@ def DistributedOptimizer(optimizer, name=None, op=Average):
         raise TypeError(
             f"DistributedOptimizer wraps a Keras optimizer, got {type(optimizer).__name__}"
         )
-    cls = distributed_class(base, op)
+    cls = distributed_class(base, op, compression)
     return cls.from_config(optimizer.get_config())
 
 
-def distributed_class(base, op=Average):
+def distributed_class(base, op=Average, compression=Compression.none):
     """The subclass of the optimizer class ``base`` that DistributedOptimizer instantiates:
-    same ``__name__``, ``__module__`` and configuration, gradients averaged over ranks."""
+    same ``__name__``, ``__module__`` and configuration, gradients averaged over ranks
+    (compressed by ``compression`` on the wire)."""
     methods = {
         k: v
         for k, v in vars(_DistributedMethods).items()
@@ -84,10 +91,11 @@ def distributed_class(base, op=Average):
     methods["__module__"] = base.__module__
     methods["__doc__"] = base.__doc__
     methods["_ferrokeras_op"] = op
+    methods["_ferrokeras_compression"] = compression
     return type(base.__name__, (base,), methods)
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None):
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None):
     """Loads a Keras model saved by ``model.save`` with its optimizer made distributed,
     its state (iterations, moments) restored: to resume training on every rank.
 
@@ -95,12 +103,14 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None):
         filepath: The HDF5 file.
         custom_optimizers: Optimizer classes of your own that the file may name.
         custom_objects: As for ``keras.models.load_model``.
+        compression: The optimizer's ``compression`` (``hvd.Compression.none`` by default).
     """
     import inspect
 
     import keras
 
     require()
+    compression = check_compression(compression, "load_model")
     classes = [
         c
         for c in vars(keras.optimizers).values()
@@ -109,6 +119,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None):
     objects = {}
     for c in classes + list(custom_optimizers or []):
         # keras.optimizers.deserialize looks built-in names up in lower case.
-        objects[c.__name__] = objects[c.__name__.lower()] = distributed_class(c)
+        objects[c.__name__] = objects[c.__name__.lower()] = distributed_class(
+            c, compression=compression
+        )
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)
