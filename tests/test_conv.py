@@ -588,6 +588,12 @@ GRAD_CASES = [
         (3, 3, 16, 1),
     ),
     (
+        "depthwise 16 dilated",
+        lambda x, k: K.depthwise_conv2d(x, k, padding="same", dilation_rate=2),
+        (1, 5, 6, 16),
+        (3, 3, 16, 1),
+    ),
+    (
         "depthwise 32 s2",
         lambda x, k: K.depthwise_conv2d(x, k, strides=(2, 1), padding="same"),
         (2, 5, 4, 32),

@@ -525,7 +525,8 @@ mod tests {
 
     /// `<Conv(x, w), g> = <x, ConvInputGrad(g, w)> = <w, ConvKernelGrad(x, g)>` on every
     /// kernel path: Winograd, padded-segment im2col, grouped im2col, depthwise loops (and
-    /// their 3x3 tap-register form), strided col2im, 1-D and 3-D.
+    /// the 3x3 forward with its taps in registers, which is also the stride-1 input
+    /// gradient), strided col2im, 1-D and 3-D.
     #[test]
     fn the_three_primitives_are_adjoint() {
         let cases: Vec<(Vec<usize>, Vec<usize>, ConvSpec)> = vec![
@@ -562,6 +563,16 @@ mod tests {
                     &[1, 2],
                     Padding::Explicit(vec![(0, 1), (2, 1)]),
                     32,
+                ),
+            ),
+            (
+                vec![2, 9, 8, 16],
+                vec![3, 3, 1, 16],
+                spec(
+                    &[1, 1],
+                    &[2, 1],
+                    Padding::Explicit(vec![(1, 4), (0, 2)]),
+                    16,
                 ),
             ),
             (
