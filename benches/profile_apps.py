@@ -130,6 +130,14 @@ def ferrokeras_profile(model_key, batch, steps, top, predict):
         for n, lab, xs, ks, ys in layers
         if lab.startswith("depthwise")
     ]
+    # A ZeroPadding2D before a convolution folds into it: the convolution reads the
+    # padding layer's input.
+    unpadded = {
+        tuple(int(d) for d in layer.output_shape[1:]): tuple(int(d) for d in layer.input_shape[1:])
+        for layer in model.layers
+        if type(layer).__name__ == "ZeroPadding2D"
+    }
+    layers += [(n, lab, unpadded[xs], ks, ys) for n, lab, xs, ks, ys in layers if xs in unpadded]
     fwd = {(xs, ks): lab for _, lab, xs, ks, _ in layers}
     kgrad = {(xs, ys): lab for _, lab, xs, _, ys in layers}
     igrad = {(ys, ks): lab for _, lab, _, ks, ys in layers}
