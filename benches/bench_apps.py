@@ -10,12 +10,17 @@ rotated round by round; each cell is the median round.
     .venv/bin/python benches/bench_apps.py --models resnet50 --frameworks ferrokeras
     # two builds of ferrokeras, A/B, rounds interleaved (each path is put on PYTHONPATH):
     .venv/bin/python benches/bench_apps.py --frameworks fk=/tmp/old/python,fk=python
+    # one compute thread each, timed by process CPU time (steadier on a loaded machine):
+    .venv/bin/python benches/bench_apps.py --one-thread --models mobilenetv2
 
 Models: `keras.applications.<Model>(weights=None, input_shape=(128, 128, 3), classes=10)`,
 SGD(0.01, momentum 0.9), categorical cross-entropy, random data. Per model and framework:
 the median `train_on_batch` step at batch 8, the median `predict_on_batch` at batch 1 and 32,
 the time from `compile` to the end of the first training step, and the process's peak RSS
-after training (and at the end, after the batch-32 predictions).
+after training (and at the end, after the batch-32 predictions). With `--one-thread` each
+framework computes on one thread (`RAYON_NUM_THREADS=1`; TF with one intra- and one
+inter-op thread) and the step and predict times are the process's CPU time, which moves
+much less than wall time when other processes load the machine.
 """
 
 import argparse
@@ -54,18 +59,18 @@ def rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def timed(fn, warm, reps):
+def timed(fn, warm, reps, clock=time.perf_counter):
     for _ in range(warm):
         fn()
     out = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        out.append(time.perf_counter() - t0)
+        out.append(clock() - t0)
     return out
 
 
-def worker(framework, model_key, quick):
+def worker(framework, model_key, quick, one_thread=False):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
 
@@ -80,6 +85,10 @@ def worker(framework, model_key, quick):
         import tf_keras as keras
 
         versions = {"tensorflow": tf.__version__, "tf_keras": keras.__version__}
+        if one_thread:
+            tf.config.threading.set_intra_op_parallelism_threads(1)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+    clock = time.process_time if one_thread else time.perf_counter
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, SIZE, SIZE, 3)).astype("float32")
     y = np.eye(CLASSES, dtype="float32")[rng.integers(0, CLASSES, 32)]
@@ -92,11 +101,11 @@ def worker(framework, model_key, quick):
     loss0 = float(np.asarray(model.train_on_batch(xb, yb)))
     first = time.perf_counter() - t0
     steps = 3 if quick else 8
-    train = timed(lambda: model.train_on_batch(xb, yb), 1, steps)
+    train = timed(lambda: model.train_on_batch(xb, yb), 1, steps, clock)
     rss_train = rss_mib()
     x1 = x[:1]
-    p1 = timed(lambda: model.predict_on_batch(x1), 2, 5 if quick else 15)
-    p32 = timed(lambda: model.predict_on_batch(x), 1, 2 if quick else 5)
+    p1 = timed(lambda: model.predict_on_batch(x1), 2, 5 if quick else 15, clock)
+    p32 = timed(lambda: model.predict_on_batch(x), 1, 2 if quick else 5, clock)
     out = np.asarray(model.predict_on_batch(x1))
     assert out.shape == (1, CLASSES) and np.all(np.isfinite(out)), out
     return {
@@ -134,11 +143,13 @@ def parse_frameworks(spec):
     return out
 
 
-def run_one(fw, model_key, quick, timeout):
+def run_one(fw, model_key, quick, timeout, one_thread=False):
     from bench_keras import python_for, worker_env
 
     label, kind, pypath = fw
     env = worker_env(kind)
+    if one_thread:
+        env["RAYON_NUM_THREADS"] = "1"
     if pypath:
         env["PYTHONPATH"] = pypath
     elif kind == "ferrokeras":
@@ -148,6 +159,8 @@ def run_one(fw, model_key, quick, timeout):
     cmd = [str(python_for(kind)), str(Path(__file__).resolve()), "--worker", kind, model_key]
     if quick:
         cmd.append("--quick")
+    if one_thread:
+        cmd.append("--one-thread")
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
@@ -197,6 +210,11 @@ def main():
     p.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "MODEL"), help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="one round, fewer steps: a smoke run")
     p.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="one compute thread per framework; step and predict times in process CPU time",
+    )
+    p.add_argument(
         "--frameworks",
         default="ferrokeras,tf",
         help="comma-separated: ferrokeras, tf, NAME=PYTHONPATH (a ferrokeras build); "
@@ -209,7 +227,7 @@ def main():
     a = p.parse_args()
     if a.worker:
         try:
-            res = worker(a.worker[0], a.worker[1], a.quick)
+            res = worker(a.worker[0], a.worker[1], a.quick, a.one_thread)
         except Exception as e:  # reported as the cell's error by the driver
             import traceback
 
@@ -233,6 +251,7 @@ def main():
     rounds = a.rounds or (1 if a.quick else 3)
     info = machine()
     info["loadavg_start"] = os.getloadavg()
+    info["one_thread"] = a.one_thread
     print(
         f"machine: {info.get('cpu_model')}, {info.get('cores')} CPUs, load {os.getloadavg()[0]:.2f}"
     )
@@ -241,7 +260,7 @@ def main():
         for m in models:
             k = (r + models.index(m)) % len(frameworks)
             for f in frameworks[k:] + frameworks[:k]:
-                res = run_one(f, m, a.quick, a.timeout)
+                res = run_one(f, m, a.quick, a.timeout, a.one_thread)
                 results[m][f[0]].append(res)
                 if res.get("status") == "ok":
                     desc = ", ".join(

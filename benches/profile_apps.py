@@ -1,15 +1,18 @@
-"""Per-op profile of a keras.applications training step, ferrokeras next to TF, by op kind.
+"""Per-op profile of a keras.applications training step (or prediction), ferrokeras next to TF.
 
     .venv/bin/python benches/profile_apps.py                       # ResNet50, both frameworks
     .venv/bin/python benches/profile_apps.py --model mobilenetv2 --markdown
     .venv/bin/python benches/profile_apps.py --frameworks ferrokeras --top 30
+    .venv/bin/python benches/profile_apps.py --model mobilenetv2 --predict --batch 32
 
 Each framework runs in a process of its own (the venvs of bench_apps.py), builds the model
 (`weights=None`, 128x128x3, 10 classes, SGD with momentum, batch 8), trains three warm-up
 steps, then records `--steps` steps: ferrokeras with `ferrokeras.profile` (a span per
 schedule item on the calling thread; `ferrokeras.profile_summary` prints its top items with
 `--top`), TF with `tf.profiler.experimental` (the executor's op events on its `tf_Compute`
-threads, read from the XPlane protobuf it writes). Times are per step.
+threads, read from the XPlane protobuf it writes). Times are per step. With `--predict` the
+profiled steps are `predict_on_batch` calls instead (no training steps first; batch
+normalisation in inference mode), at `--batch`.
 
 Op kinds: convolutions by kernel size and stride (forward, input gradient, kernel
 gradient), batch normalisation, relu, add, pooling, matmul, the optimizer's update, other.
@@ -65,7 +68,7 @@ def conv_layers(keras, model):
     return out
 
 
-def build(framework, model_key, batch):
+def build(framework, model_key, batch, predict=False):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
 
@@ -83,9 +86,12 @@ def build(framework, model_key, batch):
     model.compile(
         keras.optimizers.SGD(learning_rate=0.01, momentum=0.9), "categorical_crossentropy"
     )
+    if predict:
+        step = lambda: model.predict_on_batch(x)  # noqa: E731
+    else:
+        step = lambda: model.train_on_batch(x, y)  # noqa: E731
     for _ in range(3):
-        model.train_on_batch(x, y)
-    step = lambda: model.train_on_batch(x, y)  # noqa: E731
+        step()
     walls = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -112,11 +118,26 @@ def kind_of_members(names):
     return "other"
 
 
-def ferrokeras_profile(model_key, batch, steps, top):
+def ferrokeras_profile(model_key, batch, steps, top, predict):
     import ferrokeras
 
-    keras, model, step, wall = build("ferrokeras", model_key, batch)
+    keras, model, step, wall = build("ferrokeras", model_key, batch, predict)
     layers = conv_layers(keras, model)
+    # The engine's grouped convolution takes a depthwise kernel (kh, kw, c, m) as
+    # (kh, kw, 1, c * m).
+    layers += [
+        (n, lab, xs, (ks[0], ks[1], 1, ks[2] * ks[3]), ys)
+        for n, lab, xs, ks, ys in layers
+        if lab.startswith("depthwise")
+    ]
+    # A ZeroPadding2D before a convolution folds into it: the convolution reads the
+    # padding layer's input.
+    unpadded = {
+        tuple(int(d) for d in layer.output_shape[1:]): tuple(int(d) for d in layer.input_shape[1:])
+        for layer in model.layers
+        if type(layer).__name__ == "ZeroPadding2D"
+    }
+    layers += [(n, lab, unpadded[xs], ks, ys) for n, lab, xs, ks, ys in layers if xs in unpadded]
     fwd = {(xs, ks): lab for _, lab, xs, ks, _ in layers}
     kgrad = {(xs, ys): lab for _, lab, xs, _, ys in layers}
     igrad = {(ys, ks): lab for _, lab, _, ks, ys in layers}
@@ -155,10 +176,10 @@ def ferrokeras_profile(model_key, batch, steps, top):
     return rows, wall * 1e3, call_ms
 
 
-def tf_profile(model_key, batch, steps):
+def tf_profile(model_key, batch, steps, predict):
     import tensorflow as tf
 
-    keras, model, step, wall = build("tf", model_key, batch)
+    keras, model, step, wall = build("tf", model_key, batch, predict)
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     layers = {name: lab for name, lab, *_ in conv_layers(keras, model)}
@@ -219,11 +240,11 @@ def tf_profile(model_key, batch, steps):
     return rows, wall * 1e3, None
 
 
-def worker(framework, model_key, batch, steps, top):
+def worker(framework, model_key, batch, steps, top, predict):
     if framework == "ferrokeras":
-        rows, wall, call = ferrokeras_profile(model_key, batch, steps, top)
+        rows, wall, call = ferrokeras_profile(model_key, batch, steps, top, predict)
     else:
-        rows, wall, call = tf_profile(model_key, batch, steps)
+        rows, wall, call = tf_profile(model_key, batch, steps, predict)
     return {"rows": dict(rows), "wall_ms": wall, "call_ms": call}
 
 
@@ -243,9 +264,12 @@ def main():
     p.add_argument("--steps", type=int, default=3, help="profiled steps (times are per step)")
     p.add_argument("--top", type=int, default=0, help="also print ferrokeras' top N items")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument(
+        "--predict", action="store_true", help="profile predict_on_batch instead of training"
+    )
     a = p.parse_args()
     if a.worker:
-        res = worker(a.worker, a.model, a.batch, a.steps, a.top)
+        res = worker(a.worker, a.model, a.batch, a.steps, a.top, a.predict)
         print(MARK, json.dumps(res), flush=True)
         return
 
@@ -260,7 +284,7 @@ def main():
             )
         cmd = [str(python_for(fw)), str(Path(__file__).resolve()), "--worker", fw]
         cmd += ["--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps)]
-        cmd += ["--top", str(a.top)]
+        cmd += ["--top", str(a.top)] + (["--predict"] if a.predict else [])
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         if a.top and fw == "ferrokeras":
             print("\n".join(ln for ln in proc.stderr.splitlines() if "Warning" not in ln))
@@ -291,7 +315,8 @@ def main():
     line("bn+relu+add", [sum(results[fw]["rows"].get(k, 0.0) for k in BN_ROWS) for fw in fws])
     line("all ops", [sum(results[fw]["rows"].values()) for fw in fws])
     line("step wall (median of 3 unprofiled)", [results[fw]["wall_ms"] for fw in fws])
-    print(f"{a.model}, batch {a.batch}, ms per training step ({a.steps} profiled steps)")
+    what = "predict_on_batch call" if a.predict else "training step"
+    print(f"{a.model}, batch {a.batch}, ms per {what} ({a.steps} profiled steps)")
     if a.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         print("\n".join("| " + " | ".join(r) + " |" for r in table[1:]))

@@ -138,8 +138,11 @@ CONV_CASES = [
     ("depthwise_conv2d", (2, 7, 6, 3), [(3, 3, 3, 1)], dict()),
     ("depthwise_conv2d", (2, 7, 6, 3), [(3, 2, 3, 2)], dict(padding="same", strides=2)),
     ("depthwise_conv2d", (2, 8, 7, 2), [(2, 3, 2, 3)], dict(padding="same", dilation_rate=(2, 2))),
-    # 16 and 32 channels, one kernel each: the forward sums 16 channels in registers
+    # 16 and 32 channels, one kernel each: the forward sums 16 channels in registers, a
+    # 3x3 window with its 9 taps in registers too
     ("depthwise_conv2d", (2, 7, 6, 32), [(3, 3, 32, 1)], dict(padding="same", strides=2)),
+    ("depthwise_conv2d", (2, 9, 8, 16), [(3, 3, 16, 1)], dict(dilation_rate=(1, 2))),
+    ("depthwise_conv2d", (1, 4, 4, 48), [(3, 3, 48, 1)], dict(padding="same")),
     (
         "depthwise_conv2d",
         (1, 8, 7, 16),
@@ -585,6 +588,18 @@ GRAD_CASES = [
         (3, 3, 16, 1),
     ),
     (
+        "depthwise 16 dilated",
+        lambda x, k: K.depthwise_conv2d(x, k, padding="same", dilation_rate=2),
+        (1, 5, 6, 16),
+        (3, 3, 16, 1),
+    ),
+    (
+        "depthwise 32 s2",
+        lambda x, k: K.depthwise_conv2d(x, k, strides=(2, 1), padding="same"),
+        (2, 5, 4, 32),
+        (3, 3, 32, 1),
+    ),
+    (
         "conv2d_transpose",
         lambda x, k: K.conv2d_transpose(x, k, (2, 6, 5, 2), strides=2, padding="same"),
         (2, 3, 3, 3),
@@ -702,6 +717,40 @@ def test_pool_second_order(pool_mode, rng):
         )[0]
 
     check_grad(fn, [x], eps=1e-6, rtol=1e-6, atol=1e-8)
+
+
+PAD_CASES = [
+    # ZeroPadding2D before a strided depthwise convolution with `valid` padding, as in
+    # MobileNetV2, then asymmetric pads under a dense, dilated and a depthwise multiplier.
+    ("depthwise s2", (2, 8, 6, 16), (3, 3, 16, 1), ((0, 1), (0, 1)), dict(strides=2)),
+    ("depthwise m2", (1, 5, 6, 3), (3, 3, 3, 2), ((2, 0), (1, 1)), dict()),
+    ("conv2d dilated", (2, 5, 4, 2), (2, 3, 2, 3), ((1, 2), (0, 1)), dict(dilation_rate=2)),
+    ("conv2d same", (1, 5, 4, 2), (3, 3, 2, 3), ((1, 0), (0, 2)), dict(padding="same")),
+]
+
+
+@pytest.mark.parametrize("name,xshape,kshape,pads,kw", PAD_CASES, ids=[c[0] for c in PAD_CASES])
+def test_zero_padding_then_conv(name, xshape, kshape, pads, kw, rng):
+    """A zero pad of the spatial dims followed by a convolution (which folds the pad into
+    its own padding where that is explicit): the convolution of the padded array, and
+    finite-difference gradients; a second reader of the padded tensor sees it padded."""
+    fn = K.depthwise_conv2d if name.startswith("depthwise") else K.conv2d
+    conv = lambda x, k: fn(K.spatial_2d_padding(x, pads), k, **kw)  # noqa: E731
+    x, k = rng.normal(size=xshape), rng.normal(size=kshape)
+    xp = np.pad(x, ((0, 0),) + pads + ((0, 0),))
+    opts = dict(kw, padding=kw.get("padding", "valid"))
+    strides, dil = _tup(opts.get("strides", 1), 2), _tup(opts.get("dilation_rate", 1), 2)
+    if fn is K.depthwise_conv2d:
+        ref = ref_depthwise(xp, k, strides, dil, opts["padding"])
+    else:
+        ref = ref_conv(xp, k, strides, dil, opts["padding"])
+    ph = K.placeholder(shape=xshape, dtype="float64")
+    padded = K.spatial_2d_padding(ph, pads)
+    out = fn(padded, K.constant(k, dtype="float64"), **kw)
+    got, got_padded = run([ph], [out, padded * 2.0], [x])
+    np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got_padded, xp * 2.0, rtol=0, atol=0)
+    check_grad(conv, [x, k], eps=1e-6, rtol=1e-6, atol=1e-8)
 
 
 def test_gradients_flow_through_unknown_batch(rng):

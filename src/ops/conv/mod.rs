@@ -154,8 +154,40 @@ impl ConvSpec {
 
 // ---- conv ----
 
+/// `Conv(x, w)`. A zero padding of the spatial dims of `x` (Keras' `ZeroPadding2D` before
+/// a strided convolution with `valid` padding, as in MobileNetV2) folds into an explicit
+/// padding of the convolution: the kernels pad a copy of each image anyway, so the padded
+/// tensor is never made, and the input gradient comes out unpadded (no slice of a padded
+/// gradient). The `Pad` node stays in the graph for any other reader.
 pub fn conv(x: &Tensor, w: &Tensor, spec: &Arc<ConvSpec>) -> Result<Tensor> {
+    if let Some((inner, folded)) = fold_pad(x, spec) {
+        return Tensor::new(Op::Conv(Arc::new(folded)), vec![inner, w.clone()]);
+    }
     Tensor::new(Op::Conv(spec.clone()), vec![x.clone(), w.clone()])
+}
+
+/// The unpadded input and the spec with the padding added, where `x` is a zero `Pad` of
+/// spatial dims only and `spec`'s padding is explicit.
+fn fold_pad(x: &Tensor, spec: &ConvSpec) -> Option<(Tensor, ConvSpec)> {
+    let Op::Pad { pads, value } = x.op() else {
+        return None;
+    };
+    let Padding::Explicit(own) = &spec.padding else {
+        return None;
+    };
+    let n = spec.nsp();
+    let edges_unpadded = pads.len() == n + 2 && pads[0] == (0, 0) && pads[n + 1] == (0, 0);
+    if *value != 0.0 || !edges_unpadded || own.len() != n {
+        return None;
+    }
+    let padding = (0..n)
+        .map(|i| (own[i].0 + pads[1 + i].0, own[i].1 + pads[1 + i].1))
+        .collect();
+    let folded = ConvSpec {
+        padding: Padding::Explicit(padding),
+        ..spec.clone()
+    };
+    Some((x.input(0).clone(), folded))
 }
 
 pub fn infer_conv(spec: &ConvSpec, x: &Tensor, w: &Tensor) -> Result<(Shape, DType)> {
@@ -492,8 +524,9 @@ mod tests {
     }
 
     /// `<Conv(x, w), g> = <x, ConvInputGrad(g, w)> = <w, ConvKernelGrad(x, g)>` on every
-    /// kernel path: Winograd, padded-segment im2col, grouped im2col, depthwise loops,
-    /// strided col2im, 1-D and 3-D.
+    /// kernel path: Winograd, padded-segment im2col, grouped im2col, depthwise loops (and
+    /// the 3x3 forward with its taps in registers, which is also the stride-1 input
+    /// gradient), strided col2im, 1-D and 3-D.
     #[test]
     fn the_three_primitives_are_adjoint() {
         let cases: Vec<(Vec<usize>, Vec<usize>, ConvSpec)> = vec![
@@ -521,6 +554,26 @@ mod tests {
                 vec![2, 7, 6, 4],
                 vec![3, 3, 1, 8],
                 spec(&[1, 2], &[1, 1], Padding::Same, 4),
+            ),
+            (
+                vec![2, 9, 8, 32],
+                vec![3, 3, 1, 32],
+                spec(
+                    &[2, 1],
+                    &[1, 2],
+                    Padding::Explicit(vec![(0, 1), (2, 1)]),
+                    32,
+                ),
+            ),
+            (
+                vec![2, 9, 8, 16],
+                vec![3, 3, 1, 16],
+                spec(
+                    &[1, 1],
+                    &[2, 1],
+                    Padding::Explicit(vec![(1, 4), (0, 2)]),
+                    16,
+                ),
             ),
             (
                 vec![1, 11, 3],
@@ -558,6 +611,71 @@ mod tests {
             dilation: d.to_vec(),
             padding,
             groups,
+        }
+    }
+
+    /// A zero pad of the spatial dims folds into an explicit padding; a pad of the
+    /// channels, a nonzero pad and a `same` convolution keep the `Pad` node.
+    #[test]
+    fn a_spatial_zero_pad_folds_into_the_convolution() {
+        use crate::ops::movement::pad;
+        use crate::ops::source::placeholder;
+        let x = placeholder(
+            "x",
+            Shape(vec![Some(2), Some(8), Some(6), Some(4)]),
+            DType::F32,
+            None,
+        )
+        .unwrap();
+        let w = placeholder(
+            "w",
+            Shape(vec![Some(3), Some(3), Some(1), Some(4)]),
+            DType::F32,
+            None,
+        )
+        .unwrap();
+        let own = Arc::new(spec(
+            &[2, 2],
+            &[1, 1],
+            Padding::Explicit(vec![(1, 0), (0, 0)]),
+            4,
+        ));
+        let p = pad(&x, &[(0, 0), (0, 1), (2, 1), (0, 0)], 0.0).unwrap();
+        let y = conv(&p, &w, &own).unwrap();
+        assert!(y.input(0).same(&x));
+        let Op::Conv(folded) = y.op() else {
+            panic!("a conv node")
+        };
+        assert_eq!(folded.padding, Padding::Explicit(vec![(1, 1), (2, 1)]));
+        assert_eq!(y.shape().dims(), &[Some(2), Some(4), Some(4), Some(4)]);
+        let channels = pad(&x, &[(0, 0), (0, 1), (0, 0), (0, 4)], 0.0).unwrap();
+        let w8 = placeholder(
+            "w8",
+            Shape(vec![Some(3), Some(3), Some(1), Some(8)]),
+            DType::F32,
+            None,
+        )
+        .unwrap();
+        let spec8 = Arc::new(spec(
+            &[2, 2],
+            &[1, 1],
+            Padding::Explicit(vec![(0, 0); 2]),
+            8,
+        ));
+        for (input, kernel, sp) in [
+            (channels, &w8, &spec8),
+            (
+                pad(&x, &[(0, 0), (0, 1), (0, 1), (0, 0)], 1.0).unwrap(),
+                &w,
+                &own,
+            ),
+            (
+                p.clone(),
+                &w,
+                &Arc::new(spec(&[2, 2], &[1, 1], Padding::Same, 4)),
+            ),
+        ] {
+            assert!(conv(&input, kernel, sp).unwrap().input(0).same(&input));
         }
     }
 

@@ -1,6 +1,7 @@
 //! The forward convolution (`forward`): Winograd, dense 1x1 GEMM, segment im2col, the
 //! depthwise loops.
 
+use super::depthwise::{self, LANES};
 use super::im2col::*;
 use super::*;
 
@@ -179,6 +180,9 @@ fn depthwise_fwd_rows<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Sc
     let (cin, cout, m) = (g.cin, g.cout, g.og());
     let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
     let xp = &sc.a;
+    if depthwise::applies(g) {
+        return depthwise::forward_rows(g, &pd, xp, w, y);
+    }
     if m == 1 && cin % LANES == 0 {
         return depthwise_fwd_blocked(g, &pd, xp, w, y);
     }
@@ -204,9 +208,6 @@ fn depthwise_fwd_rows<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Sc
         }
     });
 }
-
-/// Channels a depthwise forward sums in registers at a time.
-const LANES: usize = 16;
 
 /// The depthwise forward with one kernel per channel (`m == 1`, `cin` a multiple of
 /// `LANES`): each output pixel's `LANES` channels summed over the whole window in

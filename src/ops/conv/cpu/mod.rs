@@ -16,7 +16,9 @@
 //!   junk rows where a window wraps around a row end, whose output gradient is zero), so
 //!   each offset is one strided `gemm` with a long `k` and no im2col copy.
 //! - one input channel per group (depthwise): direct loops over a zero-padded copy of each
-//!   image, output row by row, vectorised over channels.
+//!   image, output row by row, vectorised over channels; the 3x3 forward with multiplier 1
+//!   keeps its 9 kernel vectors in registers along each row, and serves as the stride-1
+//!   input gradient too (`depthwise.rs`).
 //! - otherwise: im2col (or col2im) of a tile of output rows and one `gemm` per group.
 //!
 //! All three parallelise over images when there are at least as many images as threads,
@@ -31,6 +33,7 @@ use gemm::Parallelism;
 use num_traits::Float;
 use rayon::prelude::*;
 
+mod depthwise;
 mod forward;
 mod im2col;
 mod input_grad;

@@ -1,0 +1,108 @@
+//! The depthwise forward (one channel per group, multiplier 1) of a 3x3 window over
+//! channels a multiple of `LANES`, with the window's 9 kernel vectors in registers: for
+//! each output row and block of `LANES` channels they are loaded once and used across the
+//! row's pixels (the general loop, `depthwise_fwd_blocked`, reloads them for every pixel).
+//! At stride 1 the input gradient is such a forward too: of the output gradient, padded by
+//! `(k - 1) * d - p`, with the taps in reverse order (`input_as_forward`).
+
+use super::*;
+
+/// Channels summed in registers at a time: one AVX-512 vector of f32.
+pub(super) const LANES: usize = 16;
+
+/// Taps of the kernels specialised here (a 3x3 window).
+pub(super) const TAPS: usize = 9;
+
+/// Whether `forward_rows` runs this depthwise convolution.
+pub(super) fn applies(g: &Geom) -> bool {
+    g.cg() == 1 && g.og() == 1 && g.cin % LANES == 0 && g.kk() == TAPS
+}
+
+/// Where `applies`, at stride 1 with no padding beyond the dilated window: the geometry
+/// of the forward convolution that computes the input gradient (input `gy`, output `dx`,
+/// padding `(k - 1) * d - p` each side) and the kernel with its taps reversed.
+pub(super) fn input_as_forward<T: F>(g: &Geom, w: &[T]) -> Option<(Geom, Vec<T>)> {
+    let eff = [0, 1, 2].map(|t| g.d[t] * (g.k[t] - 1));
+    let fits = (0..3).all(|t| g.p[t].0 <= eff[t] && g.p[t].1 <= eff[t]);
+    if !applies(g) || !g.unit_stride() || !fits {
+        return None;
+    }
+    let mut f = g.clone();
+    (f.x, f.o) = (g.o, g.x);
+    f.p = [0, 1, 2].map(|t| (eff[t] - g.p[t].0, eff[t] - g.p[t].1));
+    let c = g.cin;
+    let mut wf = Vec::with_capacity(TAPS * c);
+    for t in (0..TAPS).rev() {
+        wf.extend_from_slice(&w[t * c..(t + 1) * c]);
+    }
+    Some((f, wf))
+}
+
+/// The output-pixel walk over a padded image of dims `pd`: where each tap reads,
+/// relative to an output pixel's window origin, in pixels.
+struct Walk3 {
+    o: [usize; 3],
+    s: [usize; 3],
+    pd: [usize; 3],
+    off: [usize; TAPS],
+    c: usize,
+}
+
+impl Walk3 {
+    fn new(g: &Geom, pd: &[usize; 3]) -> Walk3 {
+        let (k, d) = (&g.k, &g.d);
+        let off = std::array::from_fn(|t| {
+            let (ka, kb, kc) = (t / (k[1] * k[2]), (t / k[2]) % k[1], t % k[2]);
+            (ka * d[0] * pd[1] + kb * d[1]) * pd[2] + kc * d[2]
+        });
+        Walk3 {
+            o: g.o,
+            s: g.s,
+            pd: *pd,
+            off,
+            c: g.cin,
+        }
+    }
+    /// `(first output pixel, padded pixel of its window origin)` of output row `(a, b)`.
+    #[inline(always)]
+    fn row(&self, a: usize, b: usize) -> (usize, usize) {
+        let (o, s, pd) = (&self.o, &self.s, &self.pd);
+        ((a * o[1] + b) * o[2], (a * s[0] * pd[1] + b * s[1]) * pd[2])
+    }
+}
+
+#[inline(always)]
+fn lanes<T: F>(v: &[T], at: usize) -> &[T; LANES] {
+    v[at..at + LANES].try_into().expect("LANES")
+}
+
+#[inline(always)]
+fn lanes_mut<T: F>(v: &mut [T], at: usize) -> &mut [T; LANES] {
+    (&mut v[at..at + LANES]).try_into().expect("LANES")
+}
+
+/// `y[op, ch] = sum_t xp[window(op) + off[t], ch] * w[t, ch]` (every element written).
+#[inline(always)]
+pub(super) fn forward_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], w: &[T], y: &mut [T]) {
+    let wk = Walk3::new(g, pd);
+    let (c, s2) = (wk.c, wk.s[2]);
+    for a in 0..wk.o[0] {
+        for b in 0..wk.o[1] {
+            let (orow, irow) = wk.row(a, b);
+            for ch in (0..c).step_by(LANES) {
+                let wv: [[T; LANES]; TAPS] = std::array::from_fn(|t| *lanes(w, t * c + ch));
+                for px in 0..wk.o[2] {
+                    let base = irow + px * s2;
+                    let mut acc = [T::zero(); LANES];
+                    for t in 0..TAPS {
+                        let xv = lanes(xp, (base + wk.off[t]) * c + ch);
+                        for j in 0..LANES {
+                            acc[j] += xv[j] * wv[t][j];
+                        }
+                    }
+                    *lanes_mut(y, (orow + px) * c + ch) = acc;
+                }
+            }
+        }
+    }
+}
