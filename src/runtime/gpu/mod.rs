@@ -99,10 +99,11 @@ impl DTensor {
     /// Row `t` of this tensor (`[T, ..]`) as a window of its buffer: `None` where the
     /// row's byte offset is not a multiple of the adapter's
     /// `min_storage_buffer_offset_alignment` (the caller copies the row instead) or the
-    /// row is empty.
+    /// row is empty. Offsets are multiples of 16 bytes at least, which kernels reading
+    /// vec4 words (`as_vec4`) need on adapters whose limit is lower.
     pub fn row(&self, t: usize) -> Option<DTensor> {
         let align = self.ctx().limits.min_storage_buffer_offset_alignment as u64;
-        row_window(self, t, align)
+        row_window(self, t, align.max(16))
     }
     /// Whether `other` is bound from the same buffer.
     pub fn same_buffer(&self, other: &DTensor) -> bool {
