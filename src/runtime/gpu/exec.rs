@@ -108,10 +108,12 @@ impl Slot {
     }
 }
 
+/// One binding of a dispatch: (binding, buffer, byte offset, bytes bound).
+type Binding = (u32, Arc<DevBuf>, u64, u64);
+
 pub(crate) struct Cmd {
     pipe: Arc<Pipe>,
-    /// (binding, buffer, byte offset, bytes bound)
-    bufs: Vec<(u32, Arc<DevBuf>, u64, u64)>,
+    bufs: Vec<Binding>,
     /// The words of the kernel's parameter block (`params::Params`), bound at binding 0.
     params: Vec<u32>,
     groups: [u32; 3],
@@ -724,7 +726,7 @@ impl<'a> Exec<'a> {
     /// ranges: a tensor read from the buffer of a row this item writes in place
     /// (`writing`; an earlier row of the same stacked result, a loop state) is copied
     /// to a fresh buffer first, one dispatch.
-    fn bindings(&mut self, bufs: &[(u32, &DTensor)]) -> Result<Vec<(u32, Arc<DevBuf>, u64, u64)>> {
+    fn bindings(&mut self, bufs: &[(u32, &DTensor)]) -> Result<Vec<Binding>> {
         let mut out = Vec::with_capacity(bufs.len());
         for &(b, t) in bufs {
             let clash = {
@@ -782,13 +784,7 @@ impl<'a> Exec<'a> {
         self.record(pipe, bufs, params, groups);
     }
 
-    fn record(
-        &mut self,
-        pipe: Arc<Pipe>,
-        bufs: Vec<(u32, Arc<DevBuf>, u64, u64)>,
-        params: Params,
-        groups: [u32; 3],
-    ) {
+    fn record(&mut self, pipe: Arc<Pipe>, bufs: Vec<Binding>, params: Params, groups: [u32; 3]) {
         self.cmds.push(Cmd {
             pipe,
             bufs,
