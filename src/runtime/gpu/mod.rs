@@ -102,8 +102,24 @@ impl DTensor {
     /// row is empty. Offsets are multiples of 16 bytes at least, which kernels reading
     /// vec4 words (`as_vec4`) need on adapters whose limit is lower.
     pub fn row(&self, t: usize) -> Option<DTensor> {
-        let align = self.ctx().limits.min_storage_buffer_offset_alignment as u64;
-        row_window(self, t, align.max(16))
+        row_window(self, t, self.align())
+    }
+    /// The `shape` elements from element `start` on (C order) as a window of its
+    /// buffer, where their byte offset meets the alignment of `row`.
+    pub fn window(&self, start: usize, shape: Vec<usize>) -> Option<DTensor> {
+        let n: usize = shape.iter().product();
+        let offset = self.offset + (start * transfer::words_per(self.dtype)) as u64 * 4;
+        (n > 0 && start + n <= self.numel() && offset % self.align() == 0).then(|| DTensor {
+            buf: self.buf.clone(),
+            offset,
+            shape,
+            dtype: self.dtype,
+        })
+    }
+    /// The byte alignment of a window's offset: the adapter's
+    /// `min_storage_buffer_offset_alignment`, 16 bytes at least.
+    fn align(&self) -> u64 {
+        (self.ctx().limits.min_storage_buffer_offset_alignment as u64).max(16)
     }
     /// Whether `other` is bound from the same buffer.
     pub fn same_buffer(&self, other: &DTensor) -> bool {

@@ -98,7 +98,24 @@ pub(super) fn slice(ex: &mut Exec, i: usize, spec: &[SliceAxis]) -> Result<Slot>
     let ins = &plan.inputs[i];
     let x = ex.dev(ins[0])?;
     let (base, st, dims) = slice_geometry(spec, &x.shape);
+    if let Some(w) = contiguous(&x, base, &st, &dims) {
+        return Ok(Slot::dev(w));
+    }
     Ok(Slot::dev(gather_strided(ex, i, &x, &dims, base, &st)?))
+}
+
+/// A slice of `x` whose elements are one run in C order (a range of rows, or of the
+/// elements of a vector), as a window of `x`'s buffer (`DTensor::window`), which no
+/// kernel copies.
+fn contiguous(x: &DTensor, base: i64, st: &[i64], dims: &[usize]) -> Option<DTensor> {
+    let cs = c_strides(dims);
+    let run = dims
+        .iter()
+        .zip(st.iter().zip(&cs))
+        .all(|(&d, (&s, &c))| d <= 1 || s == c);
+    (run && base >= 0)
+        .then(|| x.window(base as usize, dims.to_vec()))
+        .flatten()
 }
 
 pub(super) fn reverse(ex: &mut Exec, i: usize, axes: &[usize]) -> Result<Slot> {
