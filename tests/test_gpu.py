@@ -503,6 +503,33 @@ def test_parity_reductions(gpu, rng, dtype):
                     _same(g, c, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "width,rows,count",
+    # Rows of 256 bytes from row 2, and all rows: windows of x's buffer, no kernel but
+    # the exp. Rows of 12 bytes from row 1: an offset no adapter's alignment admits.
+    [(64, (2, 6), 1), (64, (0, 8), 1), (3, (1, 3), 2)],
+)
+def test_a_slice_of_whole_rows_is_a_window(gpu, rng, width, rows, count):
+    a, b = rows
+    x = K.placeholder(shape=(8, width))
+    y = K.exp(x[a:b])
+    g = K.gradients(K.sum(y * y), [x])[0]
+    f = K.function([x], [y])
+    fg = K.function([x], [y, g])
+    xv = rng.standard_normal((8, width)).astype("float32")
+    np.testing.assert_allclose(f([xv])[0], np.exp(xv[a:b]), rtol=1e-5, atol=1e-6)
+    assert f.dispatches == count
+    out = fg([xv])
+    ref = np.zeros((8, width))
+    ref[a:b] = 2 * np.exp(2 * xv[a:b].astype("float64"))
+    np.testing.assert_allclose(out[0], np.exp(xv[a:b]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[1], ref, rtol=1e-4, atol=1e-5)
+    # Columns are no run of elements: a kernel gathers them.
+    h = K.function([x], [x[:, 1:3] + 1.0])
+    np.testing.assert_allclose(h([xv])[0], xv[:, 1:3] + 1.0, rtol=1e-6)
+    assert h.dispatches == 2
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "bool"])
 def test_parity_movement(gpu, rng, dtype):
     x = _inputs(dtype, (4, 5, 6), rng)

@@ -2,6 +2,12 @@
 dispatches into the call's one submit (`runtime::gpu::loops`), against NumPy loops and
 the CPU device; a body that needs the host runs the whole loop on the CPU.
 
+Step rows are windows of their sequences, and results are written straight into the rows
+of their stacked results, where a row's byte offset is a multiple of the adapter's
+`min_storage_buffer_offset_alignment` (at most 256 bytes): the tests run each loop with
+rows of 256 bytes (every row a window) and with rows of an odd number of words (only
+row 0 a window, the others copied by kernels).
+
 Every test switches to a GPU explicitly (and back afterwards), as test_gpu.py does, so
 the file runs the same in the cpu and the gpu pass of the suite. Without a GPU adapter
 the tests are skipped, unless FERROKERAS_REQUIRE_GPU=1. With FERROKERAS_GPU_LOOPS=0 (the
@@ -76,10 +82,16 @@ def _fd(loss, w, eps=1e-6):
     return g
 
 
+# (batch, features, units): rows of 12 and 15 words (copied but for row 0), and of 64
+# words, 256 bytes (windows).
+RNN_SHAPES = [(3, 4, 5), (4, 16, 16)]
+
+
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_rnn_runs_on_the_gpu(gpu, rng, tmp_path, masked, go_backwards):
-    B, D, H = 3, 4, 5
+@pytest.mark.parametrize("shape", RNN_SHAPES)
+def test_rnn_runs_on_the_gpu(gpu, rng, tmp_path, masked, go_backwards, shape):
+    B, D, H = shape
     W0 = (rng.normal(size=(D, H)) * 0.4).astype("float32")
     U0 = (rng.normal(size=(H, H)) * 0.4).astype("float32")
     b0 = (rng.normal(size=(H,)) * 0.1).astype("float32")
@@ -117,10 +129,14 @@ def test_rnn_runs_on_the_gpu(gpu, rng, tmp_path, masked, go_backwards):
         np.testing.assert_allclose(out[6], gU, rtol=1e-3, atol=1e-3)
 
 
-def test_lstm_like_step_with_slices_runs_on_the_gpu(gpu, rng):
+@pytest.mark.parametrize("shape", [(4, 3, 5), (4, 16, 16)])
+def test_lstm_like_step_with_slices_runs_on_the_gpu(gpu, rng, shape):
     # The step of a Keras LSTM: one matmul per input, the four gates sliced out of it,
-    # two states, a bias constant; outputs and every gradient as on the CPU.
-    B, T, D, H = 4, 6, 3, 5
+    # two states, a bias constant; outputs and every gradient as on the CPU. The cell
+    # state's next value reads the cell state: with rows of 256 bytes its kernel reads
+    # one row of the cell state's history and is to write the next.
+    B, D, H = shape
+    T = 6
     x = K.placeholder(shape=(None, None, D))
     W = K.variable((rng.normal(size=(D, 4 * H)) * 0.4).astype("float32"))
     U = K.variable((rng.normal(size=(H, 4 * H)) * 0.4).astype("float32"))
@@ -147,17 +163,18 @@ def test_lstm_like_step_with_slices_runs_on_the_gpu(gpu, rng):
     _on_both(f, [xv])
 
 
-def test_map_fn_foldl_foldr_run_on_the_gpu(gpu, rng):
-    x = K.placeholder(shape=(None, 3))
+@pytest.mark.parametrize("n", [3, 64])
+def test_map_fn_foldl_foldr_run_on_the_gpu(gpu, rng, n):
+    x = K.placeholder(shape=(None, n))
     ys = [
         K.map_fn(lambda r: K.sin(r) * r, x),
         K.foldl(lambda a, r: a * 0.5 + r, x),
         K.foldr(lambda a, r: K.tanh(a + r), x),
-        K.foldl(lambda a, r: a + r, x, initializer=K.ones((3,))),
+        K.foldl(lambda a, r: a + r, x, initializer=K.ones((n,))),
     ]
     grads = [K.gradients(K.sum(y), [x])[0] for y in ys]
     f = K.function([x], ys + grads)
-    v = rng.normal(size=(5, 3)).astype("float32")
+    v = rng.normal(size=(5, n)).astype("float32")
     out = _on_both(f, [v])
     v64 = v.astype("float64")
     fl, fr = v64[0], v64[-1]
@@ -171,9 +188,9 @@ def test_map_fn_foldl_foldr_run_on_the_gpu(gpu, rng):
     np.testing.assert_allclose(out[3], 1 + v64.sum(0), **TOL)
     np.testing.assert_allclose(out[4], np.cos(v64) * v64 + np.sin(v64), **TOL)
     np.testing.assert_allclose(
-        out[5], 0.5 ** np.arange(4, -1, -1)[:, None] * np.ones((5, 3)), **TOL
+        out[5], 0.5 ** np.arange(4, -1, -1)[:, None] * np.ones((5, n)), **TOL
     )
-    np.testing.assert_allclose(out[7], np.ones((5, 3)), **TOL)
+    np.testing.assert_allclose(out[7], np.ones((5, n)), **TOL)
 
     def fold_r(w):
         a = w[-1]
@@ -184,13 +201,15 @@ def test_map_fn_foldl_foldr_run_on_the_gpu(gpu, rng):
     np.testing.assert_allclose(out[6], _fd(fold_r, v64), rtol=1e-3, atol=1e-4)
 
 
-def test_nested_loops_run_on_the_gpu(gpu, rng):
+@pytest.mark.parametrize("inner", [(), (64,)])
+def test_nested_loops_run_on_the_gpu(gpu, rng, inner):
     # A fold inside a map: the inner loop is recorded inside each step of the outer one.
-    x = K.placeholder(shape=(None, None))
+    # With rows of 64 words the inner loop's rows are windows of the outer loop's rows.
+    x = K.placeholder(shape=(None, None) + inner)
     y = K.map_fn(lambda row: K.foldl(lambda a, v: a * 0.5 + K.square(v), row), x)
     g = K.gradients(K.sum(y), [x])[0]
     f = K.function([x], [y, g])
-    v = rng.normal(size=(4, 6)).astype("float32")
+    v = rng.normal(size=(4, 6) + inner).astype("float32")
     y_gpu, g_gpu = _on_both(f, [v])
     v64 = v.astype("float64")
     ref = v64[:, 0]
@@ -199,9 +218,81 @@ def test_nested_loops_run_on_the_gpu(gpu, rng):
     np.testing.assert_allclose(y_gpu, ref, **TOL)
     weights = np.array(
         [0.5 ** (v64.shape[1] - 1)] + [0.5 ** (v64.shape[1] - 1 - k) for k in range(1, 6)]
-    )
-    dref = np.where(np.arange(6) == 0, weights, weights * 2 * v64)
+    ).reshape((1, 6) + (1,) * len(inner))
+    first = (np.arange(6) == 0).reshape((1, 6) + (1,) * len(inner))
+    dref = np.where(first, weights, weights * 2 * v64)
     np.testing.assert_allclose(g_gpu, dref, **TOL)
+
+
+def _rnn_function(D, H, rng):
+    """A tanh RNN over `x` (batch, time, D) with its loss gradients, and its weights."""
+    W0 = (rng.normal(size=(D, H)) * 0.4).astype("float32")
+    U0 = (rng.normal(size=(H, H)) * 0.4).astype("float32")
+    x = K.placeholder(shape=(None, None, D))
+    h0 = K.placeholder(shape=(None, H))
+    W, U = K.variable(W0), K.variable(U0)
+
+    def step(x_t, states):
+        h2 = K.tanh(K.dot(x_t, W) + K.dot(states[0], U))
+        return h2, [h2]
+
+    last, outs, (h,) = K.rnn(step, x, [h0])
+    loss = K.sum(outs * outs) + K.sum(h)
+    f = K.function([x, h0], [outs, h] + K.gradients(loss, [x, W, U]))
+    return f, W0, U0
+
+
+def test_rows_in_place_save_the_copy_kernels(gpu, rng):
+    # Per step, the forward loop reads one row of x and writes a row of the outputs and
+    # of the state history; the VJP reads rows of its residuals and writes a row of dx.
+    # With rows of 256 bytes those are windows; with rows of an odd number of words
+    # each is a copy kernel (but for row 0): at least two dispatches more per step.
+    if not GPU_LOOPS:
+        pytest.skip("loops run on the CPU with FERROKERAS_GPU_LOOPS=0")
+    per_step = {}
+    for B, D, H in [(4, 16, 16), (3, 5, 7)]:
+        f, W0, U0 = _rnn_function(D, H, rng)
+        counts = []
+        for T in (4, 8):
+            xv = rng.normal(size=(B, T, D)).astype("float32")
+            hv = (rng.normal(size=(B, H)) * 0.1).astype("float32")
+            out = _on_both(f, [xv, hv])
+            x64, h64 = xv.astype("float64"), hv.astype("float64")
+            ref = np_rnn(x64, h64, W0.astype("float64"), U0.astype("float64"), 0.0)
+            np.testing.assert_allclose(out[0], ref[1], **TOL)
+            np.testing.assert_allclose(out[1], ref[2], **TOL)
+            f([xv, hv])
+            counts.append(f._f.dispatches)
+        per_step[B] = (counts[1] - counts[0]) / 4
+    assert per_step[3] >= per_step[4] + 2, per_step
+
+
+def test_a_state_kept_on_the_device_from_a_row(gpu, rng):
+    # The final state of an rnn can be a row of a stacked result: assigned to a variable,
+    # it stays on the device as that row and reads back as the CPU's.
+    B, D, H = 4, 16, 16
+    x = K.placeholder(shape=(None, None, D))
+    U = K.variable((rng.normal(size=(H, H)) * 0.4).astype("float32"))
+    keep = K.variable(np.zeros((B, H), "float32"))
+
+    def step(x_t, states):
+        h2 = K.tanh(x_t + K.dot(states[0], U))
+        return h2, [h2]
+
+    last, outs, (h,) = K.rnn(step, x, [keep])
+    g = K.function([x], [outs], updates=[K.update(keep, h)])
+    xv = rng.normal(size=(B, 5, D)).astype("float32")
+    on_gpu = [g([xv])[0], K.get_value(keep)]
+    on_gpu.append(g([xv])[0])
+    K.set_value(keep, np.zeros((B, H), "float32"))
+    before = ferrokeras.device()
+    ferrokeras.set_device("cpu")
+    try:
+        on_cpu = [g([xv])[0], K.get_value(keep), g([xv])[0]]
+    finally:
+        ferrokeras.set_device(before)
+    for a, b in zip(on_gpu, on_cpu):
+        np.testing.assert_allclose(a, b, **TOL)
 
 
 def test_zero_length_sequences_on_the_gpu(gpu, rng):

@@ -4,8 +4,10 @@
 //! fuse into which generated kernel, and when each slot dies. Per call, the schedule's
 //! items are walked in order: kernels are *recorded*, not run; views alias buffers; CPU
 //! nodes download what they read (the only reason for a submit before the end); a loop
-//! whose body runs on the device records its body's schedule once per step (`loops`); at the
-//! end one submit runs everything and one mapped staging buffer brings back all outputs.
+//! whose body runs on the device records its body's schedule once per step (`loops`), its
+//! step rows and the rows its kernels write bound as windows of the loop's buffers
+//! (`Exec::dests`); at the end one submit runs everything and one mapped staging buffer
+//! brings back all outputs.
 //! Update values stay on the device.
 
 use super::params::{Indexed, Params};
@@ -20,6 +22,7 @@ use crate::compile::{Plan, Step};
 use crate::ops::graph::Tensor;
 use crate::ops::{movement, Class, Op, ViewOp};
 use crate::runtime::{profile, Out, RunStats};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
@@ -105,10 +108,12 @@ impl Slot {
     }
 }
 
+/// One binding of a dispatch: (binding, buffer, byte offset, bytes bound).
+type Binding = (u32, Arc<DevBuf>, u64, u64);
+
 pub(crate) struct Cmd {
     pipe: Arc<Pipe>,
-    /// (binding, buffer, bytes bound)
-    bufs: Vec<(u32, Arc<DevBuf>, u64)>,
+    bufs: Vec<Binding>,
     /// The words of the kernel's parameter block (`params::Params`), bound at binding 0.
     params: Vec<u32>,
     groups: [u32; 3],
@@ -130,7 +135,27 @@ pub(crate) struct Exec<'a> {
     /// Results of loops recorded on the device (`loops`), read by their `TupleGet` users;
     /// `None` for a result nothing reads.
     pub(crate) loop_results: HashMap<usize, Vec<Option<Slot>>>,
+    /// Rows of a loop's stacked results that node results are written into in place
+    /// (`loops`), by node: set on the executor of a loop body for one step.
+    pub(crate) dests: RefCell<HashMap<usize, Dest>>,
+    /// The rows of `dests` handed out by `alloc` while lowering the current schedule
+    /// item: the item's kernels write them (`dispatch`).
+    writing: RefCell<Vec<DTensor>>,
+    /// The rows of `writing` a kernel also read another part of the buffer of (a copy
+    /// was made, `bindings`), for the loop to place that node elsewhere.
+    pub(crate) clashes: RefCell<Vec<DTensor>>,
     pub stats: RunStats,
+}
+
+/// Where a loop body writes one of its results in place: row `t` of a stacked result
+/// of `rows` rows (`loops::Stacked`), allocated by the first `alloc` that takes the row
+/// if the loop has not allocated it yet.
+pub(crate) struct Dest {
+    pub stack: Option<DTensor>,
+    pub rows: usize,
+    pub t: usize,
+    /// The row, once `alloc` handed it out.
+    pub given: Option<DTensor>,
 }
 
 /// Whether node `t` runs on the device: its data dtypes stored there (int64 by the
@@ -316,6 +341,9 @@ impl<'a> Exec<'a> {
             var_versions: HashMap::new(),
             multi: HashMap::new(),
             loop_results: HashMap::new(),
+            dests: RefCell::new(HashMap::new()),
+            writing: RefCell::new(Vec::new()),
+            clashes: RefCell::new(Vec::new()),
             stats: RunStats::default(),
         }
     }
@@ -358,6 +386,7 @@ impl<'a> Exec<'a> {
                 .map_or(t + 1, |r| r.end);
             let start = profile::begin();
             let before = self.stats.dispatches;
+            self.writing.borrow_mut().clear();
             if end > t + 1 {
                 let gs: Vec<_> = sched.items[t..end].iter().filter_map(Item::group).collect();
                 fusion::record_run(self, &gs, feeds)?;
@@ -585,11 +614,7 @@ impl<'a> Exec<'a> {
         Ok(Slot {
             dtype: node.dtype(),
             host: x.host.as_ref().map(|h| h.reshape(&shape)).transpose()?,
-            dev: x.dev.as_ref().map(|d| DTensor {
-                buf: d.buf.clone(),
-                shape: shape.clone(),
-                dtype: d.dtype,
-            }),
+            dev: x.dev.as_ref().map(|d| d.reshaped(shape.clone(), d.dtype)),
             shape,
         })
     }
@@ -625,11 +650,7 @@ impl<'a> Exec<'a> {
                 .queue
                 .write_buffer(buf.raw(), 0, bytemuck::cast_slice(&words));
         }
-        let d = DTensor {
-            buf,
-            shape: v.shape().to_vec(),
-            dtype: v.dtype(),
-        };
+        let d = DTensor::new(buf, v.shape().to_vec(), v.dtype());
         match &self.plan.steps[j] {
             Step::Folded(_) => {
                 self.lay
@@ -651,8 +672,44 @@ impl<'a> Exec<'a> {
         Ok(d)
     }
 
-    /// A fresh device tensor (contents undefined).
+    /// A device tensor for a result of node `node` (contents undefined): a fresh buffer,
+    /// or the row of a loop's stacked result the node's result goes to (`dests`), if it
+    /// has the row's shape and dtype and no earlier `alloc` of this step took the row.
     pub fn alloc(&self, shape: &[usize], dtype: DType, node: usize) -> Result<DTensor> {
+        if let Some(row) = self.dest_row(shape, dtype, node)? {
+            self.writing.borrow_mut().push(row.clone());
+            return Ok(row);
+        }
+        self.fresh(shape, dtype, node)
+    }
+
+    /// The row `dests` holds for node `node`, if it takes a `shape` tensor of `dtype`
+    /// and is a window (`DTensor::row`); allocates the stacked result at its first use.
+    fn dest_row(&self, shape: &[usize], dtype: DType, node: usize) -> Result<Option<DTensor>> {
+        let mut dests = self.dests.borrow_mut();
+        let Some(d) = dests.get_mut(&node) else {
+            return Ok(None);
+        };
+        if d.given.is_some() {
+            return Ok(None);
+        }
+        let stack = match &d.stack {
+            Some(s) if s.dtype == dtype && s.shape[1..] == *shape => s.clone(),
+            Some(_) => return Ok(None),
+            None => {
+                let mut sh = vec![d.rows];
+                sh.extend_from_slice(shape);
+                let s = self.fresh(&sh, dtype, node)?;
+                d.stack = Some(s.clone());
+                s
+            }
+        };
+        d.given = stack.row(d.t);
+        Ok(d.given.clone())
+    }
+
+    /// A fresh device tensor (contents undefined).
+    fn fresh(&self, shape: &[usize], dtype: DType, node: usize) -> Result<DTensor> {
         let n = shape.iter().product::<usize>() * transfer::words_per(dtype);
         let what = || {
             format!(
@@ -661,15 +718,56 @@ impl<'a> Exec<'a> {
             )
         };
         let buf = pool::alloc(self.ctx, (n as u64 * 4).max(4), &what)?;
-        Ok(DTensor {
-            buf,
-            shape: shape.to_vec(),
-            dtype,
-        })
+        Ok(DTensor::new(buf, shape.to_vec(), dtype))
+    }
+
+    /// The bindings of one dispatch, each a (binding, buffer, offset, bytes) entry. wgpu
+    /// lets no dispatch bind one buffer both read-only and writable, whatever the
+    /// ranges: a tensor read from the buffer of a row this item writes in place
+    /// (`writing`; an earlier row of the same stacked result, a loop state) is copied
+    /// to a fresh buffer first, one dispatch.
+    fn bindings(&mut self, bufs: &[(u32, &DTensor)]) -> Result<Vec<Binding>> {
+        let mut out = Vec::with_capacity(bufs.len());
+        for &(b, t) in bufs {
+            let clash = {
+                let w = self.writing.borrow();
+                if w.iter().any(|r| r.same_words(t)) {
+                    None
+                } else {
+                    w.iter().find(|r| r.same_buffer(t)).cloned()
+                }
+            };
+            let t = match clash {
+                Some(row) => {
+                    self.clashes.borrow_mut().push(row);
+                    kernels::copy(self, t)?
+                }
+                None => t.clone(),
+            };
+            out.push((b, t.buf.clone(), t.offset, t.bytes()));
+        }
+        Ok(out)
     }
 
     /// Records one dispatch. `bufs` are (binding, tensor) pairs; binding 0 is `params`.
     pub fn dispatch(
+        &mut self,
+        pipe: Arc<Pipe>,
+        bufs: &[(u32, &DTensor)],
+        params: Params,
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let bufs = self.bindings(bufs)?;
+        self.record(pipe, bufs, params, groups);
+        Ok(())
+    }
+
+    /// Records one dispatch of `bufs` as they are (`dispatch` without the check of
+    /// `bindings`: a kernel that writes only fresh buffers).
+    pub(crate) fn dispatch_fresh(
         &mut self,
         pipe: Arc<Pipe>,
         bufs: &[(u32, &DTensor)],
@@ -681,8 +779,12 @@ impl<'a> Exec<'a> {
         }
         let bufs = bufs
             .iter()
-            .map(|(b, t)| (*b, t.buf.clone(), (t.words() as u64 * 4).max(4)))
+            .map(|(b, t)| (*b, t.buf.clone(), t.offset, t.bytes()))
             .collect();
+        self.record(pipe, bufs, params, groups);
+    }
+
+    fn record(&mut self, pipe: Arc<Pipe>, bufs: Vec<Binding>, params: Params, groups: [u32; 3]) {
         self.cmds.push(Cmd {
             pipe,
             bufs,
@@ -717,11 +819,8 @@ impl<'a> Exec<'a> {
             }
         };
         self.status_msgs.insert(tag, msg);
-        let mut b: Vec<(u32, Arc<DevBuf>, u64)> = bufs
-            .iter()
-            .map(|(b, t)| (*b, t.buf.clone(), (t.words() as u64 * 4).max(4)))
-            .collect();
-        b.push((4, status, 16));
+        let mut b = self.bindings(bufs)?;
+        b.push((4, status, 0, 16));
         self.cmds.push(Cmd {
             pipe,
             bufs: b,
@@ -752,11 +851,7 @@ impl<'a> Exec<'a> {
             .collect();
         let status = self.status.take();
         if let Some(s) = &status {
-            reads.push(DTensor {
-                buf: s.clone(),
-                shape: vec![4],
-                dtype: DType::I32,
-            });
+            reads.push(DTensor::new(s.clone(), vec![4], DType::I32));
         }
         let cmds = std::mem::take(&mut self.cmds);
         let (start, recorded) = (profile::begin(), cmds.len());
@@ -844,12 +939,12 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
                         size: NonZeroU64::new(plen),
                     }),
                 }];
-                for (b, buf, bytes) in &c.bufs {
+                for (b, buf, offset, bytes) in &c.bufs {
                     entries.push(wgpu::BindGroupEntry {
                         binding: *b,
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer: buf.raw(),
-                            offset: 0,
+                            offset: *offset,
                             size: NonZeroU64::new(*bytes),
                         }),
                     });
@@ -882,7 +977,7 @@ fn submit(ctx: &Arc<Context>, cmds: Vec<Cmd>, reads: &[DTensor]) -> Result<Vec<V
         let mut off = 0;
         for (t, &sz) in reads.iter().zip(&sizes) {
             if sz > 0 {
-                enc.copy_buffer_to_buffer(t.buf.raw(), 0, st.raw(), off, sz);
+                enc.copy_buffer_to_buffer(t.buf.raw(), t.offset, st.raw(), off, sz);
             }
             off += sz;
         }

@@ -452,7 +452,7 @@ fn record_fold_kernel(
     );
     let wgs = l.nout.div_ceil(l.cb);
     let x = wgs.min(65535);
-    ex.dispatch(pipe, &bufs, words, [x as u32, wgs.div_ceil(x) as u32, 1]);
+    ex.dispatch(pipe, &bufs, words, [x as u32, wgs.div_ceil(x) as u32, 1])?;
     drop(bufs);
     for (&o, t) in g.outputs.iter().zip(outs) {
         ex.slots[o] = Some(Slot::dev(t));
@@ -562,7 +562,7 @@ pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Slot>
         n: total as u32,
         rank: k as u32,
     };
-    ex.dispatch(pipe, &bufs, Params::with_tail(&block, &tail), grid(total));
+    ex.dispatch(pipe, &bufs, Params::with_tail(&block, &tail), grid(total))?;
     drop(bufs);
     for (o, t) in outs {
         ex.slots[o] = Some(Slot::dev(t));
@@ -714,7 +714,7 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
         .map(|(k, t)| (1 + k as u32, t))
         .collect();
     bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
-    ex.dispatch(pipe, &bufs, words, grid(n));
+    ex.dispatch(pipe, &bufs, words, grid(n))?;
     for (&o, t) in outputs.iter().zip(outs) {
         ex.slots[o] = Some(Slot::dev(t));
     }
@@ -908,11 +908,7 @@ pub(crate) fn epilogue(
     ex.ctx
         .queue
         .write_buffer(pbuf.raw(), 0, bytemuck::cast_slice(&words.0));
-    let block = DTensor {
-        buf: pbuf,
-        shape: vec![words.0.len()],
-        dtype: DType::I32,
-    };
+    let block = DTensor::new(pbuf, vec![words.0.len()], DType::I32);
     let first = Frame::Epilogue.first_binding();
     let mut bufs = vec![(EPILOGUE_BINDING, block)];
     bufs.extend(

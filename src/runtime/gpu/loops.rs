@@ -2,15 +2,23 @@
 //! recorded into the command list of the plan holding it: its body's schedule is lowered
 //! once per step by a nested executor (`Exec::nested`), so the whole call still submits
 //! once. The trip count is the sequences' length when the call runs. Step inputs are
-//! rows of the sequences (a copy kernel each); states carry over as device tensors; each
+//! rows of the sequences, bound as windows of their buffers (`DTensor::row`; a copy
+//! kernel where a row's byte offset is not a multiple of the adapter's
+//! `min_storage_buffer_offset_alignment`); states carry over as device tensors. Each
 //! stacked result (`[T, ..]`: outputs, state histories, residuals) is allocated at the
-//! first step and row `t` written by a kernel at each step; a stacked result nothing
-//! reads is not kept. Buffers a call drops return to the pool only after its submit, so
+//! first step; the kernel that computes a step's result writes it straight into its row
+//! where it can (`Exec::dests`: the body's executor hands the row out as that node's
+//! output buffer), else a kernel copies it there; a stacked result nothing reads is not
+//! kept. A state's next value goes to the row of its history for the next step, so the
+//! history costs nothing more. wgpu lets no kernel read a buffer it writes, so a node
+//! whose kernel turned out to read its own stacked result (a state read to compute its
+//! next value, `Exec::clashes`) is given no row in a buffer a state of the step lives in
+//! (another of its stacked results, or none that step). Buffers a call drops return to the pool only after its submit, so
 //! a loop whose recorded steps hold more new buffer bytes than the pool keeps idle
 //! (`FERROKERAS_GPU_POOL_MAX_IDLE_MB`) submits them and goes on. A body that needs the host (a `py_function`, an op or dtype
 //! without a WGSL lowering) makes the whole loop run on the CPU (`Place::Host`).
 
-use super::exec::{Exec, Place, Placement, Slot};
+use super::exec::{Dest, Exec, Place, Placement, Slot};
 use super::pipelines::dtag;
 use super::{kernels, pool, transfer, DTensor};
 use crate::base::dtype::DType;
@@ -22,6 +30,7 @@ use crate::ops::control::LoopBody;
 use crate::ops::graph::Tensor;
 use crate::runtime::profile;
 use crate::value_err;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Whether every node of the body plan `plan` runs on the device (placed by `lay`; loops
@@ -61,7 +70,7 @@ enum Rows {
     Unread,
     /// A host sequence of shape vectors: row `t` is a host view.
     Host(Value),
-    /// A device sequence: row `t` is copied by a kernel.
+    /// A device sequence: row `t` is a window of it, or copied by a kernel.
     Dev(DTensor),
 }
 
@@ -84,7 +93,28 @@ impl Stacked {
         }
     }
 
-    fn put(&mut self, ex: &mut Exec, node: usize, t: usize, v: &Slot) -> Result<()> {
+    /// Row `t` as a destination for the body (`Exec::dests`), unless its rows are on the
+    /// host or nothing reads it.
+    fn dest(&self, t: usize) -> Option<Dest> {
+        let on_host = self.row.is_some() && self.dev.is_none();
+        (self.read && !on_host).then(|| Dest {
+            stack: self.dev.clone(),
+            rows: self.host.len(),
+            t,
+            given: None,
+        })
+    }
+
+    /// Writes `v` as row `t` (nothing where the body wrote it in place). `placed` is the
+    /// buffer the body allocated for the stacked result, if it did (`Dest::stack`).
+    fn put(
+        &mut self,
+        ex: &mut Exec,
+        node: usize,
+        t: usize,
+        v: &Slot,
+        placed: Option<DTensor>,
+    ) -> Result<()> {
         if !self.read {
             return Ok(());
         }
@@ -104,7 +134,10 @@ impl Stacked {
                 if !on_host {
                     let mut shape = vec![t_len];
                     shape.extend_from_slice(&v.shape);
-                    self.dev = Some(ex.alloc(&shape, v.dtype, node)?);
+                    self.dev = Some(match placed {
+                        Some(p) if p.shape == shape && p.dtype == v.dtype => p,
+                        _ => ex.alloc(&shape, v.dtype, node)?,
+                    });
                 }
             }
         }
@@ -115,6 +148,14 @@ impl Stacked {
                     (Some(d), _) => d.clone(),
                     (None, Some(h)) => upload(ex, h)?,
                     (None, None) => unreachable!("a slot has a host or a device value"),
+                };
+                if dst.row(t).is_some_and(|r| r.same_words(&src)) {
+                    return Ok(());
+                }
+                let src = if src.same_buffer(&dst) {
+                    kernels::copy(ex, &src)?
+                } else {
+                    src
                 };
                 kernels::write_row(ex, &dst, &src, t)
             }
@@ -173,11 +214,7 @@ fn upload(ex: &Exec, v: &Value) -> Result<DTensor> {
             .queue
             .write_buffer(buf.raw(), 0, bytemuck::cast_slice(&words));
     }
-    Ok(DTensor {
-        buf,
-        shape: v.shape().to_vec(),
-        dtype: v.dtype(),
-    })
+    Ok(DTensor::new(buf, v.shape().to_vec(), v.dtype()))
 }
 
 /// Records loop node `i` of `ex`'s plan, its body run once per step by a nested
@@ -244,27 +281,36 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
         .map(|k| Stacked::new(t_len, is_read(no + ns + k)))
         .collect();
     let debug = crate::base::config::settings().loop_debug;
+    // Body results whose kernels read a buffer they were to write a row of (`dests`).
+    let mut clashed: HashSet<usize> = HashSet::new();
     let mut base = held(ex);
     let _in_loop = profile::enter_loop();
     let run_start = profile::begin();
     for step in 0..t_len {
         let step_start = profile::begin();
         let t = if body.reverse { t_len - 1 - step } else { step };
+        let next = (step + 1 < t_len).then(|| if body.reverse { t - 1 } else { t + 1 });
         let before = ex.stats.dispatches;
         let mut feeds: Vec<Option<Slot>> = Vec::with_capacity(ins.len());
         for s in &seqs {
             feeds.push(match s {
                 Rows::Unread => None,
                 Rows::Host(v) => Some(Slot::host(row(v, t))),
-                Rows::Dev(d) => Some(Slot::dev(kernels::copy_row(ex, i, d, t)?)),
+                Rows::Dev(d) => Some(Slot::dev(match d.row(t) {
+                    Some(r) => r,
+                    None => kernels::copy_row(ex, i, d, t)?,
+                })),
             });
         }
         for (h, s) in hist.iter_mut().zip(&states) {
-            h.put(ex, i, t, s)?;
+            h.put(ex, i, t, s, None)?;
         }
+        let dests = destinations(body_plan, no, &outs, &hist, &states, t, next, &clashed);
+        let which: HashMap<usize, Which> = dests.iter().map(|(n, w, _)| (*n, *w)).collect();
         feeds.extend(states.drain(..).map(Some));
         feeds.extend(captured.iter().cloned().map(Some));
         let mut child = ex.nested(body_plan, lay);
+        *child.dests.get_mut() = dests.into_iter().map(|(n, _, d)| (n, d)).collect();
         let ran = child.run_items(&mut feeds);
         let res: Vec<Slot> = body_plan
             .outputs
@@ -272,8 +318,23 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
             .map(|&o| child.slots[o].clone())
             .collect::<Option<_>>()
             .unwrap_or_default();
+        let given = child.dests.take();
+        let clashes = child.clashes.take();
         ex.absorb(child);
         ran?;
+        // The stacked results, allocated by the body where it wrote their first row.
+        let mut placed: HashMap<Which, DTensor> = HashMap::new();
+        for (node, d) in given {
+            if d.given
+                .as_ref()
+                .is_some_and(|g| clashes.iter().any(|c| c.same_words(g)))
+            {
+                clashed.insert(node);
+            }
+            if let (Some(s), Some(&w)) = (d.stack, which.get(&node)) {
+                placed.insert(w, s);
+            }
+        }
         if res.len() != body_plan.outputs.len() {
             return Err(Error::Runtime(
                 "internal: a loop body did not compute its results".into(),
@@ -290,8 +351,8 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
                 ));
             }
         }
-        for (o, v) in outs.iter_mut().zip(res.iter().chain(&saved)) {
-            o.put(ex, i, t, v)?;
+        for (k, (o, v)) in outs.iter_mut().zip(res.iter().chain(&saved)).enumerate() {
+            o.put(ex, i, t, v, placed.remove(&Which::Out(k)))?;
         }
         states = rest;
         if held(ex).0.saturating_sub(base.0) > base.1 {
@@ -326,6 +387,65 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
     }
     ex.loop_results.insert(i, results);
     Ok(Slot::host(Value::scalar_f64(plan.nodes[i].dtype(), 0.0)))
+}
+
+/// A stacked result of a loop: `Out(k)`, output `k` or, from the loop's output count
+/// on, a residual; `Hist(k)`, the history of state `k`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Which {
+    Out(usize),
+    Hist(usize),
+}
+
+/// The rows the body writes its results into this step (`Exec::dests`), by body node,
+/// for a body plan with `no` outputs: row `t` of the outputs, then row `next` of the
+/// state histories (the next step's state is this step's new state), then row `t` of
+/// the residuals; one row per node, the first that applies. A node in `clashed` (its
+/// kernel read a buffer it wrote a row of) gets no row in a buffer that one of the
+/// step's `states` is a window of.
+#[allow(clippy::too_many_arguments)]
+fn destinations(
+    plan: &Plan,
+    no: usize,
+    outs: &[Stacked],
+    hist: &[Stacked],
+    states: &[Slot],
+    t: usize,
+    next: Option<usize>,
+    clashed: &HashSet<usize>,
+) -> Vec<(usize, Which, Dest)> {
+    let ns = hist.len();
+    let node = |w: Which| match w {
+        Which::Out(k) if k < no => plan.outputs[k],
+        Which::Out(k) => plan.outputs[k + ns],
+        Which::Hist(k) => plan.outputs[no + k],
+    };
+    let order = (0..no)
+        .map(Which::Out)
+        .chain((0..ns).map(Which::Hist))
+        .chain((no..outs.len()).map(Which::Out));
+    let mut out: Vec<(usize, Which, Dest)> = Vec::new();
+    for w in order {
+        let n = node(w);
+        if out.iter().any(|(m, _, _)| *m == n) {
+            continue;
+        }
+        let d = match w {
+            Which::Out(k) => outs[k].dest(t),
+            Which::Hist(k) => next.and_then(|r| hist[k].dest(r)),
+        };
+        let Some(d) = d else { continue };
+        let beside_state = d.stack.as_ref().is_some_and(|s| {
+            states
+                .iter()
+                .any(|x| x.dev.as_ref().is_some_and(|b| b.same_buffer(s)))
+        });
+        if clashed.contains(&n) && beside_state {
+            continue;
+        }
+        out.push((n, w, d));
+    }
+    out
 }
 
 /// Bytes of the device's buffers in use or waiting for the call's submit, and the bytes

@@ -1,8 +1,9 @@
 //! Device buffers by size class. Sizes are rounded up to a quarter of their power of two
 //! (at most 25% slack), so steady-state calls find every buffer in a free list and
 //! allocate nothing. Reuse is safe without locking calls against each other: a recorded
-//! dispatch holds its buffers (`Arc<DevBuf>`) until its submit has completed, so a buffer
-//! in the pool is never read or written by pending GPU work. Dropped buffers are parked
+//! dispatch holds its buffers (`Arc<DevBuf>`) until its submit has completed, and a
+//! window of a buffer (`DTensor::row`) holds the whole buffer, so a buffer in the pool is
+//! never read or written by pending GPU work. Dropped buffers are parked
 //! in `pending` and join the free lists after the next completed submit. Calls on
 //! several threads, or nested calls (a `py_function` callback evaluating a tensor), each
 //! own their buffers.

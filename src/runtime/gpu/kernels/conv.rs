@@ -96,7 +96,7 @@ fn conv_tiled(
                 per.min(tiles - t0) as u32,
                 z as u32,
             ],
-        );
+        )?;
     }
     Ok(())
 }
@@ -128,7 +128,7 @@ fn conv_fwd(
     };
     if direct {
         let groups = grid(g.y_shape.iter().product());
-        ex.dispatch(pipe, bufs, Params::of(&p), groups);
+        ex.dispatch(pipe, bufs, Params::of(&p), groups)?;
         Ok(())
     } else {
         conv_tiled(ex, pipe, p, bufs, g.n * g.opix(), og, g.groups)
@@ -146,7 +146,7 @@ fn conv_dx(ex: &mut Exec, g: &Geom, out: &DTensor, gy: &DTensor, w: &DTensor) ->
             &[(1, out), (2, gy), (3, w)],
             Params::of(&conv_block(g, 1, 0)),
             grid(out.numel()),
-        );
+        )?;
         return Ok(());
     }
     for r0 in 0..g.s[0] {
@@ -246,10 +246,7 @@ fn conv_dw(ex: &mut Exec, i: usize, g: &Geom, x: &DTensor, gy: &DTensor) -> Resu
     part_shape.extend_from_slice(&g.w_shape);
     let part = ex.alloc(&part_shape, DType::F32, i)?;
     conv_dw_partials(ex, g, direct, DType::F32, &part, x, gy, splits, chunk)?;
-    let part = DTensor {
-        dtype: x.dtype,
-        ..part
-    };
+    let part = part.reshaped(part.shape.clone(), x.dtype);
     reduce(ex, i, &part, &[0], 0, &g.w_shape)
 }
 
@@ -272,7 +269,7 @@ fn conv_dw_partials(
         let pipe = pipelines::family(ex.ctx, "conv", "conv_dw_direct", tag(dtype)?)?;
         let mut groups = grid(g.w_shape.iter().product());
         groups[2] = splits as u32;
-        ex.dispatch(pipe, &[(1, out), (2, x), (3, gy)], Params::of(&p), groups);
+        ex.dispatch(pipe, &[(1, out), (2, x), (3, gy)], Params::of(&p), groups)?;
         Ok(())
     } else {
         let (rows, og) = (g.kk() * g.cin / g.groups, g.cout / g.groups);

@@ -100,7 +100,7 @@ pub(super) fn matmul(
                 ..block
             };
             let p = Params::with_tail(&block, &tail);
-            ex.dispatch(pipe.clone(), &bufs, p, groups);
+            ex.dispatch(pipe.clone(), &bufs, p, groups)?;
         }
     }
     drop(bufs);

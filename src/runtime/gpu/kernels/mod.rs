@@ -20,7 +20,7 @@ mod pool;
 mod random;
 mod reduce;
 
-pub(crate) use movement::{copy_row, write_row};
+pub(crate) use movement::{copy, copy_row, write_row};
 
 /// Whether the GPU lowering of `t` handles its dtypes (the rest run on the CPU); the
 /// table is `Op::gpu_supports`.

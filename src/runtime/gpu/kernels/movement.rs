@@ -4,9 +4,11 @@
 use super::super::exec::{grid, Exec, Slot};
 use super::super::params::{self as blk, Params};
 use super::super::pipelines::{self};
-use super::super::transfer::scalar_word;
+use super::super::pool;
+use super::super::transfer::{scalar_word, words_per};
 use super::super::DTensor;
 use super::{c_strides, tag};
+use crate::base::dtype::DType;
 use crate::base::error::Result;
 use crate::ops::movement::{indices, resolve_slice};
 use crate::ops::SliceAxis;
@@ -37,7 +39,7 @@ pub(super) fn gather_strided(
     let n: usize = out_shape.iter().product();
     let p = strided_params(n, out_shape, base, strides);
     let pipe = pipelines::family(ex.ctx, "movement", "gather_strided", "u32")?;
-    ex.dispatch(pipe, &[(1, &out), (2, src)], p, grid(n));
+    ex.dispatch(pipe, &[(1, &out), (2, src)], p, grid(n))?;
     Ok(out)
 }
 
@@ -52,7 +54,7 @@ fn scatter_strided(
     let n = src.numel();
     let p = strided_params(n, &src.shape, base, strides);
     let pipe = pipelines::family(ex.ctx, "movement", "scatter_strided", "u32")?;
-    ex.dispatch(pipe, &[(1, out), (2, src)], p, grid(n));
+    ex.dispatch(pipe, &[(1, out), (2, src)], p, grid(n))?;
     Ok(())
 }
 
@@ -60,7 +62,7 @@ pub(super) fn fill(ex: &mut Exec, out: &DTensor, word: u32) -> Result<()> {
     let n = out.numel();
     let pipe = pipelines::family(ex.ctx, "movement", "fill", "u32")?;
     let p = blk::Fill { n: n as u32, word };
-    ex.dispatch(pipe, &[(1, out)], Params::of(&p), grid(n));
+    ex.dispatch(pipe, &[(1, out)], Params::of(&p), grid(n))?;
     Ok(())
 }
 
@@ -96,7 +98,24 @@ pub(super) fn slice(ex: &mut Exec, i: usize, spec: &[SliceAxis]) -> Result<Slot>
     let ins = &plan.inputs[i];
     let x = ex.dev(ins[0])?;
     let (base, st, dims) = slice_geometry(spec, &x.shape);
+    if let Some(w) = contiguous(&x, base, &st, &dims) {
+        return Ok(Slot::dev(w));
+    }
     Ok(Slot::dev(gather_strided(ex, i, &x, &dims, base, &st)?))
+}
+
+/// A slice of `x` whose elements are one run in C order (a range of rows, or of the
+/// elements of a vector), as a window of `x`'s buffer (`DTensor::window`), which no
+/// kernel copies.
+fn contiguous(x: &DTensor, base: i64, st: &[i64], dims: &[usize]) -> Option<DTensor> {
+    let cs = c_strides(dims);
+    let run = dims
+        .iter()
+        .zip(st.iter().zip(&cs))
+        .all(|(&d, (&s, &c))| d <= 1 || s == c);
+    (run && base >= 0)
+        .then(|| x.window(base as usize, dims.to_vec()))
+        .flatten()
 }
 
 pub(super) fn reverse(ex: &mut Exec, i: usize, axes: &[usize]) -> Result<Slot> {
@@ -287,23 +306,44 @@ pub(super) fn scatter_add(ex: &mut Exec, i: usize, axis: &usize) -> Result<Slot>
     Ok(Slot::dev(out))
 }
 
+/// The words of `x` as a flat tensor of raw words (what the `u32` kernels move).
+fn flat_words(x: &DTensor) -> DTensor {
+    x.reshaped(vec![x.words()], DType::I32)
+}
+
 /// Row `t` of `seq` (`[T, ..]`) copied into a tensor of the row's shape (a loop's step
-/// input); node `i` names the buffer in errors.
+/// input whose row is not a window, `DTensor::row`); node `i` names the buffer in errors.
 pub(crate) fn copy_row(ex: &mut Exec, i: usize, seq: &DTensor, t: usize) -> Result<DTensor> {
-    let row = &seq.shape[1..];
-    let n: usize = row.iter().product();
-    let mut out = gather_strided(ex, i, seq, &[n], (t * n) as i64, &[1])?;
-    out.shape = row.to_vec();
-    Ok(out)
+    let row = seq.shape[1..].to_vec();
+    let n = row.iter().product::<usize>() * words_per(seq.dtype);
+    let out = gather_strided(ex, i, &flat_words(seq), &[n], (t * n) as i64, &[1])?;
+    Ok(out.reshaped(row, seq.dtype))
 }
 
 /// Writes `src` into row `t` of `dst` (`[T, ..src.shape]`; a loop's stacked result).
 pub(crate) fn write_row(ex: &mut Exec, dst: &DTensor, src: &DTensor, t: usize) -> Result<()> {
-    let n = src.numel();
-    let flat = DTensor {
-        buf: src.buf.clone(),
-        shape: vec![n],
-        dtype: src.dtype,
-    };
-    scatter_strided(ex, dst, &flat, (t * n) as i64, &[1])
+    let n = src.words();
+    scatter_strided(ex, &flat_words(dst), &flat_words(src), (t * n) as i64, &[1])
+}
+
+/// `src`'s words copied into a fresh buffer, one dispatch recorded as it is
+/// (`Exec::dispatch_fresh`: it writes only its fresh output).
+pub(crate) fn copy(ex: &mut Exec, src: &DTensor) -> Result<DTensor> {
+    let n = src.words();
+    let buf = pool::alloc(ex.ctx, src.bytes(), &|| {
+        format!(
+            "a copy of a tensor of shape {:?} ({})",
+            src.shape, src.dtype
+        )
+    })?;
+    let out = DTensor::new(buf, src.shape.clone(), src.dtype);
+    let p = strided_params(n, &[n], 0, &[1]);
+    let pipe = pipelines::family(ex.ctx, "movement", "gather_strided", "u32")?;
+    ex.dispatch_fresh(
+        pipe,
+        &[(1, &flat_words(&out)), (2, &flat_words(src))],
+        p,
+        grid(n),
+    );
+    Ok(out)
 }

@@ -39,7 +39,7 @@ fn pool_dispatch(
         &[(1, out), (2, a), (3, b)],
         Params::of(&p),
         grid(out.numel()),
-    );
+    )?;
     Ok(())
 }
 

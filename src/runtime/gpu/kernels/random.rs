@@ -40,6 +40,6 @@ pub(super) fn random(ex: &mut Exec, i: usize, st: &RandomState) -> Result<Slot> 
         call_hi: (call >> 32) as u32,
         dist,
     };
-    ex.dispatch(pipe, &[(1, &out)], Params::of(&params), grid(n));
+    ex.dispatch(pipe, &[(1, &out)], Params::of(&params), grid(n))?;
     Ok(Slot::dev(out))
 }

@@ -83,7 +83,7 @@ pub(super) fn reduce(
             &[(1, &out), (2, &x)],
             Params::of(&block),
             groups,
-        );
+        )?;
     }
     Ok(out)
 }
@@ -178,7 +178,7 @@ pub(super) fn arg(ex: &mut Exec, i: usize, op: &ArgOp, axis: &usize) -> Result<S
             &[(1, &out), (2, &x)],
             Params::of(&block),
             grid(outer * inner),
-        );
+        )?;
     }
     Ok(Slot::dev(out))
 }
@@ -224,7 +224,7 @@ pub(super) fn scan(
             &[(1, &out), (2, &x)],
             Params::of(&block),
             groups,
-        );
+        )?;
     }
     Ok(Slot::dev(out))
 }
