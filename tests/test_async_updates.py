@@ -38,7 +38,7 @@ def _counter(value=0.0, step=1.0):
     f = K.function([x], [K.sum(x)], updates=[(w, w + step)])
     xs = np.ones(3, np.float32)
     for _ in range(3):
-        assert f([xs]) == 3.0
+        assert f([xs]) == [3.0]
     return w, f, xs
 
 

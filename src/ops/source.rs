@@ -170,6 +170,12 @@ impl VarCell {
         self.read().updating
     }
 
+    /// Whether readers must wait: a run holds the value for an in-place update, or an
+    /// update tail is pending on it (`VarState`).
+    pub fn is_held(&self) -> bool {
+        self.read().held()
+    }
+
     /// Ends an in-place update that no assignment ended (a run that failed or panicked
     /// during the update, which the executor rules out): the value is gone, so the variable becomes
     /// NaN; returns whether that happened.

@@ -355,7 +355,11 @@ impl Function {
     /// the run may return before its update tail ends (`tail_allowed`).
     fn call_unlocked(&self, feeds: Vec<Value>, outermost: bool) -> Result<Vec<Value>> {
         // Waits for the update tails of earlier calls that assign the variables this call
-        // reads or assigns (a pending tail assigns later than this call would, otherwise).
+        // reads or assigns (a pending tail assigns later than this call would, otherwise),
+        // running those no worker has started yet here.
+        if rayon::current_thread_index().is_none() && self.touches.iter().any(|c| c.is_held()) {
+            run_queued();
+        }
         for cell in &self.touches {
             match cell.wait_settled() {
                 Ok(()) | Err(Error::UpdatingInPlace(_)) => {}
@@ -430,13 +434,43 @@ struct TailJob {
     fail: bool,
 }
 
+/// A started `TailJob` that no thread has taken yet.
+type Queued = Arc<Mutex<Option<TailJob>>>;
+
+/// The started `TailJob`s not yet taken, process-wide: a rayon worker takes each
+/// (`TailJob::start`), unless a call that must wait for one takes it first (`run_queued`),
+/// so a wait never outlasts a worker's wake-up.
+static QUEUED: Mutex<Vec<Queued>> = Mutex::new(Vec::new());
+
+fn queued() -> std::sync::MutexGuard<'static, Vec<Queued>> {
+    QUEUED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes `q`'s job, if no one has, and runs it here.
+fn take_and_finish(q: &Queued) {
+    let job = q.lock().unwrap_or_else(|e| e.into_inner()).take();
+    queued().retain(|other| !Arc::ptr_eq(other, q));
+    if let Some(job) = job {
+        job.finish();
+    }
+}
+
+/// Runs here every started `TailJob` that no worker has taken yet (a call about to wait
+/// for the variables one assigns).
+fn run_queued() {
+    let all: Vec<Queued> = std::mem::take(&mut *queued());
+    all.iter().for_each(take_and_finish);
+}
+
 impl TailJob {
     /// Marks the variables pending and hands the job to the rayon pool; runs it here
     /// instead where a variable is held already (which the call's wait rules out).
     fn start(self) {
         let marked: Vec<bool> = self.updates.iter().map(|c| c.mark_pending()).collect();
         if marked.iter().all(|&m| m) {
-            rayon::spawn(move || self.finish());
+            let q: Queued = Arc::new(Mutex::new(Some(self)));
+            queued().push(q.clone());
+            rayon::spawn(move || take_and_finish(&q));
             return;
         }
         for (cell, m) in self.updates.iter().zip(marked) {
