@@ -857,9 +857,7 @@ impl PyFunction {
     /// `FERROKERAS_CPU_ASYNC_UPDATES`).
     #[getter]
     fn async_updates(&self) -> bool {
-        self.0
-            .last_async
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.0.last_async.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Queue submissions of the last call (0 on the CPU, 1 for a plan that runs wholly

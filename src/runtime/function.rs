@@ -707,7 +707,11 @@ mod tests {
         let (w, wt) = variable(name, Value::full(DType::F32, &[N], 0.0));
         let one = constant(Value::scalar_f64(DType::F32, 1.0));
         let total = reduce(ReduceOp::Sum, &x, &[0], false).unwrap();
-        let f = Function::new(vec![x], vec![total], vec![(wt.clone(), add(&wt, &one).unwrap())]);
+        let f = Function::new(
+            vec![x],
+            vec![total],
+            vec![(wt.clone(), add(&wt, &one).unwrap())],
+        );
         (w, f.unwrap(), Value::full(DType::F32, &[3], 2.0))
     }
 
