@@ -189,7 +189,10 @@ pub fn run_shaped(
         match in_place {
             Some(in_place) => {
                 r.record(0..sched.tail, None, shapes)?;
-                r.run_in_place(&[sched.tail..sched.items.len()], in_place)
+                r.run_in_place(
+                    std::slice::from_ref(&(sched.tail..sched.items.len())),
+                    in_place,
+                )
             }
             None => r.record(0..sched.items.len(), None, shapes),
         }
