@@ -34,9 +34,6 @@ pub struct Config {
     /// `FERROKERAS_CPU_INPLACE`: CPU training steps write new variable values into the
     /// variables' own buffers.
     pub cpu_inplace: bool,
-    /// `FERROKERAS_CPU_ASYNC_UPDATES`: a CPU training call returns its outputs before the
-    /// in-place updates of its variables end, which finish on a worker thread.
-    pub cpu_async_updates: bool,
     /// `FERROKERAS_LOOP_OPT`: a loop's forward pass saves the values its gradient reads, so
     /// the backward loop does not run the cell again.
     pub loop_save_residuals: bool,
@@ -57,7 +54,6 @@ impl Default for Config {
             gpu_pool_max_idle_submits: 1000,
             cpu_fusion: true,
             cpu_inplace: true,
-            cpu_async_updates: true,
             loop_save_residuals: true,
             loop_debug: false,
             gpu_loops: true,
@@ -99,7 +95,6 @@ impl Config {
                 .unwrap_or(d.gpu_pool_max_idle_submits),
             cpu_fusion: flag("FERROKERAS_CPU_FUSION", d.cpu_fusion)?,
             cpu_inplace: flag("FERROKERAS_CPU_INPLACE", d.cpu_inplace)?,
-            cpu_async_updates: flag("FERROKERAS_CPU_ASYNC_UPDATES", d.cpu_async_updates)?,
             loop_save_residuals: flag("FERROKERAS_LOOP_OPT", d.loop_save_residuals)?,
             loop_debug: flag("FERROKERAS_LOOP_DEBUG", d.loop_debug)?,
             gpu_loops: flag("FERROKERAS_GPU_LOOPS", d.gpu_loops)?,
@@ -182,7 +177,6 @@ mod tests {
             ("FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS", " 77 "),
             ("FERROKERAS_CPU_FUSION", "0"),
             ("FERROKERAS_CPU_INPLACE", "Off"),
-            ("FERROKERAS_CPU_ASYNC_UPDATES", "NO"),
             ("FERROKERAS_LOOP_OPT", "false"),
             ("FERROKERAS_LOOP_DEBUG", "yes"),
             ("FERROKERAS_GPU_LOOPS", "0"),
@@ -198,7 +192,6 @@ mod tests {
                 gpu_pool_max_idle_submits: 77,
                 cpu_fusion: false,
                 cpu_inplace: false,
-                cpu_async_updates: false,
                 loop_save_residuals: false,
                 loop_debug: true,
                 gpu_loops: false,

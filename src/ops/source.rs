@@ -36,31 +36,17 @@ pub struct PlaceholderInfo {
 /// drops the host copy, which `get` downloads again lazily. `version` counts writes, so a
 /// copy made from an older value is never attached.
 ///
-/// Two exceptions, during which readers wait: while a run that assigns the variable
-/// updates its buffer in place (`take_for_update`), `updating` is set and neither copy is
-/// present until the run assigns the new value; and while a call's update tail goes on
-/// after the call returned (`mark_pending`), `pending` is set until that tail has assigned
-/// every variable it updates (`release_pending`).
+/// One exception: while a run that assigns the variable updates its buffer in place
+/// (`take_for_update`), `updating` is set and neither copy is present; readers wait until the run
+/// assigns the new value.
 pub struct VarState {
     pub host: Option<Value>,
     pub device: Option<Arc<dyn DeviceCopy>>,
     pub version: u64,
     pub updating: bool,
-    pub pending: bool,
-    /// Why the value is lost: an update tail that ran after its call returned failed, and
-    /// left NaN here. Reads raise this until the variable is assigned again.
-    pub lost: Option<Arc<str>>,
 }
 
-impl VarState {
-    /// Whether readers must wait (see `VarState`).
-    fn held(&self) -> bool {
-        self.updating || self.pending
-    }
-}
-
-/// Holds on variables now, process-wide: in-place updates (`VarCell::take_for_update`) and
-/// pending update tails (`VarCell::mark_pending`), one each.
+/// Variables held by in-place updates now, process-wide (`VarCell::take_for_update`).
 static UPDATING: AtomicUsize = AtomicUsize::new(0);
 
 /// Ends an in-place update, if the state is in one.
@@ -70,8 +56,8 @@ fn settle(st: &mut VarState) {
     }
 }
 
-/// Waits until no variable is held by an in-place update or a pending update tail (a run
-/// that stopped on one, `Error::UpdatingInPlace`, goes again then).
+/// Waits until no variable is held by an in-place update (a run that stopped on one,
+/// `Error::UpdatingInPlace`, goes again then).
 pub fn wait_for_in_place_updates() {
     let mut polls = 0;
     while UPDATING.load(Ordering::Acquire) > 0 {
@@ -112,9 +98,9 @@ impl VarCell {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The state once no run holds the value for an in-place update (`take_for_update`) and
-    /// no update tail is pending on it (`mark_pending`). With `stop_on_worker`, a held value
-    /// on a rayon worker is `Error::UpdatingInPlace` instead of a wait (see `get`).
+    /// The state once no run holds the value for an in-place update (`take_for_update`). With
+    /// `stop_on_worker`, a held value on a rayon worker is `Error::UpdatingInPlace` instead of a wait
+    /// (see `get`).
     fn read_settled(
         &self,
         stop_on_worker: bool,
@@ -122,7 +108,7 @@ impl VarCell {
         let mut polls = 0;
         loop {
             let st = self.read();
-            if !st.held() {
+            if !st.updating {
                 return Ok(st);
             }
             if stop_on_worker && rayon::current_thread_index().is_some() {
@@ -136,8 +122,7 @@ impl VarCell {
     /// Hands the host value to a run that holds the same array in `slot` and will assign
     /// the variable a new value: if no one else holds the array, the cell lets go of it
     /// and returns it, owned, for the run to overwrite; readers then wait until the
-    /// assignment (`finish_update`). Otherwise nothing changes and `None` is returned. A
-    /// pending tail (`mark_pending`) takes the value of the variables it marked this way.
+    /// assignment (`set`). Otherwise nothing changes and `None` is returned.
     pub fn take_for_update(
         &self,
         slot: &mut Option<Value>,
@@ -170,12 +155,6 @@ impl VarCell {
         self.read().updating
     }
 
-    /// Whether readers must wait: a run holds the value for an in-place update, or an
-    /// update tail is pending on it (`VarState`).
-    pub fn is_held(&self) -> bool {
-        self.read().held()
-    }
-
     /// Ends an in-place update that no assignment ended (a run that failed or panicked
     /// during the update, which the executor rules out): the value is gone, so the variable becomes
     /// NaN; returns whether that happened.
@@ -191,61 +170,15 @@ impl VarCell {
         true
     }
 
-    /// Marks the variable as assigned by an update tail that goes on after its call
-    /// returns: readers wait from now until `release_pending`. False (and nothing marked)
-    /// when the variable is held already, which a call that waited for its variables
-    /// (`wait_settled`) under the update lock never meets.
-    pub fn mark_pending(&self) -> bool {
-        let mut st = self.write();
-        if st.held() {
-            return false;
-        }
-        st.pending = true;
-        UPDATING.fetch_add(1, Ordering::AcqRel);
-        true
-    }
-
-    /// Ends a pending update tail's hold (`mark_pending`), after it assigned the variable.
-    /// With `lost`, the tail failed instead: the variable becomes NaN, and reads raise
-    /// `lost` until it is assigned again.
-    pub fn release_pending(&self, lost: Option<Arc<str>>) {
-        let mut st = self.write();
-        if let Some(why) = lost {
-            settle(&mut st);
-            st.host = Some(Value::full(self.dtype, &self.shape, f64::NAN));
-            st.device = None;
-            st.version += 1;
-            st.lost = Some(why);
-        }
-        if std::mem::replace(&mut st.pending, false) {
-            UPDATING.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-
-    /// Waits until no run or pending tail holds the value (`VarState`); on a rayon worker
-    /// that is `Error::UpdatingInPlace` instead (see `get`). An error if the value was lost
-    /// (`release_pending`).
-    pub fn wait_settled(&self) -> Result<()> {
-        let st = self.read_settled(true)?;
-        match &st.lost {
-            Some(why) => Err(Error::Runtime(why.to_string())),
-            None => Ok(()),
-        }
-    }
-
     /// The value on the host, downloading it from the device if only the device has it.
     ///
-    /// While the value is held by an in-place update (`take_for_update`) or a pending
-    /// update tail (`mark_pending`) this waits for the assignment, except on a rayon worker:
-    /// there it returns `Error::UpdatingInPlace`, since the updating run may be waiting for
-    /// this very thread (a worker waiting in the pool runs other jobs, so this read may sit
-    /// on top of the updating run's stack). A lost value (`release_pending`) is an error.
+    /// While the value is held by an in-place update (`take_for_update`) this waits for the
+    /// assignment, except on a rayon worker: there it returns `Error::UpdatingInPlace`, since the
+    /// updating run may be waiting for this very thread (a worker waiting in the pool runs
+    /// other jobs, so this read may sit on top of the updating run's stack).
     pub fn get(&self) -> Result<Value> {
         let (dev, version) = {
             let st = self.read_settled(true)?;
-            if let Some(why) = &st.lost {
-                return Err(Error::Runtime(why.to_string()));
-            }
             if let Some(h) = &st.host {
                 return Ok(h.clone());
             }
@@ -270,21 +203,8 @@ impl VarCell {
         (st.host.clone(), st.device.clone(), st.version)
     }
 
-    /// Replaces the value; the shape must match and the dtype is converted. A write from
-    /// outside a run (`set_value`): it first waits for a pending update tail to assign the
-    /// variable (`wait_settled`), which it then overwrites.
+    /// Replaces the value; the shape must match and the dtype is converted.
     pub fn set(&self, v: Value) -> Result<()> {
-        match self.read_settled(true) {
-            Ok(_) | Err(Error::UpdatingInPlace(_)) => {}
-            Err(e) => return Err(e),
-        }
-        self.finish_update(v)
-    }
-
-    /// Replaces the value (`set`) without waiting: the assignment of a run's update, which
-    /// ends the run's in-place hold of the variable (`take_for_update`). A pending tail's
-    /// hold stays until `release_pending`.
-    pub fn finish_update(&self, v: Value) -> Result<()> {
         if v.shape() != self.shape.as_slice() {
             return Err(Error::Value(format!(
                 "set_value: variable '{}' has shape {:?}, the new value has shape {:?}",
@@ -303,7 +223,6 @@ impl VarCell {
         st.host = Some(v);
         st.device = None;
         st.version += 1;
-        st.lost = None;
         settle(&mut st);
         Ok(())
     }
@@ -314,7 +233,6 @@ impl VarCell {
         st.host = None;
         st.device = Some(r);
         st.version += 1;
-        st.lost = None;
         settle(&mut st);
     }
 
@@ -372,8 +290,6 @@ pub fn variable(name: &str, v: Value) -> (Arc<VarCell>, Tensor) {
             device: None,
             version: 0,
             updating: false,
-            pending: false,
-            lost: None,
         }),
     });
     let t = Tensor::new(Op::Variable(cell.clone()), vec![]).expect("a variable always has a shape");

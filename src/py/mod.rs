@@ -218,10 +218,8 @@ impl PyVariable {
     fn on_device(&self) -> bool {
         self.cell.snapshot().1.is_some()
     }
-    /// Without the GIL: the write waits for a pending update tail of the variable.
-    fn set(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> R<()> {
-        let v = to_value(value)?;
-        py.detach(|| guarded("set_value", || self.cell.set(v)))
+    fn set(&self, value: &Bound<'_, PyAny>) -> R<()> {
+        self.cell.set(to_value(value)?).map_err(err)
     }
     /// The address of the host value's buffer, if there is one (tests of in-place updates).
     fn host_address(&self) -> Option<usize> {
@@ -850,14 +848,6 @@ impl PyFunction {
             Some(s) => s.dispatches,
             None => self.0.plan.dispatches(),
         }
-    }
-
-    /// Whether the last call returned before its variable updates were assigned: they
-    /// finish on a worker thread, and reads of the variables wait for them (on the CPU,
-    /// `FERROKERAS_CPU_ASYNC_UPDATES`).
-    #[getter]
-    fn async_updates(&self) -> bool {
-        self.0.last_async.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Queue submissions of the last call (0 on the CPU, 1 for a plan that runs wholly

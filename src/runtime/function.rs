@@ -1,8 +1,8 @@
 //! A compiled `K.function` as the runtime runs it: the plan, its feeds, outputs and
 //! variable updates, the plans specialised to the shapes of the feeds seen, the CPU run
 //! state of each (`cpu::PlanState`), the GPU plan cache, the in-place updates
-//! (`cpu::InPlace`), the update tails that finish after a call returns (`TailJob`), the
-//! statistics of the last call and the lock that makes a call's variable updates atomic.
+//! (`cpu::InPlace`), the statistics of the last call and the lock that makes a call's
+//! variable updates atomic.
 
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -11,8 +11,6 @@ use crate::compile::{Plan, Step};
 use crate::ops::graph::Tensor;
 use crate::ops::{Op, VarCell};
 use crate::runtime::{cpu, device, gpu, host_results, profile, Out, RunStats};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A compiled `K.function`: feeds, outputs and variable updates. Every output and every
@@ -46,14 +44,6 @@ pub struct Function {
     switches: Vec<usize>,
     /// The name `K.function` was given (empty: none), which its profile spans carry.
     pub name: String,
-    /// Every variable the plan reads (its loop bodies' included) or assigns: a call waits
-    /// for the pending update tails of these (`VarCell::wait_settled`) before it runs.
-    touches: Vec<Arc<VarCell>>,
-    /// Whether the last call returned before its variable updates ended (`TailJob`).
-    pub last_async: AtomicBool,
-    /// Makes the next update tail that runs after its call fail (tests of `TailJob`).
-    #[cfg(test)]
-    fail_next_tail: AtomicBool,
 }
 
 /// What a specialised plan is made for: the shape of every feed, and the values of the
@@ -75,8 +65,6 @@ struct Specialised {
     plan: Plan,
     state: cpu::PlanState,
     in_place: Option<cpu::InPlace>,
-    /// Where a run may return its outputs and leave the in-place tail to a `TailJob`.
-    split: Option<cpu::TailSplit>,
 }
 
 /// Feed-shape sets a `Function` keeps specialised plans for (a Keras epoch's full and
@@ -130,8 +118,6 @@ impl Function {
         let in_place = in_place_updates(&plan, outputs.len(), &cells, fixed_updates);
         let specialises = plan.shapes_follow_feeds(&|_| false) && loops_keep_shapes(&plan);
         let switches = switch_feeds(&plan);
-        let mut touches = cells.clone();
-        variables_read(&plan, &mut touches);
         Ok(Function {
             feeds,
             plan,
@@ -147,10 +133,6 @@ impl Function {
             seen: Default::default(),
             switches,
             name: String::new(),
-            touches,
-            last_async: AtomicBool::new(false),
-            #[cfg(test)]
-            fail_next_tail: AtomicBool::new(false),
         })
     }
 
@@ -161,16 +143,13 @@ impl Function {
     }
 
     /// Runs the plan. A run that stopped on a variable held by another call's in-place
-    /// update or update tail (`Error::UpdatingInPlace`: the run was on a rayon worker, where it
-    /// must not wait) runs again once its variables are free (`wait_for_variables`); it
-    /// changed nothing.
+    /// update (`Error::UpdatingInPlace`: the run was on a rayon worker, where it must not wait) runs
+    /// again once no variable is being updated in place; it changed nothing.
     ///
     /// On the CPU, the plan specialised to the feeds' shapes (and the values of its switch
     /// feeds) runs; the first call with new shapes runs the generic plan, the second
-    /// records the shapes to specialise it to. A specialised run with a `cpu::TailSplit`
-    /// may stop there, with `tail` (`tail_allowed`): it then returns the outputs only and
-    /// the `TailJob` that finishes it.
-    fn run(&self, feeds: Vec<Value>, tail: bool) -> Result<(Vec<Out>, RunStats, Option<TailJob>)> {
+    /// records the shapes to specialise it to.
+    fn run(&self, feeds: Vec<Value>) -> Result<(Vec<Out>, RunStats)> {
         let on_cpu = self.specialises && matches!(device::current()?, device::Device::Cpu);
         let key = Key {
             shapes: if on_cpu {
@@ -194,31 +173,8 @@ impl Function {
         };
         loop {
             let r = match &special {
-                Some(sp) => match (&sp.split, &sp.in_place) {
-                    (Some(split), Some(in_place)) if tail => {
-                        cpu::run_to_tail(&sp.plan, &sp.state, feeds.clone(), split).and_then(
-                            |(mut outs, rest)| {
-                                if rest.borrows() {
-                                    outs.extend(rest.finish(&sp.plan, &sp.state, split, in_place)?);
-                                    let (v, stats) = host_results(outs, &sp.plan);
-                                    return Ok((v, stats, None));
-                                }
-                                let (v, stats) = host_results(outs, &sp.plan);
-                                let job = TailJob {
-                                    sp: sp.clone(),
-                                    rest,
-                                    updates: self.updates.clone(),
-                                    #[cfg(test)]
-                                    fail: self.fail_next_tail.swap(false, Ordering::Relaxed),
-                                };
-                                Ok((v, stats, Some(job)))
-                            },
-                        )
-                    }
-                    _ => cpu::run(&sp.plan, &sp.state, feeds.clone(), sp.in_place.as_ref())
-                        .map(|v| host_results(v, &sp.plan))
-                        .map(|(v, stats)| (v, stats, None)),
-                },
+                Some(sp) => cpu::run(&sp.plan, &sp.state, feeds.clone(), sp.in_place.as_ref())
+                    .map(|v| host_results(v, &sp.plan)),
                 None if on_cpu && self.seen_before(&key) => {
                     let mut shapes = cpu::SlotShapes::new();
                     let r = cpu::run_shaped(
@@ -232,7 +188,7 @@ impl Function {
                     if r.is_ok() {
                         self.remember(key.clone(), &shapes, &feeds);
                     }
-                    r.map(|(v, stats)| (v, stats, None))
+                    r
                 }
                 None => super::run(
                     &self.plan,
@@ -241,26 +197,12 @@ impl Function {
                     &self.cpu,
                     &self.gpu,
                     self.in_place.as_ref(),
-                )
-                .map(|(v, stats)| (v, stats, None)),
+                ),
             };
             match r {
-                Err(Error::UpdatingInPlace(_)) => self.wait_for_variables(),
+                Err(Error::UpdatingInPlace(_)) => crate::ops::source::wait_for_in_place_updates(),
                 r => return r,
             }
-        }
-    }
-
-    /// Waits until no run or pending update tail holds a variable the plan reads or
-    /// assigns (`touches`); on a rayon worker, where `VarCell::wait_settled` does not
-    /// wait, until none holds any variable at all.
-    fn wait_for_variables(&self) {
-        if rayon::current_thread_index().is_some() {
-            return crate::ops::source::wait_for_in_place_updates();
-        }
-        for cell in &self.touches {
-            // A lost value raises where the run reads it.
-            let _ = cell.wait_settled();
         }
     }
 
@@ -293,12 +235,6 @@ impl Function {
             .collect();
         let plan = self.plan.specialize(shapes, &values);
         let in_place = in_place_updates(&plan, self.n_outputs, &self.updates, self.fixed_updates);
-        let split = match &in_place {
-            Some(_) if crate::base::config::settings().cpu_async_updates => {
-                cpu::tail_split(&plan, self.n_outputs)
-            }
-            _ => None,
-        };
         let mut cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
         if cache.iter().any(|sp| sp.key == key) {
             return;
@@ -311,27 +247,18 @@ impl Function {
             plan,
             state: Default::default(),
             in_place,
-            split,
         }));
     }
 
     /// Runs the plan on `feeds` (already validated), assigns the updates and returns the
     /// outputs. A call that assigns variables holds the update lock (`with_update_lock`)
-    /// from the run to the last assignment, or to the start of its `TailJob`.
+    /// from the run to the last assignment.
     pub fn call(&self, feeds: Vec<Value>) -> Result<Vec<Value>> {
         let start = profile::begin();
-        let depth = CALL_DEPTH.with(|d| d.replace(d.get() + 1));
-        struct Leave;
-        impl Drop for Leave {
-            fn drop(&mut self) {
-                CALL_DEPTH.with(|d| d.set(d.get() - 1));
-            }
-        }
-        let _leave = Leave;
         let r = if self.updates.is_empty() {
-            self.call_unlocked(feeds, false)
+            self.call_unlocked(feeds)
         } else {
-            with_update_lock(|| self.call_unlocked(feeds, depth == 0))
+            with_update_lock(|| self.call_unlocked(feeds))
         };
         if let Some(start) = start {
             let stats = match r {
@@ -351,29 +278,9 @@ impl Function {
         r
     }
 
-    /// `call` without the update lock. With `outermost` (a call from outside any other),
-    /// the run may return before its update tail ends (`tail_allowed`).
-    fn call_unlocked(&self, feeds: Vec<Value>, outermost: bool) -> Result<Vec<Value>> {
-        // Waits for the update tails of earlier calls that assign the variables this call
-        // reads or assigns (a pending tail assigns later than this call would, otherwise),
-        // running those no worker has started yet here.
-        if rayon::current_thread_index().is_none() && self.touches.iter().any(|c| c.is_held()) {
-            run_queued();
-        }
-        for cell in &self.touches {
-            match cell.wait_settled() {
-                Ok(()) | Err(Error::UpdatingInPlace(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let tail = outermost && tail_allowed();
-        let (mut values, stats, job) = self.run(feeds, tail)?;
+    fn call_unlocked(&self, feeds: Vec<Value>) -> Result<Vec<Value>> {
+        let (mut values, stats) = self.run(feeds)?;
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
-        self.last_async.store(job.is_some(), Ordering::Relaxed);
-        if let Some(job) = job {
-            job.start();
-            return values.into_iter().map(host_value).collect();
-        }
         let upd = values.split_off(self.n_outputs);
         for (cell, v) in self.updates.iter().zip(&upd) {
             if v.shape() != cell.shape.as_slice() {
@@ -387,157 +294,17 @@ impl Function {
         }
         for (cell, v) in self.updates.iter().zip(upd) {
             match v {
-                Out::Host(v) => cell.finish_update(v)?,
+                Out::Host(v) => cell.set(v)?,
                 Out::Resident(r) => cell.set_resident(Arc::new(r)),
             }
         }
-        values.into_iter().map(host_value).collect()
-    }
-}
-
-/// An output as a host value, downloaded if it stayed on a device.
-fn host_value(o: Out) -> Result<Value> {
-    match o {
-        Out::Host(v) => Ok(v),
-        Out::Resident(r) => r.download(),
-    }
-}
-
-thread_local! {
-    /// `Function::call`s running on this thread (a `py_function` may call another).
-    static CALL_DEPTH: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Whether a call on this thread may leave its update tail to a `TailJob`: it is switched
-/// on (`FERROKERAS_CPU_ASYNC_UPDATES`), and the thread is not a rayon worker, so the job
-/// goes to the pool's shared queue (a worker that waits for a pending tail may be running
-/// on top of it: reads there stop instead, `VarCell::get`).
-fn tail_allowed() -> bool {
-    crate::base::config::settings().cpu_async_updates && rayon::current_thread_index().is_none()
-}
-
-/// The rest of a call's CPU run after its outputs (`cpu::run_to_tail`): the schedule's
-/// infallible tail, which writes the new values of the variables the call assigns (in
-/// place where it can), and their assignment. A Keras training call's outputs (loss,
-/// metrics) come before its optimizer updates, so the call returns them and this runs on
-/// a rayon worker meanwhile, while Keras' Python loop goes on (MLP step: see
-/// docs/performance.md). Before the call returns every variable it assigns is marked
-/// pending (`VarCell::mark_pending`): any read of one (`get`, `set`, a run, a GPU upload,
-/// the next call, which waits for it first) waits for the assignment. Should the tail
-/// fail all the same (a panic), the variables become NaN and reads of them raise the
-/// error, naming them, until they are assigned again.
-struct TailJob {
-    sp: Arc<Specialised>,
-    rest: cpu::Tail,
-    updates: Vec<Arc<VarCell>>,
-    #[cfg(test)]
-    fail: bool,
-}
-
-/// A started `TailJob` that no thread has taken yet.
-type Queued = Arc<Mutex<Option<TailJob>>>;
-
-/// The started `TailJob`s not yet taken, process-wide: a rayon worker takes each
-/// (`TailJob::start`), unless a call that must wait for one takes it first (`run_queued`),
-/// so a wait never outlasts a worker's wake-up.
-static QUEUED: Mutex<Vec<Queued>> = Mutex::new(Vec::new());
-
-fn queued() -> std::sync::MutexGuard<'static, Vec<Queued>> {
-    QUEUED.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Takes `q`'s job, if no one has, and runs it here.
-fn take_and_finish(q: &Queued) {
-    let job = q.lock().unwrap_or_else(|e| e.into_inner()).take();
-    queued().retain(|other| !Arc::ptr_eq(other, q));
-    if let Some(job) = job {
-        job.finish();
-    }
-}
-
-/// Runs here every started `TailJob` that no worker has taken yet (a call about to wait
-/// for the variables one assigns).
-fn run_queued() {
-    let all: Vec<Queued> = std::mem::take(&mut *queued());
-    all.iter().for_each(take_and_finish);
-}
-
-impl TailJob {
-    /// Marks the variables pending and hands the job to the rayon pool; runs it here
-    /// instead where a variable is held already (which the call's wait rules out).
-    fn start(self) {
-        let marked: Vec<bool> = self.updates.iter().map(|c| c.mark_pending()).collect();
-        if marked.iter().all(|&m| m) {
-            let q: Queued = Arc::new(Mutex::new(Some(self)));
-            queued().push(q.clone());
-            rayon::spawn(move || take_and_finish(&q));
-            return;
-        }
-        for (cell, m) in self.updates.iter().zip(marked) {
-            if m {
-                cell.release_pending(None);
-            }
-        }
-        self.finish();
-    }
-
-    fn finish(self) {
-        let TailJob {
-            sp,
-            rest,
-            updates,
-            #[cfg(test)]
-            fail,
-        } = self;
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<()> {
-            let (Some(split), Some(in_place)) = (&sp.split, &sp.in_place) else {
-                unreachable!("a tail job comes from a split plan")
-            };
-            let values = rest.finish(&sp.plan, &sp.state, split, in_place)?;
-            for (cell, v) in updates.iter().zip(values) {
-                cell.finish_update(v)?;
-            }
-            #[cfg(test)]
-            if fail {
-                panic!("a tail made to fail");
-            }
-            Ok(())
-        }));
-        let why = match run {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(p) => Some(
-                p.downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into()),
-            ),
-        };
-        let lost: Option<Arc<str>> = why.map(|e| {
-            let names: Vec<&str> = updates.iter().map(|c| c.name.as_str()).collect();
-            format!(
-                "internal: the update of variables {names:?} failed after its call returned \
-                 ({e}); they hold NaN until assigned"
-            )
-            .into()
-        });
-        for cell in &updates {
-            cell.release_pending(lost.clone());
-        }
-    }
-}
-
-/// Adds to `out` the variables `plan` reads, its loop bodies' included, each once.
-fn variables_read(plan: &Plan, out: &mut Vec<Arc<VarCell>>) {
-    for n in &plan.nodes {
-        if let Op::Variable(c) = n.op() {
-            if !out.iter().any(|d| d.id == c.id) {
-                out.push(c.clone());
-            }
-        }
-        if let Op::Loop(body) = n.op() {
-            variables_read(plan.body(body), out);
-        }
+        values
+            .into_iter()
+            .map(|o| match o {
+                Out::Host(v) => Ok(v),
+                Out::Resident(r) => r.download(),
+            })
+            .collect()
     }
 }
 
@@ -684,100 +451,4 @@ fn with_update_lock<T>(f: impl FnOnce() -> T) -> T {
     HOLDS_UPDATE_LOCK.with(|h| h.set(true));
     let _release = Release;
     f()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Function, VarCell};
-    use crate::base::dtype::DType;
-    use crate::base::shape::Shape;
-    use crate::base::value::Value;
-    use crate::ops::build::{add, reduce};
-    use crate::ops::source::{constant, placeholder, variable};
-    use crate::ops::ReduceOp;
-    use std::sync::atomic::Ordering;
-    use std::sync::Arc;
-
-    const N: usize = 1 << 20;
-
-    /// `sum(x)` with the update `w <- w + 1` over `N` float32 elements (a tail that writes
-    /// `w` in place), and the value of `x` to feed.
-    fn counter(name: &str) -> (Arc<VarCell>, Function, Value) {
-        let x = placeholder("x", Shape(vec![None]), DType::F32, None).unwrap();
-        let (w, wt) = variable(name, Value::full(DType::F32, &[N], 0.0));
-        let one = constant(Value::scalar_f64(DType::F32, 1.0));
-        let total = reduce(ReduceOp::Sum, &x, &[0], false).unwrap();
-        let f = Function::new(
-            vec![x],
-            vec![total],
-            vec![(wt.clone(), add(&wt, &one).unwrap())],
-        );
-        (w, f.unwrap(), Value::full(DType::F32, &[3], 2.0))
-    }
-
-    fn all_equal(v: &Value, want: f64) -> bool {
-        v.to_f64_vec().iter().all(|&x| x == want)
-    }
-
-    #[test]
-    fn a_specialised_training_call_returns_before_its_tail_and_reads_wait_for_it() {
-        let (w, f, x) = counter("w_async");
-        for k in 1..=6 {
-            let out = f.call(vec![x.clone()]).unwrap();
-            assert_eq!(out[0].to_f64_vec(), vec![6.0]);
-            // The third call runs the specialised plan, whose tail finishes on a worker.
-            assert_eq!(
-                f.last_async.load(Ordering::Relaxed),
-                k >= 3 && crate::base::config::settings().cpu_async_updates,
-                "call {k}"
-            );
-            assert!(all_equal(&w.get().unwrap(), k as f64), "call {k}");
-        }
-        // Back to back: each call waits for the previous tail before it reads `w`.
-        for _ in 0..20 {
-            f.call(vec![x.clone()]).unwrap();
-        }
-        assert!(all_equal(&w.get().unwrap(), 26.0));
-    }
-
-    #[test]
-    fn a_failing_tail_leaves_nan_and_raises_at_the_next_read_and_call() {
-        let (w, f, x) = counter("w_fails");
-        for _ in 0..3 {
-            f.call(vec![x.clone()]).unwrap();
-        }
-        if !f.last_async.load(Ordering::Relaxed) {
-            return; // FERROKERAS_CPU_ASYNC_UPDATES=0: no tail runs after its call
-        }
-        f.fail_next_tail.store(true, Ordering::Relaxed);
-        f.call(vec![x.clone()]).unwrap();
-        let e = w.get().unwrap_err().to_string();
-        assert!(e.contains("w_fails") && e.contains("NaN"), "{e}");
-        let e = f.call(vec![x.clone()]).unwrap_err().to_string();
-        assert!(e.contains("w_fails"), "{e}");
-        let (host, _, _) = w.snapshot();
-        assert!(host.unwrap().to_f64_vec().iter().all(|v| v.is_nan()));
-        // Assigning the variable makes it usable again.
-        w.set(Value::full(DType::F32, &[N], 10.0)).unwrap();
-        f.call(vec![x.clone()]).unwrap();
-        assert!(all_equal(&w.get().unwrap(), 11.0));
-    }
-
-    #[test]
-    fn calls_on_several_threads_lose_no_update() {
-        let (w, f, x) = counter("w_threads");
-        let f = Arc::new(f);
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let (f, x) = (f.clone(), x.clone());
-                std::thread::spawn(move || {
-                    for _ in 0..25 {
-                        f.call(vec![x.clone()]).unwrap();
-                    }
-                })
-            })
-            .collect();
-        threads.into_iter().for_each(|t| t.join().unwrap());
-        assert!(all_equal(&w.get().unwrap(), 100.0));
-    }
 }

@@ -189,10 +189,7 @@ pub fn run_shaped(
         match in_place {
             Some(in_place) => {
                 r.record(0..sched.tail, None, shapes)?;
-                r.run_in_place(
-                    std::slice::from_ref(&(sched.tail..sched.items.len())),
-                    in_place,
-                )
+                r.run_in_place(sched.tail..sched.items.len(), in_place)
             }
             None => r.record(0..sched.items.len(), None, shapes),
         }
@@ -208,144 +205,6 @@ pub fn run_shaped(
         Ordering::Relaxed,
     );
     done.map(|()| r.outputs())
-}
-
-/// Where a run of a plan may stop before its schedule's infallible tail, to hand the
-/// tail to another thread (`run_to_tail`, `Tail::finish`): `runtime::Function` builds it
-/// once per plan whose tail writes variables in place.
-pub struct TailSplit {
-    /// The tail's items that read sources (variables, feeds, folded constants): they run
-    /// before the split, since the variables the tail assigns are held from there on.
-    hoisted: Vec<usize>,
-    /// The rest of the tail, as ranges of items.
-    ranges: Vec<std::ops::Range<usize>>,
-    /// Per slot: whether the tail reads it, or it holds an update value.
-    keep: Vec<bool>,
-    n_outputs: usize,
-}
-
-/// The split of `plan` (whose first `n_outputs` outputs are returned, the rest update
-/// values) before its infallible tail, where no output is computed in the tail; None
-/// where one is, or where the tail is empty.
-pub fn tail_split(plan: &Plan, n_outputs: usize) -> Option<TailSplit> {
-    let sched = plan.schedule(&Target::cpu_configured());
-    let tail = sched.tail..sched.items.len();
-    let source = |item: &Item| match item {
-        Item::Node(i) => match plan.steps[*i] {
-            Step::Fed(_) | Step::Folded(_) => true,
-            Step::Compute => matches!(plan.nodes[*i].op(), Op::Variable(_)),
-        },
-        Item::Group(_) | Item::Update(_) | Item::MatAcc { .. } => false,
-    };
-    let hoisted: Vec<usize> = tail.clone().filter(|&t| source(&sched.items[t])).collect();
-    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
-    let mut keep = vec![false; plan.nodes.len()];
-    for t in tail.filter(|t| !hoisted.contains(t)) {
-        let item = &sched.items[t];
-        if item_writes(item)
-            .iter()
-            .any(|j| plan.outputs[..n_outputs].contains(j))
-        {
-            return None;
-        }
-        crate::compile::fuse::reads(plan, item)
-            .into_iter()
-            .for_each(|j| keep[j] = true);
-        match ranges.last_mut() {
-            Some(r) if r.end == t => r.end = t + 1,
-            _ => ranges.push(t..t + 1),
-        }
-    }
-    if ranges.is_empty() {
-        return None;
-    }
-    plan.outputs[n_outputs..]
-        .iter()
-        .for_each(|&j| keep[j] = true);
-    Some(TailSplit {
-        hoisted,
-        ranges,
-        keep,
-        n_outputs,
-    })
-}
-
-/// The values a run stopped at its `TailSplit` hands to whoever finishes it.
-pub struct Tail {
-    slots: Vec<Option<Value>>,
-}
-
-/// Runs `plan` (as `run` does) up to `split`: returns the outputs, computed in full, and
-/// the values the rest of the run reads (`Tail::finish`).
-pub fn run_to_tail(
-    plan: &Plan,
-    state: &PlanState,
-    feeds: Vec<Value>,
-    split: &TailSplit,
-) -> Result<(Vec<Value>, Tail)> {
-    let sched = plan.schedule(&Target::cpu_configured());
-    let last = state.last_run_ns.load(Ordering::Relaxed);
-    let short = (TEAM_MIN_RUN.as_nanos() as u64..TEAM_MAX_RUN.as_nanos() as u64).contains(&last);
-    let t0 = std::time::Instant::now();
-    let all = |r: &mut Run| -> Result<()> {
-        r.record(0..sched.tail, None, None)?;
-        for &t in &split.hoisted {
-            r.record(t..t + 1, None, None)?;
-        }
-        Ok(())
-    };
-    let mut r = Run::new(plan, state, feeds);
-    let done = if short && !sched.has_host {
-        on_worker(plan, || crate::base::team::with_team(|| all(&mut r)))
-    } else {
-        all(&mut r)
-    };
-    state.last_run_ns.store(
-        t0.elapsed().as_nanos().min(u64::MAX as u128) as u64,
-        Ordering::Relaxed,
-    );
-    done?;
-    let outputs = plan.outputs[..split.n_outputs]
-        .iter()
-        .map(|&o| r.slots[o].clone().expect("outputs are kept"))
-        .collect();
-    let slots = r
-        .slots
-        .into_iter()
-        .zip(&split.keep)
-        .map(|(v, &k)| if k { v } else { None })
-        .collect();
-    Ok((outputs, Tail { slots }))
-}
-
-impl Tail {
-    /// Whether a value the tail reads is the caller's memory, read in place for the call
-    /// only (`foreign`): such a tail must finish before the call returns.
-    pub fn borrows(&self) -> bool {
-        self.slots
-            .iter()
-            .flatten()
-            .any(crate::base::value::foreign::aliases)
-    }
-
-    /// Runs the rest of the run `run_to_tail` stopped (overwriting variables as
-    /// `in_place` allows, which it assigns: `Run::run_in_place`) and returns the update
-    /// values, the plan's outputs after the first `n_outputs`.
-    pub fn finish(
-        self,
-        plan: &Plan,
-        state: &PlanState,
-        split: &TailSplit,
-        in_place: &InPlace,
-    ) -> Result<Vec<Value>> {
-        let mut r = Run::new(plan, state, Vec::new());
-        r.slots = self.slots;
-        r.run_in_place(&split.ranges, in_place)?;
-        Ok(plan.outputs[split.n_outputs..]
-            .iter()
-            .map(|&o| r.slots[o].clone().expect("update values are kept"))
-            .collect())
-    }
 }
 
 /// Runs `f` on a rayon worker, where the parallel loops of the kernels it calls are joins
@@ -564,14 +423,10 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// Runs the infallible tail `ranges` with `in_place`, then assigns the variables it updates
+    /// Runs the infallible tail `range` with `in_place`, then assigns the variables it updates
     /// their new values. If the tail fails all the same (or panics), their updates are
     /// abandoned (`VarCell::abandon_update`) before this returns: none stays held.
-    fn run_in_place(
-        &mut self,
-        ranges: &[std::ops::Range<usize>],
-        in_place: &InPlace,
-    ) -> Result<()> {
+    fn run_in_place(&mut self, range: std::ops::Range<usize>, in_place: &InPlace) -> Result<()> {
         struct AbandonOnDrop<'a>(&'a InPlace);
         impl Drop for AbandonOnDrop<'_> {
             fn drop(&mut self) {
@@ -581,10 +436,7 @@ impl<'a> Run<'a> {
             }
         }
         let guard = AbandonOnDrop(in_place);
-        let done = ranges
-            .iter()
-            .try_for_each(|range| self.items(range.clone(), Some(in_place)));
-        if let Err(e) = done {
+        if let Err(e) = self.items(range, Some(in_place)) {
             let lost: Vec<&str> = in_place
                 .assign
                 .iter()
@@ -600,7 +452,7 @@ impl<'a> Run<'a> {
         }
         for (cell, slot) in &in_place.assign {
             if cell.is_updating() {
-                cell.finish_update(self.slots[*slot].clone().expect("update values are kept"))?;
+                cell.set(self.slots[*slot].clone().expect("update values are kept"))?;
             }
         }
         drop(guard);
