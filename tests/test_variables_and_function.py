@@ -253,6 +253,47 @@ def test_cast(rng):
     np.testing.assert_array_equal(run([p], [b], [a])[0], (a > 0).astype(np.float32))
 
 
+def test_float16_casts_round_as_numpy(rng):
+    # Ties to even, the largest finite value and overflow to inf, subnormals, signed zero,
+    # inf and nan; then large arrays (converted in parallel) and a transposed input.
+    ulp = 2.0**-10
+    edge = np.array(
+        [
+            1 + ulp / 2,
+            1 + 3 * ulp / 2,
+            65504,
+            65519,
+            65520,
+            -65536,
+            2.0**-24,
+            2.0**-25,
+            3 * 2.0**-26,
+            1e-9,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            0.1,
+            -7.3,
+        ],
+        np.float32,
+    )
+    big = (rng.standard_normal((300, 701)) * 1000).astype(np.float32)
+    for a in (edge, big):
+        p = K.placeholder(shape=a.shape)
+        v16, back = run([p], [K.cast(p, "float16"), K.cast(K.cast(p, "float16"), "float32")], [a])
+        assert v16.dtype == np.float16 and back.dtype == np.float32
+        np.testing.assert_array_equal(v16, a.astype(np.float16))
+        np.testing.assert_array_equal(back, a.astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(np.signbit(v16), np.signbit(a.astype(np.float16)))
+    p = K.placeholder(shape=big.shape)
+    (t16,) = run([p], [K.cast(K.transpose(p), "float16")], [big])
+    np.testing.assert_array_equal(t16, big.T.astype(np.float16))
+    h = K.placeholder(shape=big.shape, dtype="float16")
+    (w,) = run([h], [K.cast(K.transpose(h), "float32") * 2.0], [big.astype(np.float16)])
+    np.testing.assert_array_equal(w, big.astype(np.float16).T.astype(np.float32) * 2)
+
+
 def test_cast_of_variable_is_a_tensor_with_the_values():
     v = K.variable(np.array([[1.25, 2.5]]))
     t = K.cast(v, "float64")

@@ -249,6 +249,11 @@ impl Value {
         if self.dtype() == to {
             return self.clone();
         }
+        match (self, to) {
+            (Value::F32(a), DType::F16) => return Value::F16(f16_from_f32(a)),
+            (Value::F16(a), DType::F32) => return Value::F32(f32_from_f16(a)),
+            _ => {}
+        }
         fn conv<S: Elem, T: Elem>(a: &Arr<S>) -> Value {
             let float_src = S::DTYPE.is_float();
             let out = if float_src || T::DTYPE.is_float() {
@@ -282,6 +287,43 @@ impl Value {
             map_value!(v, a => a.into_shape_with_order(IxDyn(shape)).map_err(|e| Error::Value(format!("reshape: {e}")))?),
         )
     }
+}
+
+/// Elements per task of the parallel float16 conversions below.
+const F16_GRAIN: usize = 1 << 16;
+
+/// float32 -> float16, rounding to nearest even: `half`'s slice conversion, which uses the
+/// CPU's conversion instructions (F16C on x86-64, FP16 on AArch64) where it has them, on
+/// the pool's threads for large arrays.
+pub fn f16_from_f32(a: &Arr<f32>) -> Arr<f16> {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    let Some(src) = a.as_slice() else {
+        return a.map(|&x| f16::from_f32(x)).into_shared();
+    };
+    let mut out = vec![f16::ZERO; src.len()];
+    out.par_chunks_mut(F16_GRAIN)
+        .zip(src.par_chunks(F16_GRAIN))
+        .for_each(|(o, x)| o.convert_from_f32_slice(x));
+    ndarray::Array::from_shape_vec(IxDyn(a.shape()), out)
+        .expect("shape matches")
+        .into_shared()
+}
+
+/// float16 -> float32 (exact), as [`f16_from_f32`].
+pub fn f32_from_f16(a: &Arr<f16>) -> Arr<f32> {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    let Some(src) = a.as_slice() else {
+        return a.map(|&x| x.to_f32()).into_shared();
+    };
+    let mut out = uninit::<f32>(src.len());
+    out.par_chunks_mut(F16_GRAIN)
+        .zip(src.par_chunks(F16_GRAIN))
+        .for_each(|(o, x)| x.convert_to_f32_slice(o));
+    ndarray::Array::from_shape_vec(IxDyn(a.shape()), out)
+        .expect("shape matches")
+        .into_shared()
 }
 
 /// Binds a type alias `T` to the Rust element type of a `DType` and evaluates the body.

@@ -617,7 +617,7 @@ fn unary_float<F: KMath + Elem + Default>(op: UnaryOp, a: &Arr<F>) -> Arr<F> {
 
 /// Widened compute copies: f16 -> f32 and every integer or bool type -> i64.
 fn widen_f32(a: &Arr<f16>) -> Arr<f32> {
-    a.map(|x| x.to_f32()).into_shared()
+    crate::base::value::f32_from_f16(a)
 }
 
 fn widen_i64(v: &Value) -> Arr<i64> {
