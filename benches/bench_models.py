@@ -14,6 +14,14 @@ Training: samples per second over the median of three epochs after a first one (
 data, every model built with the API common to Keras 2.3.1, tf-keras and Keras 3).
 Prediction: samples per second of `model.predict` on 1,024 samples in batches of 256.
 The table gives each peer's figure and ferrokeras' ratio to it (above 1 is faster).
+
+`--rounds N` runs every framework N times, taking turns, and reports the median of each
+cell. `--one-thread` computes on one thread in every framework (`RAYON_NUM_THREADS=1`; TF
+with one intra- and one inter-op thread; Torch `set_num_threads(1)`; JAX through XLA's
+flags) and times by the process's CPU time instead of the wall clock: figures that other
+jobs on a shared machine move far less.
+
+    .venv/bin/python benches/bench_models.py --one-thread --rounds 3 --models separable
 """
 
 import argparse
@@ -141,13 +149,39 @@ def models(keras, np):
     }
 
 
-def worker(framework, names):
+def one_thread_env(env):
+    """`env` with every framework's compute limited to one thread (set before it loads)."""
+    env = dict(env, RAYON_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env["XLA_FLAGS"] = " ".join(
+        filter(
+            None,
+            [
+                env.get("XLA_FLAGS"),
+                "--xla_cpu_multi_thread_eigen=false",
+                "intra_op_parallelism_threads=1",
+            ],
+        )
+    )
+    return env
+
+
+def worker(framework, names, one_thread=False):
     """Runs the models in this process; prints one JSON line of results."""
     sys.path.insert(0, HERE)
     import numpy as np
     import peer_worker
 
     keras, _, versions = peer_worker.load_framework(framework)
+    if one_thread and framework == "tf":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    if one_thread and framework == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+    clock = time.process_time if one_thread else time.perf_counter
     table = models(keras, np)
     out = {"framework": framework, "versions": versions, "models": {}}
     for name in names:
@@ -161,10 +195,10 @@ def worker(framework, names):
                 self.times = []
 
             def on_epoch_begin(self, epoch, logs=None):
-                self.t = time.perf_counter()
+                self.t = clock()
 
             def on_epoch_end(self, epoch, logs=None):
-                self.times.append(time.perf_counter() - self.t)
+                self.times.append(clock() - self.t)
 
         timer = Timer()
         hist = model.fit(x, y, batch_size=batch, epochs=4, verbose=0, callbacks=[timer])
@@ -174,12 +208,12 @@ def worker(framework, names):
             raise RuntimeError(f"{name}: non-finite training loss {loss_last}")
         xp = x[:1024]
         model.predict(xp, batch_size=256, verbose=0)
-        t = time.perf_counter()
+        t = clock()
         model.predict(xp, batch_size=256, verbose=0)
         model.predict(xp, batch_size=256, verbose=0)
         out["models"][name] = {
             "train": len(x) / statistics.median(times[1:]),
-            "predict": 2 * len(xp) / (time.perf_counter() - t),
+            "predict": 2 * len(xp) / (clock() - t),
             "loss": loss_last,
         }
         print(
@@ -195,42 +229,69 @@ def main():
     p.add_argument("--frameworks", default="ferrokeras,tf")
     p.add_argument("--models", default="all")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--rounds", type=int, default=1, help="runs of each framework, taking turns")
+    p.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="one compute thread per framework, timed by process CPU time",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
     names = a.models.split(",") if a.models != "all" else None
     if a.worker:
         import numpy as np
 
-        worker(a.worker, names or list(models(_Stub(), np)))
+        worker(a.worker, names or list(models(_Stub(), np)), a.one_thread)
         return
     frameworks = a.frameworks.split(",")
-    results = {}
-    for fw in frameworks:
-        python = (
-            sys.executable
-            if fw == "ferrokeras"
-            else os.path.join(HERE, ".venvs", fw, "bin", "python")
-        )
-        if not os.path.exists(python):
-            print(
-                f"{fw}: no virtual environment at {python} (make bench creates it)", file=sys.stderr
+    runs = {}
+    for rnd in range(a.rounds):
+        for fw in frameworks:
+            python = (
+                sys.executable
+                if fw == "ferrokeras"
+                else os.path.join(HERE, ".venvs", fw, "bin", "python")
             )
-            continue
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
-        cmd = [python, os.path.abspath(__file__), "--worker", fw, "--models", a.models]
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
-        line = [ln for ln in r.stdout.splitlines() if ln.startswith(MARK)]
-        if r.returncode or not line:
-            print(f"{fw}: failed (exit {r.returncode})", file=sys.stderr)
-            continue
-        results[fw] = json.loads(line[-1][len(MARK) :])
+            if not os.path.exists(python):
+                print(
+                    f"{fw}: no virtual environment at {python} (make bench creates it)",
+                    file=sys.stderr,
+                )
+                continue
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
+            cmd = [python, os.path.abspath(__file__), "--worker", fw, "--models", a.models]
+            if a.one_thread:
+                env = one_thread_env(env)
+                cmd.append("--one-thread")
+            print(f"round {rnd + 1}/{a.rounds}: {fw}", file=sys.stderr, flush=True)
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+            line = [ln for ln in r.stdout.splitlines() if ln.startswith(MARK)]
+            if r.returncode or not line:
+                print(f"{fw}: failed (exit {r.returncode})", file=sys.stderr)
+                continue
+            runs.setdefault(fw, []).append(json.loads(line[-1][len(MARK) :]))
+    results = {}
+    for fw, rs in runs.items():
+        merged = dict(rs[0], rounds=len(rs), one_thread=a.one_thread, models={})
+        for name in rs[0]["models"]:
+            cells = [r["models"][name] for r in rs if name in r["models"]]
+            merged["models"][name] = {
+                k: statistics.median(c[k] for c in cells) for k in ("train", "predict", "loss")
+            }
+            merged["models"][name]["rounds"] = {
+                k: [c[k] for c in cells] for k in ("train", "predict")
+            }
+        results[fw] = merged
     if "ferrokeras" not in results:
         raise SystemExit("ferrokeras did not run")
     fk = results["ferrokeras"]["models"]
     peers = [f for f in frameworks if f in results and f != "ferrokeras"]
     head = f"{'model':12s} {'ferrokeras':>11s}" + "".join(f" {f:>9s} {'ratio':>6s}" for f in peers)
+    unit = "samples per CPU second, one thread" if a.one_thread else "samples/s"
     for kind in ("train", "predict"):
-        print(f"\n{kind} (samples/s)\n{head}")
+        print(f"\n{kind} ({unit}, median of {a.rounds})\n{head}")
         for name, r in fk.items():
             row = f"{name:12s} {r[kind]:11.0f}"
             for f in peers:

@@ -138,8 +138,8 @@ CONV_CASES = [
     ("depthwise_conv2d", (2, 7, 6, 3), [(3, 3, 3, 1)], dict()),
     ("depthwise_conv2d", (2, 7, 6, 3), [(3, 2, 3, 2)], dict(padding="same", strides=2)),
     ("depthwise_conv2d", (2, 8, 7, 2), [(2, 3, 2, 3)], dict(padding="same", dilation_rate=(2, 2))),
-    # 16 and 32 channels, one kernel each: the forward sums 16 channels in registers, a
-    # 3x3 window with its 9 taps in registers too
+    # 16 and 32 channels, one kernel each: the forward and the kernel gradient sum 16
+    # channels in registers, a 3x3 window with its 9 taps (or 9 sums) in registers too
     ("depthwise_conv2d", (2, 7, 6, 32), [(3, 3, 32, 1)], dict(padding="same", strides=2)),
     ("depthwise_conv2d", (2, 9, 8, 16), [(3, 3, 16, 1)], dict(dilation_rate=(1, 2))),
     ("depthwise_conv2d", (1, 4, 4, 48), [(3, 3, 48, 1)], dict(padding="same")),

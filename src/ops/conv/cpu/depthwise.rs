@@ -3,7 +3,8 @@
 //! each output row and block of `LANES` channels they are loaded once and used across the
 //! row's pixels (the general loop, `depthwise_fwd_blocked`, reloads them for every pixel).
 //! At stride 1 the input gradient is such a forward too: of the output gradient, padded by
-//! `(k - 1) * d - p`, with the taps in reverse order (`input_as_forward`).
+//! `(k - 1) * d - p`, with the taps in reverse order (`input_as_forward`). The kernel
+//! gradient walks the same rows with the window's 9 sums in registers (`kernel_rows`).
 
 use super::*;
 
@@ -101,6 +102,39 @@ pub(super) fn forward_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], w: &[T], y
                         }
                     }
                     *lanes_mut(y, (orow + px) * c + ch) = acc;
+                }
+            }
+        }
+    }
+}
+
+/// `dw[t, ch] += sum_op gy[op, ch] * xp[window(op) + off[t], ch]`: for each output row and
+/// block of `LANES` channels the nine sums stay in registers along the row and are added
+/// into `dw` once at its end.
+#[inline(always)]
+pub(super) fn kernel_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], gy: &[T], dw: &mut [T]) {
+    let wk = Walk3::new(g, pd);
+    let (c, s2) = (wk.c, wk.s[2]);
+    for a in 0..wk.o[0] {
+        for b in 0..wk.o[1] {
+            let (orow, irow) = wk.row(a, b);
+            for ch in (0..c).step_by(LANES) {
+                let mut acc = [[T::zero(); LANES]; TAPS];
+                for px in 0..wk.o[2] {
+                    let base = irow + px * s2;
+                    let gv = lanes(gy, (orow + px) * c + ch);
+                    for (t, at) in acc.iter_mut().enumerate() {
+                        let xv = lanes(xp, (base + wk.off[t]) * c + ch);
+                        for j in 0..LANES {
+                            at[j] += gv[j] * xv[j];
+                        }
+                    }
+                }
+                for (t, at) in acc.iter().enumerate() {
+                    let d = lanes_mut(dw, t * c + ch);
+                    for j in 0..LANES {
+                        d[j] += at[j];
+                    }
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! The kernel gradient (`kernel_grad`): shifted GEMMs at stride 1, else im2col; the
 //! depthwise loops.
 
+use super::depthwise;
 use super::im2col::*;
 use super::*;
 
@@ -241,6 +242,9 @@ fn depthwise_kernel_rows<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &m
     let (cin, cout, m) = (g.cin, g.cout, g.og());
     let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
     let xp = &sc.a;
+    if depthwise::applies(g) {
+        return depthwise::kernel_rows(g, &pd, xp, gy, dw);
+    }
     padded_walk(g, &pd, |op, ip, kp| {
         let (gr, xr, dr) = (
             &gy[op * cout..(op + 1) * cout],
