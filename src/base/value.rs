@@ -4,7 +4,7 @@
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
 use half::f16;
-use ndarray::{ArcArray, IxDyn};
+use ndarray::{ArcArray, IxDyn, ShapeBuilder};
 
 pub type Arr<T> = ArcArray<T, IxDyn>;
 
@@ -292,38 +292,49 @@ impl Value {
 /// Elements per task of the parallel float16 conversions below.
 const F16_GRAIN: usize = 1 << 16;
 
+/// `a` converted element by element by `conv`, a whole-slice conversion run in parallel
+/// chunks, where `a` is contiguous in some memory order (C, Fortran, any permutation): the
+/// result keeps `a`'s layout. Other layouts convert one element at a time with `one`.
+fn convert_contiguous<S: Copy + Sync, D: Copy + Send + Default>(
+    a: &Arr<S>,
+    conv: impl Fn(&[S], &mut [D]) + Sync,
+    one: impl Fn(S) -> D,
+) -> Arr<D> {
+    use rayon::prelude::*;
+    let strides: Option<Vec<usize>> = a
+        .strides()
+        .iter()
+        .map(|&s| usize::try_from(s).ok())
+        .collect();
+    let (Some(src), Some(strides)) = (a.as_slice_memory_order(), strides) else {
+        return a.map(|&x| one(x)).into_shared();
+    };
+    let mut out = vec![D::default(); src.len()];
+    out.par_chunks_mut(F16_GRAIN)
+        .zip(src.par_chunks(F16_GRAIN))
+        .for_each(|(o, x)| conv(x, o));
+    let shape = IxDyn(a.shape()).strides(IxDyn(&strides));
+    ndarray::Array::from_shape_vec(shape, out)
+        .expect("the layout of a contiguous array")
+        .into_shared()
+}
+
 /// float32 -> float16, rounding to nearest even: `half`'s slice conversion, which uses the
 /// CPU's conversion instructions (F16C on x86-64, FP16 on AArch64) where it has them, on
 /// the pool's threads for large arrays.
 pub fn f16_from_f32(a: &Arr<f32>) -> Arr<f16> {
     use half::slice::HalfFloatSliceExt;
-    use rayon::prelude::*;
-    let Some(src) = a.as_slice() else {
-        return a.map(|&x| f16::from_f32(x)).into_shared();
-    };
-    let mut out = vec![f16::ZERO; src.len()];
-    out.par_chunks_mut(F16_GRAIN)
-        .zip(src.par_chunks(F16_GRAIN))
-        .for_each(|(o, x)| o.convert_from_f32_slice(x));
-    ndarray::Array::from_shape_vec(IxDyn(a.shape()), out)
-        .expect("shape matches")
-        .into_shared()
+    convert_contiguous(
+        a,
+        |x, o: &mut [f16]| o.convert_from_f32_slice(x),
+        f16::from_f32,
+    )
 }
 
 /// float16 -> float32 (exact), as [`f16_from_f32`].
 pub fn f32_from_f16(a: &Arr<f16>) -> Arr<f32> {
     use half::slice::HalfFloatSliceExt;
-    use rayon::prelude::*;
-    let Some(src) = a.as_slice() else {
-        return a.map(|&x| x.to_f32()).into_shared();
-    };
-    let mut out = uninit::<f32>(src.len());
-    out.par_chunks_mut(F16_GRAIN)
-        .zip(src.par_chunks(F16_GRAIN))
-        .for_each(|(o, x)| x.convert_to_f32_slice(o));
-    ndarray::Array::from_shape_vec(IxDyn(a.shape()), out)
-        .expect("shape matches")
-        .into_shared()
+    convert_contiguous(a, |x: &[f16], o| x.convert_to_f32_slice(o), f16::to_f32)
 }
 
 /// Binds a type alias `T` to the Rust element type of a `DType` and evaluates the body.
