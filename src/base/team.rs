@@ -152,10 +152,11 @@ impl Team {
                 continue;
             }
             idle = idle.wrapping_add(1);
-            if idle % 64 == 0 && matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) {
+            if idle.is_multiple_of(64) && matches!(rayon::yield_now(), Some(rayon::Yield::Executed))
+            {
                 continue;
             }
-            if idle % 16 == 0 {
+            if idle.is_multiple_of(16) {
                 // Cheap when this core has nothing else to run; where it has (a machine
                 // short of cores), the leader or another process gets it.
                 std::thread::yield_now();
@@ -251,7 +252,7 @@ impl Posted<'_> {
         let mut since: Option<std::time::Instant> = None;
         while !self.job.done.load(Ordering::Acquire) {
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 {
+            if spins.is_multiple_of(256) {
                 let t0 = *since.get_or_insert_with(std::time::Instant::now);
                 if t0.elapsed() > SPIN_BEFORE_YIELD {
                     std::thread::yield_now();

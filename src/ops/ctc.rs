@@ -321,7 +321,7 @@ struct Sample<'a> {
 
 impl Sample<'_> {
     fn ext(&self, s: usize) -> usize {
-        if s % 2 == 0 {
+        if s.is_multiple_of(2) {
             self.c - 1
         } else {
             self.labels[s / 2] as usize

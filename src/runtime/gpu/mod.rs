@@ -109,11 +109,13 @@ impl DTensor {
     pub fn window(&self, start: usize, shape: Vec<usize>) -> Option<DTensor> {
         let n: usize = shape.iter().product();
         let offset = self.offset + (start * transfer::words_per(self.dtype)) as u64 * 4;
-        (n > 0 && start + n <= self.numel() && offset % self.align() == 0).then(|| DTensor {
-            buf: self.buf.clone(),
-            offset,
-            shape,
-            dtype: self.dtype,
+        (n > 0 && start + n <= self.numel() && offset.is_multiple_of(self.align())).then(|| {
+            DTensor {
+                buf: self.buf.clone(),
+                offset,
+                shape,
+                dtype: self.dtype,
+            }
         })
     }
     /// The byte alignment of a window's offset: the adapter's
@@ -147,7 +149,7 @@ fn row_window(x: &DTensor, t: usize, align: u64) -> Option<DTensor> {
 /// it is a multiple of `align` and the row is not empty.
 fn row_offset(base: u64, rows: usize, words: usize, t: usize, align: u64) -> Option<u64> {
     let offset = base + (t * words) as u64 * 4;
-    (t < rows && words > 0 && offset % align.max(4) == 0).then_some(offset)
+    (t < rows && words > 0 && offset.is_multiple_of(align.max(4))).then_some(offset)
 }
 
 /// A variable's value kept on a GPU between calls (see `ops::source::VarState`).

@@ -85,7 +85,7 @@ impl Pool {
                 .push(Idle { buf, since: now });
         }
         // Ageing needs a scan of every free buffer; once per 16 submits is plenty.
-        let expire = if now % 16 == 0 {
+        let expire = if now.is_multiple_of(16) {
             now.checked_sub(self.max_idle_submits)
         } else {
             None
@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(size_class(1600), 1792);
         for b in [300u64, 5000, 123_457, 10_000_000] {
             let c = size_class(b);
-            assert!(c >= b && (c as f64) <= b as f64 * 1.25 + 64.0 && c % 4 == 0);
+            assert!(c >= b && (c as f64) <= b as f64 * 1.25 + 64.0 && c.is_multiple_of(4));
         }
     }
 }

@@ -16,7 +16,7 @@ pub(super) const TAPS: usize = 9;
 
 /// Whether `forward_rows` runs this depthwise convolution.
 pub(super) fn applies(g: &Geom) -> bool {
-    g.cg() == 1 && g.og() == 1 && g.cin % LANES == 0 && g.kk() == TAPS
+    g.cg() == 1 && g.og() == 1 && g.cin.is_multiple_of(LANES) && g.kk() == TAPS
 }
 
 /// Where `applies`, at stride 1 with no padding beyond the dilated window: the geometry

@@ -95,7 +95,9 @@ pub(super) fn run_after(
         let y = unsafe { std::slice::from_raw_parts_mut(d.0, len) };
         if gshape == shape.as_slice()
             && images > 0
-            && kern.folds.is_none_or(|f| (len / images) % f.q == 0)
+            && kern
+                .folds
+                .is_none_or(|f| (len / images).is_multiple_of(f.q))
         {
             let img = len / images;
             kernel(y, &|i| exec(kern, i * img, (i + 1) * img));
