@@ -210,6 +210,37 @@ def test_conv_low_precision(name, xshape, kshape, kw, dtype, tol, rng):
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * 4)
 
 
+@pytest.mark.parametrize(
+    "xshape,kshape,kw",
+    [
+        # 16 or 32 output channels (or, in the input gradient, input channels): float32
+        # products with a right operand one or two vectors wide, in blocks of 8 rows and a
+        # tail, from im2col rows, pixel rows read in place and a transposed kernel
+        ((2, 11, 13, 3), (5, 5, 3, 16), dict(strides=2)),
+        ((1, 9, 7, 5), (3, 3, 5, 32), dict(padding="same", strides=(1, 2))),
+        ((2, 9, 10, 16), (1, 1, 16, 32), dict()),
+        ((3, 5, 7, 32), (1, 1, 32, 16), dict()),
+        ((1, 30, 31, 3), (3, 3, 3, 16), dict(padding="same")),
+    ],
+)
+def test_narrow_float32_products_match_float64(xshape, kshape, kw, rng):
+    x, k = rng.normal(size=xshape), rng.normal(size=kshape) / 4
+    ref = REFS["conv2d"](x, [k], kw)
+    res = {}
+    for dtype in ("float32", "float64"):
+        xp = K.placeholder(shape=xshape, dtype=dtype)
+        kp = K.placeholder(shape=kshape, dtype=dtype)
+        out = K.conv2d(xp, kp, **kw)
+        dy = K.constant(rng.normal(size=ref.shape) if not res else res["dy"], dtype=dtype)
+        gx, gk = K.gradients(K.sum(out * dy), [xp, kp])
+        res[dtype] = run([xp, kp], [out, gx, gk], [x.astype(dtype), k.astype(dtype)])
+        res["dy"] = K.eval(dy).astype(np.float64)
+    np.testing.assert_allclose(res["float32"][0], ref, rtol=1e-4, atol=1e-4)
+    for got, want in zip(res["float32"], res["float64"]):
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
 # ---- transposed convolutions ----------------------------------------------------------
 
 TRANSPOSE_CASES = [

@@ -89,12 +89,19 @@ pub(super) fn segment_fwd<T: F>(
         return;
     }
     let sg = Segments::new(wk);
-    pad_into(wk.x, wk.p, cin, x, &mut sc.a);
+    // An image without padding is read in place; else a padded copy.
+    let Scratch { a, b, .. } = sc;
+    let src: &[T] = if wk.unpadded() {
+        x
+    } else {
+        pad_into(wk.x, wk.p, cin, x, a);
+        a
+    };
     let (ktot, tile, opix) = (sg.width(), sg.tile(), sg.pixels());
-    let col = sized(&mut sc.b, tile * ktot);
+    let col = sized(b, tile * ktot);
     for r0 in (0..opix).step_by(tile) {
         let rows = tile.min(opix - r0);
-        sg.gather(&sc.a, r0, rows, col);
+        sg.gather(src, r0, rows, col);
         mm(
             rows,
             cout,

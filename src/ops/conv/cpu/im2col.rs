@@ -112,7 +112,7 @@ impl Segments {
                 .chunks_exact_mut(seg)
                 .zip(&self.offs)
             {
-                dst.copy_from_slice(&xp[base + off..base + off + seg]);
+                copy_short(dst, &xp[base + off..base + off + seg]);
             }
         }
     }
@@ -129,6 +129,18 @@ impl Segments {
                     .for_each(|(d, &v)| *d += v);
             }
         }
+    }
+}
+
+/// `dst.copy_from_slice(src)`, in line for the short runs of a window row with few
+/// channels (15 floats for a 5-wide window over 3 channels), where a call to `memmove`
+/// per run costs more than the copy.
+#[inline(always)]
+fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
+    if src.len() <= 32 {
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s);
+    } else {
+        dst.copy_from_slice(src);
     }
 }
 

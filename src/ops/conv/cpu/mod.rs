@@ -38,6 +38,7 @@ mod forward;
 mod im2col;
 mod input_grad;
 mod kernel_grad;
+mod narrow;
 
 use forward::fwd;
 pub use im2col::{pad_into, Walk};
@@ -495,6 +496,9 @@ pub(crate) fn mm<T: F>(
     assert!((m - 1) * drs + n <= dst.len());
     assert!((m - 1) * l.0 + (k - 1) * l.1 < lhs.len());
     assert!((k - 1) * r.0 + (n - 1) * r.1 < rhs.len());
+    if narrow::applies::<T>(m, n, k, l) {
+        return narrow::narrow(m, n, k, dst, drs, acc, lhs, l.0, rhs, r, par);
+    }
     // SAFETY: bounds checked above; dst does not alias lhs or rhs (distinct borrows).
     unsafe {
         gemm::gemm(
