@@ -1,7 +1,7 @@
 //! GPU lowerings of the data-movement primitives (`ops::movement`): strided gathers and
 //! scatters over `shaders/movement.wgsl`, indexed gathers and `scatter.wgsl`'s atomic adds.
 
-use super::super::exec::{grid, Exec, Slot};
+use super::super::exec::{grid, Exec, Lazy, Slot};
 use super::super::params::{self as blk, Params};
 use super::super::pipelines::{self};
 use super::super::pool;
@@ -101,7 +101,54 @@ pub(super) fn slice(ex: &mut Exec, i: usize, spec: &[SliceAxis]) -> Result<Slot>
     if let Some(w) = contiguous(&x, base, &st, &dims) {
         return Ok(Slot::dev(w));
     }
+    let n: usize = dims.iter().product();
+    if ex.lay.lazy[i] && n > 0 && base >= 0 && st.iter().all(|&s| s >= 0) {
+        return Ok(lazy(
+            dims,
+            x.dtype,
+            Lazy::Slice {
+                base: x,
+                offset: base as usize,
+                strides: st.iter().map(|&s| s as usize).collect(),
+            },
+        ));
+    }
     Ok(Slot::dev(gather_strided(ex, i, &x, &dims, base, &st)?))
+}
+
+/// The slot of a lazy value of `shape` (`exec::Lazy`).
+fn lazy(shape: Vec<usize>, dtype: DType, lazy: Lazy) -> Slot {
+    Slot {
+        shape,
+        dtype,
+        host: None,
+        dev: None,
+        lazy: Some(lazy),
+    }
+}
+
+/// Writes lazy value `lazy` of node `j` out to a buffer of its own: the kernel the node
+/// would have run, for a reader other than a generated kernel.
+pub(crate) fn write_out(ex: &mut Exec, j: usize, lazy: &Lazy) -> Result<DTensor> {
+    let shape = ex.slot(j).shape.clone();
+    match lazy {
+        Lazy::Slice {
+            base,
+            offset,
+            strides,
+        } => {
+            let st: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
+            gather_strided(ex, j, base, &shape, *offset as i64, &st)
+        }
+        Lazy::Pad { g, starts } => {
+            let cs = c_strides(&shape);
+            let base: i64 = starts.iter().zip(&cs).map(|(&s, &c)| s as i64 * c).sum();
+            let out = ex.alloc(&shape, g.dtype, j)?;
+            fill(ex, &out, 0)?;
+            scatter_strided(ex, &out, g, base, &cs)?;
+            Ok(out)
+        }
+    }
 }
 
 /// A slice of `x` whose elements are one run in C order (a range of rows, or of the
@@ -167,6 +214,15 @@ pub(super) fn slice_grad(ex: &mut Exec, i: usize, spec: &[SliceAxis]) -> Result<
             "slice_grad: gradient shape {:?} does not match the slice shape {dims:?}",
             g.shape
         ));
+    }
+    let unit = st == c_strides(&like);
+    if ex.lay.lazy[i] && unit && g.numel() > 0 {
+        let starts = spec
+            .iter()
+            .zip(&like)
+            .map(|(s, &d)| resolve_slice(s, d).0 as usize)
+            .collect();
+        return Ok(lazy(like, g.dtype, Lazy::Pad { g, starts }));
     }
     let out = ex.alloc(&like, g.dtype, i)?;
     fill(ex, &out, 0)?;
