@@ -455,3 +455,29 @@ def test_slice_gradients_of_a_middle_axis(gpu, rng):
         return (y[:, 1:4, :] ** 2).sum() + 4 * np.sin(y[:, 2:3, 1:4]).sum()
 
     close(gx, _fd(np_loss, xv.astype("float64")), rtol=1e-3)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_concatenation_pieces_are_written_in_place(gpu, rng, axis):
+    # Pieces of widths 5, 7 and 3 (along the last axis, or a middle one), each computed
+    # by a generated kernel read by the concatenation alone: each kernel writes its block
+    # of the concatenation's buffer through strides, and no kernel copies the pieces.
+    ax = 2 if axis == -1 else 1
+    phs, vals, pieces, want = [], [], [], []
+    for k, w in enumerate([5, 7, 3]):
+        shape = [4, 3, 6]
+        shape[ax] = w
+        v = rng.standard_normal(shape).astype("float32")
+        p = K.placeholder(shape=(None,) + tuple(shape[1:]))
+        phs.append(p)
+        vals.append(v)
+        pieces.append(K.tanh(p * (k + 1.0)) + 0.5)
+        want.append(np.tanh(v.astype("float64") * (k + 1.0)) + 0.5)
+    cat = K.concatenate(pieces, axis=axis)
+    f = K.function(phs, [cat * 2.0, K.sum(cat, axis=0)])
+    (out, total), launches = on_both(f, vals)
+    want = np.concatenate(want, axis=axis)
+    close(out, want * 2)
+    close(total, want.sum(axis=0))
+    # One kernel per piece, one for `cat * 2` and the sum: no copy kernel.
+    assert launches <= 5, launches

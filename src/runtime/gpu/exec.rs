@@ -65,6 +65,13 @@ pub(crate) struct Placement {
     /// the device, of one word per element, not an output of the plan, whose every
     /// reader is an elementwise node on the device (a generated kernel).
     pub lazy: Vec<bool>,
+    /// The pieces of concatenations that the generated kernel computing them writes
+    /// into the concatenation's buffer (`fusion::operands_placed`): per node, the
+    /// concatenation and its place among the inputs. A piece is an elementwise node on
+    /// the device, of one word per element, read by that concatenation alone (once) and
+    /// not an output of the plan; every input of the concatenation has a length along
+    /// its axis that the graph knows.
+    pub pieces: HashMap<usize, (usize, usize)>,
     /// The plans of a loop body specialised to its step shapes (`loops`), by key.
     pub special: Mutex<Vec<(Vec<Vec<usize>>, Arc<Special>)>>,
 }
@@ -188,6 +195,9 @@ pub(crate) struct Exec<'a> {
     /// The shape of each slot that held a value, recorded for `Plan::specialize` where
     /// set (the first step of a loop body, `loops`).
     pub(crate) shapes: RefCell<Option<Vec<Option<Vec<usize>>>>>,
+    /// The buffers of concatenations whose pieces kernels wrote in place, by node
+    /// (`fusion::operands_placed`), until the concatenation is lowered.
+    pub(crate) pieces: RefCell<HashMap<usize, DTensor>>,
     pub stats: RunStats,
 }
 
@@ -306,6 +316,7 @@ pub(crate) fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Pla
     }
     let own = (plan.schedule(&target).target != target).then(|| fuse::schedule(plan, &target));
     let lazy = lazy_nodes(plan, &place);
+    let pieces = concat_pieces(plan, &place);
     Placement {
         bodies,
         ctx_id: ctx.id,
@@ -315,8 +326,54 @@ pub(crate) fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Pla
         consts: Mutex::new(HashMap::new()),
         fused: Mutex::new(HashMap::new()),
         lazy,
+        pieces,
         special: Mutex::new(Vec::new()),
     }
+}
+
+/// The pieces of concatenations (`Placement::pieces`).
+fn concat_pieces(plan: &Plan, place: &[Place]) -> HashMap<usize, (usize, usize)> {
+    let n = plan.nodes.len();
+    let mut reads = vec![0usize; n];
+    for ins in &plan.inputs {
+        for &j in ins {
+            reads[j] += 1;
+        }
+    }
+    let one_word = |j: usize| transfer::words_per(plan.nodes[j].dtype()) == 1;
+    let mut pieces = HashMap::new();
+    for c in 0..n {
+        let Op::Concat(axis) = plan.nodes[c].op() else {
+            continue;
+        };
+        let ins = &plan.inputs[c];
+        let known = ins.iter().all(|&j| {
+            plan.nodes[j]
+                .shape()
+                .dims()
+                .get(*axis)
+                .is_some_and(Option::is_some)
+        });
+        if !matches!(plan.steps[c], Step::Compute)
+            || place[c] != Place::Gpu
+            || !one_word(c)
+            || !known
+        {
+            continue;
+        }
+        for (k, &j) in ins.iter().enumerate() {
+            let piece = matches!(plan.steps[j], Step::Compute)
+                && place[j] == Place::Gpu
+                && matches!(plan.nodes[j].op().class(), Class::Elementwise(_))
+                && one_word(j)
+                && reads[j] == 1
+                && !plan.outputs.contains(&j);
+            if piece {
+                pieces.insert(j, (c, k));
+            }
+        }
+    }
+    pieces
 }
 
 /// The nodes whose results may stay lazy (`Placement::lazy`).
@@ -421,6 +478,7 @@ impl<'a> Exec<'a> {
             clashes: RefCell::new(Vec::new()),
             trace: None,
             shapes: RefCell::new(None),
+            pieces: RefCell::new(HashMap::new()),
             stats: RunStats::default(),
         }
     }

@@ -426,7 +426,7 @@ fn record_fold_kernel(
     let pipe = ex.generated_pipeline(key, "fused_fold", || generate_folded(ex, g, &ext, &rw))?;
     // The fold layout follows the tail's shape, strides and constants (`with_tail` pads
     // an empty tail with a word, which goes).
-    let (mul, add) = block_words(&ext);
+    let (mul, add) = block_words(&ext, 0);
     let tail = shape.len() * mul + add + param_words(ex, &ext);
     words
         .0
@@ -625,6 +625,7 @@ fn generate_run(ex: &Exec, segs: &[Segment], inputs: &[usize]) -> Result<String>
         bidx: "sbidx(i, h, ".into(),
         // Lazy slice gradients are written out before a run (`settle`).
         pidx: String::new(),
+        sout: Vec::new(),
     };
     let mut helpers = Vec::new();
     let k = segs.len();
@@ -730,10 +731,22 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
         d => dtag(d).expect("gpu dtype"),
     };
     let entry = format!("fused_{tag}");
-    let (words, bound, outs) = operands(ex, outputs, &ext, &out_shape, Frame::Kernel(""))?;
-    let rw = writable(&bound, &outs, Frame::Kernel(""), outputs.len());
-    let pipe = ex.generated_pipeline((members.to_vec(), mode_key(&ext, &rw)), &entry, || {
-        generate(ex, members, outputs, &ext, Frame::Kernel(&entry), &rw)
+    let frame = Frame::Kernel("");
+    let (words, bound, outs, placed) = operands_placed(ex, outputs, &ext, &out_shape, frame, true)?;
+    let rw = writable(&bound, &outs, frame, outputs.len());
+    let sout: Vec<usize> = placed.iter().map(|(k, _)| *k).collect();
+    let mut key = mode_key(&ext, &rw);
+    key.extend(sout.iter().map(|&k| 1000 + k as u32));
+    let pipe = ex.generated_pipeline((members.to_vec(), key), &entry, || {
+        generate(
+            ex,
+            members,
+            outputs,
+            &ext,
+            Frame::Kernel(&entry),
+            &rw,
+            &sout,
+        )
     })?;
     let mut bufs: Vec<(u32, &DTensor)> = outs
         .iter()
@@ -743,8 +756,13 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
     bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
     let rw_binds = rw_bindings(&rw, Frame::Kernel(""), outputs.len());
     ex.dispatch_rw(pipe, &bufs, words, grid(n), &rw_binds)?;
-    for (&o, t) in outputs.iter().zip(outs) {
-        ex.slots[o] = Some(Slot::dev(t));
+    drop(bufs);
+    let mut placed = placed.into_iter().peekable();
+    for (k, (&o, t)) in outputs.iter().zip(outs).enumerate() {
+        ex.slots[o] = Some(match placed.next_if(|(p, _)| *p == k) {
+            Some((_, slot)) => slot,
+            None => Slot::dev(t),
+        });
     }
     Ok(())
 }
@@ -831,11 +849,11 @@ fn operand(ex: &mut Exec, j: usize) -> Result<DTensor> {
     }
 }
 
-/// Where the tail's constants start, past the shape and the blocks of the strided
-/// inputs of `ext` (`rank + 1` words for each `Bcast`, `2 * rank` for each `Pad`), as
-/// (`mul`, `add`): word `rank * mul + add`.
-fn block_words(ext: &[(usize, Mode)]) -> (usize, usize) {
-    let (mut mul, mut add) = (1, 0);
+/// Where the tail's constants start, past the shape, the blocks of the strided outputs
+/// (`rank + 1` words each) and of the strided inputs of `ext` (`rank + 1` words for each
+/// `Bcast`, `2 * rank` for each `Pad`), as (`mul`, `add`): word `rank * mul + add`.
+fn block_words(ext: &[(usize, Mode)], strided_outputs: usize) -> (usize, usize) {
+    let (mut mul, mut add) = (1 + strided_outputs, strided_outputs);
     for (_, m) in ext {
         match m {
             Mode::Bcast => {
@@ -917,8 +935,59 @@ fn operands(
     out_shape: &[usize],
     frame: Frame,
 ) -> Result<(Params, Vec<(u32, DTensor)>, Vec<DTensor>)> {
+    let (words, bound, outs, _) = operands_placed(ex, outputs, ext, out_shape, frame, false)?;
+    Ok((words, bound, outs))
+}
+
+/// `operands`, where with `pieces` an output that is a piece of a concatenation
+/// (`Placement::pieces`) is written into its block of the concatenation's buffer (the
+/// buffer it binds), through strides and an offset in the tail after the shape: with
+/// (output index, slot) for each such output, its slot a lazy slice of that buffer.
+#[allow(clippy::type_complexity)] // the parts of one binding plan
+fn operands_placed(
+    ex: &mut Exec,
+    outputs: &[usize],
+    ext: &[(usize, Mode)],
+    out_shape: &[usize],
+    frame: Frame,
+    pieces: bool,
+) -> Result<(
+    Params,
+    Vec<(u32, DTensor)>,
+    Vec<DTensor>,
+    Vec<(usize, Slot)>,
+)> {
     let plan = ex.plan;
     let mut tail: Vec<u32> = out_shape.iter().map(|&d| d as u32).collect();
+    let mut outs = Vec::with_capacity(outputs.len());
+    let mut placed = Vec::new();
+    for (k, &o) in outputs.iter().enumerate() {
+        let dtype = plan.nodes[o].dtype();
+        match pieces
+            .then(|| piece(ex, o, out_shape))
+            .transpose()?
+            .flatten()
+        {
+            Some((buf, offset, strides)) => {
+                tail.extend(strides.iter().map(|&s| s as u32));
+                tail.push(offset as u32);
+                let slot = Slot {
+                    shape: out_shape.to_vec(),
+                    dtype,
+                    host: None,
+                    dev: None,
+                    lazy: Some(Lazy::Slice {
+                        base: buf.clone(),
+                        offset,
+                        strides,
+                    }),
+                };
+                placed.push((k, slot));
+                outs.push(buf);
+            }
+            None => outs.push(ex.alloc(out_shape, dtype, o)?),
+        }
+    }
     let mut bound = Vec::new();
     let first_in = frame.first_binding() + outputs.len() as u32;
     for (k, (j, mode)) in ext.iter().enumerate() {
@@ -970,15 +1039,52 @@ fn operands(
             tail.extend(&w[..words_per(plan.nodes[*j].dtype())]);
         }
     }
-    let outs = outputs
-        .iter()
-        .map(|&o| ex.alloc(out_shape, plan.nodes[o].dtype(), o))
-        .collect::<Result<Vec<_>>>()?;
     let block = params::Fused {
         n: out_shape.iter().product::<usize>() as u32,
         rank: out_shape.len() as u32,
     };
-    Ok((Params::with_tail(&block, &tail), bound, outs))
+    Ok((Params::with_tail(&block, &tail), bound, outs, placed))
+}
+
+/// Where output `o` (of shape `shape`) is written as a piece of the concatenation that
+/// reads it (`Placement::pieces`): the concatenation's buffer (allocated by its first
+/// piece, `Exec::pieces`), the piece's offset in it and its strides; `None` where `o` is
+/// no such piece or is not of the length along the axis the graph gives it.
+fn piece(ex: &Exec, o: usize, shape: &[usize]) -> Result<Option<(DTensor, usize, Vec<usize>)>> {
+    let plan = ex.plan;
+    let Some(&(c, k)) = ex.lay.pieces.get(&o) else {
+        return Ok(None);
+    };
+    let crate::ops::Op::Concat(axis) = plan.nodes[c].op() else {
+        return Ok(None);
+    };
+    let axis = *axis;
+    let lens: Vec<usize> = plan.inputs[c]
+        .iter()
+        .map(|&j| plan.nodes[j].shape().dims()[axis].unwrap_or(0))
+        .collect();
+    if shape.len() <= axis || shape[axis] != lens[k] {
+        return Ok(None);
+    }
+    let mut full = shape.to_vec();
+    full[axis] = lens.iter().sum();
+    let dtype = plan.nodes[c].dtype();
+    let kept = ex.pieces.borrow().get(&c).cloned();
+    let buf = match kept {
+        Some(b) if b.shape == full && b.dtype == dtype => b,
+        Some(_) => return Ok(None),
+        None => {
+            let b = ex.alloc(&full, dtype, c)?;
+            ex.pieces.borrow_mut().insert(c, b.clone());
+            b
+        }
+    };
+    let mut strides = vec![1usize; full.len()];
+    for d in (0..full.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * full[d + 1];
+    }
+    let offset = lens[..k].iter().sum::<usize>() * strides[axis];
+    Ok(Some((buf, offset, strides)))
 }
 
 /// A group computed in the kernel of the product or convolution it reads
@@ -1078,7 +1184,7 @@ pub(crate) fn epilogue(
     }
     let (words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Epilogue)?;
     let rw = writable(&bound, &outs, Frame::Epilogue, g.outputs.len());
-    let src = generate(ex, &g.members, &g.outputs, &ext, Frame::Epilogue, &rw)?;
+    let src = generate(ex, &g.members, &g.outputs, &ext, Frame::Epilogue, &rw, &[])?;
     let pbuf = pool::alloc(ex.ctx, words.0.len() as u64 * 4, &|| {
         "epilogue parameters".into()
     })?;
@@ -1115,6 +1221,9 @@ struct Access {
     bidx: String,
     /// The padded index helper's call up to its last argument (`Mode::Pad`).
     pidx: String,
+    /// The outputs written through strides (pieces of a concatenation,
+    /// `operands_placed`), whose tail blocks follow the shape.
+    sout: Vec<usize>,
 }
 
 /// The WGSL of `members` computed per element `i` and written to `outputs`: a module
@@ -1127,8 +1236,9 @@ fn generate(
     ext: &[(usize, Mode)],
     frame: Frame,
     rw: &[usize],
+    sout: &[usize],
 ) -> Result<String> {
-    let (mut src, access) = declarations(ex, members, outputs, ext, frame, rw);
+    let (mut src, access) = declarations(ex, members, outputs, ext, frame, rw, sout);
     let mut helpers: Vec<String> = Vec::new();
     let body = body(
         ex,
@@ -1171,7 +1281,8 @@ fn generate(
 /// fold layout follows the `Fused` tail (`rank` words per broadcast input and the
 /// constants' words after the shape); the folds' results are bound after the inputs.
 fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)], rw: &[usize]) -> Result<String> {
-    let (mut src, access) = declarations(ex, &g.members, &g.outputs, ext, Frame::Kernel(""), rw);
+    let (mut src, access) =
+        declarations(ex, &g.members, &g.outputs, ext, Frame::Kernel(""), rw, &[]);
     let first_sum = 1 + g.outputs.len() + ext.len();
     for k in 0..g.folds.len() {
         let _ = writeln!(
@@ -1195,7 +1306,7 @@ fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)], rw: &[usize]) ->
     for h in helpers {
         src.push_str(&h);
     }
-    let (mul, add) = block_words(ext);
+    let (mul, add) = block_words(ext, 0);
     let consts = add + param_words(ex, ext);
     let (mut init, mut add, mut tree, mut store) =
         (String::new(), String::new(), String::new(), String::new());
@@ -1256,6 +1367,7 @@ fn declarations(
     ext: &[(usize, Mode)],
     frame: Frame,
     rw: &[usize],
+    sout: &[usize],
 ) -> (String, Access) {
     let has_f16 = ex.ctx.has_f16;
     let (mut src, bidx, pidx) = match frame {
@@ -1293,7 +1405,7 @@ fn declarations(
             );
         }
     }
-    if ext.iter().any(|e| e.1 == Mode::Bcast) {
+    if ext.iter().any(|e| e.1 == Mode::Bcast) || !sout.is_empty() {
         let _ = write!(
             src,
             "fn {bidx}(i: u32, base: u32) -> u32 {{\n    let r = {p}.rank;\n    var rem = i;\n    var off = {p}.tail[base + r];\n    \
@@ -1319,6 +1431,7 @@ fn declarations(
         tail: format!("{p}.tail["),
         bidx: format!("{bidx}(i, "),
         pidx: format!("{pidx}(i, "),
+        sout: sout.to_vec(),
     };
     (src, access)
 }
@@ -1344,12 +1457,13 @@ fn body(
         tail,
         bidx,
         pidx,
+        sout,
     } = access;
     let mut body = String::new();
-    // The tail block of the next strided input is at word `rank * bm + ba`; the
-    // constants follow the last (`block_words`).
-    let (mut bm, mut ba) = (1usize, 0usize);
-    let (pm, pa) = block_words(ext);
+    // The tail block of the next strided input is at word `rank * bm + ba`, past those
+    // of the strided outputs; the constants follow the last (`block_words`).
+    let (mut bm, mut ba) = (1 + sout.len(), sout.len());
+    let (pm, pa) = block_words(ext, sout.len());
     let mut param_k = 0usize;
     let mut name: HashMap<usize, String> = HashMap::new();
     for (k, (j, mode)) in ext.iter().enumerate() {
@@ -1457,6 +1571,13 @@ fn body(
             let _ = writeln!(
                 body,
                 "    {b}[2u * i] = v{o}.x;\n    {b}[2u * i + 1u] = v{o}.y;"
+            );
+        } else if let Some(p) = sout.iter().position(|&s| s == k) {
+            let _ = writeln!(
+                body,
+                "    {}[{bidx}{rank} * {}u + {p}u)] = bitcast<u32>(v{o});",
+                out_buf(k),
+                1 + p
             );
         } else {
             let _ = writeln!(body, "    {}[i] = bitcast<u32>(v{o});", out_buf(k));

@@ -248,33 +248,46 @@ pub(super) fn pad(ex: &mut Exec, i: usize, pads: &[(usize, usize)], value: &f64)
     Ok(Slot::dev(out))
 }
 
+/// The concatenation node `i`: pieces that their kernels wrote into its buffer
+/// (`fusion::operands_placed`) are in place; the others are copied there.
 pub(super) fn concat(ex: &mut Exec, i: usize, axis: &usize) -> Result<Slot> {
     let plan = ex.plan;
     let ins = &plan.inputs[i];
-    let xs: Vec<DTensor> = ins.iter().map(|&j| ex.dev(j)).collect::<Result<_>>()?;
-    let mut shape = xs[0].shape.clone();
+    let shapes: Vec<Vec<usize>> = ins.iter().map(|&j| ex.slot(j).shape.clone()).collect();
+    let dtype = ex.slot(ins[0]).dtype;
+    let mut shape = shapes[0].clone();
     shape[*axis] = 0;
-    for x in &xs {
-        let ok = x.shape.len() == shape.len()
-            && x.shape
-                .iter()
+    for x in &shapes {
+        let ok = x.len() == shape.len()
+            && x.iter()
                 .zip(&shape)
                 .enumerate()
                 .all(|(d, (a, b))| d == *axis || a == b);
         if !ok {
-            let shapes: Vec<_> = xs.iter().map(|x| x.shape.clone()).collect();
             return Err(value_err!(
                 "concatenate: shapes {shapes:?} do not match outside axis {axis}"
             ));
         }
-        shape[*axis] += x.shape[*axis];
+        shape[*axis] += x[*axis];
     }
     let cs = c_strides(&shape);
-    let out = ex.alloc(&shape, xs[0].dtype, i)?;
+    let placed = ex.pieces.borrow_mut().remove(&i);
+    let out = match placed {
+        Some(b) if b.shape == shape && b.dtype == dtype => b,
+        Some(_) | None => ex.alloc(&shape, dtype, i)?,
+    };
     let mut off = 0i64;
-    for x in &xs {
-        scatter_strided(ex, &out, x, off * cs[*axis], &cs)?;
-        off += x.shape[*axis] as i64;
+    for (k, &j) in ins.iter().enumerate() {
+        let base = off * cs[*axis];
+        let in_place = matches!(
+            &ex.slot(j).lazy,
+            Some(Lazy::Slice { base: b, offset, .. }) if b.same_words(&out) && *offset as i64 == base
+        );
+        if !in_place {
+            let x = ex.dev(j)?;
+            scatter_strided(ex, &out, &x, base, &cs)?;
+        }
+        off += shapes[k][*axis] as i64;
     }
     Ok(Slot::dev(out))
 }
