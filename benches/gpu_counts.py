@@ -137,12 +137,15 @@ CASES = [
 LAUNCH_CATS = {"op", "fused", "callback"}
 
 
-def _launches(trace):
-    """Schedule items launched in a profiled CPU call, at every loop depth: loop nodes
-    count by their steps' items, not as launches of their own."""
+def _launches(trace, top):
+    """The launches of a profiled CPU call whose schedule launches `top` kernels, with
+    every loop step's: each loop node counts by its steps' items, not as a launch."""
     with open(trace) as f:
         spans = json.load(f)["traceEvents"]
-    return sum(1 for s in spans if s.get("cat") in LAUNCH_CATS)
+    depth = [(s.get("cat"), s.get("args", {}).get("depth", 0)) for s in spans]
+    loops = sum(1 for c, d in depth if c == "loop" and d == 0)
+    inner = sum(1 for c, d in depth if c in LAUNCH_CATS and d > 0)
+    return top - loops + inner
 
 
 def _steps(model, x, y, batch, profiled=False):
@@ -159,7 +162,7 @@ def _steps(model, x, y, batch, profiled=False):
                 trace = os.path.join(d, "trace.json")
                 with ferrokeras.profile(trace):
                     r = model.train_on_batch(xb, yb)
-                launches = _launches(trace)
+                launches = _launches(trace, model.train_function._f.dispatches)
         else:
             r = model.train_on_batch(xb, yb)
         outs.append(np.atleast_1d(np.asarray(r, dtype="float64")))

@@ -73,8 +73,12 @@ pub(crate) struct Placement {
     /// its axis that the graph knows.
     pub pieces: HashMap<usize, (usize, usize)>,
     /// The plans of a loop body specialised to its step shapes (`loops`), by key.
-    pub special: Mutex<Vec<(Vec<Vec<usize>>, Arc<Special>)>>,
+    pub special: Mutex<Vec<(SpecialKey, Arc<Special>)>>,
 }
+
+/// The key of a specialised loop body (`loops::special_key`): feed shapes and the shape
+/// vectors fed by value.
+pub(crate) type SpecialKey = Vec<Vec<usize>>;
 
 /// A loop body's plan specialised to the shapes of its steps (`Plan::specialize`, as
 /// `cpu::loops` does), with its placement.

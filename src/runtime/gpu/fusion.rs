@@ -2,9 +2,14 @@
 //! (`compile::fuse::Group`, built for the GPU's target). A group becomes one generated
 //! WGSL kernel over the elements of its outputs' shape: each external input is loaded
 //! once per element (directly, as a scalar, as an inlined folded constant, or through
-//! broadcast strides), then each member is one `let` built from the op -> WGSL expression
+//! strides: broadcast operands, and slices no kernel wrote, read from the buffer they
+//! are a slice of (`exec::Lazy`); a slice's gradient as its block, zero outside), then
+//! each member is one `let` built from the op -> WGSL expression
 //! tables of `ops::elementwise`, rounded to its dtype, and each output is written to a
-//! buffer of its own. A group that runs after a product or convolution it reads
+//! buffer of its own, or through strides into its block of the buffer of the
+//! concatenation that alone reads it (`operands_placed`). An input bound from the buffer
+//! an output writes other words of (a loop state's history) is declared writable
+//! (`writable`). A group that runs after a product or convolution it reads
 //! (`Group::first`) is generated as that kernel's epilogue instead (`Epilogue`): the same
 //! body as a function `epi(i, v)` that the kernel calls where it would store element `i`
 //! of its result, so `relu(x @ w + b) * 2` is one dispatch. A group the kernel cannot run

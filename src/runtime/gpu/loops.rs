@@ -10,10 +10,18 @@
 //! where it can (`Exec::dests`: the body's executor hands the row out as that node's
 //! output buffer), else a kernel copies it there; a stacked result nothing reads is not
 //! kept. A state's next value goes to the row of its history for the next step, so the
-//! history costs nothing more. wgpu lets no kernel read a buffer it writes, so a node
-//! whose kernel turned out to read its own stacked result (a state read to compute its
-//! next value, `Exec::clashes`) is given no row in a buffer a state of the step lives in
-//! (another of its stacked results, or none that step). Buffers a call drops return to the pool only after its submit, so
+//! history costs nothing more. wgpu binds no buffer both read-only and writable in one
+//! dispatch: a generated kernel that reads a state from its history's row while it
+//! writes the next row declares that input writable (`fusion::writable`); a node whose
+//! kernel turned out to read its own stacked result otherwise (`Exec::clashes`) is given
+//! no row in a buffer a state of the step lives in (another of its stacked results, or
+//! none that step).
+//!
+//! The body's first step runs its plan as built, recording the shape of every slot and
+//! fused member (`Exec::shapes`); the other steps run it specialised to those shapes
+//! (`Plan::specialize`, as `cpu::loops` does: a `sum_to` or `broadcast_to` to the shape
+//! its input has goes, so the groups on either side fuse), kept in the body's placement
+//! per feed shapes and shape values (`special_key`), so later runs start specialised. Buffers a call drops return to the pool only after its submit, so
 //! a loop whose recorded steps hold more new buffer bytes than the pool keeps idle
 //! (`FERROKERAS_GPU_POOL_MAX_IDLE_MB`) submits them and goes on. A body that needs the host (a `py_function`, an op or dtype
 //! without a WGSL lowering) makes the whole loop run on the CPU (`Place::Host`).
