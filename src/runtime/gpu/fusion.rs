@@ -963,6 +963,54 @@ fn operands_placed(
     Vec<(usize, Slot)>,
 )> {
     let plan = ex.plan;
+    // Inputs first (an upload fails before a result's allocation, naming the input).
+    let mut in_tail: Vec<u32> = Vec::new();
+    let mut bound = Vec::new();
+    let first_in = frame.first_binding() + outputs.len() as u32;
+    for (k, (j, mode)) in ext.iter().enumerate() {
+        if matches!(mode, Mode::Same | Mode::Scalar) {
+            bound.push((first_in + k as u32, ex.dev(*j)?));
+        }
+        if !matches!(mode, Mode::Bcast | Mode::Pad) {
+            continue;
+        }
+        let s = ex.slot(*j);
+        let lazy = if s.dev.is_none() {
+            s.lazy.as_ref()
+        } else {
+            None
+        };
+        match (mode, lazy) {
+            (
+                Mode::Bcast,
+                Some(Lazy::Slice {
+                    offset, strides, ..
+                }),
+            ) => {
+                in_tail.extend(lazy_strides(&s.shape, strides, out_shape));
+                in_tail.push(*offset as u32);
+            }
+            (Mode::Bcast, _) => {
+                in_tail.extend(bcast_strides(&s.shape, out_shape));
+                in_tail.push(0);
+            }
+            (Mode::Pad, Some(Lazy::Pad { g, starts })) => {
+                // Of the kernel's shape but for leading axes of length 1 (`settle`).
+                let lead = out_shape.len() - starts.len();
+                in_tail.extend((0..lead).map(|_| 0));
+                in_tail.extend(starts.iter().map(|&x| x as u32));
+                in_tail.extend(out_shape[..lead].iter().map(|&d| d as u32));
+                in_tail.extend(g.shape.iter().map(|&d| d as u32));
+            }
+            (Mode::Pad, _) => {
+                return Err(Error::Runtime(
+                    "internal: a padded operand that is not a lazy slice gradient".into(),
+                ))
+            }
+            (Mode::Same | Mode::Scalar | Mode::Param(_) | Mode::Stored, _) => {}
+        }
+        bound.push((first_in + k as u32, operand(ex, *j)?));
+    }
     let mut tail: Vec<u32> = out_shape.iter().map(|&d| d as u32).collect();
     let mut outs = Vec::with_capacity(outputs.len());
     let mut placed = Vec::new();
@@ -993,52 +1041,7 @@ fn operands_placed(
             None => outs.push(ex.alloc(out_shape, dtype, o)?),
         }
     }
-    let mut bound = Vec::new();
-    let first_in = frame.first_binding() + outputs.len() as u32;
-    for (k, (j, mode)) in ext.iter().enumerate() {
-        if matches!(mode, Mode::Same | Mode::Scalar) {
-            bound.push((first_in + k as u32, ex.dev(*j)?));
-        }
-        if !matches!(mode, Mode::Bcast | Mode::Pad) {
-            continue;
-        }
-        let s = ex.slot(*j);
-        let lazy = if s.dev.is_none() {
-            s.lazy.as_ref()
-        } else {
-            None
-        };
-        match (mode, lazy) {
-            (
-                Mode::Bcast,
-                Some(Lazy::Slice {
-                    offset, strides, ..
-                }),
-            ) => {
-                tail.extend(lazy_strides(&s.shape, strides, out_shape));
-                tail.push(*offset as u32);
-            }
-            (Mode::Bcast, _) => {
-                tail.extend(bcast_strides(&s.shape, out_shape));
-                tail.push(0);
-            }
-            (Mode::Pad, Some(Lazy::Pad { g, starts })) => {
-                // Of the kernel's shape but for leading axes of length 1 (`settle`).
-                let lead = out_shape.len() - starts.len();
-                tail.extend((0..lead).map(|_| 0));
-                tail.extend(starts.iter().map(|&x| x as u32));
-                tail.extend(out_shape[..lead].iter().map(|&d| d as u32));
-                tail.extend(g.shape.iter().map(|&d| d as u32));
-            }
-            (Mode::Pad, _) => {
-                return Err(Error::Runtime(
-                    "internal: a padded operand that is not a lazy slice gradient".into(),
-                ))
-            }
-            (Mode::Same | Mode::Scalar | Mode::Param(_) | Mode::Stored, _) => {}
-        }
-        bound.push((first_in + k as u32, operand(ex, *j)?));
-    }
+    tail.extend(in_tail);
     for (j, m) in ext {
         if let Mode::Param(w) = m {
             tail.extend(&w[..words_per(plan.nodes[*j].dtype())]);
