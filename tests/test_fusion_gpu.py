@@ -481,3 +481,25 @@ def test_concatenation_pieces_are_written_in_place(gpu, rng, axis):
     close(total, want.sum(axis=0))
     # One kernel per piece, one for `cat * 2` and the sum: no copy kernel.
     assert launches <= 5, launches
+
+
+def test_pieces_of_two_concatenations_are_written_into_both(gpu, rng):
+    # Pieces of widths 5 and 7 read by two concatenations (as a GRU's gate gradients
+    # are): each kernel writes its piece into its blocks of both buffers, and neither
+    # concatenation copies it.
+    phs, vals, pieces, want = [], [], [], []
+    for k, w in enumerate([5, 7, 3]):
+        v = rng.standard_normal((4, w)).astype("float32")
+        p = K.placeholder(shape=(None, w))
+        phs.append(p)
+        vals.append(v)
+        pieces.append(K.sigmoid(p * (k + 1.0)))
+        want.append(1 / (1 + np.exp(-v.astype("float64") * (k + 1.0))))
+    wide = K.concatenate(pieces, axis=-1)
+    narrow = K.concatenate(pieces[:2], axis=-1)
+    f = K.function(phs, [wide * 2.0, narrow - 1.0])
+    (a, b), launches = on_both(f, vals)
+    close(a, np.concatenate(want, axis=-1) * 2)
+    close(b, np.concatenate(want[:2], axis=-1) - 1)
+    # One kernel per piece and one per result: no copy kernel.
+    assert launches <= 5, launches

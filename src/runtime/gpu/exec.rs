@@ -66,12 +66,12 @@ pub(crate) struct Placement {
     /// reader is an elementwise node on the device (a generated kernel).
     pub lazy: Vec<bool>,
     /// The pieces of concatenations that the generated kernel computing them writes
-    /// into the concatenation's buffer (`fusion::operands_placed`): per node, the
+    /// into the concatenations' buffers (`fusion::operands_placed`): per node, each
     /// concatenation and its place among the inputs. A piece is an elementwise node on
-    /// the device, of one word per element, read by that concatenation alone (once) and
-    /// not an output of the plan; every input of the concatenation has a length along
+    /// the device, of one word per element, read by concatenations alone (each once) and
+    /// not an output of the plan; every input of such a concatenation has a length along
     /// its axis that the graph knows.
-    pub pieces: HashMap<usize, (usize, usize)>,
+    pub pieces: HashMap<usize, Vec<(usize, usize)>>,
     /// The plans of a loop body specialised to its step shapes (`loops`), by key.
     pub special: Mutex<Vec<(SpecialKey, Arc<Special>)>>,
 }
@@ -200,8 +200,9 @@ pub(crate) struct Exec<'a> {
     /// set (the first step of a loop body, `loops`).
     pub(crate) shapes: RefCell<Option<Vec<Option<Vec<usize>>>>>,
     /// The buffers of concatenations whose pieces kernels wrote in place, by node
-    /// (`fusion::operands_placed`), until the concatenation is lowered.
-    pub(crate) pieces: RefCell<HashMap<usize, DTensor>>,
+    /// (`fusion::operands_placed`), with which of its inputs they wrote, until the
+    /// concatenation is lowered.
+    pub(crate) pieces: RefCell<HashMap<usize, (DTensor, Vec<bool>)>>,
     pub stats: RunStats,
 }
 
@@ -336,7 +337,7 @@ pub(crate) fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Pla
 }
 
 /// The pieces of concatenations (`Placement::pieces`).
-fn concat_pieces(plan: &Plan, place: &[Place]) -> HashMap<usize, (usize, usize)> {
+fn concat_pieces(plan: &Plan, place: &[Place]) -> HashMap<usize, Vec<(usize, usize)>> {
     let n = plan.nodes.len();
     let mut reads = vec![0usize; n];
     for ins in &plan.inputs {
@@ -345,7 +346,7 @@ fn concat_pieces(plan: &Plan, place: &[Place]) -> HashMap<usize, (usize, usize)>
         }
     }
     let one_word = |j: usize| transfer::words_per(plan.nodes[j].dtype()) == 1;
-    let mut pieces = HashMap::new();
+    let mut pieces: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
     for c in 0..n {
         let Op::Concat(axis) = plan.nodes[c].op() else {
             continue;
@@ -370,13 +371,18 @@ fn concat_pieces(plan: &Plan, place: &[Place]) -> HashMap<usize, (usize, usize)>
                 && place[j] == Place::Gpu
                 && matches!(plan.nodes[j].op().class(), Class::Elementwise(_))
                 && one_word(j)
-                && reads[j] == 1
                 && !plan.outputs.contains(&j);
             if piece {
-                pieces.insert(j, (c, k));
+                pieces.entry(j).or_default().push((c, k));
             }
         }
     }
+    // Only nodes nothing but such concatenations reads, each once.
+    pieces.retain(|&j, at| {
+        let mut cs: Vec<usize> = at.iter().map(|&(c, _)| c).collect();
+        cs.dedup();
+        reads[j] == at.len() && cs.len() == at.len()
+    });
     pieces
 }
 

@@ -631,6 +631,7 @@ fn generate_run(ex: &Exec, segs: &[Segment], inputs: &[usize]) -> Result<String>
         // Lazy slice gradients are written out before a run (`settle`).
         pidx: String::new(),
         sout: Vec::new(),
+        xout: Vec::new(),
     };
     let mut helpers = Vec::new();
     let k = segs.len();
@@ -737,12 +738,16 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
     };
     let entry = format!("fused_{tag}");
     let frame = Frame::Kernel("");
-    let (words, bound, outs, placed) = operands_placed(ex, outputs, &ext, &out_shape, frame, true)?;
+    let (words, bound, outs, placed, extra) =
+        operands_placed(ex, outputs, &ext, &out_shape, frame, true)?;
     let rw = writable(&bound, &outs, frame, outputs.len());
     let sout: Vec<usize> = placed.iter().map(|(k, _)| *k).collect();
+    let xout: Vec<usize> = extra.iter().map(|(k, _)| *k).collect();
     let mut key = mode_key(&ext, &rw);
     key.extend(sout.iter().map(|&k| 1000 + k as u32));
+    key.extend(xout.iter().map(|&k| 2000 + k as u32));
     let pipe = ex.generated_pipeline((members.to_vec(), key), &entry, || {
+        let strided = (&sout[..], &xout[..]);
         generate(
             ex,
             members,
@@ -750,7 +755,7 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
             &ext,
             Frame::Kernel(&entry),
             &rw,
-            &sout,
+            strided,
         )
     })?;
     let mut bufs: Vec<(u32, &DTensor)> = outs
@@ -759,6 +764,13 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
         .map(|(k, t)| (1 + k as u32, t))
         .collect();
     bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
+    let first_extra = 1 + (outputs.len() + ext.len()) as u32;
+    bufs.extend(
+        extra
+            .iter()
+            .enumerate()
+            .map(|(e, (_, t))| (first_extra + e as u32, t)),
+    );
     let rw_binds = rw_bindings(&rw, Frame::Kernel(""), outputs.len());
     ex.dispatch_rw(pipe, &bufs, words, grid(n), &rw_binds)?;
     drop(bufs);
@@ -940,15 +952,28 @@ fn operands(
     out_shape: &[usize],
     frame: Frame,
 ) -> Result<(Params, Vec<(u32, DTensor)>, Vec<DTensor>)> {
-    let (words, bound, outs, _) = operands_placed(ex, outputs, ext, out_shape, frame, false)?;
+    let (words, bound, outs, _, _) = operands_placed(ex, outputs, ext, out_shape, frame, false)?;
     Ok((words, bound, outs))
 }
 
-/// `operands`, where with `pieces` an output that is a piece of a concatenation
-/// (`Placement::pieces`) is written into its block of the concatenation's buffer (the
-/// buffer it binds), through strides and an offset in the tail after the shape: with
-/// (output index, slot) for each such output, its slot a lazy slice of that buffer.
-#[allow(clippy::type_complexity)] // the parts of one binding plan
+/// What `operands_placed` returns: the parameter words, the bound inputs, the output
+/// buffers, the (output index, slot) of each output written into a concatenation, and
+/// the (output index, buffer) of each further concatenation an output is written into.
+type Placed = (
+    Params,
+    Vec<(u32, DTensor)>,
+    Vec<DTensor>,
+    Vec<(usize, Slot)>,
+    Vec<(usize, DTensor)>,
+);
+
+/// `operands`, where with `pieces` an output that is a piece of concatenations
+/// (`Placement::pieces`) is written into its block of the first one's buffer (the buffer
+/// it binds), through strides and an offset in the tail after the shape: with (output
+/// index, slot) for each such output, its slot a lazy slice of that buffer. It is also
+/// written into its blocks of the others, through further bindings past the inputs (their
+/// strides and offsets next in the tail), as many as the adapter's buffer limit allows;
+/// those concatenations copy the rest.
 fn operands_placed(
     ex: &mut Exec,
     outputs: &[usize],
@@ -956,12 +981,7 @@ fn operands_placed(
     out_shape: &[usize],
     frame: Frame,
     pieces: bool,
-) -> Result<(
-    Params,
-    Vec<(u32, DTensor)>,
-    Vec<DTensor>,
-    Vec<(usize, Slot)>,
-)> {
+) -> Result<Placed> {
     let plan = ex.plan;
     // Inputs first (an upload fails before a result's allocation, naming the input).
     let mut in_tail: Vec<u32> = Vec::new();
@@ -1014,13 +1034,37 @@ fn operands_placed(
     let mut tail: Vec<u32> = out_shape.iter().map(|&d| d as u32).collect();
     let mut outs = Vec::with_capacity(outputs.len());
     let mut placed = Vec::new();
+    let mut extra: Vec<(usize, DTensor)> = Vec::new();
+    let mut extra_tail: Vec<u32> = Vec::new();
+    let limit = ex.ctx.limits.max_storage_buffers_per_shader_stage as usize;
+    let mut spare = limit.saturating_sub(1 + outputs.len() + bound.len());
     for (k, &o) in outputs.iter().enumerate() {
         let dtype = plan.nodes[o].dtype();
-        match pieces
-            .then(|| piece(ex, o, out_shape))
-            .transpose()?
-            .flatten()
-        {
+        let targets = match pieces {
+            true => ex.lay.pieces.get(&o).cloned().unwrap_or_default(),
+            false => Vec::new(),
+        };
+        let mut first = None;
+        for (c, at) in targets {
+            if first.is_some() && spare == 0 {
+                break;
+            }
+            let Some((buf, offset, strides)) = piece(ex, c, at, out_shape)? else {
+                continue;
+            };
+            if let Some(e) = ex.pieces.borrow_mut().get_mut(&c) {
+                e.1[at] = true;
+            }
+            if first.is_none() {
+                first = Some((buf, offset, strides));
+            } else {
+                extra_tail.extend(strides.iter().map(|&s| s as u32));
+                extra_tail.push(offset as u32);
+                extra.push((k, buf));
+                spare -= 1;
+            }
+        }
+        match first {
             Some((buf, offset, strides)) => {
                 tail.extend(strides.iter().map(|&s| s as u32));
                 tail.push(offset as u32);
@@ -1041,6 +1085,7 @@ fn operands_placed(
             None => outs.push(ex.alloc(out_shape, dtype, o)?),
         }
     }
+    tail.extend(extra_tail);
     tail.extend(in_tail);
     for (j, m) in ext {
         if let Mode::Param(w) = m {
@@ -1051,18 +1096,21 @@ fn operands_placed(
         n: out_shape.iter().product::<usize>() as u32,
         rank: out_shape.len() as u32,
     };
-    Ok((Params::with_tail(&block, &tail), bound, outs, placed))
+    Ok((Params::with_tail(&block, &tail), bound, outs, placed, extra))
 }
 
-/// Where output `o` (of shape `shape`) is written as a piece of the concatenation that
-/// reads it (`Placement::pieces`): the concatenation's buffer (allocated by its first
-/// piece, `Exec::pieces`), the piece's offset in it and its strides; `None` where `o` is
-/// no such piece or is not of the length along the axis the graph gives it.
-fn piece(ex: &Exec, o: usize, shape: &[usize]) -> Result<Option<(DTensor, usize, Vec<usize>)>> {
+/// Where a piece of shape `shape` is written as input `k` of concatenation `c`
+/// (`Placement::pieces`): the concatenation's buffer (allocated by its first piece,
+/// `Exec::pieces`), the piece's offset in it and its strides; `None` where the piece is
+/// not of the length along the axis the graph gives it.
+#[allow(clippy::type_complexity)] // a buffer and a piece's place in it
+fn piece(
+    ex: &Exec,
+    c: usize,
+    k: usize,
+    shape: &[usize],
+) -> Result<Option<(DTensor, usize, Vec<usize>)>> {
     let plan = ex.plan;
-    let Some(&(c, k)) = ex.lay.pieces.get(&o) else {
-        return Ok(None);
-    };
     let crate::ops::Op::Concat(axis) = plan.nodes[c].op() else {
         return Ok(None);
     };
@@ -1077,13 +1125,16 @@ fn piece(ex: &Exec, o: usize, shape: &[usize]) -> Result<Option<(DTensor, usize,
     let mut full = shape.to_vec();
     full[axis] = lens.iter().sum();
     let dtype = plan.nodes[c].dtype();
-    let kept = ex.pieces.borrow().get(&c).cloned();
+    let kept = ex.pieces.borrow().get(&c).map(|e| e.0.clone());
     let buf = match kept {
         Some(b) if b.shape == full && b.dtype == dtype => b,
         Some(_) => return Ok(None),
         None => {
             let b = ex.alloc(&full, dtype, c)?;
-            ex.pieces.borrow_mut().insert(c, b.clone());
+            let n = plan.inputs[c].len();
+            ex.pieces
+                .borrow_mut()
+                .insert(c, (b.clone(), vec![false; n]));
             b
         }
     };
@@ -1192,7 +1243,8 @@ pub(crate) fn epilogue(
     }
     let (words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Epilogue)?;
     let rw = writable(&bound, &outs, Frame::Epilogue, g.outputs.len());
-    let src = generate(ex, &g.members, &g.outputs, &ext, Frame::Epilogue, &rw, &[])?;
+    let none: (&[usize], &[usize]) = (&[], &[]);
+    let src = generate(ex, &g.members, &g.outputs, &ext, Frame::Epilogue, &rw, none)?;
     let pbuf = pool::alloc(ex.ctx, words.0.len() as u64 * 4, &|| {
         "epilogue parameters".into()
     })?;
@@ -1232,6 +1284,9 @@ struct Access {
     /// The outputs written through strides (pieces of a concatenation,
     /// `operands_placed`), whose tail blocks follow the shape.
     sout: Vec<usize>,
+    /// The outputs also written into a further concatenation each, through binding
+    /// `xout{e}` (past the inputs) and the tail block after those of `sout`.
+    xout: Vec<usize>,
 }
 
 /// The WGSL of `members` computed per element `i` and written to `outputs`: a module
@@ -1244,9 +1299,9 @@ fn generate(
     ext: &[(usize, Mode)],
     frame: Frame,
     rw: &[usize],
-    sout: &[usize],
+    (sout, xout): (&[usize], &[usize]),
 ) -> Result<String> {
-    let (mut src, access) = declarations(ex, members, outputs, ext, frame, rw, sout);
+    let (mut src, access) = declarations(ex, members, outputs, ext, frame, rw, (sout, xout));
     let mut helpers: Vec<String> = Vec::new();
     let body = body(
         ex,
@@ -1289,8 +1344,15 @@ fn generate(
 /// fold layout follows the `Fused` tail (`rank` words per broadcast input and the
 /// constants' words after the shape); the folds' results are bound after the inputs.
 fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)], rw: &[usize]) -> Result<String> {
-    let (mut src, access) =
-        declarations(ex, &g.members, &g.outputs, ext, Frame::Kernel(""), rw, &[]);
+    let (mut src, access) = declarations(
+        ex,
+        &g.members,
+        &g.outputs,
+        ext,
+        Frame::Kernel(""),
+        rw,
+        (&[], &[]),
+    );
     let first_sum = 1 + g.outputs.len() + ext.len();
     for k in 0..g.folds.len() {
         let _ = writeln!(
@@ -1375,7 +1437,7 @@ fn declarations(
     ext: &[(usize, Mode)],
     frame: Frame,
     rw: &[usize],
-    sout: &[usize],
+    (sout, xout): (&[usize], &[usize]),
 ) -> (String, Access) {
     let has_f16 = ex.ctx.has_f16;
     let (mut src, bidx, pidx) = match frame {
@@ -1413,7 +1475,15 @@ fn declarations(
             );
         }
     }
-    if ext.iter().any(|e| e.1 == Mode::Bcast) || !sout.is_empty() {
+    let first_extra = first + outputs.len() + ext.len();
+    for e in 0..xout.len() {
+        let _ = writeln!(
+            src,
+            "@group(0) @binding({}) var<storage, read_write> xout{e}: array<u32>;",
+            first_extra + e
+        );
+    }
+    if ext.iter().any(|e| e.1 == Mode::Bcast) || !sout.is_empty() || !xout.is_empty() {
         let _ = write!(
             src,
             "fn {bidx}(i: u32, base: u32) -> u32 {{\n    let r = {p}.rank;\n    var rem = i;\n    var off = {p}.tail[base + r];\n    \
@@ -1440,6 +1510,7 @@ fn declarations(
         bidx: format!("{bidx}(i, "),
         pidx: format!("{pidx}(i, "),
         sout: sout.to_vec(),
+        xout: xout.to_vec(),
     };
     (src, access)
 }
@@ -1466,12 +1537,14 @@ fn body(
         bidx,
         pidx,
         sout,
+        xout,
     } = access;
     let mut body = String::new();
     // The tail block of the next strided input is at word `rank * bm + ba`, past those
     // of the strided outputs; the constants follow the last (`block_words`).
-    let (mut bm, mut ba) = (1 + sout.len(), sout.len());
-    let (pm, pa) = block_words(ext, sout.len());
+    let strided = sout.len() + xout.len();
+    let (mut bm, mut ba) = (1 + strided, strided);
+    let (pm, pa) = block_words(ext, strided);
     let mut param_k = 0usize;
     let mut name: HashMap<usize, String> = HashMap::new();
     for (k, (j, mode)) in ext.iter().enumerate() {
@@ -1590,6 +1663,15 @@ fn body(
         } else {
             let _ = writeln!(body, "    {}[i] = bitcast<u32>(v{o});", out_buf(k));
         }
+    }
+    for (e, &k) in xout.iter().enumerate() {
+        let o = outputs[k];
+        let p = sout.len() + e;
+        let _ = writeln!(
+            body,
+            "    xout{e}[{bidx}{rank} * {}u + {p}u)] = bitcast<u32>(v{o});",
+            1 + p
+        );
     }
     Ok(body)
 }

@@ -272,18 +272,14 @@ pub(super) fn concat(ex: &mut Exec, i: usize, axis: &usize) -> Result<Slot> {
     }
     let cs = c_strides(&shape);
     let placed = ex.pieces.borrow_mut().remove(&i);
-    let out = match placed {
-        Some(b) if b.shape == shape && b.dtype == dtype => b,
-        Some(_) | None => ex.alloc(&shape, dtype, i)?,
+    let (out, written) = match placed {
+        Some((b, w)) if b.shape == shape && b.dtype == dtype => (b, w),
+        Some(_) | None => (ex.alloc(&shape, dtype, i)?, vec![false; ins.len()]),
     };
     let mut off = 0i64;
     for (k, &j) in ins.iter().enumerate() {
         let base = off * cs[*axis];
-        let in_place = matches!(
-            &ex.slot(j).lazy,
-            Some(Lazy::Slice { base: b, offset, .. }) if b.same_words(&out) && *offset as i64 == base
-        );
-        if !in_place {
+        if !written[k] {
             let x = ex.dev(j)?;
             scatter_strided(ex, &out, &x, base, &cs)?;
         }
