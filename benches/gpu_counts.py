@@ -9,7 +9,11 @@ the train function:
   submits, the nodes that ran their CPU kernel inside the GPU plan (`host_nodes`: loops,
   and dtypes or ops the device does not compute exactly) and the shape-arithmetic nodes
   computed on the host from host values (`shape_nodes`, no transfer);
-- on the CPU device: the kernel launches of its schedule for the same step.
+- on the CPU device: the kernel launches of its schedule for the same step, and the
+  launches it performs including every step of its loops (`rnn`): each loop node's body
+  plan, specialised to its step shapes, launches its schedule once per step (counted from
+  a `ferrokeras.profile` trace of the call: its schedule items at every loop depth). The
+  GPU's dispatches include every loop step's, so that column is the like-for-like one.
 
 Each step runs first on the GPU, then again from the same weights and optimizer state on
 the CPU device; the losses, metrics and updated weights of the two must agree within
@@ -31,6 +35,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 
 os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -127,13 +132,41 @@ CASES = [
 ]
 
 
-def _steps(model, x, y, batch):
-    """Two training calls; the metrics of each and the train function after the second."""
+# Profiled schedule items that are kernel launches (`runtime::profile::cpu_item`); a
+# `loop` item holds its steps' items one depth deeper.
+LAUNCH_CATS = {"op", "fused", "callback"}
+
+
+def _launches(trace, top):
+    """The launches of a profiled CPU call whose schedule launches `top` kernels, with
+    every loop step's: each loop node counts by its steps' items, not as a launch."""
+    with open(trace) as f:
+        spans = json.load(f)["traceEvents"]
+    depth = [(s.get("cat"), s.get("args", {}).get("depth", 0)) for s in spans]
+    loops = sum(1 for c, d in depth if c == "loop" and d == 0)
+    inner = sum(1 for c, d in depth if c in LAUNCH_CATS and d > 0)
+    return top - loops + inner
+
+
+def _steps(model, x, y, batch, profiled=False):
+    """Two training calls; the metrics of each, the train function after the second and,
+    where `profiled`, the launches of the second call counted from its profile."""
+    import ferrokeras
+
     outs = []
+    launches = None
     for k in range(2):
-        r = model.train_on_batch(x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch])
+        xb, yb = x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch]
+        if profiled and k == 1:
+            with tempfile.TemporaryDirectory() as d:
+                trace = os.path.join(d, "trace.json")
+                with ferrokeras.profile(trace):
+                    r = model.train_on_batch(xb, yb)
+                launches = _launches(trace, model.train_function._f.dispatches)
+        else:
+            r = model.train_on_batch(xb, yb)
         outs.append(np.atleast_1d(np.asarray(r, dtype="float64")))
-    return outs, model.train_function._f
+    return outs, model.train_function._f, launches
 
 
 def measure(keras, name, build, gpu, check):
@@ -151,7 +184,7 @@ def measure(keras, name, build, gpu, check):
     for device in (["gpu"] if gpu else []) + ["cpu"]:
         ferrokeras.set_device(device)
         K.batch_set_value(list(zip(model.weights + model.optimizer.weights, start)))
-        outs, f = _steps(model, x, y, batch)
+        outs, f, launches = _steps(model, x, y, batch, profiled=device == "cpu")
         results[device] = outs + K.batch_get_value(model.weights + model.optimizer.weights)
         if device == "gpu":
             row["dispatches"], row["submits"] = f.dispatches, f.submits
@@ -159,6 +192,7 @@ def measure(keras, name, build, gpu, check):
             row["shape_nodes"] = getattr(f, "shape_nodes", None)
         else:
             row["cpu"] = f.dispatches
+            row["cpu_steps"] = launches
     row["diff"] = None
     if gpu and check and name not in DROPOUT:
         worst = 0.0
@@ -187,13 +221,14 @@ def markdown(rows, before):
     file of an earlier build is given) and the CPU device's launches."""
     old = {r["name"]: r for r in before or []}
     print(
-        "| step | what | GPU dispatches | GPU submits | host nodes | shape nodes | CPU launches |"
+        "| step | what | GPU dispatches | GPU submits | host nodes | shape nodes "
+        "| CPU launches | CPU launches, loop steps included |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         b = old.get(r["name"]) if before is not None else None
         cells = [_change(b, r, k) for k in ("dispatches", "submits", "host_nodes")]
-        cells += [_cell(r.get("shape_nodes")), _change(b, r, "cpu")]
+        cells += [_cell(r.get("shape_nodes")), _change(b, r, "cpu"), _change(b, r, "cpu_steps")]
         print(f"| {r['name']} | {r['what']} | " + " | ".join(cells) + " |")
 
 
@@ -229,13 +264,14 @@ def main():
                     print(f"device: {ferrokeras.devices()[1]['name'] if gpu else 'cpu only'}")
                     print(
                         f"{'model':<13} {'dispatches':>10} {'submits':>8} {'host':>5} "
-                        f"{'shape':>6} {'cpu':>5}  gpu-cpu"
+                        f"{'shape':>6} {'cpu':>5} {'cpu+steps':>9}  gpu-cpu"
                     )
                 diff = None if row["diff"] is None else round(row["diff"], 3)
                 print(
                     f"{name:<13} {_cell(row.get('dispatches')):>10} "
                     f"{_cell(row.get('submits')):>8} {_cell(row.get('host_nodes')):>5} "
-                    f"{_cell(row.get('shape_nodes')):>6} {row['cpu']:>5}  {_cell(diff)}",
+                    f"{_cell(row.get('shape_nodes')):>6} {row['cpu']:>5} "
+                    f"{_cell(row.get('cpu_steps')):>9}  {_cell(diff)}",
                     flush=True,
                 )
     finally:

@@ -345,3 +345,161 @@ def test_a_training_step_matches_the_cpu(gpu, rng):
     close(loss_gpu, loss_cpu, rtol=1e-4)
     for a, c in zip(after_gpu, after_cpu):
         close(a, c, rtol=1e-4)
+
+
+# Strided operands: a slice that is not one run of elements (columns of a matrix, a
+# strided or a middle-axis slice) read by generated kernels only is no kernel of its own:
+# each kernel reads it from the buffer it is a slice of, through strides and an offset in
+# its parameters; a slice's gradient read by generated kernels only is read as its
+# gradient inside a block, zero outside it. Anything else reading them writes them out.
+
+
+def _col_slices(z, specs):
+    return [z[:, a:b] for a, b in specs]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_column_slices_are_read_in_place(gpu, rng, rows):
+    # Columns 3:10, 11:18 and 20:27 of a product of width 29: offsets and widths of no
+    # convenient size. One product and one fused kernel, no slice kernel.
+    xv = rng.standard_normal((rows, 6)).astype("float32")
+    wv = rng.standard_normal((6, 29)).astype("float32")
+    x, w = K.placeholder(shape=(None, 6)), K.placeholder(shape=(6, 29))
+    a, b, c = _col_slices(K.dot(x, w), [(3, 10), (11, 18), (20, 27)])
+    f = K.function([x, w], [K.sigmoid(a) * K.tanh(b) + c])
+    (out,), launches = on_both(f, [xv, wv])
+    z = xv.astype("float64") @ wv.astype("float64")
+    sig = 1 / (1 + np.exp(-z[:, 3:10]))
+    close(out, sig * np.tanh(z[:, 11:18]) + z[:, 20:27])
+    assert launches == 2, launches
+
+
+def test_strided_middle_axis_and_broadcast_slices(gpu, rng):
+    # A step-3 slice of columns, a slice of a middle axis, and a one-row slice broadcast
+    # over the rows of another operand.
+    xv = rng.standard_normal((4, 5, 23)).astype("float32")
+    yv = rng.standard_normal((4, 7)).astype("float32")
+    vv = rng.standard_normal((3, 19)).astype("float32")
+    x = K.placeholder(shape=(None, 5, 23))
+    y, v = K.placeholder(shape=(None, 7)), K.placeholder(shape=(3, 19))
+    x2, v2 = K.exp(x * 0.25), v * 3.0
+    s1 = x2[:, 1:4, 2:23:3]  # [B, 3, 7]
+    s2 = x2[:, 2, 5:12]  # [B, 7]
+    s3 = v2[1:2, 9:16]  # [1, 7]
+    f = K.function([x, y, v], [s1 * K.expand_dims(s2 * y + s3, 1)])
+    (out,), launches = on_both(f, [xv, yv, vv])
+    x64, v64 = np.exp(xv.astype("float64") * 0.25), vv.astype("float64") * 3
+    want = x64[:, 1:4, 2:23:3] * (x64[:, 2, 5:12] * yv + v64[1:2, 9:16])[:, None, :]
+    close(out, want)
+
+
+def test_a_slice_read_by_a_product_is_written_out(gpu, rng):
+    # A column slice read by a generated kernel and by a product: written out once, for
+    # the product, and both read the same values.
+    xv = rng.standard_normal((5, 13)).astype("float32")
+    wv = rng.standard_normal((5, 4)).astype("float32")
+    x, w = K.placeholder(shape=(None, 13)), K.placeholder(shape=(5, 4))
+    s = (x * 2.0)[:, 3:8]
+    f = K.function([x, w], [K.dot(s, w), K.tanh(s)])
+    (p, t), _ = on_both(f, [xv, wv])
+    s64 = xv.astype("float64")[:, 3:8] * 2
+    close(p, s64 @ wv.astype("float64"))
+    close(t, np.tanh(s64))
+
+
+def _np_slices_loss(xv, wv):
+    z = xv @ wv
+    a, b, c = z[:, 3:10], z[:, 5:12], z[:, 20:27]
+    return (np.tanh(a) * b + np.exp(c * 0.1) * a).sum()
+
+
+def test_gradients_of_overlapping_slices(gpu, rng):
+    # Overlapping column slices: their gradients (zeros but a block) add up in generated
+    # kernels that read each through its block, then feed the product's gradients.
+    xv = rng.standard_normal((6, 5)).astype("float32")
+    wv = (rng.standard_normal((5, 29)) * 0.5).astype("float32")
+    x, w = K.placeholder(shape=(None, 5)), K.placeholder(shape=(5, 29))
+    z = K.dot(x, w)
+    a, b, c = z[:, 3:10], z[:, 5:12], z[:, 20:27]
+    loss = K.sum(K.tanh(a) * b + K.exp(c * 0.1) * a)
+    f = K.function([x, w], K.gradients(loss, [x, w]))
+    (gx, gw), _ = on_both(f, [xv, wv])
+    x64, w64 = f64(xv, wv)
+    close(gx, _fd(lambda v: _np_slices_loss(v, w64), x64), rtol=1e-3)
+    close(gw, _fd(lambda v: _np_slices_loss(x64, v), w64), rtol=1e-3)
+
+
+def _fd(loss, w, eps=1e-6):
+    g = np.zeros_like(w)
+    for idx in np.ndindex(w.shape):
+        wp, wm = w.copy(), w.copy()
+        wp[idx] += eps
+        wm[idx] -= eps
+        g[idx] = (loss(wp) - loss(wm)) / (2 * eps)
+    return g
+
+
+def test_slice_gradients_of_a_middle_axis(gpu, rng):
+    # Gradients of slices of a middle axis (one of them also of the last axis, read
+    # through a broadcast), added up as blocks of the input's shape.
+    xv = rng.standard_normal((3, 6, 5)).astype("float32")
+    x = K.placeholder(shape=(None, 6, 5))
+    y = K.exp(x * 0.3)
+    s1, s2 = y[:, 1:4, :], y[:, 2:3, 1:4]
+    loss = K.sum(s1 * s1) + K.sum(K.sin(s2) * K.ones((1, 4, 3)))
+    f = K.function([x], K.gradients(loss, [x]))
+    (gx,), _ = on_both(f, [xv])
+
+    def np_loss(v):
+        y = np.exp(v * 0.3)
+        return (y[:, 1:4, :] ** 2).sum() + 4 * np.sin(y[:, 2:3, 1:4]).sum()
+
+    close(gx, _fd(np_loss, xv.astype("float64")), rtol=1e-3)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_concatenation_pieces_are_written_in_place(gpu, rng, axis):
+    # Pieces of widths 5, 7 and 3 (along the last axis, or a middle one), each computed
+    # by a generated kernel read by the concatenation alone: each kernel writes its block
+    # of the concatenation's buffer through strides, and no kernel copies the pieces.
+    ax = 2 if axis == -1 else 1
+    phs, vals, pieces, want = [], [], [], []
+    for k, w in enumerate([5, 7, 3]):
+        shape = [4, 3, 6]
+        shape[ax] = w
+        v = rng.standard_normal(shape).astype("float32")
+        p = K.placeholder(shape=(None,) + tuple(shape[1:]))
+        phs.append(p)
+        vals.append(v)
+        pieces.append(K.tanh(p * (k + 1.0)) + 0.5)
+        want.append(np.tanh(v.astype("float64") * (k + 1.0)) + 0.5)
+    cat = K.concatenate(pieces, axis=axis)
+    f = K.function(phs, [cat * 2.0, K.sum(cat, axis=0)])
+    (out, total), launches = on_both(f, vals)
+    want = np.concatenate(want, axis=axis)
+    close(out, want * 2)
+    close(total, want.sum(axis=0))
+    # One kernel per piece, one for `cat * 2` and the sum: no copy kernel.
+    assert launches <= 5, launches
+
+
+def test_pieces_of_two_concatenations_are_written_into_both(gpu, rng):
+    # Pieces of widths 5 and 7 read by two concatenations (as a GRU's gate gradients
+    # are): each kernel writes its piece into its blocks of both buffers, and neither
+    # concatenation copies it.
+    phs, vals, pieces, want = [], [], [], []
+    for k, w in enumerate([5, 7, 3]):
+        v = rng.standard_normal((4, w)).astype("float32")
+        p = K.placeholder(shape=(None, w))
+        phs.append(p)
+        vals.append(v)
+        pieces.append(K.sigmoid(p * (k + 1.0)))
+        want.append(1 / (1 + np.exp(-v.astype("float64") * (k + 1.0))))
+    wide = K.concatenate(pieces, axis=-1)
+    narrow = K.concatenate(pieces[:2], axis=-1)
+    f = K.function(phs, [wide * 2.0, narrow - 1.0])
+    (a, b), launches = on_both(f, vals)
+    close(a, np.concatenate(want, axis=-1) * 2)
+    close(b, np.concatenate(want[:2], axis=-1) - 1)
+    # One kernel per piece and one per result: no copy kernel.
+    assert launches <= 5, launches

@@ -506,8 +506,10 @@ def test_parity_reductions(gpu, rng, dtype):
 @pytest.mark.parametrize(
     "width,rows,count",
     # Rows of 256 bytes from row 2, and all rows: windows of x's buffer, no kernel but
-    # the exp. Rows of 12 bytes from row 1: an offset no adapter's alignment admits.
-    [(64, (2, 6), 1), (64, (0, 8), 1), (3, (1, 3), 2)],
+    # the exp. Rows of 12 bytes from row 1: an offset no adapter's alignment admits, so
+    # no window, but the exp's kernel reads them in place through an offset (a lazy
+    # slice); read by a product, a kernel gathers them.
+    [(64, (2, 6), 1), (64, (0, 8), 1), (3, (1, 3), 1)],
 )
 def test_a_slice_of_whole_rows_is_a_window(gpu, rng, width, rows, count):
     a, b = rows
@@ -519,15 +521,28 @@ def test_a_slice_of_whole_rows_is_a_window(gpu, rng, width, rows, count):
     xv = rng.standard_normal((8, width)).astype("float32")
     np.testing.assert_allclose(f([xv])[0], np.exp(xv[a:b]), rtol=1e-5, atol=1e-6)
     assert f.dispatches == count
+    if width == 3:
+        w = K.placeholder(shape=(3, 2))
+        p = K.function([x, w], [K.dot(x[a:b], w)])
+        wv = rng.standard_normal((3, 2)).astype("float32")
+        np.testing.assert_allclose(p([xv, wv])[0], xv[a:b] @ wv, rtol=1e-5, atol=1e-5)
+        assert p.dispatches == 2
     out = fg([xv])
     ref = np.zeros((8, width))
     ref[a:b] = 2 * np.exp(2 * xv[a:b].astype("float64"))
     np.testing.assert_allclose(out[0], np.exp(xv[a:b]), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[1], ref, rtol=1e-4, atol=1e-5)
-    # Columns are no run of elements: a kernel gathers them.
+    # Columns are no run of elements: read by a generated kernel only, they are read in
+    # place from x's buffer through strides (a lazy slice), with no gather kernel; read
+    # by a product, a kernel gathers them.
     h = K.function([x], [x[:, 1:3] + 1.0])
     np.testing.assert_allclose(h([xv])[0], xv[:, 1:3] + 1.0, rtol=1e-6)
-    assert h.dispatches == 2
+    assert h.dispatches == 1
+    w = K.placeholder(shape=(2, 4))
+    m = K.function([x, w], [K.dot(x[:, 1:3], w)])
+    wv = rng.standard_normal((2, 4)).astype("float32")
+    np.testing.assert_allclose(m([xv, wv])[0], xv[:, 1:3] @ wv, rtol=1e-5, atol=1e-5)
+    assert m.dispatches == 2
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "bool"])

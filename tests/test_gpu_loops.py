@@ -356,3 +356,46 @@ def test_a_loop_holding_much_memory_submits_its_steps(gpu, rng):
     for r in v[1:]:
         ref = np.tanh(ref * 0.5 + r)
     np.testing.assert_allclose(out, ref, **TOL)
+
+
+def test_lstm_step_dispatches_per_time_step(gpu, rng):
+    # Per time step of a Keras LSTM cell (rows of 256 bytes: every row a window), the
+    # forward body records its two products (the bias and the sum in the second's
+    # epilogue), the cell kernel reading the four gates from the product's buffer and the
+    # cell state from its history's row, and the hidden state's second row; the VJP,
+    # specialised to its shapes after its first step, the cell's gradient kernel (writing
+    # the four gate gradients into the concatenation's buffer), the bias gradient and
+    # three products: at most the 4 + 8 launches of the CPU's specialised bodies.
+    if not GPU_LOOPS:
+        pytest.skip("loops run on the CPU with FERROKERAS_GPU_LOOPS=0")
+    B, D, H = 4, 16, 16
+    x = K.placeholder(shape=(None, None, D))
+    W = K.variable((rng.normal(size=(D, 4 * H)) * 0.4).astype("float32"))
+    U = K.variable((rng.normal(size=(H, 4 * H)) * 0.4).astype("float32"))
+    b = K.variable((rng.normal(size=(4 * H,)) * 0.1).astype("float32"))
+
+    def step(x_t, states):
+        h, c = states
+        z = K.bias_add(K.dot(x_t, W) + K.dot(h, U), b)
+        i, f, g, o = (
+            K.sigmoid(z[:, :H]),
+            K.sigmoid(z[:, H : 2 * H]),
+            K.tanh(z[:, 2 * H : 3 * H]),
+            K.sigmoid(z[:, 3 * H :]),
+        )
+        c2 = f * c + i * g
+        h2 = o * K.tanh(c2)
+        return h2, [h2, c2]
+
+    zeros = K.zeros_like(x[:, 0, :1]) * K.zeros((1, H))
+    last, outs, _ = K.rnn(step, x, [zeros, zeros])
+    loss = K.sum(outs * outs) + K.sum(last)
+    f = K.function([x], [last] + K.gradients(loss, [W, U, b]))
+    counts = []
+    for T in (4, 8):
+        xv = rng.normal(size=(B, T, D)).astype("float32")
+        _on_both(f, [xv])
+        f([xv])
+        counts.append(f._f.dispatches)
+    per_step = (counts[1] - counts[0]) / 4
+    assert per_step <= 12, (per_step, counts)

@@ -61,6 +61,30 @@ pub(crate) struct Placement {
     consts: Mutex<HashMap<usize, DTensor>>,
     /// Generated pipelines per (members, input modes).
     pub fused: Mutex<HashMap<FusedKey, Arc<Pipe>>>,
+    /// Per node: whether its result may stay lazy (`Lazy`): a slice or slice gradient on
+    /// the device, of one word per element, not an output of the plan, whose every
+    /// reader is an elementwise node on the device (a generated kernel).
+    pub lazy: Vec<bool>,
+    /// The pieces of concatenations that the generated kernel computing them writes
+    /// into the concatenations' buffers (`fusion::operands_placed`): per node, each
+    /// concatenation and its place among the inputs. A piece is an elementwise node on
+    /// the device, of one word per element, read by concatenations alone (each once) and
+    /// not an output of the plan; every input of such a concatenation has a length along
+    /// its axis that the graph knows.
+    pub pieces: HashMap<usize, Vec<(usize, usize)>>,
+    /// The plans of a loop body specialised to its step shapes (`loops`), by key.
+    pub special: Mutex<Vec<(SpecialKey, Arc<Special>)>>,
+}
+
+/// The key of a specialised loop body (`loops::special_key`): feed shapes and the shape
+/// vectors fed by value.
+pub(crate) type SpecialKey = Vec<Vec<usize>>;
+
+/// A loop body's plan specialised to the shapes of its steps (`Plan::specialize`, as
+/// `cpu::loops` does), with its placement.
+pub(crate) struct Special {
+    pub plan: Plan,
+    pub lay: Placement,
 }
 
 /// A generated pipeline's key: the kernel's members and its inputs' modes.
@@ -87,6 +111,29 @@ pub(crate) struct Slot {
     pub dtype: DType,
     pub host: Option<Value>,
     pub dev: Option<DTensor>,
+    /// A value no kernel wrote (`dev` empty until one must, `Exec::dev`): elements of
+    /// another tensor that the generated kernels read in place (`fusion`).
+    pub lazy: Option<Lazy>,
+}
+
+/// A value that generated kernels read from another tensor's buffer, through the
+/// strides of their operands (`fusion::Mode::Bcast`, `fusion::Mode::Pad`), so that no
+/// kernel copies it: a slice that is not one run of elements (a gate's columns of a
+/// recurrent cell's fused product), or a slice's gradient. Only values whose every
+/// reader is a generated kernel are lazy (`Placement::lazy`); `Exec::dev` writes one
+/// out where another kernel needs it after all.
+#[derive(Clone)]
+pub(crate) enum Lazy {
+    /// Element `c` (C order over the slot's shape) is element
+    /// `offset + sum_d c_d * strides[d]` of `base` (one word per element).
+    Slice {
+        base: DTensor,
+        offset: usize,
+        strides: Vec<usize>,
+    },
+    /// Zeros, but the block `starts[d] .. starts[d] + g.shape[d]` of each axis `d`,
+    /// which is `g` (a slice's gradient).
+    Pad { g: DTensor, starts: Vec<usize> },
 }
 
 impl Slot {
@@ -96,6 +143,7 @@ impl Slot {
             dtype: v.dtype(),
             host: Some(v),
             dev: None,
+            lazy: None,
         }
     }
     pub fn dev(d: DTensor) -> Slot {
@@ -104,6 +152,7 @@ impl Slot {
             dtype: d.dtype,
             host: None,
             dev: Some(d),
+            lazy: None,
         }
     }
 }
@@ -144,6 +193,16 @@ pub(crate) struct Exec<'a> {
     /// The rows of `writing` a kernel also read another part of the buffer of (a copy
     /// was made, `bindings`), for the loop to place that node elsewhere.
     pub(crate) clashes: RefCell<Vec<DTensor>>,
+    /// Whether `run_items` lists each item's dispatches on stderr (the first step of a
+    /// loop body under `FERROKERAS_LOOP_DEBUG`), and the entry points recorded so far.
+    pub(crate) trace: Option<Vec<String>>,
+    /// The shape of each slot that held a value, recorded for `Plan::specialize` where
+    /// set (the first step of a loop body, `loops`).
+    pub(crate) shapes: RefCell<Option<Vec<Option<Vec<usize>>>>>,
+    /// The buffers of concatenations whose pieces kernels wrote in place, by node
+    /// (`fusion::operands_placed`), with which of its inputs they wrote, until the
+    /// concatenation is lowered.
+    pub(crate) pieces: RefCell<HashMap<usize, (DTensor, Vec<bool>)>>,
     pub stats: RunStats,
 }
 
@@ -183,7 +242,7 @@ fn gpu_supports(t: &Tensor) -> bool {
 
 /// The fusion target of `ctx`'s generated kernels: the dtypes WGSL stores, and the
 /// storage buffers a kernel may bind besides its parameter block.
-fn gpu_target(ctx: &Context) -> Target {
+pub(crate) fn gpu_target(ctx: &Context) -> Target {
     const STORABLE: &[DType] = &[
         DType::F32,
         DType::F16,
@@ -201,7 +260,7 @@ fn gpu_target(ctx: &Context) -> Target {
 /// Places every node of `plan` on `ctx` and takes the plan's schedule for its target. A
 /// loop whose body runs on the device as a whole (`loops::on_device`) is `Place::Gpu`,
 /// and so are the `TupleGet`s reading it.
-fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Placement {
+pub(crate) fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Placement {
     let n = plan.nodes.len();
     // Small int vectors that only feed target shapes stay on the host: shape arithmetic
     // where they read host values only, else host nodes.
@@ -261,6 +320,8 @@ fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Placement {
         on_host.push(h);
     }
     let own = (plan.schedule(&target).target != target).then(|| fuse::schedule(plan, &target));
+    let lazy = lazy_nodes(plan, &place);
+    let pieces = concat_pieces(plan, &place);
     Placement {
         bodies,
         ctx_id: ctx.id,
@@ -269,7 +330,88 @@ fn build_placement(ctx: &Context, plan: &Plan, target: Target) -> Placement {
         own,
         consts: Mutex::new(HashMap::new()),
         fused: Mutex::new(HashMap::new()),
+        lazy,
+        pieces,
+        special: Mutex::new(Vec::new()),
     }
+}
+
+/// The pieces of concatenations (`Placement::pieces`).
+fn concat_pieces(plan: &Plan, place: &[Place]) -> HashMap<usize, Vec<(usize, usize)>> {
+    let n = plan.nodes.len();
+    let mut reads = vec![0usize; n];
+    for ins in &plan.inputs {
+        for &j in ins {
+            reads[j] += 1;
+        }
+    }
+    let one_word = |j: usize| transfer::words_per(plan.nodes[j].dtype()) == 1;
+    let mut pieces: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
+    for c in 0..n {
+        let Op::Concat(axis) = plan.nodes[c].op() else {
+            continue;
+        };
+        let ins = &plan.inputs[c];
+        let known = ins.iter().all(|&j| {
+            plan.nodes[j]
+                .shape()
+                .dims()
+                .get(*axis)
+                .is_some_and(Option::is_some)
+        });
+        if !matches!(plan.steps[c], Step::Compute)
+            || place[c] != Place::Gpu
+            || !one_word(c)
+            || !known
+        {
+            continue;
+        }
+        for (k, &j) in ins.iter().enumerate() {
+            let piece = matches!(plan.steps[j], Step::Compute)
+                && place[j] == Place::Gpu
+                && matches!(plan.nodes[j].op().class(), Class::Elementwise(_))
+                && one_word(j)
+                && !plan.outputs.contains(&j);
+            if piece {
+                pieces.entry(j).or_default().push((c, k));
+            }
+        }
+    }
+    // Only nodes nothing but such concatenations reads, each once.
+    pieces.retain(|&j, at| {
+        let mut cs: Vec<usize> = at.iter().map(|&(c, _)| c).collect();
+        cs.dedup();
+        reads[j] == at.len() && cs.len() == at.len()
+    });
+    pieces
+}
+
+/// The nodes whose results may stay lazy (`Placement::lazy`).
+fn lazy_nodes(plan: &Plan, place: &[Place]) -> Vec<bool> {
+    let n = plan.nodes.len();
+    let mut ok: Vec<bool> = (0..n)
+        .map(|i| {
+            matches!(plan.nodes[i].op(), Op::Slice(_) | Op::SliceGrad(_))
+                && matches!(plan.steps[i], Step::Compute)
+                && place[i] == Place::Gpu
+                && transfer::words_per(plan.nodes[i].dtype()) == 1
+                && !plan.outputs.contains(&i)
+        })
+        .collect();
+    let mut read = vec![false; n];
+    for u in 0..n {
+        let data = !matches!(plan.steps[u], Step::Compute)
+            || place[u] != Place::Gpu
+            || !matches!(plan.nodes[u].op().class(), Class::Elementwise(_));
+        let hargs = plan.nodes[u].op().shape_operands();
+        for (p, &j) in plan.inputs[u].iter().enumerate() {
+            read[j] = true;
+            if data || hargs.contains(&p) {
+                ok[j] = false;
+            }
+        }
+    }
+    ok.iter().zip(&read).map(|(&o, &r)| o && r).collect()
 }
 
 /// Runs `plan` on `ctx`. Results `..n_host` come back as host values, the rest may stay
@@ -344,6 +486,9 @@ impl<'a> Exec<'a> {
             dests: RefCell::new(HashMap::new()),
             writing: RefCell::new(Vec::new()),
             clashes: RefCell::new(Vec::new()),
+            trace: None,
+            shapes: RefCell::new(None),
+            pieces: RefCell::new(HashMap::new()),
             stats: RunStats::default(),
         }
     }
@@ -396,8 +541,27 @@ impl<'a> Exec<'a> {
             if let Some(start) = start {
                 self.profile_item(start, item, self.stats.dispatches - before);
             }
+            if let Some(names) = self.trace.as_mut() {
+                let recorded = std::mem::take(names);
+                if !recorded.is_empty() {
+                    let ops: Vec<String> = sched.items[t..end]
+                        .iter()
+                        .flat_map(|it| match it {
+                            Item::Node(i) => vec![*i],
+                            Item::Group(_) | Item::Update(_) => {
+                                let g = it.group().expect("a group item");
+                                g.first.iter().chain(&g.members).copied().collect()
+                            }
+                            Item::MatAcc { mm, add, .. } => vec![*mm, *add],
+                        })
+                        .map(|i| self.plan.nodes[i].op().name())
+                        .collect();
+                    eprintln!("  [{}] {}", ops.join(" "), recorded.join(" "));
+                }
+            }
             for frees in &sched.frees[t..end] {
                 for &j in frees {
+                    self.note_shape(j);
                     self.slots[j] = None;
                     self.multi.remove(&j);
                     self.loop_results.remove(&j);
@@ -405,7 +569,25 @@ impl<'a> Exec<'a> {
             }
             t = end;
         }
+        for j in 0..self.slots.len() {
+            self.note_shape(j);
+        }
         Ok(())
+    }
+
+    /// Records slot `j`'s shape where shapes are recorded (`shapes`).
+    fn note_shape(&self, j: usize) {
+        if let Some(s) = &self.slots[j] {
+            self.note(j, &s.shape);
+        }
+    }
+
+    /// Records `shape` as node `j`'s where shapes are recorded (`shapes`): a slot's, or
+    /// a fused member's that no buffer holds (`fusion`).
+    pub(crate) fn note(&self, j: usize, shape: &[usize]) {
+        if let Some(shapes) = self.shapes.borrow_mut().as_mut() {
+            shapes[j] = Some(shape.to_vec());
+        }
     }
 
     pub fn slot(&self, j: usize) -> &Slot {
@@ -590,6 +772,9 @@ impl<'a> Exec<'a> {
         let plan = self.plan;
         let node = &plan.nodes[i];
         let ins = &plan.inputs[i];
+        if self.slot(ins[0]).lazy.is_some() {
+            self.dev(ins[0])?;
+        }
         let x = self.slot(ins[0]);
         let shape = match node.op().class() {
             Class::View(ViewOp::Identity) => x.shape.clone(),
@@ -616,6 +801,7 @@ impl<'a> Exec<'a> {
             host: x.host.as_ref().map(|h| h.reshape(&shape)).transpose()?,
             dev: x.dev.as_ref().map(|d| d.reshaped(shape.clone(), d.dtype)),
             shape,
+            lazy: None,
         })
     }
 
@@ -625,6 +811,11 @@ impl<'a> Exec<'a> {
         let s = self.slot(j);
         if let Some(d) = &s.dev {
             return Ok(d.clone());
+        }
+        if let Some(lazy) = s.lazy.clone() {
+            let d = kernels::write_out(self, j, &lazy)?;
+            self.slots[j].as_mut().expect("slot").dev = Some(d.clone());
+            return Ok(d);
         }
         let v = s
             .host
@@ -726,9 +917,13 @@ impl<'a> Exec<'a> {
     /// ranges: a tensor read from the buffer of a row this item writes in place
     /// (`writing`; an earlier row of the same stacked result, a loop state) is copied
     /// to a fresh buffer first, one dispatch.
-    fn bindings(&mut self, bufs: &[(u32, &DTensor)]) -> Result<Vec<Binding>> {
+    fn bindings(&mut self, bufs: &[(u32, &DTensor)], rw: &[u32]) -> Result<Vec<Binding>> {
         let mut out = Vec::with_capacity(bufs.len());
         for &(b, t) in bufs {
+            if rw.contains(&b) {
+                out.push((b, t.buf.clone(), t.offset, t.bytes()));
+                continue;
+            }
             let clash = {
                 let w = self.writing.borrow();
                 if w.iter().any(|r| r.same_words(t)) {
@@ -757,10 +952,25 @@ impl<'a> Exec<'a> {
         params: Params,
         groups: [u32; 3],
     ) -> Result<()> {
+        self.dispatch_rw(pipe, bufs, params, groups, &[])
+    }
+
+    /// Like `dispatch`, where the kernel declares the bindings `rw` (inputs) writable:
+    /// they may be windows of a buffer the kernel writes other words of (a loop state's
+    /// history, read at one row and written at the next), so `bindings` copies none of
+    /// them.
+    pub fn dispatch_rw(
+        &mut self,
+        pipe: Arc<Pipe>,
+        bufs: &[(u32, &DTensor)],
+        params: Params,
+        groups: [u32; 3],
+        rw: &[u32],
+    ) -> Result<()> {
         if groups.contains(&0) {
             return Ok(());
         }
-        let bufs = self.bindings(bufs)?;
+        let bufs = self.bindings(bufs, rw)?;
         self.record(pipe, bufs, params, groups);
         Ok(())
     }
@@ -785,6 +995,9 @@ impl<'a> Exec<'a> {
     }
 
     fn record(&mut self, pipe: Arc<Pipe>, bufs: Vec<Binding>, params: Params, groups: [u32; 3]) {
+        if let Some(names) = self.trace.as_mut() {
+            names.push(pipe.entry.clone());
+        }
         self.cmds.push(Cmd {
             pipe,
             bufs,
@@ -809,6 +1022,9 @@ impl<'a> Exec<'a> {
         if groups.contains(&0) {
             return Ok(());
         }
+        if let Some(names) = self.trace.as_mut() {
+            names.push(pipe.entry.clone());
+        }
         let status = match &self.status {
             Some(s) => s.clone(),
             None => {
@@ -819,7 +1035,7 @@ impl<'a> Exec<'a> {
             }
         };
         self.status_msgs.insert(tag, msg);
-        let mut b = self.bindings(bufs)?;
+        let mut b = self.bindings(bufs, &[])?;
         b.push((4, status, 0, 16));
         self.cmds.push(Cmd {
             pipe,

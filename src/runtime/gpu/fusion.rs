@@ -2,9 +2,14 @@
 //! (`compile::fuse::Group`, built for the GPU's target). A group becomes one generated
 //! WGSL kernel over the elements of its outputs' shape: each external input is loaded
 //! once per element (directly, as a scalar, as an inlined folded constant, or through
-//! broadcast strides), then each member is one `let` built from the op -> WGSL expression
+//! strides: broadcast operands, and slices no kernel wrote, read from the buffer they
+//! are a slice of (`exec::Lazy`); a slice's gradient as its block, zero outside), then
+//! each member is one `let` built from the op -> WGSL expression
 //! tables of `ops::elementwise`, rounded to its dtype, and each output is written to a
-//! buffer of its own. A group that runs after a product or convolution it reads
+//! buffer of its own, or through strides into its block of the buffer of the
+//! concatenation that alone reads it (`operands_placed`). An input bound from the buffer
+//! an output writes other words of (a loop state's history) is declared writable
+//! (`writable`). A group that runs after a product or convolution it reads
 //! (`Group::first`) is generated as that kernel's epilogue instead (`Epilogue`): the same
 //! body as a function `epi(i, v)` that the kernel calls where it would store element `i`
 //! of its result, so `relu(x @ w + b) * 2` is one dispatch. A group the kernel cannot run
@@ -17,7 +22,7 @@
 //! `int64_binary`, `cast_expr`). Groups touching int64 run as kernels of their own (not
 //! as epilogues or in runs of update groups).
 
-use super::exec::{grid, Exec, Place, Slot};
+use super::exec::{grid, Exec, Lazy, Place, Slot};
 use super::params::{self, Params, EPILOGUE_BINDING, EPILOGUE_WGSL, FUSED_WGSL};
 use super::pipelines::{self, dtag, is_float, norm_fn, Pipe};
 use super::transfer::{self, words_per};
@@ -39,8 +44,12 @@ enum Mode {
     Same,
     /// One element: index 0.
     Scalar,
-    /// Broadcast: index through strides in the parameter tail.
+    /// Strided: index through strides and an offset in the parameter tail (a broadcast
+    /// operand, or a lazy slice read from the buffer it is a slice of, `exec::Lazy`).
     Bcast,
+    /// A lazy slice gradient (`exec::Lazy::Pad`) of the kernel's shape: its gradient's
+    /// element where the index lies in the block the tail gives, else zero.
+    Pad,
     /// A folded scalar constant, passed in the parameter tail as its words (the second
     /// for int64 only). (Not a WGSL literal: drivers fold and reassociate literals,
     /// turning `(1 - p) + eps` into `(1 + eps) - p`.)
@@ -398,15 +407,18 @@ fn record_fold_kernel(
     layout: &FoldLayout,
 ) -> Result<bool> {
     let n: usize = shape.iter().product();
+    settle(ex, &g.members, n, true, None)?;
     let ext = ext_modes(ex, &g.members, n, None);
     let binds = ext
         .iter()
-        .filter(|(_, m)| matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast))
+        .filter(|(_, m)| matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Pad))
         .count();
     let limit = ex.ctx.limits.max_storage_buffers_per_shader_stage as usize;
     if 1 + g.outputs.len() + binds + g.folds.len() > limit {
         return Ok(false);
     }
+    let (mut words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Kernel(""))?;
+    let rw = writable(&bound, &outs, Frame::Kernel(""), g.outputs.len());
     let key = (
         g.members
             .iter()
@@ -414,14 +426,13 @@ fn record_fold_kernel(
             .chain([usize::MAX])
             .chain(g.fold_nodes())
             .collect::<Vec<_>>(),
-        mode_key(&ext),
+        mode_key(&ext, &rw),
     );
-    let pipe = ex.generated_pipeline(key, "fused_fold", || generate_folded(ex, g, &ext))?;
-    let (mut words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Kernel(""))?;
+    let pipe = ex.generated_pipeline(key, "fused_fold", || generate_folded(ex, g, &ext, &rw))?;
     // The fold layout follows the tail's shape, strides and constants (`with_tail` pads
     // an empty tail with a word, which goes).
-    let bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
-    let tail = shape.len() * (1 + bcast) + param_words(ex, &ext);
+    let (mul, add) = block_words(&ext, 0);
+    let tail = shape.len() * mul + add + param_words(ex, &ext);
     words
         .0
         .truncate(std::mem::size_of::<params::Fused>() / 4 + tail);
@@ -452,7 +463,14 @@ fn record_fold_kernel(
     );
     let wgs = l.nout.div_ceil(l.cb);
     let x = wgs.min(65535);
-    ex.dispatch(pipe, &bufs, words, [x as u32, wgs.div_ceil(x) as u32, 1])?;
+    let rw_binds = rw_bindings(&rw, Frame::Kernel(""), g.outputs.len());
+    ex.dispatch_rw(
+        pipe,
+        &bufs,
+        words,
+        [x as u32, wgs.div_ceil(x) as u32, 1],
+        &rw_binds,
+    )?;
     drop(bufs);
     for (&o, t) in g.outputs.iter().zip(outs) {
         ex.slots[o] = Some(Slot::dev(t));
@@ -493,7 +511,9 @@ pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Slot>
         };
         match shape {
             Some(shape) => {
-                let ext = ext_modes(ex, &g.members, shape.iter().product(), None);
+                let n = shape.iter().product();
+                settle(ex, &g.members, n, false, None)?;
+                let ext = ext_modes(ex, &g.members, n, None);
                 segs.push((g, shape, ext));
             }
             None => record(ex, g, feeds)?,
@@ -502,7 +522,9 @@ pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Slot>
     let mut inputs: Vec<usize> = Vec::new();
     for (_, _, ext) in &segs {
         for (j, m) in ext {
-            if matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast) && !inputs.contains(j) {
+            if matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Pad)
+                && !inputs.contains(j)
+            {
                 inputs.push(*j);
             }
         }
@@ -543,10 +565,15 @@ pub(crate) fn record_run(ex: &mut Exec, gs: &[&Group], feeds: &mut [Option<Slot>
         .collect();
     let key = (
         members,
-        segs.iter().flat_map(|(_, _, ext)| mode_key(ext)).collect(),
+        segs.iter()
+            .flat_map(|(_, _, ext)| mode_key(ext, &[]))
+            .collect(),
     );
     let pipe = ex.generated_pipeline(key, "fused_run", || generate_run(ex, &segs, &inputs))?;
-    let ins: Vec<DTensor> = inputs.iter().map(|&j| ex.dev(j)).collect::<Result<_>>()?;
+    let ins: Vec<DTensor> = inputs
+        .iter()
+        .map(|&j| operand(ex, j))
+        .collect::<Result<_>>()?;
     let mut bufs: Vec<(u32, &DTensor)> = outs
         .iter()
         .enumerate()
@@ -593,7 +620,7 @@ fn generate_run(ex: &Exec, segs: &[Segment], inputs: &[usize]) -> Result<String>
     }
     src.push_str(
         "fn sbidx(i: u32, h: u32, base: u32) -> u32 {\n    let r = p.tail[h + 1u];\n    var rem = i;\n    \
-         var off = 0u;\n    for (var k = 0u; k < r; k++) {\n        let d = r - 1u - k;\n        \
+         var off = p.tail[h + 2u + base + r];\n    for (var k = 0u; k < r; k++) {\n        let d = r - 1u - k;\n        \
          let dim = p.tail[h + 2u + d];\n        off += (rem % dim) * p.tail[h + 2u + base + d];\n        \
          rem = rem / dim;\n    }\n    return off;\n}\n",
     );
@@ -601,6 +628,10 @@ fn generate_run(ex: &Exec, segs: &[Segment], inputs: &[usize]) -> Result<String>
         rank: "p.tail[h + 1u]".into(),
         tail: "p.tail[h + 2u + ".into(),
         bidx: "sbidx(i, h, ".into(),
+        // Lazy slice gradients are written out before a run (`settle`).
+        pidx: String::new(),
+        sout: Vec::new(),
+        xout: Vec::new(),
     };
     let mut helpers = Vec::new();
     let k = segs.len();
@@ -684,6 +715,7 @@ fn member_shapes_from(
                 target
             }
         };
+        ex.note(m, &shape);
         shapes.insert(m, shape);
     }
     Ok(shapes)
@@ -698,40 +730,169 @@ pub(crate) fn record_members(ex: &mut Exec, members: &[usize], outputs: &[usize]
     let s = *members.last().expect("a kernel has members");
     let out_shape = shapes[&s].clone();
     let n: usize = out_shape.iter().product();
+    settle(ex, members, n, true, None)?;
     let ext = ext_modes(ex, members, n, None);
     let tag = match plan.nodes[s].dtype() {
         DType::I64 => "i64",
         d => dtag(d).expect("gpu dtype"),
     };
     let entry = format!("fused_{tag}");
-    let pipe = ex.generated_pipeline((members.to_vec(), mode_key(&ext)), &entry, || {
-        generate(ex, members, outputs, &ext, Frame::Kernel(&entry))
+    let frame = Frame::Kernel("");
+    let (words, bound, outs, placed, extra) =
+        operands_placed(ex, outputs, &ext, &out_shape, frame, true)?;
+    let rw = writable(&bound, &outs, frame, outputs.len());
+    let sout: Vec<usize> = placed.iter().map(|(k, _)| *k).collect();
+    let xout: Vec<usize> = extra.iter().map(|(k, _)| *k).collect();
+    let mut key = mode_key(&ext, &rw);
+    key.extend(sout.iter().map(|&k| 1000 + k as u32));
+    key.extend(xout.iter().map(|&k| 2000 + k as u32));
+    let pipe = ex.generated_pipeline((members.to_vec(), key), &entry, || {
+        let strided = (&sout[..], &xout[..]);
+        generate(
+            ex,
+            members,
+            outputs,
+            &ext,
+            Frame::Kernel(&entry),
+            &rw,
+            strided,
+        )
     })?;
-    let (words, bound, outs) = operands(ex, outputs, &ext, &out_shape, Frame::Kernel(""))?;
     let mut bufs: Vec<(u32, &DTensor)> = outs
         .iter()
         .enumerate()
         .map(|(k, t)| (1 + k as u32, t))
         .collect();
     bufs.extend(bound.iter().map(|(b, t)| (*b, t)));
-    ex.dispatch(pipe, &bufs, words, grid(n))?;
-    for (&o, t) in outputs.iter().zip(outs) {
-        ex.slots[o] = Some(Slot::dev(t));
+    let first_extra = 1 + (outputs.len() + ext.len()) as u32;
+    bufs.extend(
+        extra
+            .iter()
+            .enumerate()
+            .map(|(e, (_, t))| (first_extra + e as u32, t)),
+    );
+    let rw_binds = rw_bindings(&rw, Frame::Kernel(""), outputs.len());
+    ex.dispatch_rw(pipe, &bufs, words, grid(n), &rw_binds)?;
+    drop(bufs);
+    let mut placed = placed.into_iter().peekable();
+    for (k, (&o, t)) in outputs.iter().zip(outs).enumerate() {
+        ex.slots[o] = Some(match placed.next_if(|(p, _)| *p == k) {
+            Some((_, slot)) => slot,
+            None => Slot::dev(t),
+        });
     }
     Ok(())
 }
 
-/// The modes of a kernel's inputs, as a pipeline cache key.
-fn mode_key(ext: &[(usize, Mode)]) -> Vec<u32> {
+/// The modes of a kernel's inputs, and which it declares writable (`rw`, indices into
+/// `ext`), as a pipeline cache key.
+fn mode_key(ext: &[(usize, Mode)], rw: &[usize]) -> Vec<u32> {
     ext.iter()
-        .flat_map(|(_, m)| match m {
-            Mode::Same => [0, 0],
-            Mode::Scalar => [1, 0],
-            Mode::Bcast => [2, 0],
-            Mode::Param(_) => [3, 0],
-            Mode::Stored => [4, 0],
+        .enumerate()
+        .flat_map(|(k, (_, m))| {
+            let mode = match m {
+                Mode::Same => 0,
+                Mode::Scalar => 1,
+                Mode::Bcast => 2,
+                Mode::Param(_) => 3,
+                Mode::Stored => 4,
+                Mode::Pad => 5,
+            };
+            [mode, rw.contains(&k) as u32]
         })
         .collect()
+}
+
+/// The inputs (indices into the kernel's `ext`) bound from a buffer that one of the
+/// kernel's outputs `outs` is a window of: a loop state read from its history's row
+/// while the kernel writes the next row. The kernel declares them writable, as wgpu binds
+/// no buffer both read-only and writable in one dispatch; the words read and written
+/// are disjoint.
+fn writable(bound: &[(u32, DTensor)], outs: &[DTensor], frame: Frame, n_out: usize) -> Vec<usize> {
+    let first_in = frame.first_binding() + n_out as u32;
+    bound
+        .iter()
+        .filter(|(_, t)| outs.iter().any(|o| o.same_buffer(t) && !o.same_words(t)))
+        .map(|(b, _)| (b - first_in) as usize)
+        .collect()
+}
+
+/// The bindings of the inputs `rw` (indices into the kernel's `ext`).
+fn rw_bindings(rw: &[usize], frame: Frame, n_out: usize) -> Vec<u32> {
+    let first_in = frame.first_binding() + n_out as u32;
+    rw.iter().map(|&k| first_in + k as u32).collect()
+}
+
+/// Writes out the lazy values (`exec::Lazy`) among the inputs of `members` that a kernel
+/// over `n` elements cannot read in place: slice gradients not of the kernel's shape,
+/// or any where `pads` is false. `stored` (an epilogue's product) is not computed yet.
+fn settle(
+    ex: &mut Exec,
+    members: &[usize],
+    n: usize,
+    pads: bool,
+    stored: Option<usize>,
+) -> Result<()> {
+    let plan = ex.plan;
+    for &m in members {
+        let h = plan.nodes[m].op().shape_operands();
+        for (p, &j) in plan.inputs[m].iter().enumerate() {
+            if h.contains(&p) || members.contains(&j) || stored == Some(j) {
+                continue;
+            }
+            let out = match ex.slots[j].as_ref() {
+                Some(s) if s.dev.is_none() => match &s.lazy {
+                    Some(Lazy::Pad { .. }) => !pads || s.shape.iter().product::<usize>() != n,
+                    Some(Lazy::Slice { .. }) | None => false,
+                },
+                Some(_) | None => false,
+            };
+            if out {
+                ex.dev(j)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The tensor a kernel binds for input `j`: the buffer a lazy value reads from
+/// (`exec::Lazy`), else its device value.
+fn operand(ex: &mut Exec, j: usize) -> Result<DTensor> {
+    let s = ex.slot(j);
+    match (&s.dev, &s.lazy) {
+        (None, Some(Lazy::Slice { base, .. })) => Ok(base.clone()),
+        (None, Some(Lazy::Pad { g, .. })) => Ok(g.clone()),
+        (Some(_), _) | (None, None) => ex.dev(j),
+    }
+}
+
+/// Where the tail's constants start, past the shape, the blocks of the strided outputs
+/// (`rank + 1` words each) and of the strided inputs of `ext` (`rank + 1` words for each
+/// `Bcast`, `2 * rank` for each `Pad`), as (`mul`, `add`): word `rank * mul + add`.
+fn block_words(ext: &[(usize, Mode)], strided_outputs: usize) -> (usize, usize) {
+    let (mut mul, mut add) = (1 + strided_outputs, strided_outputs);
+    for (_, m) in ext {
+        match m {
+            Mode::Bcast => {
+                mul += 1;
+                add += 1;
+            }
+            Mode::Pad => mul += 2,
+            Mode::Same | Mode::Scalar | Mode::Param(_) | Mode::Stored => {}
+        }
+    }
+    (mul, add)
+}
+
+/// The strides of a lazy slice of `shape` (its own `strides`) seen from the
+/// right-aligned `out` shape; 0 on broadcast dims.
+fn lazy_strides(shape: &[usize], strides: &[usize], out: &[usize]) -> Vec<u32> {
+    let lead = out.len() - shape.len();
+    let mut st = vec![0u32; out.len()];
+    for d in 0..shape.len() {
+        st[lead + d] = if shape[d] == 1 { 0 } else { strides[d] as u32 };
+    }
+    st
 }
 
 /// The external inputs of `members`, in first-use order, and how the kernel reads each
@@ -753,8 +914,18 @@ fn ext_modes(ex: &Exec, members: &[usize], n: usize, stored: Option<usize>) -> V
                     Mode::Param([w[0], w.get(1).copied().unwrap_or(0)])
                 }
                 _ => {
-                    let c: usize = ex.slot(j).shape.iter().product();
-                    if c == n {
+                    let s = ex.slot(j);
+                    let c: usize = s.shape.iter().product();
+                    let lazy = if s.dev.is_none() {
+                        s.lazy.as_ref()
+                    } else {
+                        None
+                    };
+                    if let Some(Lazy::Slice { .. }) = lazy {
+                        Mode::Bcast
+                    } else if let Some(Lazy::Pad { .. }) = lazy {
+                        Mode::Pad
+                    } else if c == n {
                         Mode::Same
                     } else if c == 1 {
                         Mode::Scalar
@@ -781,32 +952,198 @@ fn operands(
     out_shape: &[usize],
     frame: Frame,
 ) -> Result<(Params, Vec<(u32, DTensor)>, Vec<DTensor>)> {
+    let (words, bound, outs, _, _) = operands_placed(ex, outputs, ext, out_shape, frame, false)?;
+    Ok((words, bound, outs))
+}
+
+/// What `operands_placed` returns: the parameter words, the bound inputs, the output
+/// buffers, the (output index, slot) of each output written into a concatenation, and
+/// the (output index, buffer) of each further concatenation an output is written into.
+type Placed = (
+    Params,
+    Vec<(u32, DTensor)>,
+    Vec<DTensor>,
+    Vec<(usize, Slot)>,
+    Vec<(usize, DTensor)>,
+);
+
+/// `operands`, where with `pieces` an output that is a piece of concatenations
+/// (`Placement::pieces`) is written into its block of the first one's buffer (the buffer
+/// it binds), through strides and an offset in the tail after the shape: with (output
+/// index, slot) for each such output, its slot a lazy slice of that buffer. It is also
+/// written into its blocks of the others, through further bindings past the inputs (their
+/// strides and offsets next in the tail), as many as the adapter's buffer limit allows;
+/// those concatenations copy the rest.
+fn operands_placed(
+    ex: &mut Exec,
+    outputs: &[usize],
+    ext: &[(usize, Mode)],
+    out_shape: &[usize],
+    frame: Frame,
+    pieces: bool,
+) -> Result<Placed> {
     let plan = ex.plan;
-    let mut tail: Vec<u32> = out_shape.iter().map(|&d| d as u32).collect();
+    // Inputs first (an upload fails before a result's allocation, naming the input).
+    let mut in_tail: Vec<u32> = Vec::new();
     let mut bound = Vec::new();
     let first_in = frame.first_binding() + outputs.len() as u32;
     for (k, (j, mode)) in ext.iter().enumerate() {
-        if *mode == Mode::Bcast {
-            tail.extend(bcast_strides(&ex.slot(*j).shape, out_shape));
-        }
-        if matches!(mode, Mode::Same | Mode::Scalar | Mode::Bcast) {
+        if matches!(mode, Mode::Same | Mode::Scalar) {
             bound.push((first_in + k as u32, ex.dev(*j)?));
         }
+        if !matches!(mode, Mode::Bcast | Mode::Pad) {
+            continue;
+        }
+        let s = ex.slot(*j);
+        let lazy = if s.dev.is_none() {
+            s.lazy.as_ref()
+        } else {
+            None
+        };
+        match (mode, lazy) {
+            (
+                Mode::Bcast,
+                Some(Lazy::Slice {
+                    offset, strides, ..
+                }),
+            ) => {
+                in_tail.extend(lazy_strides(&s.shape, strides, out_shape));
+                in_tail.push(*offset as u32);
+            }
+            (Mode::Bcast, _) => {
+                in_tail.extend(bcast_strides(&s.shape, out_shape));
+                in_tail.push(0);
+            }
+            (Mode::Pad, Some(Lazy::Pad { g, starts })) => {
+                // Of the kernel's shape but for leading axes of length 1 (`settle`).
+                let lead = out_shape.len() - starts.len();
+                in_tail.extend((0..lead).map(|_| 0));
+                in_tail.extend(starts.iter().map(|&x| x as u32));
+                in_tail.extend(out_shape[..lead].iter().map(|&d| d as u32));
+                in_tail.extend(g.shape.iter().map(|&d| d as u32));
+            }
+            (Mode::Pad, _) => {
+                return Err(Error::Runtime(
+                    "internal: a padded operand that is not a lazy slice gradient".into(),
+                ))
+            }
+            (Mode::Same | Mode::Scalar | Mode::Param(_) | Mode::Stored, _) => {}
+        }
+        bound.push((first_in + k as u32, operand(ex, *j)?));
     }
+    let mut tail: Vec<u32> = out_shape.iter().map(|&d| d as u32).collect();
+    let mut outs = Vec::with_capacity(outputs.len());
+    let mut placed = Vec::new();
+    let mut extra: Vec<(usize, DTensor)> = Vec::new();
+    let mut extra_tail: Vec<u32> = Vec::new();
+    let limit = ex.ctx.limits.max_storage_buffers_per_shader_stage as usize;
+    let mut spare = limit.saturating_sub(1 + outputs.len() + bound.len());
+    for (k, &o) in outputs.iter().enumerate() {
+        let dtype = plan.nodes[o].dtype();
+        let targets = match pieces {
+            true => ex.lay.pieces.get(&o).cloned().unwrap_or_default(),
+            false => Vec::new(),
+        };
+        let mut first = None;
+        for (c, at) in targets {
+            if first.is_some() && spare == 0 {
+                break;
+            }
+            let Some((buf, offset, strides)) = piece(ex, c, at, out_shape)? else {
+                continue;
+            };
+            if let Some(e) = ex.pieces.borrow_mut().get_mut(&c) {
+                e.1[at] = true;
+            }
+            if first.is_none() {
+                first = Some((buf, offset, strides));
+            } else {
+                extra_tail.extend(strides.iter().map(|&s| s as u32));
+                extra_tail.push(offset as u32);
+                extra.push((k, buf));
+                spare -= 1;
+            }
+        }
+        match first {
+            Some((buf, offset, strides)) => {
+                tail.extend(strides.iter().map(|&s| s as u32));
+                tail.push(offset as u32);
+                let slot = Slot {
+                    shape: out_shape.to_vec(),
+                    dtype,
+                    host: None,
+                    dev: None,
+                    lazy: Some(Lazy::Slice {
+                        base: buf.clone(),
+                        offset,
+                        strides,
+                    }),
+                };
+                placed.push((k, slot));
+                outs.push(buf);
+            }
+            None => outs.push(ex.alloc(out_shape, dtype, o)?),
+        }
+    }
+    tail.extend(extra_tail);
+    tail.extend(in_tail);
     for (j, m) in ext {
         if let Mode::Param(w) = m {
             tail.extend(&w[..words_per(plan.nodes[*j].dtype())]);
         }
     }
-    let outs = outputs
-        .iter()
-        .map(|&o| ex.alloc(out_shape, plan.nodes[o].dtype(), o))
-        .collect::<Result<Vec<_>>>()?;
     let block = params::Fused {
         n: out_shape.iter().product::<usize>() as u32,
         rank: out_shape.len() as u32,
     };
-    Ok((Params::with_tail(&block, &tail), bound, outs))
+    Ok((Params::with_tail(&block, &tail), bound, outs, placed, extra))
+}
+
+/// Where a piece of shape `shape` is written as input `k` of concatenation `c`
+/// (`Placement::pieces`): the concatenation's buffer (allocated by its first piece,
+/// `Exec::pieces`), the piece's offset in it and its strides; `None` where the piece is
+/// not of the length along the axis the graph gives it.
+#[allow(clippy::type_complexity)] // a buffer and a piece's place in it
+fn piece(
+    ex: &Exec,
+    c: usize,
+    k: usize,
+    shape: &[usize],
+) -> Result<Option<(DTensor, usize, Vec<usize>)>> {
+    let plan = ex.plan;
+    let crate::ops::Op::Concat(axis) = plan.nodes[c].op() else {
+        return Ok(None);
+    };
+    let axis = *axis;
+    let lens: Vec<usize> = plan.inputs[c]
+        .iter()
+        .map(|&j| plan.nodes[j].shape().dims()[axis].unwrap_or(0))
+        .collect();
+    if shape.len() <= axis || shape[axis] != lens[k] {
+        return Ok(None);
+    }
+    let mut full = shape.to_vec();
+    full[axis] = lens.iter().sum();
+    let dtype = plan.nodes[c].dtype();
+    let kept = ex.pieces.borrow().get(&c).map(|e| e.0.clone());
+    let buf = match kept {
+        Some(b) if b.shape == full && b.dtype == dtype => b,
+        Some(_) => return Ok(None),
+        None => {
+            let b = ex.alloc(&full, dtype, c)?;
+            let n = plan.inputs[c].len();
+            ex.pieces
+                .borrow_mut()
+                .insert(c, (b.clone(), vec![false; n]));
+            b
+        }
+    };
+    let mut strides = vec![1usize; full.len()];
+    for d in (0..full.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * full[d + 1];
+    }
+    let offset = lens[..k].iter().sum::<usize>() * strides[axis];
+    Ok(Some((buf, offset, strides)))
 }
 
 /// A group computed in the kernel of the product or convolution it reads
@@ -818,6 +1155,9 @@ pub(crate) struct Epilogue {
     /// (binding, tensor) pairs bound besides the kernel's operands: the parameter block,
     /// the outputs and the inputs.
     pub bufs: Vec<(u32, DTensor)>,
+    /// The bindings of the inputs it declares writable (`writable`), for
+    /// `Exec::dispatch_rw`.
+    pub rw: Vec<u32>,
     /// The group's outputs and their buffers.
     outputs: Vec<(usize, DTensor)>,
     /// The pipeline cache key of the group (its members, then the producer) and its
@@ -891,17 +1231,20 @@ pub(crate) fn epilogue(
         return Ok(None);
     }
     let n: usize = shape.iter().product();
+    settle(ex, &g.members, n, true, Some(f))?;
     let ext = ext_modes(ex, &g.members, n, Some(f));
     let binds = ext
         .iter()
-        .filter(|(_, m)| matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast))
+        .filter(|(_, m)| matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Pad))
         .count();
     let limit = ex.ctx.limits.max_storage_buffers_per_shader_stage as usize;
     if 1 + used + 1 + g.outputs.len() + binds > limit {
         return Ok(None);
     }
-    let src = generate(ex, &g.members, &g.outputs, &ext, Frame::Epilogue)?;
     let (words, bound, outs) = operands(ex, &g.outputs, &ext, shape, Frame::Epilogue)?;
+    let rw = writable(&bound, &outs, Frame::Epilogue, g.outputs.len());
+    let none: (&[usize], &[usize]) = (&[], &[]);
+    let src = generate(ex, &g.members, &g.outputs, &ext, Frame::Epilogue, &rw, none)?;
     let pbuf = pool::alloc(ex.ctx, words.0.len() as u64 * 4, &|| {
         "epilogue parameters".into()
     })?;
@@ -919,11 +1262,12 @@ pub(crate) fn epilogue(
     bufs.extend(bound);
     Ok(Some(Epilogue {
         src,
+        rw: rw_bindings(&rw, Frame::Epilogue, g.outputs.len()),
         bufs,
         outputs: g.outputs.iter().copied().zip(outs).collect(),
         key: (
             g.members.iter().copied().chain([f]).collect(),
-            mode_key(&ext),
+            mode_key(&ext, &rw),
         ),
     }))
 }
@@ -935,6 +1279,14 @@ struct Access {
     rank: String,
     tail: String,
     bidx: String,
+    /// The padded index helper's call up to its last argument (`Mode::Pad`).
+    pidx: String,
+    /// The outputs written through strides (pieces of a concatenation,
+    /// `operands_placed`), whose tail blocks follow the shape.
+    sout: Vec<usize>,
+    /// The outputs also written into a further concatenation each, through binding
+    /// `xout{e}` (past the inputs) and the tail block after those of `sout`.
+    xout: Vec<usize>,
 }
 
 /// The WGSL of `members` computed per element `i` and written to `outputs`: a module
@@ -946,8 +1298,10 @@ fn generate(
     outputs: &[usize],
     ext: &[(usize, Mode)],
     frame: Frame,
+    rw: &[usize],
+    (sout, xout): (&[usize], &[usize]),
 ) -> Result<String> {
-    let (mut src, access) = declarations(ex, members, outputs, ext, frame);
+    let (mut src, access) = declarations(ex, members, outputs, ext, frame, rw, (sout, xout));
     let mut helpers: Vec<String> = Vec::new();
     let body = body(
         ex,
@@ -989,8 +1343,16 @@ fn generate(
 /// in workgroup memory (a fixed order: runs give equal results), scaled for a mean. The
 /// fold layout follows the `Fused` tail (`rank` words per broadcast input and the
 /// constants' words after the shape); the folds' results are bound after the inputs.
-fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)]) -> Result<String> {
-    let (mut src, access) = declarations(ex, &g.members, &g.outputs, ext, Frame::Kernel(""));
+fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)], rw: &[usize]) -> Result<String> {
+    let (mut src, access) = declarations(
+        ex,
+        &g.members,
+        &g.outputs,
+        ext,
+        Frame::Kernel(""),
+        rw,
+        (&[], &[]),
+    );
     let first_sum = 1 + g.outputs.len() + ext.len();
     for k in 0..g.folds.len() {
         let _ = writeln!(
@@ -1014,8 +1376,8 @@ fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)]) -> Result<String
     for h in helpers {
         src.push_str(&h);
     }
-    let bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
-    let consts = param_words(ex, ext);
+    let (mul, add) = block_words(ext, 0);
+    let consts = add + param_words(ex, ext);
     let (mut init, mut add, mut tree, mut store) =
         (String::new(), String::new(), String::new(), String::new());
     for (k, f) in g.folds.iter().enumerate() {
@@ -1039,7 +1401,7 @@ fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)]) -> Result<String
         "@compute @workgroup_size({FOLD_WG})\n\
          fn fused_fold(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>, \
          @builtin(num_workgroups) nw: vec3<u32>) {{\n    \
-         let fb = p.rank * {}u + {consts}u;\n    \
+         let fb = p.rank * {mul}u + {consts}u;\n    \
          let f_nout = p.tail[fb];\n    let f_red = p.tail[fb + 1u];\n    \
          let f_os = p.tail[fb + 2u];\n    let f_rs = p.tail[fb + 3u];\n    \
          let f_cb = p.tail[fb + 4u];\n    let f_rb = {FOLD_WG}u / f_cb;\n    \
@@ -1049,8 +1411,7 @@ fn generate_folded(ex: &Exec, g: &Group, ext: &[(usize, Mode)]) -> Result<String
          let i = o * f_os + r * f_rs;\n{body}{add}        }}\n    }}\n{parts}    \
          workgroupBarrier();\n    for (var s = f_rb / 2u; s > 0u; s >>= 1u) {{\n        \
          if (lane < s) {{\n{tree}        }}\n        workgroupBarrier();\n    }}\n    \
-         if (lane == 0u && o < f_nout) {{\n{store}    }}\n}}\n",
-        1 + bcast
+         if (lane == 0u && o < f_nout) {{\n{store}    }}\n}}\n"
     );
     Ok(src)
 }
@@ -1060,7 +1421,7 @@ fn param_words(ex: &Exec, ext: &[(usize, Mode)]) -> usize {
     ext.iter()
         .map(|(j, m)| match m {
             Mode::Param(_) => words_per(ex.plan.nodes[*j].dtype()),
-            Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Stored => 0,
+            Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Pad | Mode::Stored => 0,
         })
         .sum()
 }
@@ -1075,11 +1436,13 @@ fn declarations(
     outputs: &[usize],
     ext: &[(usize, Mode)],
     frame: Frame,
+    rw: &[usize],
+    (sout, xout): (&[usize], &[usize]),
 ) -> (String, Access) {
     let has_f16 = ex.ctx.has_f16;
-    let (mut src, bidx) = match frame {
-        Frame::Kernel(_) => (pipelines::common(has_f16) + FUSED_WGSL, "bidx"),
-        Frame::Epilogue => (EPILOGUE_WGSL.to_string(), "ep_bidx"),
+    let (mut src, bidx, pidx) = match frame {
+        Frame::Kernel(_) => (pipelines::common(has_f16) + FUSED_WGSL, "bidx", "pidx"),
+        Frame::Epilogue => (EPILOGUE_WGSL.to_string(), "ep_bidx", "ep_pidx"),
     };
     let plan = ex.plan;
     let int64 = members
@@ -1099,26 +1462,55 @@ fn declarations(
         );
     }
     for (k, (_, m)) in ext.iter().enumerate() {
-        if matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast) {
+        if matches!(m, Mode::Same | Mode::Scalar | Mode::Bcast | Mode::Pad) {
+            let access = if rw.contains(&k) {
+                "read_write"
+            } else {
+                "read"
+            };
             let _ = writeln!(
                 src,
-                "@group(0) @binding({}) var<storage, read> in{k}: array<u32>;",
+                "@group(0) @binding({}) var<storage, {access}> in{k}: array<u32>;",
                 first + outputs.len() + k
             );
         }
     }
-    if ext.iter().any(|e| e.1 == Mode::Bcast) {
+    let first_extra = first + outputs.len() + ext.len();
+    for e in 0..xout.len() {
+        let _ = writeln!(
+            src,
+            "@group(0) @binding({}) var<storage, read_write> xout{e}: array<u32>;",
+            first_extra + e
+        );
+    }
+    if ext.iter().any(|e| e.1 == Mode::Bcast) || !sout.is_empty() || !xout.is_empty() {
         let _ = write!(
             src,
-            "fn {bidx}(i: u32, base: u32) -> u32 {{\n    let r = {p}.rank;\n    var rem = i;\n    var off = 0u;\n    \
+            "fn {bidx}(i: u32, base: u32) -> u32 {{\n    let r = {p}.rank;\n    var rem = i;\n    var off = {p}.tail[base + r];\n    \
              for (var k = 0u; k < r; k++) {{\n        let d = r - 1u - k;\n        let dim = {p}.tail[d];\n        \
              off += (rem % dim) * {p}.tail[base + d];\n        rem = rem / dim;\n    }}\n    return off;\n}}\n",
+        );
+    }
+    if ext.iter().any(|e| e.1 == Mode::Pad) {
+        // The element of a block (starts at `base`, lengths at `base + rank`) at output
+        // element `i`, or 0xffffffff outside it.
+        let _ = write!(
+            src,
+            "fn {pidx}(i: u32, base: u32) -> u32 {{\n    let r = {p}.rank;\n    var rem = i;\n    var off = 0u;\n    \
+             var acc = 1u;\n    for (var k = 0u; k < r; k++) {{\n        let d = r - 1u - k;\n        \
+             let dim = {p}.tail[d];\n        let c = rem % dim;\n        rem = rem / dim;\n        \
+             let s = {p}.tail[base + d];\n        let len = {p}.tail[base + r + d];\n        \
+             if (c < s || c >= s + len) {{ return 0xffffffffu; }}\n        off += (c - s) * acc;\n        \
+             acc *= len;\n    }}\n    return off;\n}}\n",
         );
     }
     let access = Access {
         rank: format!("{p}.rank"),
         tail: format!("{p}.tail["),
         bidx: format!("{bidx}(i, "),
+        pidx: format!("{pidx}(i, "),
+        sout: sout.to_vec(),
+        xout: xout.to_vec(),
     };
     (src, access)
 }
@@ -1139,10 +1531,20 @@ fn body(
 ) -> Result<String> {
     let plan = ex.plan;
     let has_f16 = ex.ctx.has_f16;
-    let Access { rank, tail, bidx } = access;
+    let Access {
+        rank,
+        tail,
+        bidx,
+        pidx,
+        sout,
+        xout,
+    } = access;
     let mut body = String::new();
-    let mut bcast_k = 0usize;
-    let n_bcast = ext.iter().filter(|e| e.1 == Mode::Bcast).count();
+    // The tail block of the next strided input is at word `rank * bm + ba`, past those
+    // of the strided outputs; the constants follow the last (`block_words`).
+    let strided = sout.len() + xout.len();
+    let (mut bm, mut ba) = (1 + strided, strided);
+    let (pm, pa) = block_words(ext, strided);
     let mut param_k = 0usize;
     let mut name: HashMap<usize, String> = HashMap::new();
     for (k, (j, mode)) in ext.iter().enumerate() {
@@ -1152,19 +1554,23 @@ fn body(
             name.insert(*j, format!("x{j}"));
             continue;
         }
+        if let Mode::Pad = mode {
+            let _ = writeln!(body, "    let q{j} = {pidx}{rank} * {bm}u + {ba}u);");
+        }
         // Word `w` of the element (int64: 0 low, 1 high).
         let word = |w: usize| match mode {
             Mode::Same if d == DType::I64 => format!("{}[2u * i + {w}u]", in_buf(k)),
             Mode::Same | Mode::Stored => format!("{}[i]", in_buf(k)),
             Mode::Scalar => format!("{}[{w}u]", in_buf(k)),
             Mode::Bcast if d == DType::I64 => {
-                format!(
-                    "{}[2u * {bidx}{rank} + {bcast_k}u * {rank}) + {w}u]",
-                    in_buf(k)
-                )
+                format!("{}[2u * {bidx}{rank} * {bm}u + {ba}u) + {w}u]", in_buf(k))
             }
-            Mode::Bcast => format!("{}[{bidx}{rank} + {bcast_k}u * {rank})]", in_buf(k)),
-            Mode::Param(_) => format!("{tail}{rank} * {}u + {}u]", 1 + n_bcast, param_k + w),
+            Mode::Bcast => format!("{}[{bidx}{rank} * {bm}u + {ba}u)]", in_buf(k)),
+            Mode::Pad => {
+                let b = in_buf(k);
+                format!("select(0u, {b}[min(q{j}, arrayLength(&{b}) - 1u)], q{j} != 0xffffffffu)")
+            }
+            Mode::Param(_) => format!("{tail}{rank} * {pm}u + {}u]", pa + param_k + w),
         };
         let load = if d == DType::I64 {
             format!("vec2<u32>({}, {})", word(0), word(1))
@@ -1172,7 +1578,11 @@ fn body(
             format!("bitcast<{}>({})", wty(d), word(0))
         };
         match mode {
-            Mode::Bcast => bcast_k += 1,
+            Mode::Bcast => {
+                bm += 1;
+                ba += 1;
+            }
+            Mode::Pad => bm += 2,
             Mode::Param(_) => param_k += words_per(d),
             Mode::Same | Mode::Scalar | Mode::Stored => {}
         }
@@ -1243,9 +1653,25 @@ fn body(
                 body,
                 "    {b}[2u * i] = v{o}.x;\n    {b}[2u * i + 1u] = v{o}.y;"
             );
+        } else if let Some(p) = sout.iter().position(|&s| s == k) {
+            let _ = writeln!(
+                body,
+                "    {}[{bidx}{rank} * {}u + {p}u)] = bitcast<u32>(v{o});",
+                out_buf(k),
+                1 + p
+            );
         } else {
             let _ = writeln!(body, "    {}[i] = bitcast<u32>(v{o});", out_buf(k));
         }
+    }
+    for (e, &k) in xout.iter().enumerate() {
+        let o = outputs[k];
+        let p = sout.len() + e;
+        let _ = writeln!(
+            body,
+            "    xout{e}[{bidx}{rank} * {}u + {p}u)] = bitcast<u32>(v{o});",
+            1 + p
+        );
     }
     Ok(body)
 }

@@ -10,15 +10,23 @@
 //! where it can (`Exec::dests`: the body's executor hands the row out as that node's
 //! output buffer), else a kernel copies it there; a stacked result nothing reads is not
 //! kept. A state's next value goes to the row of its history for the next step, so the
-//! history costs nothing more. wgpu lets no kernel read a buffer it writes, so a node
-//! whose kernel turned out to read its own stacked result (a state read to compute its
-//! next value, `Exec::clashes`) is given no row in a buffer a state of the step lives in
-//! (another of its stacked results, or none that step). Buffers a call drops return to the pool only after its submit, so
+//! history costs nothing more. wgpu binds no buffer both read-only and writable in one
+//! dispatch: a generated kernel that reads a state from its history's row while it
+//! writes the next row declares that input writable (`fusion::writable`); a node whose
+//! kernel turned out to read its own stacked result otherwise (`Exec::clashes`) is given
+//! no row in a buffer a state of the step lives in (another of its stacked results, or
+//! none that step).
+//!
+//! The body's first step runs its plan as built, recording the shape of every slot and
+//! fused member (`Exec::shapes`); the other steps run it specialised to those shapes
+//! (`Plan::specialize`, as `cpu::loops` does: a `sum_to` or `broadcast_to` to the shape
+//! its input has goes, so the groups on either side fuse), kept in the body's placement
+//! per feed shapes and shape values (`special_key`), so later runs start specialised. Buffers a call drops return to the pool only after its submit, so
 //! a loop whose recorded steps hold more new buffer bytes than the pool keeps idle
 //! (`FERROKERAS_GPU_POOL_MAX_IDLE_MB`) submits them and goes on. A body that needs the host (a `py_function`, an op or dtype
 //! without a WGSL lowering) makes the whole loop run on the CPU (`Place::Host`).
 
-use super::exec::{Dest, Exec, Place, Placement, Slot};
+use super::exec::{build_placement, gpu_target, Dest, Exec, Place, Placement, Slot, Special};
 use super::pipelines::dtag;
 use super::{kernels, pool, transfer, DTensor};
 use crate::base::dtype::DType;
@@ -274,6 +282,18 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
         captured.push(ex.slot(j).clone());
     }
     let state_shapes: Vec<Vec<usize>> = states.iter().map(|s| s.shape.clone()).collect();
+    // The body specialised to its step shapes, as `cpu::loops` does: kept per key, else
+    // made from the shapes the first step records where the body's shapes follow from
+    // its feeds'.
+    let key = special_key(ex, &ins, &seqs, &states, &captured);
+    let mut special: Option<Arc<Special>> = lay
+        .special
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|(k, _)| *k == key.0)
+        .map(|(_, s)| s.clone());
+    let mut record_shapes = special.is_none() && body_plan.shapes_follow_feeds(&key.1);
     let mut outs: Vec<Stacked> = (0..no + nh)
         .map(|k| Stacked::new(t_len, is_read(if k < no { k } else { k + 2 * ns })))
         .collect();
@@ -305,14 +325,25 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
         for (h, s) in hist.iter_mut().zip(&states) {
             h.put(ex, i, t, s, None)?;
         }
-        let dests = destinations(body_plan, no, &outs, &hist, &states, t, next, &clashed);
+        let current = special.clone();
+        let (step_plan, step_lay): (&Plan, &Placement) = match &current {
+            Some(sp) => (&sp.plan, &sp.lay),
+            None => (body_plan, lay),
+        };
+        let dests = destinations(step_plan, no, &outs, &hist, &states, t, next, &clashed);
         let which: HashMap<usize, Which> = dests.iter().map(|(n, w, _)| (*n, *w)).collect();
         feeds.extend(states.drain(..).map(Some));
         feeds.extend(captured.iter().cloned().map(Some));
-        let mut child = ex.nested(body_plan, lay);
+        let mut child = ex.nested(step_plan, step_lay);
+        if debug && step < 2 {
+            child.trace = Some(Vec::new());
+        }
+        if record_shapes {
+            *child.shapes.get_mut() = Some(vec![None; step_plan.nodes.len()]);
+        }
         *child.dests.get_mut() = dests.into_iter().map(|(n, _, d)| (n, d)).collect();
         let ran = child.run_items(&mut feeds);
-        let res: Vec<Slot> = body_plan
+        let res: Vec<Slot> = step_plan
             .outputs
             .iter()
             .map(|&o| child.slots[o].clone())
@@ -320,8 +351,26 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
             .unwrap_or_default();
         let given = child.dests.take();
         let clashes = child.clashes.take();
+        let shapes = child.shapes.get_mut().take();
         ex.absorb(child);
         ran?;
+        if let Some(shapes) = shapes.filter(|_| record_shapes) {
+            record_shapes = false;
+            special = specialise(ex, body_plan, lay, key.0.clone(), &shapes);
+            if debug {
+                if let Some(sp) = &special {
+                    eprintln!(
+                        "gpu loop: specialised to its shapes, {} of {} nodes computed",
+                        sp.plan
+                            .steps
+                            .iter()
+                            .filter(|s| matches!(s, Step::Compute))
+                            .count(),
+                        body_plan.nodes.len()
+                    );
+                }
+            }
+        }
         // The stacked results, allocated by the body where it wrote their first row.
         let mut placed: HashMap<Which, DTensor> = HashMap::new();
         for (node, d) in given {
@@ -335,7 +384,7 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
                 placed.insert(w, s);
             }
         }
-        if res.len() != body_plan.outputs.len() {
+        if res.len() != step_plan.outputs.len() {
             return Err(Error::Runtime(
                 "internal: a loop body did not compute its results".into(),
             ));
@@ -359,9 +408,9 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
             ex.ensure_host(&[], true)?;
             base = held(ex);
         }
-        if debug && step == 0 {
+        if debug && step < 2 {
             eprintln!(
-                "gpu loop run: {t_len} steps x {} dispatches, {nq} step inputs, {nh} residuals",
+                "gpu loop run: step {step} of {t_len}: {} dispatches, {nq} step inputs, {nh} residuals",
                 ex.stats.dispatches - before
             );
         }
@@ -387,6 +436,92 @@ pub(crate) fn record<'a>(ex: &mut Exec<'a>, i: usize, body: &Arc<LoopBody>) -> R
     }
     ex.loop_results.insert(i, results);
     Ok(Slot::host(Value::scalar_f64(plan.nodes[i].dtype(), 0.0)))
+}
+
+/// The key a loop run's specialised body is kept under (`Placement::special`): the
+/// shapes of its step rows, states and captured values, and the values of the shape
+/// vectors it reads on the host that are the same at every step (captured ones, and
+/// host sequences whose rows are all equal); with which feeds the key holds by value.
+#[allow(clippy::type_complexity)] // the key and its by-value feeds
+fn special_key(
+    ex: &Exec,
+    ins: &[usize],
+    seqs: &[Rows],
+    states: &[Slot],
+    captured: &[Slot],
+) -> (Vec<Vec<usize>>, Box<dyn Fn(usize) -> bool>) {
+    let (nq, ns) = (seqs.len(), states.len());
+    let mut key: Vec<Vec<usize>> = ins[..nq]
+        .iter()
+        .map(|&q| ex.slot(q).shape[1..].to_vec())
+        .chain(states.iter().chain(captured).map(|s| s.shape.clone()))
+        .collect();
+    let mut seq_fixed = vec![false; nq];
+    for (f, s) in seqs.iter().enumerate() {
+        if let Rows::Host(v) = s {
+            if let Some(r) = fixed_rows(v) {
+                key.push([vec![usize::MAX - f], r].concat());
+                seq_fixed[f] = true;
+            }
+        }
+    }
+    let cap_fixed: Vec<bool> = captured
+        .iter()
+        .map(|c| c.host.as_ref().is_some_and(shape_value))
+        .collect();
+    for c in captured {
+        if let Some(v) = c.host.as_ref().filter(|v| shape_value(v)) {
+            key.push(v.to_i64_vec().iter().map(|&x| x as usize).collect());
+        }
+    }
+    let keyed = move |f: usize| {
+        if f < nq {
+            seq_fixed[f]
+        } else {
+            f >= nq + ns && cap_fixed.get(f - nq - ns).copied().unwrap_or(false)
+        }
+    };
+    (key, Box::new(keyed))
+}
+
+/// The row of a host sequence of small integer vectors whose rows are all equal.
+fn fixed_rows(v: &Value) -> Option<Vec<usize>> {
+    let sh = v.shape();
+    if !v.dtype().is_int() || sh.len() != 2 || sh[1] > 8 || sh[0] == 0 {
+        return None;
+    }
+    let all = v.to_i64_vec();
+    let first = &all[..sh[1]];
+    all.chunks(sh[1])
+        .all(|r| r == first)
+        .then(|| first.iter().map(|&x| x as usize).collect())
+}
+
+/// Most specialised bodies kept per body plan.
+const MAX_SPECIAL: usize = 4;
+
+/// `body` specialised to the slot shapes its first step recorded (`Plan::specialize`),
+/// placed, and kept in `lay` under `key`; `None` where the specialised body would not
+/// run on the device as a whole.
+fn specialise(
+    ex: &Exec,
+    body: &Plan,
+    lay: &Placement,
+    key: Vec<Vec<usize>>,
+    shapes: &[Option<Vec<usize>>],
+) -> Option<Arc<Special>> {
+    let plan = body.specialize(shapes, &[]);
+    let placed = build_placement(ex.ctx, &plan, gpu_target(ex.ctx));
+    if !on_device(&plan, &placed) {
+        return None;
+    }
+    let sp = Arc::new(Special { plan, lay: placed });
+    let mut kept = lay.special.lock().unwrap_or_else(|e| e.into_inner());
+    if kept.len() >= MAX_SPECIAL {
+        kept.remove(0);
+    }
+    kept.push((key, sp.clone()));
+    Some(sp)
 }
 
 /// A stacked result of a loop: `Out(k)`, output `k` or, from the loop's output count

@@ -203,8 +203,10 @@ blocks! {
 
     /// The generated fused elementwise kernels (`fusion.rs`, WGSL in `FUSED_WGSL`), and
     /// the generated epilogues of product and convolution kernels (`EPILOGUE_WGSL`).
-    /// Tail: `out_shape[rank]`, `rank` strides per broadcast input, then one word per
-    /// folded scalar constant.
+    /// Tail: `out_shape[rank]`; `rank` strides and an offset per output written through
+    /// strides (a concatenation's piece); `rank` strides and an offset per broadcast input
+    /// or lazy slice, `rank` starts and `rank` lengths per lazy slice gradient, in input
+    /// order; then one word per folded scalar constant.
     struct Fused in ["fused", "epilogue"] + tail {
         n: u32,
         rank: u32,

@@ -114,6 +114,8 @@ fn prelude(tag: &str, has_f16: bool) -> String {
 pub struct Pipe {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    /// The entry point (`FERROKERAS_LOOP_DEBUG` lists a loop step's dispatches by it).
+    pub entry: String,
 }
 
 #[derive(Default)]
@@ -193,7 +195,11 @@ pub fn build(ctx: &Arc<Context>, key: String, src: &str, entry: &str) -> Result<
         )));
     }
     let layout = pipeline.get_bind_group_layout(0);
-    let pipe = Arc::new(Pipe { pipeline, layout });
+    let pipe = Arc::new(Pipe {
+        pipeline,
+        layout,
+        entry: entry.to_string(),
+    });
     let mut c = ctx.pipelines.lock().unwrap_or_else(|e| e.into_inner());
     c.compiled += 1;
     c.by_key.insert(key, pipe.clone());

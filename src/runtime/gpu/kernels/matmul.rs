@@ -100,7 +100,8 @@ pub(super) fn matmul(
                 ..block
             };
             let p = Params::with_tail(&block, &tail);
-            ex.dispatch(pipe.clone(), &bufs, p, groups)?;
+            let rw = epi.as_ref().map_or(&[][..], |e| &e.rw[..]);
+            ex.dispatch_rw(pipe.clone(), &bufs, p, groups, rw)?;
         }
     }
     drop(bufs);

@@ -20,7 +20,7 @@ mod pool;
 mod random;
 mod reduce;
 
-pub(crate) use movement::{copy, copy_row, write_row};
+pub(crate) use movement::{copy, copy_row, write_out, write_row};
 
 /// Whether the GPU lowering of `t` handles its dtypes (the rest run on the CPU); the
 /// table is `Op::gpu_supports`.
@@ -98,7 +98,7 @@ pub(crate) fn record_then(ex: &mut Exec, i: usize, g: &Group) -> Result<bool> {
     } else {
         record(ex, i)?
     };
-    let ran = slot.host.is_none() && slot.dev.is_none();
+    let ran = slot.host.is_none() && slot.dev.is_none() && slot.lazy.is_none();
     ex.slots[i] = Some(slot);
     Ok(ran)
 }
@@ -110,6 +110,7 @@ fn consumed(shape: Vec<usize>, dtype: DType) -> Slot {
         dtype,
         host: None,
         dev: None,
+        lazy: None,
     }
 }
 

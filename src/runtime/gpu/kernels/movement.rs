@@ -1,7 +1,7 @@
 //! GPU lowerings of the data-movement primitives (`ops::movement`): strided gathers and
 //! scatters over `shaders/movement.wgsl`, indexed gathers and `scatter.wgsl`'s atomic adds.
 
-use super::super::exec::{grid, Exec, Slot};
+use super::super::exec::{grid, Exec, Lazy, Slot};
 use super::super::params::{self as blk, Params};
 use super::super::pipelines::{self};
 use super::super::pool;
@@ -101,7 +101,54 @@ pub(super) fn slice(ex: &mut Exec, i: usize, spec: &[SliceAxis]) -> Result<Slot>
     if let Some(w) = contiguous(&x, base, &st, &dims) {
         return Ok(Slot::dev(w));
     }
+    let n: usize = dims.iter().product();
+    if ex.lay.lazy[i] && n > 0 && base >= 0 && st.iter().all(|&s| s >= 0) {
+        return Ok(lazy(
+            dims,
+            x.dtype,
+            Lazy::Slice {
+                base: x,
+                offset: base as usize,
+                strides: st.iter().map(|&s| s as usize).collect(),
+            },
+        ));
+    }
     Ok(Slot::dev(gather_strided(ex, i, &x, &dims, base, &st)?))
+}
+
+/// The slot of a lazy value of `shape` (`exec::Lazy`).
+fn lazy(shape: Vec<usize>, dtype: DType, lazy: Lazy) -> Slot {
+    Slot {
+        shape,
+        dtype,
+        host: None,
+        dev: None,
+        lazy: Some(lazy),
+    }
+}
+
+/// Writes lazy value `lazy` of node `j` out to a buffer of its own: the kernel the node
+/// would have run, for a reader other than a generated kernel.
+pub(crate) fn write_out(ex: &mut Exec, j: usize, lazy: &Lazy) -> Result<DTensor> {
+    let shape = ex.slot(j).shape.clone();
+    match lazy {
+        Lazy::Slice {
+            base,
+            offset,
+            strides,
+        } => {
+            let st: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
+            gather_strided(ex, j, base, &shape, *offset as i64, &st)
+        }
+        Lazy::Pad { g, starts } => {
+            let cs = c_strides(&shape);
+            let base: i64 = starts.iter().zip(&cs).map(|(&s, &c)| s as i64 * c).sum();
+            let out = ex.alloc(&shape, g.dtype, j)?;
+            fill(ex, &out, 0)?;
+            scatter_strided(ex, &out, g, base, &cs)?;
+            Ok(out)
+        }
+    }
 }
 
 /// A slice of `x` whose elements are one run in C order (a range of rows, or of the
@@ -168,6 +215,15 @@ pub(super) fn slice_grad(ex: &mut Exec, i: usize, spec: &[SliceAxis]) -> Result<
             g.shape
         ));
     }
+    let unit = st == c_strides(&like);
+    if ex.lay.lazy[i] && unit && g.numel() > 0 {
+        let starts = spec
+            .iter()
+            .zip(&like)
+            .map(|(s, &d)| resolve_slice(s, d).0 as usize)
+            .collect();
+        return Ok(lazy(like, g.dtype, Lazy::Pad { g, starts }));
+    }
     let out = ex.alloc(&like, g.dtype, i)?;
     fill(ex, &out, 0)?;
     scatter_strided(ex, &out, &g, base, &st)?;
@@ -192,33 +248,42 @@ pub(super) fn pad(ex: &mut Exec, i: usize, pads: &[(usize, usize)], value: &f64)
     Ok(Slot::dev(out))
 }
 
+/// The concatenation node `i`: pieces that their kernels wrote into its buffer
+/// (`fusion::operands_placed`) are in place; the others are copied there.
 pub(super) fn concat(ex: &mut Exec, i: usize, axis: &usize) -> Result<Slot> {
     let plan = ex.plan;
     let ins = &plan.inputs[i];
-    let xs: Vec<DTensor> = ins.iter().map(|&j| ex.dev(j)).collect::<Result<_>>()?;
-    let mut shape = xs[0].shape.clone();
+    let shapes: Vec<Vec<usize>> = ins.iter().map(|&j| ex.slot(j).shape.clone()).collect();
+    let dtype = ex.slot(ins[0]).dtype;
+    let mut shape = shapes[0].clone();
     shape[*axis] = 0;
-    for x in &xs {
-        let ok = x.shape.len() == shape.len()
-            && x.shape
-                .iter()
+    for x in &shapes {
+        let ok = x.len() == shape.len()
+            && x.iter()
                 .zip(&shape)
                 .enumerate()
                 .all(|(d, (a, b))| d == *axis || a == b);
         if !ok {
-            let shapes: Vec<_> = xs.iter().map(|x| x.shape.clone()).collect();
             return Err(value_err!(
                 "concatenate: shapes {shapes:?} do not match outside axis {axis}"
             ));
         }
-        shape[*axis] += x.shape[*axis];
+        shape[*axis] += x[*axis];
     }
     let cs = c_strides(&shape);
-    let out = ex.alloc(&shape, xs[0].dtype, i)?;
+    let placed = ex.pieces.borrow_mut().remove(&i);
+    let (out, written) = match placed {
+        Some((b, w)) if b.shape == shape && b.dtype == dtype => (b, w),
+        Some(_) | None => (ex.alloc(&shape, dtype, i)?, vec![false; ins.len()]),
+    };
     let mut off = 0i64;
-    for x in &xs {
-        scatter_strided(ex, &out, x, off * cs[*axis], &cs)?;
-        off += x.shape[*axis] as i64;
+    for (k, &j) in ins.iter().enumerate() {
+        let base = off * cs[*axis];
+        if !written[k] {
+            let x = ex.dev(j)?;
+            scatter_strided(ex, &out, &x, base, &cs)?;
+        }
+        off += shapes[k][*axis] as i64;
     }
     Ok(Slot::dev(out))
 }
