@@ -289,6 +289,15 @@ def test_float16_casts_round_as_numpy(rng):
     p = K.placeholder(shape=big.shape)
     (t16,) = run([p], [K.cast(K.transpose(p), "float16")], [big])
     np.testing.assert_array_equal(t16, big.T.astype(np.float16))
+    for shape in ((0, 1, 1, 2), (1, 5, 1), (3, 0)):
+        e = rng.standard_normal(shape).astype(np.float32)
+        p = K.placeholder(shape=shape)
+        (t16,) = run(
+            [p],
+            [K.cast(K.permute_dimensions(p, (len(shape) - 1, *range(len(shape) - 1))), "float16")],
+            [e],
+        )
+        np.testing.assert_array_equal(t16, np.moveaxis(e, -1, 0).astype(np.float16))
     h = K.placeholder(shape=big.shape, dtype="float16")
     (w,) = run([h], [K.cast(K.transpose(h), "float32") * 2.0], [big.astype(np.float16)])
     np.testing.assert_array_equal(w, big.astype(np.float16).T.astype(np.float32) * 2)

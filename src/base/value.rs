@@ -309,14 +309,24 @@ fn convert_contiguous<S: Copy + Sync, D: Copy + Send + Default>(
     let (Some(src), Some(strides)) = (a.as_slice_memory_order(), strides) else {
         return a.map(|&x| one(x)).into_shared();
     };
+    if src.is_empty() {
+        return a.map(|&x| one(x)).into_shared();
+    }
     let mut out = vec![D::default(); src.len()];
     out.par_chunks_mut(F16_GRAIN)
         .zip(src.par_chunks(F16_GRAIN))
         .for_each(|(o, x)| conv(x, o));
-    let shape = IxDyn(a.shape()).strides(IxDyn(&strides));
-    ndarray::Array::from_shape_vec(shape, out)
-        .expect("the layout of a contiguous array")
-        .into_shared()
+    let built = if a.is_standard_layout() {
+        ndarray::Array::from_shape_vec(IxDyn(a.shape()), out)
+    } else {
+        ndarray::Array::from_shape_vec(IxDyn(a.shape()).strides(IxDyn(&strides)), out)
+    };
+    match built {
+        Ok(arr) => arr.into_shared(),
+        // A layout ndarray does not rebuild from its strides (an axis of length 1 may
+        // carry any stride): element by element, in C order.
+        Err(_) => a.map(|&x| one(x)).into_shared(),
+    }
 }
 
 /// float32 -> float16, rounding to nearest even: `half`'s slice conversion, which uses the
