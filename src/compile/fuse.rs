@@ -66,6 +66,9 @@ pub struct Target {
     /// optimizer's updates), run as one kernel over their concatenated index spaces
     /// (`Schedule::runs`), as many as `max_buffers` allows.
     pub runs: bool,
+    /// Whether a group computes again the members of another group that it reads, from
+    /// inputs it reads anyway, instead of reading them back (`recompute`).
+    pub recompute: bool,
 }
 
 impl Target {
@@ -86,6 +89,7 @@ impl Target {
             updates: true,
             accumulations: true,
             runs: false,
+            recompute: true,
         }
     }
 
@@ -115,6 +119,7 @@ impl Target {
             updates: false,
             accumulations: false,
             runs: true,
+            recompute: false,
         }
     }
 }
@@ -571,6 +576,11 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
             }
         }
     }
+    let clones = if t.fuse && t.recompute {
+        recompute(plan, t, &users, &is_output, &group, &groups, &view)
+    } else {
+        vec![Vec::new(); groups.len()]
+    };
     let mut items = Vec::new();
     let mut dispatches = 0;
     for i in 0..n {
@@ -592,12 +602,21 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
         if members.last() != Some(&i) {
             continue;
         }
-        let inside = |j: usize| group[j] == Some(g);
+        // A member is read from the group by readers outside it, except those in a group
+        // that computes it again (`clones`), which are never outputs there.
         let outputs: Vec<usize> = members
             .iter()
             .copied()
-            .filter(|&m| is_output[m] || users[m].iter().any(|&u| !inside(u)))
+            .filter(|&m| {
+                is_output[m]
+                    || users[m].iter().any(|&u| {
+                        group[u] != Some(g) && !group[u].is_some_and(|h| clones[h].contains(&m))
+                    })
+            })
             .collect();
+        members.extend(&clones[g]);
+        members.sort_unstable();
+        let inside = |j: usize| group[j] == Some(g) || clones[g].contains(&j);
         let mut ext: Vec<usize> = Vec::new();
         for &m in &members {
             for j in data_inputs(plan, m) {
@@ -733,6 +752,97 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     }
 }
 
+/// Most members of another group one recomputed member is computed from.
+const MAX_RECOMPUTE: usize = 8;
+
+/// Per group of `groups`, the members of other groups it computes again
+/// (`Target::recompute`): a member `j` of group `a` that group `b` reads, computed from
+/// members of `a` that only `a` and `b` read, whose other inputs `b` reads anyway (a
+/// tensor of `j`'s shape) or are smaller (broadcast) or folded constants. `b` then reads
+/// none of them from memory, and `a` writes them only where something else reads them.
+/// Batch norm's output `x̂·γ + β` and its relu, computed with relu6 in the forward pass,
+/// are read back by relu6's gradient in the backward pass: two tensors of the
+/// activation's size written and read again, where the gradient's group reads the centred
+/// input `x̂` and the scale anyway.
+fn recompute(
+    plan: &Plan,
+    t: &Target,
+    users: &[Vec<usize>],
+    is_output: &[bool],
+    group: &[Option<usize>],
+    groups: &[Vec<usize>],
+    view: &dyn Fn(usize) -> bool,
+) -> Vec<Vec<usize>> {
+    let mut clones: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
+    // Per group, its members that other groups compute again.
+    let mut gone: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
+    for (b, members) in groups.iter().enumerate() {
+        if members.is_empty() || members.iter().any(|&m| view(m)) {
+            continue;
+        }
+        let reads: Vec<(usize, usize)> = members
+            .iter()
+            .flat_map(|&m| data_inputs(plan, m).map(move |j| (j, m)))
+            .filter(|&(j, _)| group[j] != Some(b))
+            .collect();
+        let read = |i: usize| reads.iter().any(|&(j, _)| j == i);
+        let mut added: Vec<usize> = Vec::new();
+        for &(j, reader) in &reads {
+            let Some(a) = group[j] else { continue };
+            if added.contains(&j) || !compatible(plan.nodes[j].shape(), plan.nodes[reader].shape())
+            {
+                continue;
+            }
+            // The members of `a` that `j` is computed from, and whether one of the inputs
+            // they read from outside `a` is a tensor of their shape that `b` reads.
+            let (mut cone, mut shared, mut ok) = (vec![j], false, true);
+            let mut k = 0;
+            while ok && k < cone.len() {
+                let m = cone[k];
+                k += 1;
+                ok = !view(m)
+                    && !is_output[m]
+                    && users[m]
+                        .iter()
+                        .all(|&u| group[u] == Some(a) || group[u] == Some(b));
+                for i in data_inputs(plan, m) {
+                    if !ok {
+                        break;
+                    }
+                    if group[i] == Some(a) {
+                        if !cone.contains(&i) {
+                            cone.push(i);
+                        }
+                    } else if compatible(plan.nodes[i].shape(), plan.nodes[j].shape()) {
+                        ok = group[i] != Some(b) && read(i);
+                        shared |= ok;
+                    } else {
+                        ok = group[i] != Some(b);
+                    }
+                }
+                ok &= cone.len() <= MAX_RECOMPUTE;
+            }
+            // `a` keeps a member that something else reads.
+            let keeps = groups[a].iter().any(|&m| {
+                !cone.contains(&m)
+                    && !gone[a].contains(&m)
+                    && (is_output[m] || users[m].iter().any(|&u| group[u] != Some(a)))
+            });
+            let fresh = cone.iter().filter(|m| !added.contains(m)).count();
+            if ok && shared && keeps && members.len() + added.len() + fresh <= t.max_members {
+                for m in cone {
+                    if !added.contains(&m) {
+                        added.push(m);
+                        gone[a].push(m);
+                    }
+                }
+            }
+        }
+        clones[b] = added;
+    }
+    clones
+}
+
 /// Hands each f32 producer of the target's kinds (`Target::epilogues`: a forward
 /// convolution, pooling or pooling gradient, a matrix product) that one fused group of
 /// its shape reads (a bias add and activation, a dropout mask, an activation's gradient;
@@ -848,8 +958,14 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
                 pos[*add] = t;
             }
             Item::Group(_) | Item::Update(_) => {
+                // A member computed again in a later group (`recompute`) stands where
+                // its own group does.
                 let g = item.group().expect("a group item");
-                g.members.iter().chain(&g.first).for_each(|&m| pos[m] = t)
+                g.members.iter().chain(&g.first).for_each(|&m| {
+                    if pos[m] == usize::MAX {
+                        pos[m] = t
+                    }
+                })
             }
         }
     }
@@ -1144,6 +1260,43 @@ mod tests {
         assert_eq!(gs[0].folds.len(), 2);
         assert_eq!(gs[0].hidden.len(), 1);
         assert_eq!(gs[0].outputs.len(), 1);
+    }
+
+    #[test]
+    fn a_later_group_computes_again_what_it_would_read_back() {
+        // a = {p = x * w, r = relu(p), y = exp(r)}; y goes through a sum (not fused), and
+        // b = {q = x * s, q + p + r} reads p and r: b computes them again from x (which it
+        // reads anyway) and w ([8], broadcast), and a writes only y.
+        let (x, w) = (ph("x", &[4, 8]), ph("w", &[8]));
+        let p = mul(&x, &w).unwrap();
+        let r = unary(UnaryOp::Relu, &p).unwrap();
+        let y = unary(UnaryOp::Exp, &r).unwrap();
+        let s = crate::ops::build::reduce(crate::ops::ReduceOp::Sum, &y, &[0, 1], false).unwrap();
+        let q = mul(&x, &s).unwrap();
+        let o = add(&add(&q, &p).unwrap(), &r).unwrap();
+        let plan = Plan::new(&[x.clone(), w.clone()], &[o.clone(), y.clone()]).unwrap();
+        let slot = |plan: &Plan, t: &Tensor| {
+            plan.nodes
+                .iter()
+                .position(|n| n.id() == t.id())
+                .expect("a node of the plan")
+        };
+        let (ip, ir) = (slot(&plan, &p), slot(&plan, &r));
+        let s = schedule(&plan, &Target::cpu(true));
+        let gs = groups(&s);
+        assert_eq!(gs.len(), 2);
+        assert_eq!(gs[0].outputs, vec![slot(&plan, &y)]);
+        assert!(gs[1].members.contains(&ip) && gs[1].members.contains(&ir));
+        assert_eq!(gs[1].outputs, vec![slot(&plan, &o)]);
+        assert!(!gs[1].ext.contains(&ip) && !gs[1].ext.contains(&ir));
+        // Where `p` is read by a third party too, `b` reads it back.
+        let plan = Plan::new(&[x, w], &[o.clone(), y, p]).unwrap();
+        let s = schedule(&plan, &Target::cpu(true));
+        assert_eq!(groups(&s)[1].members.len(), 3);
+        // The GPU target does not recompute: no member is in two groups.
+        let g = schedule(&plan, &gpu(usize::MAX));
+        let members: Vec<usize> = groups(&g).iter().flat_map(|g| g.members.clone()).collect();
+        assert!((0..members.len()).all(|k| !members[k + 1..].contains(&members[k])));
     }
 
     #[test]
