@@ -576,11 +576,7 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
             }
         }
     }
-    let clones = if t.fuse && t.recompute {
-        recompute(plan, t, &users, &is_output, &group, &groups, &view)
-    } else {
-        vec![Vec::new(); groups.len()]
-    };
+    let rc = recompute(plan, t, &users, &is_output, &group, &groups, &view);
     let mut items = Vec::new();
     let mut dispatches = 0;
     for i in 0..n {
@@ -602,21 +598,19 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
         if members.last() != Some(&i) {
             continue;
         }
-        // A member is read from the group by readers outside it, except those in a group
-        // that computes it again (`clones`), which are never outputs there.
+        // Members computed again by every group that reads them (`recompute`) are not
+        // written; copies computed here never are.
+        let inside = |j: usize| group[j] == Some(g) || rc.clones[g].contains(&j);
         let outputs: Vec<usize> = members
             .iter()
             .copied()
             .filter(|&m| {
-                is_output[m]
-                    || users[m].iter().any(|&u| {
-                        group[u] != Some(g) && !group[u].is_some_and(|h| clones[h].contains(&m))
-                    })
+                !rc.gone[m]
+                    && (is_output[m] || rc.pinned[m] || users[m].iter().any(|&u| !inside(u)))
             })
             .collect();
-        members.extend(&clones[g]);
+        members.extend(&rc.clones[g]);
         members.sort_unstable();
-        let inside = |j: usize| group[j] == Some(g) || clones[g].contains(&j);
         let mut ext: Vec<usize> = Vec::new();
         for &m in &members {
             for j in data_inputs(plan, m) {
@@ -752,18 +746,32 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     }
 }
 
-/// Most members of another group one recomputed member is computed from.
+/// Most members one recomputed value is computed from.
 const MAX_RECOMPUTE: usize = 8;
+/// Elements below which a value is not recomputed: it stays in the L2 cache between its
+/// writer and its readers, where reading it back costs less than computing it again.
+const MIN_RECOMPUTE: usize = 1 << 19;
+/// Relative costs per element, in instructions of the fusion kernel: reading a tensor
+/// from memory, writing one (the line is read first, then written back).
+const READ_COST: usize = 2;
+const WRITE_COST: usize = 4;
 
-/// Per group of `groups`, the members of other groups it computes again
-/// (`Target::recompute`): a member `j` of group `a` that group `b` reads, computed from
-/// members of `a` that only `a` and `b` read, whose other inputs `b` reads anyway (a
-/// tensor of `j`'s shape) or are smaller (broadcast) or folded constants. `b` then reads
-/// none of them from memory, and `a` writes them only where something else reads them.
-/// Batch norm's output `x̂·γ + β` and its relu, computed with relu6 in the forward pass,
-/// are read back by relu6's gradient in the backward pass: two tensors of the
-/// activation's size written and read again, where the gradient's group reads the centred
-/// input `x̂` and the scale anyway.
+/// Members of groups computed again by the groups that read them (`Target::recompute`),
+/// from inputs those groups read anyway or read instead, where that moves less memory:
+/// per group, the members of other groups it computes (`clones`); per node, whether its
+/// own group no longer writes it (`gone`, every reader computes it) and whether a
+/// recomputed value reads it from memory (`pinned`: it stays written).
+///
+/// Batch norm in training with relu6: the forward pass writes the centred input `x - m`,
+/// the output `x̂·γ + β`, its relu and relu6; the backward pass reads the first three
+/// back. Computed again from `x`, the mean and the scale where they are read, only the
+/// relu6 is written.
+struct Recomputed {
+    clones: Vec<Vec<usize>>,
+    gone: Vec<bool>,
+    pinned: Vec<bool>,
+}
+
 fn recompute(
     plan: &Plan,
     t: &Target,
@@ -772,75 +780,144 @@ fn recompute(
     group: &[Option<usize>],
     groups: &[Vec<usize>],
     view: &dyn Fn(usize) -> bool,
-) -> Vec<Vec<usize>> {
-    let mut clones: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
-    // Per group, its members that other groups compute again.
-    let mut gone: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
-    for (b, members) in groups.iter().enumerate() {
-        if members.is_empty() || members.iter().any(|&m| view(m)) {
+) -> Recomputed {
+    let n = plan.nodes.len();
+    let mut r = Recomputed {
+        clones: vec![Vec::new(); groups.len()],
+        gone: vec![false; n],
+        pinned: vec![false; n],
+    };
+    if !t.recompute {
+        return r;
+    }
+    let small = |j: usize| {
+        plan.nodes[j]
+            .shape()
+            .to_known()
+            .is_some_and(|s| s.iter().product::<usize>() < MIN_RECOMPUTE)
+    };
+    for j in 0..n {
+        let Some(a) = group[j] else { continue };
+        if view(j) || is_output[j] || r.pinned[j] || small(j) {
             continue;
         }
-        let reads: Vec<(usize, usize)> = members
+        let has =
+            |r: &Recomputed, g: usize, i: usize| group[i] == Some(g) || r.clones[g].contains(&i);
+        // The groups that read j: every reader is a member (or a copy) in a group.
+        let outside: Vec<usize> = users[j]
             .iter()
-            .flat_map(|&m| data_inputs(plan, m).map(move |j| (j, m)))
-            .filter(|&(j, _)| group[j] != Some(b))
+            .copied()
+            .filter(|&u| !has(&r, a, u))
             .collect();
-        let read = |i: usize| reads.iter().any(|&(j, _)| j == i);
-        let mut added: Vec<usize> = Vec::new();
-        for &(j, reader) in &reads {
-            let Some(a) = group[j] else { continue };
-            if added.contains(&j) || !compatible(plan.nodes[j].shape(), plan.nodes[reader].shape())
-            {
-                continue;
-            }
-            // The members of `a` that `j` is computed from, and whether one of the inputs
-            // they read from outside `a` is a tensor of their shape that `b` reads.
-            let (mut cone, mut shared, mut ok) = (vec![j], false, true);
-            let mut k = 0;
-            while ok && k < cone.len() {
-                let m = cone[k];
-                k += 1;
-                ok = !view(m)
-                    && !is_output[m]
-                    && users[m]
-                        .iter()
-                        .all(|&u| group[u] == Some(a) || group[u] == Some(b));
-                for i in data_inputs(plan, m) {
-                    if !ok {
-                        break;
-                    }
-                    if group[i] == Some(a) {
-                        if !cone.contains(&i) {
-                            cone.push(i);
-                        }
-                    } else if compatible(plan.nodes[i].shape(), plan.nodes[j].shape()) {
-                        ok = group[i] != Some(b) && read(i);
-                        shared |= ok;
-                    } else {
-                        ok = group[i] != Some(b);
-                    }
-                }
-                ok &= cone.len() <= MAX_RECOMPUTE;
-            }
-            // `a` keeps a member that something else reads.
-            let keeps = groups[a].iter().any(|&m| {
-                !cone.contains(&m)
-                    && !gone[a].contains(&m)
-                    && (is_output[m] || users[m].iter().any(|&u| group[u] != Some(a)))
-            });
-            let fresh = cone.iter().filter(|m| !added.contains(m)).count();
-            if ok && shared && keeps && members.len() + added.len() + fresh <= t.max_members {
-                for m in cone {
-                    if !added.contains(&m) {
-                        added.push(m);
-                        gone[a].push(m);
-                    }
+        if outside.is_empty() || outside.iter().any(|&u| group[u].is_none()) {
+            continue;
+        }
+        let mut readers: Vec<usize> = Vec::new();
+        for &u in &outside {
+            let gs = (0..groups.len()).filter(|&g| has(&r, g, u) && g != a);
+            for g in gs {
+                if !readers.contains(&g) {
+                    readers.push(g);
                 }
             }
         }
-        clones[b] = added;
+        if readers.iter().any(|&b| groups[b].iter().any(|&m| view(m)))
+            || readers.iter().any(|&b| {
+                !outside.iter().any(|&u| {
+                    has(&r, b, u) && compatible(plan.nodes[u].shape(), plan.nodes[j].shape())
+                })
+            })
+        {
+            continue;
+        }
+        // The members of `a` (or copies in it) that j is computed from.
+        let mut cone = vec![j];
+        let mut k = 0;
+        let mut leaves: Vec<usize> = Vec::new();
+        while k < cone.len() && cone.len() <= MAX_RECOMPUTE {
+            let m = cone[k];
+            k += 1;
+            for i in data_inputs(plan, m) {
+                if has(&r, a, i) && !view(i) {
+                    if !cone.contains(&i) {
+                        cone.push(i);
+                    }
+                } else if !leaves.contains(&i) {
+                    leaves.push(i);
+                }
+            }
+        }
+        if cone.len() > MAX_RECOMPUTE || cone.iter().any(|&m| view(m)) {
+            continue;
+        }
+        // Members of the cone that `a` writes (read outside it) whose every reader
+        // outside `a` is in a reader group: `a` stops writing them.
+        let in_readers = |r: &Recomputed, u: usize| readers.iter().any(|&b| has(r, b, u));
+        let dropped: Vec<usize> = cone
+            .iter()
+            .copied()
+            .filter(|&m| {
+                group[m] == Some(a)
+                    && !is_output[m]
+                    && !r.pinned[m]
+                    && users[m].iter().any(|&u| !has(&r, a, u))
+                    && users[m].iter().all(|&u| has(&r, a, u) || in_readers(&r, u))
+            })
+            .collect();
+        if !dropped.contains(&j) {
+            continue;
+        }
+        // Each reader: the values of the cone it no longer reads, the tensors it reads
+        // instead, the instructions it adds; leaves it reads must stay written.
+        let full = |i: usize| compatible(plan.nodes[i].shape(), plan.nodes[j].shape());
+        let mut gain = (dropped.len() * WRITE_COST) as isize;
+        let mut ok = true;
+        for &b in &readers {
+            let reads_b = |i: usize| {
+                groups[b]
+                    .iter()
+                    .chain(&r.clones[b])
+                    .any(|&m| data_inputs(plan, m).any(|x| x == i))
+            };
+            let saved = cone
+                .iter()
+                .filter(|&&m| !has(&r, b, m) && reads_b(m))
+                .count();
+            let added = cone.iter().filter(|&&m| !has(&r, b, m)).count();
+            let extra = leaves
+                .iter()
+                .filter(|&&i| !has(&r, b, i) && full(i) && !reads_b(i))
+                .count();
+            ok &= leaves.iter().all(|&i| has(&r, b, i) || !r.gone[i]);
+            ok &= groups[b].len() + r.clones[b].len() + added <= t.max_members;
+            gain += (saved * READ_COST) as isize - (extra * READ_COST + added) as isize;
+        }
+        // `a` still writes a member that something else reads.
+        let keeps = groups[a].iter().any(|&m| {
+            !dropped.contains(&m)
+                && !r.gone[m]
+                && (is_output[m] || r.pinned[m] || users[m].iter().any(|&u| !has(&r, a, u)))
+        });
+        if !ok || !keeps || gain <= 0 {
+            continue;
+        }
+        for &b in &readers {
+            for &m in &cone {
+                if !has(&r, b, m) {
+                    r.clones[b].push(m);
+                }
+            }
+            for &i in &leaves {
+                if !has(&r, b, i) {
+                    r.pinned[i] = true;
+                }
+            }
+        }
+        for m in dropped {
+            r.gone[m] = true;
+        }
     }
-    clones
+    r
 }
 
 /// Hands each f32 producer of the target's kinds (`Target::epilogues`: a forward
@@ -1087,10 +1164,11 @@ mod tests {
     use crate::base::dtype::DType;
     use crate::base::shape::Shape;
     use crate::compile::Plan;
+    use crate::ops::build::reduce;
     use crate::ops::build::{add, mul, unary};
     use crate::ops::graph::Tensor;
     use crate::ops::source::placeholder;
-    use crate::ops::UnaryOp;
+    use crate::ops::{ReduceOp, UnaryOp};
 
     fn ph(name: &str, dims: &[usize]) -> Tensor {
         let dims = dims.iter().map(|&d| Some(d)).collect();
@@ -1266,37 +1344,43 @@ mod tests {
     fn a_later_group_computes_again_what_it_would_read_back() {
         // a = {p = x * w, r = relu(p), y = exp(r)}; y goes through a sum (not fused), and
         // b = {q = x * s, q + p + r} reads p and r: b computes them again from x (which it
-        // reads anyway) and w ([8], broadcast), and a writes only y.
-        let (x, w) = (ph("x", &[4, 8]), ph("w", &[8]));
-        let p = mul(&x, &w).unwrap();
-        let r = unary(UnaryOp::Relu, &p).unwrap();
-        let y = unary(UnaryOp::Exp, &r).unwrap();
-        let s = crate::ops::build::reduce(crate::ops::ReduceOp::Sum, &y, &[0, 1], false).unwrap();
-        let q = mul(&x, &s).unwrap();
-        let o = add(&add(&q, &p).unwrap(), &r).unwrap();
-        let plan = Plan::new(&[x.clone(), w.clone()], &[o.clone(), y.clone()]).unwrap();
-        let slot = |plan: &Plan, t: &Tensor| {
-            plan.nodes
-                .iter()
-                .position(|n| n.id() == t.id())
-                .expect("a node of the plan")
-        };
-        let (ip, ir) = (slot(&plan, &p), slot(&plan, &r));
-        let s = schedule(&plan, &Target::cpu(true));
-        let gs = groups(&s);
-        assert_eq!(gs.len(), 2);
-        assert_eq!(gs[0].outputs, vec![slot(&plan, &y)]);
-        assert!(gs[1].members.contains(&ip) && gs[1].members.contains(&ir));
-        assert_eq!(gs[1].outputs, vec![slot(&plan, &o)]);
-        assert!(!gs[1].ext.contains(&ip) && !gs[1].ext.contains(&ir));
-        // Where `p` is read by a third party too, `b` reads it back.
-        let plan = Plan::new(&[x, w], &[o.clone(), y, p]).unwrap();
-        let s = schedule(&plan, &Target::cpu(true));
-        assert_eq!(groups(&s)[1].members.len(), 3);
-        // The GPU target does not recompute: no member is in two groups.
-        let g = schedule(&plan, &gpu(usize::MAX));
-        let members: Vec<usize> = groups(&g).iter().flat_map(|g| g.members.clone()).collect();
-        assert!((0..members.len()).all(|k| !members[k + 1..].contains(&members[k])));
+        // reads anyway) and w (broadcast), and a writes only y. Not where x is small.
+        for (rows, again) in [(64, true), (4, false)] {
+            let (x, w) = (ph("x", &[rows, 8192]), ph("w", &[8192]));
+            let p = mul(&x, &w).unwrap();
+            let r = unary(UnaryOp::Relu, &p).unwrap();
+            let y = unary(UnaryOp::Exp, &r).unwrap();
+            let s = reduce(ReduceOp::Sum, &y, &[0, 1], false).unwrap();
+            let q = mul(&x, &s).unwrap();
+            let o = add(&add(&q, &p).unwrap(), &r).unwrap();
+            let plan = Plan::new(&[x.clone(), w.clone()], &[o.clone(), y.clone()]).unwrap();
+            let slot = |t: &Tensor| {
+                let ids = plan.nodes.iter().position(|n| n.id() == t.id());
+                ids.expect("a node of the plan")
+            };
+            let s = schedule(&plan, &Target::cpu(true));
+            let gs = groups(&s);
+            assert_eq!(gs.len(), 2);
+            let b_members = if again { 5 } else { 3 };
+            assert_eq!(gs[1].members.len(), b_members);
+            assert_eq!(gs[1].outputs, vec![slot(&o)]);
+            if again {
+                assert_eq!(gs[0].outputs, vec![slot(&y)]);
+                assert!(!gs[1].ext.contains(&slot(&p)) && !gs[1].ext.contains(&slot(&r)));
+            } else {
+                assert_eq!(gs[0].outputs.len(), 3);
+            }
+            // Where `p` is returned too, `a` writes it, and `b` computes it still to
+            // compute `r`.
+            let plan = Plan::new(&[x, w], &[o, y, p]).unwrap();
+            let s = schedule(&plan, &Target::cpu(true));
+            assert_eq!(groups(&s)[1].members.len(), b_members);
+            assert_eq!(groups(&s)[0].outputs.len(), if again { 2 } else { 3 });
+            // The GPU target computes nothing twice.
+            let g = schedule(&plan, &gpu(usize::MAX));
+            let members: Vec<usize> = groups(&g).iter().flat_map(|g| g.members.clone()).collect();
+            assert!((0..members.len()).all(|k| !members[k + 1..].contains(&members[k])));
+        }
     }
 
     #[test]
