@@ -748,11 +748,12 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
 
 /// Most members one recomputed value is computed from.
 const MAX_RECOMPUTE: usize = 8;
-/// Elements below which a value is not recomputed: it stays in the L2 cache between its
-/// writer and its readers, where reading it back costs less than computing it again.
+/// Elements below which a value is not recomputed (nor where its shape is not known): it
+/// stays in the L2 cache between its writer and its readers, where reading it back costs
+/// less than computing it again.
 const MIN_RECOMPUTE: usize = 1 << 19;
-/// Relative costs per element, in instructions of the fusion kernel: reading a tensor
-/// from memory, writing one (the line is read first, then written back).
+/// Relative costs per element, in adds (`Op::cost`, an instruction's cost): reading a
+/// tensor from memory, writing one (the line is read first, then written back).
 const READ_COST: usize = 2;
 const WRITE_COST: usize = 4;
 
@@ -790,11 +791,13 @@ fn recompute(
     if !t.recompute {
         return r;
     }
+    // Shapes are known once a plan is specialised to its feeds (a Keras step from its
+    // second call on).
     let small = |j: usize| {
         plan.nodes[j]
             .shape()
             .to_known()
-            .is_some_and(|s| s.iter().product::<usize>() < MIN_RECOMPUTE)
+            .is_none_or(|s| s.iter().product::<usize>() < MIN_RECOMPUTE)
     };
     for j in 0..n {
         let Some(a) = group[j] else { continue };
@@ -883,7 +886,11 @@ fn recompute(
                 .iter()
                 .filter(|&&m| !has(&r, b, m) && reads_b(m))
                 .count();
-            let added = cone.iter().filter(|&&m| !has(&r, b, m)).count();
+            let added: usize = cone
+                .iter()
+                .filter(|&&m| !has(&r, b, m))
+                .map(|&m| plan.nodes[m].op().cost().max(1))
+                .sum();
             let extra = leaves
                 .iter()
                 .filter(|&&i| !has(&r, b, i) && full(i) && !reads_b(i))
