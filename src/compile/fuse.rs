@@ -748,9 +748,9 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
 
 /// Most members one recomputed value is computed from.
 const MAX_RECOMPUTE: usize = 8;
-/// Elements below which a value is not recomputed (nor where its shape is not known): it
-/// stays in the L2 cache between its writer and its readers, where reading it back costs
-/// less than computing it again.
+/// Elements below which a value of known shape is not recomputed: it stays in the L2
+/// cache between its writer and its readers, where reading it back costs less than
+/// computing it again.
 const MIN_RECOMPUTE: usize = 1 << 19;
 /// Relative costs per element, in adds (`Op::cost`, an instruction's cost): reading a
 /// tensor from memory, writing one (the line is read first, then written back).
@@ -791,13 +791,12 @@ fn recompute(
     if !t.recompute {
         return r;
     }
-    // Shapes are known once a plan is specialised to its feeds (a Keras step from its
-    // second call on).
+    // A shape not known here (a batch dim) is taken to be large.
     let small = |j: usize| {
         plan.nodes[j]
             .shape()
             .to_known()
-            .is_none_or(|s| s.iter().product::<usize>() < MIN_RECOMPUTE)
+            .is_some_and(|s| s.iter().product::<usize>() < MIN_RECOMPUTE)
     };
     for j in 0..n {
         let Some(a) = group[j] else { continue };
