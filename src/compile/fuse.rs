@@ -763,10 +763,9 @@ const WRITE_COST: usize = 4;
 /// own group no longer writes it (`gone`, every reader computes it) and whether a
 /// recomputed value reads it from memory (`pinned`: it stays written).
 ///
-/// Batch norm in training with relu6: the forward pass writes the centred input `x - m`,
-/// the output `x̂·γ + β`, its relu and relu6; the backward pass reads the first three
-/// back. Computed again from `x`, the mean and the scale where they are read, only the
-/// relu6 is written.
+/// Batch norm in training with relu6: the forward pass wrote the output `x̂·γ + β`, its
+/// relu and the relu6, and relu6's gradient read the first two back; it computes them from
+/// the centred input and the scale, which it reads anyway, and only the relu6 is written.
 struct Recomputed {
     clones: Vec<Vec<usize>>,
     gone: Vec<bool>,
