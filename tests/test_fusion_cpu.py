@@ -241,3 +241,53 @@ def test_other_dtypes_unchanged(both, rng, dtype):
     np.testing.assert_allclose(
         y.astype("float64"), np.maximum(x.astype("float64") * 2 - 1, 0), rtol=1e-3
     )
+
+
+def test_batch_norm_relu6_gradient_recomputes_what_it_reads(rng, tmp_path):
+    """Batch norm in training, relu6 and a 1x1 convolution, with the gradients, at 2**19
+    elements an activation: the relu6 gradient's group computes the normalised output and
+    its relu again from the centred input instead of reading them back
+    (`compile::fuse::recompute`); results as float64 NumPy's (the folded sums are not
+    bitwise those of the unfused reductions)."""
+    shape, eps = (2, 32, 32, 256), 1e-3
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype("float32")
+    gz = rng.standard_normal(shape[:-1] + (8,)).astype("float32")
+    gamma = rng.uniform(0.5, 1.5, shape[-1]).astype("float32")
+    beta = rng.uniform(-0.5, 0.5, shape[-1]).astype("float32")
+    w = (rng.standard_normal((1, 1, shape[-1], 8)) / 16).astype("float32")
+
+    def build():
+        xp, gp = K.placeholder(shape=shape), K.placeholder(shape=gz.shape)
+        g, b, k = K.variable(gamma), K.variable(beta), K.variable(w)
+        normed, _, _ = K.normalize_batch_in_training(xp, g, b, [0, 1, 2], epsilon=eps)
+        z = K.conv2d(K.relu(normed, max_value=6.0), k)
+        return [xp, gp], [z] + K.gradients(K.sum(z * gp), [xp, g, b])
+
+    path = str(tmp_path / "trace.json")
+    ins, outs = build()
+    f = K.function(ins, outs)
+    with ferrokeras.profile(path):
+        z, dx, dgamma, dbeta = f([x, gz])
+    x64 = x.astype("float64")
+    n = x.size // shape[-1]
+    c = x64 - x64.mean(axis=(0, 1, 2))
+    r = 1 / np.sqrt((c * c).mean(axis=(0, 1, 2)) + eps)
+    pre = c * r * gamma + beta
+    y = np.clip(pre, 0, 6)
+    np.testing.assert_allclose(z, y @ w[0, 0], rtol=1e-4, atol=1e-4)
+    gy = gz @ w[0, 0].T
+    g = np.where((pre > 0) & (pre < 6), gy, 0)
+    db, dg = g.sum(axis=(0, 1, 2)), (g * c * r).sum(axis=(0, 1, 2))
+    np.testing.assert_allclose(dbeta, db, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dgamma, dg, rtol=1e-4, atol=1e-3)
+    ref = gamma * r / n * (n * g - db - c * r * dg)
+    np.testing.assert_allclose(dx, ref, rtol=1e-3, atol=1e-5)
+    if launches_checked():
+        import json
+
+        groups = [
+            e["args"]["members"]
+            for e in json.load(open(path))["traceEvents"]
+            if e.get("cat") == "fused"
+        ]
+        assert any("greater" in m and "relu" in m and "add" in m for m in groups), groups

@@ -66,6 +66,9 @@ pub struct Target {
     /// optimizer's updates), run as one kernel over their concatenated index spaces
     /// (`Schedule::runs`), as many as `max_buffers` allows.
     pub runs: bool,
+    /// Whether a group computes again the members of another group that it reads, from
+    /// inputs it reads anyway, instead of reading them back (`recompute`).
+    pub recompute: bool,
 }
 
 impl Target {
@@ -86,6 +89,7 @@ impl Target {
             updates: true,
             accumulations: true,
             runs: false,
+            recompute: true,
         }
     }
 
@@ -115,6 +119,7 @@ impl Target {
             updates: false,
             accumulations: false,
             runs: true,
+            recompute: false,
         }
     }
 }
@@ -571,6 +576,7 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
             }
         }
     }
+    let rc = recompute(plan, t, &users, &is_output, &group, &groups, &view);
     let mut items = Vec::new();
     let mut dispatches = 0;
     for i in 0..n {
@@ -592,12 +598,19 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
         if members.last() != Some(&i) {
             continue;
         }
-        let inside = |j: usize| group[j] == Some(g);
+        // Members computed again by every group that reads them (`recompute`) are not
+        // written; copies computed here never are.
+        let inside = |j: usize| group[j] == Some(g) || rc.clones[g].contains(&j);
         let outputs: Vec<usize> = members
             .iter()
             .copied()
-            .filter(|&m| is_output[m] || users[m].iter().any(|&u| !inside(u)))
+            .filter(|&m| {
+                !rc.gone[m]
+                    && (is_output[m] || rc.pinned[m] || users[m].iter().any(|&u| !inside(u)))
+            })
             .collect();
+        members.extend(&rc.clones[g]);
+        members.sort_unstable();
         let mut ext: Vec<usize> = Vec::new();
         for &m in &members {
             for j in data_inputs(plan, m) {
@@ -733,6 +746,189 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     }
 }
 
+/// Most members one recomputed value is computed from.
+const MAX_RECOMPUTE: usize = 8;
+/// Elements below which a value of known shape is not recomputed: it stays in the L2
+/// cache between its writer and its readers, where reading it back costs less than
+/// computing it again.
+const MIN_RECOMPUTE: usize = 1 << 19;
+/// Relative costs per element, in adds (`Op::cost`, an instruction's cost): reading a
+/// tensor from memory, writing one (the line is read first, then written back).
+const READ_COST: usize = 2;
+const WRITE_COST: usize = 4;
+
+/// Members of groups computed again by the groups that read them (`Target::recompute`),
+/// from inputs those groups read anyway or read instead, where that moves less memory:
+/// per group, the members of other groups it computes (`clones`); per node, whether its
+/// own group no longer writes it (`gone`, every reader computes it) and whether a
+/// recomputed value reads it from memory (`pinned`: it stays written).
+///
+/// Batch norm in training with relu6: the forward pass wrote the output `x̂·γ + β`, its
+/// relu and the relu6, and relu6's gradient read the first two back; it computes them from
+/// the centred input and the scale, which it reads anyway, and only the relu6 is written.
+struct Recomputed {
+    clones: Vec<Vec<usize>>,
+    gone: Vec<bool>,
+    pinned: Vec<bool>,
+}
+
+fn recompute(
+    plan: &Plan,
+    t: &Target,
+    users: &[Vec<usize>],
+    is_output: &[bool],
+    group: &[Option<usize>],
+    groups: &[Vec<usize>],
+    view: &dyn Fn(usize) -> bool,
+) -> Recomputed {
+    let n = plan.nodes.len();
+    let mut r = Recomputed {
+        clones: vec![Vec::new(); groups.len()],
+        gone: vec![false; n],
+        pinned: vec![false; n],
+    };
+    if !t.recompute {
+        return r;
+    }
+    // A shape not known here (a batch dim) is taken to be large.
+    let small = |j: usize| {
+        plan.nodes[j]
+            .shape()
+            .to_known()
+            .is_some_and(|s| s.iter().product::<usize>() < MIN_RECOMPUTE)
+    };
+    for j in 0..n {
+        let Some(a) = group[j] else { continue };
+        if view(j) || is_output[j] || r.pinned[j] || small(j) {
+            continue;
+        }
+        let has =
+            |r: &Recomputed, g: usize, i: usize| group[i] == Some(g) || r.clones[g].contains(&i);
+        // The groups that read j: every reader is a member (or a copy) in a group.
+        let outside: Vec<usize> = users[j]
+            .iter()
+            .copied()
+            .filter(|&u| !has(&r, a, u))
+            .collect();
+        if outside.is_empty() || outside.iter().any(|&u| group[u].is_none()) {
+            continue;
+        }
+        let mut readers: Vec<usize> = Vec::new();
+        for &u in &outside {
+            let gs = (0..groups.len()).filter(|&g| has(&r, g, u) && g != a);
+            for g in gs {
+                if !readers.contains(&g) {
+                    readers.push(g);
+                }
+            }
+        }
+        if readers.iter().any(|&b| groups[b].iter().any(|&m| view(m)))
+            || readers.iter().any(|&b| {
+                !outside.iter().any(|&u| {
+                    has(&r, b, u) && compatible(plan.nodes[u].shape(), plan.nodes[j].shape())
+                })
+            })
+        {
+            continue;
+        }
+        // The members of `a` (or copies in it) that j is computed from.
+        let mut cone = vec![j];
+        let mut k = 0;
+        let mut leaves: Vec<usize> = Vec::new();
+        while k < cone.len() && cone.len() <= MAX_RECOMPUTE {
+            let m = cone[k];
+            k += 1;
+            for i in data_inputs(plan, m) {
+                if has(&r, a, i) && !view(i) {
+                    if !cone.contains(&i) {
+                        cone.push(i);
+                    }
+                } else if !leaves.contains(&i) {
+                    leaves.push(i);
+                }
+            }
+        }
+        if cone.len() > MAX_RECOMPUTE || cone.iter().any(|&m| view(m)) {
+            continue;
+        }
+        // Members of the cone that `a` writes (read outside it) whose every reader
+        // outside `a` is in a reader group: `a` stops writing them.
+        let in_readers = |r: &Recomputed, u: usize| readers.iter().any(|&b| has(r, b, u));
+        let dropped: Vec<usize> = cone
+            .iter()
+            .copied()
+            .filter(|&m| {
+                group[m] == Some(a)
+                    && !is_output[m]
+                    && !r.pinned[m]
+                    && users[m].iter().any(|&u| !has(&r, a, u))
+                    && users[m].iter().all(|&u| has(&r, a, u) || in_readers(&r, u))
+            })
+            .collect();
+        if !dropped.contains(&j) {
+            continue;
+        }
+        // Each reader: the values of the cone it no longer reads, the tensors it reads
+        // instead, the instructions it adds; leaves it reads must stay written.
+        let full = |i: usize| compatible(plan.nodes[i].shape(), plan.nodes[j].shape());
+        let mut gain = (dropped.len() * WRITE_COST) as isize;
+        let mut ok = true;
+        for &b in &readers {
+            let reads_b = |i: usize| {
+                groups[b]
+                    .iter()
+                    .chain(&r.clones[b])
+                    .any(|&m| data_inputs(plan, m).any(|x| x == i))
+            };
+            let saved = cone
+                .iter()
+                .filter(|&&m| !has(&r, b, m) && reads_b(m))
+                .count();
+            let added: usize = cone
+                .iter()
+                .filter(|&&m| !has(&r, b, m))
+                .map(|&m| plan.nodes[m].op().cost().max(1))
+                .sum();
+            let extra = leaves
+                .iter()
+                .filter(|&&i| !has(&r, b, i) && full(i) && !reads_b(i))
+                .count();
+            ok &= leaves.iter().all(|&i| has(&r, b, i) || !r.gone[i]);
+            // No tensor of the value's size read anew: a convolution's output read by one
+            // more group loses its epilogue, a dropout's random values stay alive (the
+            // Keras CNN step 13% slower); batch norm's centred input stays written.
+            ok &= extra == 0;
+            ok &= groups[b].len() + r.clones[b].len() + added <= t.max_members;
+            gain += (saved * READ_COST) as isize - (extra * READ_COST + added) as isize;
+        }
+        // `a` still writes a member that something else reads.
+        let keeps = groups[a].iter().any(|&m| {
+            !dropped.contains(&m)
+                && !r.gone[m]
+                && (is_output[m] || r.pinned[m] || users[m].iter().any(|&u| !has(&r, a, u)))
+        });
+        if !ok || !keeps || gain <= 0 {
+            continue;
+        }
+        for &b in &readers {
+            for &m in &cone {
+                if !has(&r, b, m) {
+                    r.clones[b].push(m);
+                }
+            }
+            for &i in &leaves {
+                if !has(&r, b, i) {
+                    r.pinned[i] = true;
+                }
+            }
+        }
+        for m in dropped {
+            r.gone[m] = true;
+        }
+    }
+    r
+}
+
 /// Hands each f32 producer of the target's kinds (`Target::epilogues`: a forward
 /// convolution, pooling or pooling gradient, a matrix product) that one fused group of
 /// its shape reads (a bias add and activation, a dropout mask, an activation's gradient;
@@ -848,8 +1044,14 @@ fn folds(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<
                 pos[*add] = t;
             }
             Item::Group(_) | Item::Update(_) => {
+                // A member computed again in a later group (`recompute`) stands where
+                // its own group does.
                 let g = item.group().expect("a group item");
-                g.members.iter().chain(&g.first).for_each(|&m| pos[m] = t)
+                g.members.iter().chain(&g.first).for_each(|&m| {
+                    if pos[m] == usize::MAX {
+                        pos[m] = t
+                    }
+                })
             }
         }
     }
@@ -971,10 +1173,11 @@ mod tests {
     use crate::base::dtype::DType;
     use crate::base::shape::Shape;
     use crate::compile::Plan;
+    use crate::ops::build::reduce;
     use crate::ops::build::{add, mul, unary};
     use crate::ops::graph::Tensor;
     use crate::ops::source::placeholder;
-    use crate::ops::UnaryOp;
+    use crate::ops::{ReduceOp, UnaryOp};
 
     fn ph(name: &str, dims: &[usize]) -> Tensor {
         let dims = dims.iter().map(|&d| Some(d)).collect();
@@ -1144,6 +1347,49 @@ mod tests {
         assert_eq!(gs[0].folds.len(), 2);
         assert_eq!(gs[0].hidden.len(), 1);
         assert_eq!(gs[0].outputs.len(), 1);
+    }
+
+    #[test]
+    fn a_later_group_computes_again_what_it_would_read_back() {
+        // a = {p = x * w, r = relu(p), y = exp(r)}; y goes through a sum (not fused), and
+        // b = {q = x * s, q + p + r} reads p and r: b computes them again from x (which it
+        // reads anyway) and w (broadcast), and a writes only y. Not where x is small.
+        for (rows, again) in [(64, true), (4, false)] {
+            let (x, w) = (ph("x", &[rows, 8192]), ph("w", &[8192]));
+            let p = mul(&x, &w).unwrap();
+            let r = unary(UnaryOp::Relu, &p).unwrap();
+            let y = unary(UnaryOp::Exp, &r).unwrap();
+            let s = reduce(ReduceOp::Sum, &y, &[0, 1], false).unwrap();
+            let q = mul(&x, &s).unwrap();
+            let o = add(&add(&q, &p).unwrap(), &r).unwrap();
+            let plan = Plan::new(&[x.clone(), w.clone()], &[o.clone(), y.clone()]).unwrap();
+            let slot = |t: &Tensor| {
+                let ids = plan.nodes.iter().position(|n| n.id() == t.id());
+                ids.expect("a node of the plan")
+            };
+            let s = schedule(&plan, &Target::cpu(true));
+            let gs = groups(&s);
+            assert_eq!(gs.len(), 2);
+            let b_members = if again { 5 } else { 3 };
+            assert_eq!(gs[1].members.len(), b_members);
+            assert_eq!(gs[1].outputs, vec![slot(&o)]);
+            if again {
+                assert_eq!(gs[0].outputs, vec![slot(&y)]);
+                assert!(!gs[1].ext.contains(&slot(&p)) && !gs[1].ext.contains(&slot(&r)));
+            } else {
+                assert_eq!(gs[0].outputs.len(), 3);
+            }
+            // Where `p` is returned too, `a` writes it, and `b` computes it still to
+            // compute `r`.
+            let plan = Plan::new(&[x, w], &[o, y, p]).unwrap();
+            let s = schedule(&plan, &Target::cpu(true));
+            assert_eq!(groups(&s)[1].members.len(), b_members);
+            assert_eq!(groups(&s)[0].outputs.len(), if again { 2 } else { 3 });
+            // The GPU target computes nothing twice.
+            let g = schedule(&plan, &gpu(usize::MAX));
+            let members: Vec<usize> = groups(&g).iter().flat_map(|g| g.members.clone()).collect();
+            assert!((0..members.len()).all(|k| !members[k + 1..].contains(&members[k])));
+        }
     }
 
     #[test]
