@@ -266,6 +266,26 @@ impl Value {
         with_value!(self, a => dispatch_dtype!(to, T => conv::<_, T>(a)))
     }
 
+    /// Whether this is a small integer vector, as shape arguments are (rank at most 1, at
+    /// most 8 elements): loop bodies are specialised per value of such feeds.
+    pub fn is_shape_vector(&self) -> bool {
+        self.dtype().is_int() && self.shape().len() <= 1 && self.len() <= 8
+    }
+
+    /// The row of a stack of small integer vectors (`[steps, <= 8]`) whose rows are all
+    /// equal: a shape a loop body reads as a per-step input that is the same every step.
+    pub fn equal_shape_rows(&self) -> Option<Vec<usize>> {
+        let sh = self.shape();
+        if !self.dtype().is_int() || sh.len() != 2 || sh[1] > 8 || sh[0] == 0 {
+            return None;
+        }
+        let all = self.to_i64_vec();
+        let first = &all[..sh[1]];
+        all.chunks(sh[1])
+            .all(|r| r == first)
+            .then(|| first.iter().map(|&x| x as usize).collect())
+    }
+
     /// All elements as f64, C order (tests and folding; not a hot path).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         with_value!(self, a => a.iter().map(|x| x.to_f64()).collect())

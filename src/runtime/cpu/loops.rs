@@ -121,18 +121,6 @@ pub fn run(
     // are the same at every step of the run: small integer vectors captured from outside,
     // or stacked per step with every row equal (a `shape` a VJP body reads as a residual,
     // which its `sum_to`s reduce to).
-    let shape_like = |v: &Value| v.dtype().is_int() && v.shape().len() <= 1 && v.len() <= 8;
-    let fixed_rows = |v: &Value| -> Option<Vec<usize>> {
-        let sh = v.shape();
-        if !v.dtype().is_int() || sh.len() != 2 || sh[1] > 8 || sh[0] == 0 {
-            return None;
-        }
-        let all = v.to_i64_vec();
-        let first = &all[..sh[1]];
-        all.chunks(sh[1])
-            .all(|r| r == first)
-            .then(|| first.iter().map(|&x| x as usize).collect())
-    };
     let mut key: Vec<Vec<usize>> = seqs
         .iter()
         .map(|s| &s.shape()[1..])
@@ -149,7 +137,7 @@ pub fn run(
         .iter()
         .enumerate()
         .map(|(f, s)| {
-            fixed_rows(s)
+            s.equal_shape_rows()
                 .map(|r| key.push([vec![usize::MAX - f], r].concat()))
                 .is_some()
         })
@@ -157,7 +145,7 @@ pub fn run(
     key.extend(
         captured
             .iter()
-            .filter(|v| shape_like(v))
+            .filter(|v| v.is_shape_vector())
             .map(|v| v.to_i64_vec().iter().map(|&x| x as usize).collect()),
     );
     // Which feeds (of `[step rows.., states.., captured..]`) the key holds by value.
@@ -165,7 +153,10 @@ pub fn run(
         if f < nq {
             seq_fixed[f]
         } else {
-            f >= nq + ns && captured.get(f - nq - ns).is_some_and(|v| shape_like(v))
+            f >= nq + ns
+                && captured
+                    .get(f - nq - ns)
+                    .is_some_and(|v| v.is_shape_vector())
         }
     };
     let (generic_state, special) = kept(generic, &key);

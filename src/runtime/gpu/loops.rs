@@ -53,12 +53,6 @@ pub(crate) fn on_device(plan: &Plan, lay: &Placement) -> bool {
     })
 }
 
-/// Small integer vectors: kept on the host when they are step values (the shapes a VJP
-/// body reads as residuals), as `cpu::loops` keys its specialised plans on them.
-fn shape_value(v: &Value) -> bool {
-    v.dtype().is_int() && v.shape().len() <= 1 && v.len() <= 8
-}
-
 /// The body feed each `Step::Fed` index is read by, if any.
 fn fed_nodes(plan: &Plan, n_feeds: usize) -> Vec<Option<usize>> {
     let mut fed = vec![None; n_feeds];
@@ -138,7 +132,8 @@ impl Stacked {
             Some(_) => {}
             None => {
                 self.row = Some((v.shape.clone(), v.dtype));
-                let on_host = v.dev.is_none() && v.host.as_ref().is_some_and(shape_value);
+                let on_host =
+                    v.dev.is_none() && v.host.as_ref().is_some_and(Value::is_shape_vector);
                 if !on_host {
                     let mut shape = vec![t_len];
                     shape.extend_from_slice(&v.shape);
@@ -459,7 +454,7 @@ fn special_key(
     let mut seq_fixed = vec![false; nq];
     for (f, s) in seqs.iter().enumerate() {
         if let Rows::Host(v) = s {
-            if let Some(r) = fixed_rows(v) {
+            if let Some(r) = v.equal_shape_rows() {
                 key.push([vec![usize::MAX - f], r].concat());
                 seq_fixed[f] = true;
             }
@@ -467,10 +462,10 @@ fn special_key(
     }
     let cap_fixed: Vec<bool> = captured
         .iter()
-        .map(|c| c.host.as_ref().is_some_and(shape_value))
+        .map(|c| c.host.as_ref().is_some_and(Value::is_shape_vector))
         .collect();
     for c in captured {
-        if let Some(v) = c.host.as_ref().filter(|v| shape_value(v)) {
+        if let Some(v) = c.host.as_ref().filter(|v| v.is_shape_vector()) {
             key.push(v.to_i64_vec().iter().map(|&x| x as usize).collect());
         }
     }
@@ -482,19 +477,6 @@ fn special_key(
         }
     };
     (key, Box::new(keyed))
-}
-
-/// The row of a host sequence of small integer vectors whose rows are all equal.
-fn fixed_rows(v: &Value) -> Option<Vec<usize>> {
-    let sh = v.shape();
-    if !v.dtype().is_int() || sh.len() != 2 || sh[1] > 8 || sh[0] == 0 {
-        return None;
-    }
-    let all = v.to_i64_vec();
-    let first = &all[..sh[1]];
-    all.chunks(sh[1])
-        .all(|r| r == first)
-        .then(|| first.iter().map(|&x| x as usize).collect())
 }
 
 /// Most specialised bodies kept per body plan.
