@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
+from gradcheck import numeric_grad
 from reference import np_rnn
 
 TOL = dict(rtol=2e-4, atol=2e-5)
@@ -66,20 +67,31 @@ def _on_both(f, feeds, tmp=None):
     return on_gpu
 
 
+def _lstm_weights(rng, D, H):
+    """An LSTM's input and recurrent kernels and bias, as float32 variables."""
+    return (
+        K.variable((rng.normal(size=(D, 4 * H)) * 0.4).astype("float32")),
+        K.variable((rng.normal(size=(H, 4 * H)) * 0.4).astype("float32")),
+        K.variable((rng.normal(size=(4 * H,)) * 0.1).astype("float32")),
+    )
+
+
+def _lstm_cell(z, c, H):
+    """Keras' LSTM cell on the fused gate pre-activations `z` ([B, 4H], gates i, f, g, o)
+    and the cell state `c`: the next hidden and cell states."""
+    i, f, g, o = (
+        K.sigmoid(z[:, :H]),
+        K.sigmoid(z[:, H : 2 * H]),
+        K.tanh(z[:, 2 * H : 3 * H]),
+        K.sigmoid(z[:, 3 * H :]),
+    )
+    c2 = f * c + i * g
+    return o * K.tanh(c2), c2
+
+
 def _np_rnn_loss(x, h0, W, U, b, mask, go_backwards):
     last, outs, h = np_rnn(x, h0, W, U, b, mask, go_backwards)
     return (outs * outs).sum() + h.sum() + last.sum()
-
-
-def _fd(loss, w, eps=1e-6):
-    """Central finite differences of the float64 NumPy `loss(w)`."""
-    g = np.zeros_like(w)
-    for idx in np.ndindex(w.shape):
-        wp, wm = w.copy(), w.copy()
-        wp[idx] += eps
-        wm[idx] -= eps
-        g[idx] = (loss(wp) - loss(wm)) / (2 * eps)
-    return g
 
 
 # (batch, features, units): rows of 12 and 15 words (copied but for row 0), and of 64
@@ -123,8 +135,12 @@ def test_rnn_runs_on_the_gpu(gpu, rng, tmp_path, masked, go_backwards, shape):
         ref = np_rnn(x64, h64, W64, U64, b64, mv, go_backwards)
         for a, r in zip(out[:3], ref):
             np.testing.assert_allclose(a, r, **TOL)
-        gW = _fd(lambda w: _np_rnn_loss(x64, h64, w, U64, b64, mv, go_backwards), W64)
-        gU = _fd(lambda u: _np_rnn_loss(x64, h64, W64, u, b64, mv, go_backwards), U64)
+        gW = numeric_grad(
+            lambda a: _np_rnn_loss(x64, h64, a[0], U64, b64, mv, go_backwards), [W64], 0, 1e-6
+        )
+        gU = numeric_grad(
+            lambda a: _np_rnn_loss(x64, h64, W64, a[0], b64, mv, go_backwards), [U64], 0, 1e-6
+        )
         np.testing.assert_allclose(out[5], gW, rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(out[6], gU, rtol=1e-3, atol=1e-3)
 
@@ -138,21 +154,11 @@ def test_lstm_like_step_with_slices_runs_on_the_gpu(gpu, rng, shape):
     B, D, H = shape
     T = 6
     x = K.placeholder(shape=(None, None, D))
-    W = K.variable((rng.normal(size=(D, 4 * H)) * 0.4).astype("float32"))
-    U = K.variable((rng.normal(size=(H, 4 * H)) * 0.4).astype("float32"))
-    b = K.variable((rng.normal(size=(4 * H,)) * 0.1).astype("float32"))
+    W, U, b = _lstm_weights(rng, D, H)
 
     def step(x_t, states):
         h, c, bias = states
-        z = K.dot(x_t, W) + K.dot(h, U) + bias
-        i, f, g, o = (
-            K.sigmoid(z[:, :H]),
-            K.sigmoid(z[:, H : 2 * H]),
-            K.tanh(z[:, 2 * H : 3 * H]),
-            K.sigmoid(z[:, 3 * H :]),
-        )
-        c2 = f * c + i * g
-        h2 = o * K.tanh(c2)
+        h2, c2 = _lstm_cell(K.dot(x_t, W) + K.dot(h, U) + bias, c, H)
         return h2, [h2, c2]
 
     zeros = K.zeros_like(x[:, 0, :1]) * K.zeros((1, H))
@@ -198,7 +204,9 @@ def test_map_fn_foldl_foldr_run_on_the_gpu(gpu, rng, n):
             a = np.tanh(a + r)
         return a.sum()
 
-    np.testing.assert_allclose(out[6], _fd(fold_r, v64), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(
+        out[6], numeric_grad(lambda a: fold_r(a[0]), [v64], 0, 1e-6), rtol=1e-3, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("inner", [(), (64,)])
@@ -370,21 +378,11 @@ def test_lstm_step_dispatches_per_time_step(gpu, rng):
         pytest.skip("loops run on the CPU with FERROKERAS_GPU_LOOPS=0")
     B, D, H = 4, 16, 16
     x = K.placeholder(shape=(None, None, D))
-    W = K.variable((rng.normal(size=(D, 4 * H)) * 0.4).astype("float32"))
-    U = K.variable((rng.normal(size=(H, 4 * H)) * 0.4).astype("float32"))
-    b = K.variable((rng.normal(size=(4 * H,)) * 0.1).astype("float32"))
+    W, U, b = _lstm_weights(rng, D, H)
 
     def step(x_t, states):
         h, c = states
-        z = K.bias_add(K.dot(x_t, W) + K.dot(h, U), b)
-        i, f, g, o = (
-            K.sigmoid(z[:, :H]),
-            K.sigmoid(z[:, H : 2 * H]),
-            K.tanh(z[:, 2 * H : 3 * H]),
-            K.sigmoid(z[:, 3 * H :]),
-        )
-        c2 = f * c + i * g
-        h2 = o * K.tanh(c2)
+        h2, c2 = _lstm_cell(K.bias_add(K.dot(x_t, W) + K.dot(h, U), b), c, H)
         return h2, [h2, c2]
 
     zeros = K.zeros_like(x[:, 0, :1]) * K.zeros((1, H))
