@@ -89,14 +89,8 @@ pub(super) fn segment_fwd<T: F>(
         return;
     }
     let sg = Segments::new(wk);
-    // An image without padding is read in place; else a padded copy.
     let Scratch { a, b, .. } = sc;
-    let src: &[T] = if wk.unpadded() {
-        x
-    } else {
-        pad_into(wk.x, wk.p, cin, x, a);
-        a
-    };
+    let src = wk.padded(x, a);
     let (ktot, tile, opix) = (sg.width(), sg.tile(), sg.pixels());
     let col = sized(b, tile * ktot);
     for r0 in (0..opix).step_by(tile) {

@@ -40,6 +40,15 @@ impl Walk<'_> {
     pub fn unpadded(&self) -> bool {
         self.p.iter().all(|&(a, b)| a == 0 && b == 0)
     }
+    /// The image `x` as its column rows are gathered from: itself without padding, else
+    /// its zero-padded copy in `buf`.
+    pub fn padded<'b, T: F>(&self, x: &'b [T], buf: &'b mut Vec<T>) -> &'b [T] {
+        if self.unpadded() {
+            return x;
+        }
+        pad_into(self.x, self.p, self.cin, x, buf);
+        buf
+    }
     /// A 1x1 kernel at stride 1 without padding: the image's pixel rows are its column
     /// rows (dilation is immaterial for a 1x1 kernel).
     pub fn pointwise(&self) -> bool {
@@ -206,13 +215,7 @@ pub(super) fn gather_run<T: F>(wk: &Walk, sg: &Segments, x: &[T], cnt: usize, sc
     let Scratch { a, b, .. } = sc;
     let col = sized(b, cnt * opix * ktot);
     for j in 0..cnt {
-        let img = &x[j * xl..(j + 1) * xl];
-        let src: &[T] = if wk.unpadded() {
-            img
-        } else {
-            pad_into(wk.x, wk.p, wk.cin, img, a);
-            a
-        };
+        let src = wk.padded(&x[j * xl..(j + 1) * xl], a);
         sg.gather(
             src,
             0,
