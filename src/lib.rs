@@ -18,5 +18,9 @@ mod py;
 mod tests;
 
 pub use base::dtype::DType;
+
+/// Every allocation of the engine goes through mimalloc (`runtime/cpu/alloc.rs` says why).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub use base::error::{Error, Result};
 pub use ops::graph::Tensor;
