@@ -205,6 +205,16 @@ MATMUL_PATHS = [
     ((), (), 17, 40, 3300),  # A·Bᵀ with long n: column panels (the last one short)
     ((), (), 64, 100, 256),  # A·Bᵀ read in place by gemm, one thread
     ((), (), 70, 300, 257),  # the same above the threading threshold, too few for panels
+    # Small f32 products with n a multiple of 16, summed without packing: blocks of 6 rows
+    # by 1-4 vectors and the rows and vectors left over; k at its bound and past it.
+    ((), (), 1, 1, 16),
+    ((), (), 7, 5, 16),
+    ((), (), 13, 33, 48),
+    ((), (), 64, 64, 256),  # a Keras LSTM(64)'s h·U
+    ((), (), 11, 1024, 80),
+    ((), (), 5, 1025, 32),
+    ((4,), (4,), 9, 7, 32),
+    ((3,), (), 6, 10, 64),
 ]
 
 

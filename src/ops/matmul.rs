@@ -10,6 +10,7 @@ use crate::base::error::{Error, Result};
 use crate::base::shape::{broadcast_runtime, broadcast_static, Dim, Shape};
 use crate::base::value::{Arr, Elem, Value};
 use crate::ops::graph::Tensor;
+use crate::ops::small_gemm;
 use crate::value_err;
 use gemm::Parallelism;
 use half::f16;
@@ -455,25 +456,13 @@ fn run_gemm<T: GemmElem>(
             // SAFETY: every pointer addresses an m x k, k x n or m x n block inside its buffer,
             // with the strides computed for that buffer's row-major layout above.
             unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
+                gemm_rows(
+                    (m, n, k),
                     dst.as_mut_ptr() as *mut T,
-                    1,
-                    n as isize,
+                    n,
                     false,
-                    ad.as_ptr().add(ao),
-                    a_cs,
-                    a_rs,
-                    bd.as_ptr().add(bo),
-                    b_cs,
-                    b_rs,
-                    T::zero(),
-                    T::one(),
-                    false,
-                    false,
-                    false,
+                    (ad.as_ptr().add(ao), a_rs, a_cs),
+                    (bd.as_ptr().add(bo), b_rs, b_cs),
                     par,
                 )
             }
@@ -595,7 +584,6 @@ unsafe fn team_halves<T: GemmElem>(
     } else {
         (len / 2).div_ceil(8) * 8
     };
-    let alpha = if accumulate { T::one() } else { T::zero() };
     crate::base::team::split2(&|part| {
         let (s, e) = if part == 0 { (0, h) } else { (h, len) };
         let (i0, rows, j0, cols) = if by_cols {
@@ -608,29 +596,80 @@ unsafe fn team_halves<T: GemmElem>(
         // m x n destination lie inside their buffers (the caller's contract); the two
         // parts touch disjoint blocks of the destination.
         unsafe {
-            gemm::gemm(
-                rows,
-                cols,
-                k,
+            gemm_rows(
+                (rows, cols, k),
                 d.0.add(i0 * n + j0),
-                1,
-                n as isize,
+                n,
                 accumulate,
-                ad.as_ptr().add(ao).offset(i0 as isize * a_rs),
-                a_cs,
-                a_rs,
-                bd.as_ptr().add(bo).offset(j0 as isize * b_cs),
-                b_cs,
-                b_rs,
-                alpha,
-                T::one(),
-                false,
-                false,
-                false,
+                (ad.as_ptr().add(ao).offset(i0 as isize * a_rs), a_rs, a_cs),
+                (bd.as_ptr().add(bo).offset(j0 as isize * b_cs), b_rs, b_cs),
                 Parallelism::None,
             )
         }
     });
+}
+
+/// `dst[m x n]` (row stride `drs`) `= [dst +] A·B`, A and B addressed by pointer and
+/// element strides as `gemm::gemm` takes them: through `gemm`, or without packing
+/// (`small_gemm`) for a small f32 product on one thread whose B has contiguous rows.
+///
+/// # Safety
+/// As `gemm::gemm`'s: every element of the `m x k`, `k x n` and `m x n` blocks lies inside
+/// its buffer; `dst` is read only when `acc`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_rows<T: GemmElem>(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut T,
+    drs: usize,
+    acc: bool,
+    (a, a_rs, a_cs): (*const T, isize, isize),
+    (b, b_rs, b_cs): (*const T, isize, isize),
+    par: Parallelism,
+) {
+    let f32_elems = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+    if f32_elems
+        && matches!(par, Parallelism::None)
+        && m * n * k < PAR_MIN_MACS
+        && small_gemm::applies(n, k, b_cs)
+    {
+        // SAFETY: T is f32; the blocks are the caller's.
+        unsafe {
+            small_gemm::product(
+                (m, n, k),
+                dst as *mut f32,
+                drs,
+                acc,
+                (a as *const f32, a_rs, a_cs),
+                (b as *const f32, b_rs),
+            )
+        };
+        return;
+    }
+    let alpha = if acc { T::one() } else { T::zero() };
+    // SAFETY: the caller's contract is gemm's.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            drs as isize,
+            acc,
+            a,
+            a_cs,
+            a_rs,
+            b,
+            b_cs,
+            b_rs,
+            alpha,
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        )
+    }
 }
 
 /// Whether a product `A·Bᵀ` that runs through `gemm` as it is (not in column panels)
@@ -746,25 +785,13 @@ pub fn accumulate(
     // SAFETY: A is m x k, B k x n and the destination m x n, each addressed with the strides
     // of its row-major buffer; gemm reads the destination and adds the product (read_dst).
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
+        gemm_rows(
+            (m, n, k),
             dst.0,
-            1,
-            n as isize,
+            n,
             true,
-            ad.as_ptr(),
-            a_cs,
-            a_rs,
-            bd.as_ptr(),
-            b_cs,
-            b_rs,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
+            (ad.as_ptr(), a_rs, a_cs),
+            (bd.as_ptr(), b_rs, b_cs),
             par,
         )
     }

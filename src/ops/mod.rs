@@ -19,6 +19,7 @@ pub mod movement;
 pub mod pool;
 pub mod random;
 pub mod reduce;
+pub mod small_gemm;
 pub mod source;
 pub mod vmath;
 
