@@ -1420,7 +1420,7 @@ mod tests {
             let q = mul(&c, &c).unwrap();
             let v = reduce(ReduceOp::Sum, &q, &[0], true).unwrap();
             let o = mul(&c, &v).unwrap();
-            let plan = Plan::new(&[x.clone(), mp.clone()], &[o.clone()]).unwrap();
+            let plan = Plan::new(&[x.clone(), mp.clone()], std::slice::from_ref(&o)).unwrap();
             let slot = |t: &Tensor| {
                 let ids = plan.nodes.iter().position(|n| n.id() == t.id());
                 ids.expect("a node of the plan")
