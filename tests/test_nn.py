@@ -722,6 +722,23 @@ def test_normalize_batch_in_training_gradient(xs, axes, ps, rng):
     )
 
 
+@pytest.mark.parametrize("scale,shift", [(False, False), (True, False), (False, True)])
+def test_normalize_batch_in_training_gradient_without_gamma_or_beta(scale, shift, rng):
+    xs, ps = (3, 2, 4), (4,)
+    arrays = [rng.normal(1.0, 2.0, size=xs)]
+    arrays += [rng.uniform(0.5, 1.5, size=ps)] if scale else []
+    arrays += [rng.normal(size=ps)] if shift else []
+
+    def fn(x, *ps):
+        g = ps[0] if scale else None
+        b = ps[-1] if shift else None
+        return K.normalize_batch_in_training(x, g, b, [0, 1], epsilon=0.01)[0]
+
+    check_grad(fn, arrays)
+    # The returned mean's gradient: the mean itself, not the output's stopped copy.
+    check_grad(lambda x: K.normalize_batch_in_training(x, None, None, [0, 1])[1] * 3.0, arrays[:1])
+
+
 def test_normalize_batch_in_training_unknown_batch(rng):
     x = rng.normal(size=(5, 3))
     px = K.placeholder(shape=(None, 3), dtype="float64")
