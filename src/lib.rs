@@ -19,8 +19,9 @@ mod tests;
 
 pub use base::dtype::DType;
 
-/// Every allocation of the engine goes through mimalloc (`runtime/cpu/alloc.rs` says why).
+/// The engine's allocations: small blocks from mimalloc, large ones from the system's
+/// malloc (`runtime/cpu/alloc.rs` says why).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: runtime::cpu::alloc::EngineAlloc = runtime::cpu::alloc::EngineAlloc;
 pub use base::error::{Error, Result};
 pub use ops::graph::Tensor;

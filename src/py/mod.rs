@@ -1006,7 +1006,6 @@ fn _debug_lose_gpu() -> R<()> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::runtime::cpu::alloc::tune_malloc();
-    crate::runtime::cpu::alloc::tune_mimalloc();
     m.add_class::<PyTensor>()?;
     m.add_class::<PyVariable>()?;
     m.add_class::<PyFunction>()?;

@@ -8,51 +8,35 @@
 //! again, each page cleared by the kernel: perf put a quarter of the CNN step in the
 //! fault, TLB-shootdown and page-clearing paths under glibc's default thresholds.
 //!
-//! The engine allocates through mimalloc (the crate's global allocator, `lib.rs`): its
-//! thread-local free lists serve the many small blocks of a loop step (the shapes, the
-//! step's 16-64 KiB values) without glibc's bin searches and consolidation. One thread's
-//! CPU time per Keras training step, mimalloc against glibc tuned as below, the two
-//! builds taking turns: LSTM 5.5-5.6 against 6.1-6.5 ms, CNN 35-36 against 38-39 ms.
-//! It is built without transparent huge pages (`no_thp`): on a kernel whose THP mode is
-//! `madvise` with `defrag=madvise`, mimalloc's `MADV_HUGEPAGE` arenas made page faults
-//! compact memory for 2 MiB pages, and building ResNet50 and running its first training
-//! step took 1.1-3.0 s of one thread's CPU from one run to the next (27% of it clearing
-//! huge pages) against glibc's 1.2. And its purging of freed memory (decommitted after
-//! `purge_delay`, 1 s) is switched off, as glibc's heap below keeps freed memory: a step
-//! longer than the delay page-faulted its buffers in again on the next one (ResNet50's
-//! second step 0.98-1.16 s against 0.89-0.91). The process's resident memory stays at its
-//! peak; `MIMALLOC_PURGE_DELAY` set by the user takes precedence.
+//! The engine's global allocator (`EngineAlloc`, `lib.rs`) takes blocks up to `SMALL_MAX`
+//! (1 MiB) from mimalloc and larger ones from the system's malloc. A recurrent loop step
+//! allocates and frees dozens of small blocks (its shapes, its 16-64 KiB values), which
+//! mimalloc's thread-local free lists serve without glibc's bin searches and
+//! consolidation (`_int_malloc`, `_int_free` and `malloc_consolidate` were ~4% of a Keras
+//! LSTM step on one thread): one thread's CPU time per LSTM training step 5.5-5.6 ms
+//! against 6.1-6.5 with glibc alone, the builds taking turns. Large blocks stay with
+//! glibc: with every block from mimalloc, the products and convolutions of the separable
+//! model of `bench_models.py` ran ~20% slower on one thread (1,490-1,570 samples per CPU
+//! second against 1,840-1,980; the same kernels, the GEMM microkernel's share up by half:
+//! mimalloc places large blocks at aligned addresses, glibc after a header), and the
+//! resident memory of ResNet50 grew by ~13%. mimalloc is built without transparent huge
+//! pages (`no_thp`): on a kernel whose THP mode is `madvise` with `defrag=madvise`, its
+//! `MADV_HUGEPAGE` arenas made page faults compact memory for 2 MiB pages, and the first
+//! ResNet50 training step took 1.1-3.0 s of one thread's CPU from run to run against 1.2.
 //!
-//! glibc's malloc still serves NumPy's and Python's buffers (the feeds, Keras's batches).
-//! It serves large sizes with `mmap` (or returns them with `trim`) once they pass its
-//! dynamic thresholds, and caps the mmap threshold at 32 MiB; so the thresholds are raised
-//! and `mmap` is switched off for allocations altogether (`M_MMAP_MAX` 0): every block
-//! comes from the heap, and free memory beyond 256 MiB at the top of the heap is still
-//! returned. (Measured when the engine's buffers came from glibc too: CNN 991 -> 1,678
-//! samples/s, MLP 19.1k -> 29.1k; 25,000 page faults per ResNet50 `predict` at batch 32
-//! without `M_MMAP_MAX` 0.) glibc still maps a block too large for a thread's heap (64 MiB)
-//! there.
+//! glibc's malloc serves large sizes with `mmap` (or returns them with `trim`) once they
+//! pass its dynamic thresholds, and caps the mmap threshold at 32 MiB; so the thresholds
+//! are raised and `mmap` is switched off for allocations altogether (`M_MMAP_MAX` 0): every
+//! block comes from the heap, and free memory beyond 256 MiB at the top of the heap is
+//! still returned. (Measured: CNN 991 -> 1,678 samples/s, MLP 19.1k -> 29.1k; 25,000 page
+//! faults per ResNet50 `predict` at batch 32 without `M_MMAP_MAX` 0, 580 -> 551 ms of one
+//! thread's CPU; the peak resident memory of those runs fell, ResNet50 399 -> 383 MiB,
+//! since a freed block is reused rather than mapped anew.) glibc still maps a block too
+//! large for a thread's heap (64 MiB) there.
 //!
-//! Both settings are process-wide, so they are applied once, when the extension loads, and
-//! only where the user has not chosen them (`MIMALLOC_PURGE_DELAY`; on glibc
-//! `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `MALLOC_MMAP_MAX_`).
-
-/// mimalloc's `mi_option_purge_delay` (`mimalloc.h` of the mimalloc version that
-/// `libmimalloc-sys` builds; its Rust bindings do not name it). The test below checks it
-/// against the option's default.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// Switches mimalloc's purging of freed memory off (see the module comment) unless
-/// `MIMALLOC_PURGE_DELAY` is set; returns whether it did.
-pub fn tune_mimalloc() -> bool {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-        return false;
-    }
-    // SAFETY: mi_option_set only stores the option's value; mimalloc reads it when it
-    // next decides whether to purge.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-    true
-}
+//! The thresholds are process-wide, so they are applied once, when the extension loads,
+//! only on glibc, and only where the user has not chosen them (`MALLOC_MMAP_THRESHOLD_`,
+//! `MALLOC_TRIM_THRESHOLD_`, `MALLOC_MMAP_MAX_`).
 
 /// Applies glibc's thresholds above (see the module comment); returns whether it did.
 pub fn tune_malloc() -> bool {
@@ -84,25 +68,95 @@ fn set_thresholds() -> bool {
     false
 }
 
+/// Blocks up to this many bytes come from mimalloc, larger ones from the system's malloc.
+pub const SMALL_MAX: usize = 1 << 20;
+
+/// The global allocator: mimalloc for blocks up to `SMALL_MAX` bytes, the system's
+/// malloc (glibc, tuned by `tune_malloc`) above (see the module comment).
+pub struct EngineAlloc;
+
+// SAFETY: every block is freed (and grown or shrunk) by the allocator that made it: the
+// layout's size, which Rust passes to `dealloc` and `realloc` unchanged, says which.
+unsafe impl std::alloc::GlobalAlloc for EngineAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's layout contract is passed on.
+        unsafe {
+            if l.size() <= SMALL_MAX {
+                mimalloc::MiMalloc.alloc(l)
+            } else {
+                std::alloc::System.alloc(l)
+            }
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: as `alloc`.
+        unsafe {
+            if l.size() <= SMALL_MAX {
+                mimalloc::MiMalloc.alloc_zeroed(l)
+            } else {
+                std::alloc::System.alloc_zeroed(l)
+            }
+        }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: `p` came from the allocator its size selects (`alloc`).
+        unsafe {
+            if l.size() <= SMALL_MAX {
+                mimalloc::MiMalloc.dealloc(p, l)
+            } else {
+                std::alloc::System.dealloc(p, l)
+            }
+        }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, size: usize) -> *mut u8 {
+        let (was_small, small) = (l.size() <= SMALL_MAX, size <= SMALL_MAX);
+        // SAFETY: `p` came from the allocator `l`'s size selects; a block that changes
+        // sides is copied into a new block from the other one and freed by its own.
+        unsafe {
+            match (was_small, small) {
+                (true, true) => mimalloc::MiMalloc.realloc(p, l, size),
+                (false, false) => std::alloc::System.realloc(p, l, size),
+                _ => {
+                    let new = std::alloc::Layout::from_size_align_unchecked(size, l.align());
+                    let q = self.alloc(new);
+                    if !q.is_null() {
+                        std::ptr::copy_nonoverlapping(p, q, l.size().min(size));
+                        self.dealloc(p, l);
+                    }
+                    q
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::SMALL_MAX;
 
     #[test]
-    fn purge_delay_is_the_option_it_names() {
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-            return;
+    fn blocks_keep_their_bytes_when_they_grow_and_shrink_across_the_allocators() {
+        let fill = |n: usize| (0..n).map(|i| (i * 7 + 3) as u8).collect::<Vec<u8>>();
+        for (from, to) in [
+            (1000, SMALL_MAX - 1),
+            (SMALL_MAX, SMALL_MAX + 1),
+            (4096, 3 * SMALL_MAX),
+            (2 * SMALL_MAX, 3 * SMALL_MAX),
+        ] {
+            let mut v = fill(from);
+            v.reserve_exact(to - from);
+            assert!(v.capacity() >= to);
+            assert_eq!(v, fill(from));
+            v.extend((from..to).map(|i| (i * 7 + 3) as u8));
+            assert_eq!(v, fill(to));
+            v.truncate(from);
+            v.shrink_to_fit();
+            assert_eq!(v, fill(from));
         }
-        // SAFETY: reading and setting an option only reads and stores its value.
-        unsafe {
-            // mimalloc's default purge delay is 1000 ms; no other option defaults to it.
-            let before = libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY);
-            assert!(
-                before == 1000 || before == -1,
-                "option {MI_OPTION_PURGE_DELAY} is {before}"
-            );
-            assert!(tune_mimalloc());
-            assert_eq!(libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY), -1);
-        }
+        let zeros = vec![0u64; SMALL_MAX]; // alloc_zeroed from the system's malloc
+        assert!(zeros.iter().all(|&z| z == 0));
     }
 }
