@@ -221,6 +221,14 @@ def test_conv_low_precision(name, xshape, kshape, kw, dtype, tol, rng):
         ((2, 9, 10, 16), (1, 1, 16, 32), dict()),
         ((3, 5, 7, 32), (1, 1, 32, 16), dict()),
         ((1, 30, 31, 3), (3, 3, 3, 16), dict(padding="same")),
+        # the direct narrow kernels, taps read from the image where they lie: dilated
+        # windows (one segment per pixel of the window), runs of small images with 16
+        # input channels (the input gradient as the flipped kernel's convolution, two
+        # vectors, chunks of taps), 32 input channels and a tail of rows
+        ((1, 12, 13, 5), (3, 3, 5, 16), dict(padding="same", dilation_rate=2)),
+        ((3, 8, 9, 16), (3, 3, 16, 32), dict(padding="same")),
+        ((2, 7, 5, 32), (3, 3, 32, 16), dict()),
+        ((2, 14, 14, 16), (3, 3, 16, 32), dict(strides=2, padding="same")),
     ],
 )
 def test_narrow_float32_products_match_float64(xshape, kshape, kw, rng):
