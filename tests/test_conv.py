@@ -229,6 +229,13 @@ def test_conv_low_precision(name, xshape, kshape, kw, dtype, tol, rng):
         ((3, 8, 9, 16), (3, 3, 16, 32), dict(padding="same")),
         ((2, 7, 5, 32), (3, 3, 32, 16), dict()),
         ((2, 14, 14, 16), (3, 3, 16, 32), dict(strides=2, padding="same")),
+        # one output channel (or, in the input gradient, one input channel): each
+        # window's dot product with the kernel in vectors of taps, a segment's last
+        # vector masked, windows of more vectors than one pass sums in registers
+        ((2, 10, 9, 16), (3, 3, 16, 1), dict(padding="same")),
+        ((1, 20, 21, 5), (3, 3, 5, 1), dict(strides=2)),
+        ((1, 12, 12, 40), (5, 5, 40, 1), dict(padding="same")),
+        ((2, 9, 8, 1), (3, 3, 1, 16), dict(padding="same")),
     ],
 )
 def test_narrow_float32_products_match_float64(xshape, kshape, kw, rng):

@@ -29,7 +29,7 @@ pub(super) fn fwd<T: F>(
     debug_assert_eq!(y.len(), g.n * yl);
 }
 
-/// A groups=1 convolution of `n` images: with 16 or 32 f32 output channels, the direct
+/// A groups=1 convolution of `n` images: with 1, 16 or 32 f32 output channels, the direct
 /// narrow kernel where Winograd does not take it (`direct_fwd`); runs of small images by
 /// `segment_fwd_run`, else Winograd where it applies, else `segment_fwd`. A single small
 /// image (batch 1) takes `segment_fwd` too: its few Winograd tiles do not pay for
@@ -69,8 +69,8 @@ pub(super) fn dense_fwd<T: F>(
     }
 }
 
-/// Whether `dense_fwd` runs the direct narrow kernel (`narrow::forward_image`): 16 or 32
-/// f32 output channels, any window but a pointwise one (whose column rows are the image
+/// Whether `dense_fwd` runs the direct narrow kernel (`narrow::forward_image`): 1, 16 or
+/// 32 f32 output channels, any window but a pointwise one (whose column rows are the image
 /// itself, one product).
 pub(super) fn direct_fwd<T: F>(wk: &Walk) -> bool {
     !wk.pointwise() && narrow::direct_applies::<T>(wk.cout)

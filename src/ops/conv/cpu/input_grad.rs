@@ -78,7 +78,7 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
 /// would write fewer than 16 columns (the input's channels) and Winograd does not apply,
 /// and for runs of small images, where flipping and transposing the kernel (`w` is read
 /// transposed in place by col2im) costs more than adding the columns back, and for a
-/// single small image likewise; except with 16 or 32 f32 input channels, whose forward
+/// single small image likewise; except with 1, 16 or 32 f32 input channels, whose forward
 /// convolution runs the direct narrow kernel (`bwd_input`).
 fn col2im_input_first(g: &Geom) -> bool {
     g.groups == 1 && (g.cin < 16 || small(g.opix()))

@@ -28,10 +28,12 @@ pub(super) fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
                 par,
             )
         });
-    } else if g.groups == 1 && narrow::direct_applies::<T>(g.cout) && (run > 1 || !g.unit_stride())
+    } else if g.groups == 1
+        && narrow::direct_applies::<T>(g.cout)
+        && (run > 1 || !g.unit_stride() || g.cout == 1)
     {
-        // 16 or 32 output channels where the column rows would be gathered: the taps'
-        // sums straight from each image (`narrow::kernel_grad_image`).
+        // 16 or 32 output channels where the column rows would be gathered, or one: the
+        // taps' sums straight from each image (`narrow::kernel_grad_image`).
         let sg = Segments::new(&wk);
         sum_images(g.n, dw, |i, dw, sc, _| {
             let src = wk.padded(&x[i * xl..(i + 1) * xl], &mut sc.a);
