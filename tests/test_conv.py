@@ -557,6 +557,11 @@ POOL_CASES = [
     ((1, 8, 7, 2), (3, 3), (3, 2), "valid"),
     ((2, 5, 4, 6, 2), (2, 2, 2), (2, 2, 2), "same"),
     ((1, 5, 5, 5, 2), (3, 2, 3), (2, 1, 2), "valid"),
+    # unpadded windows over blocks of 16 channels: the average without window lists
+    # (disjoint windows with rows left over, overlapping windows, 3-D)
+    ((2, 7, 9, 16), (2, 2), (2, 2), "valid"),
+    ((1, 8, 7, 32), (3, 3), (2, 1), "valid"),
+    ((1, 5, 4, 6, 16), (2, 2, 3), (1, 2, 2), "valid"),
 ]
 
 
@@ -705,6 +710,21 @@ def test_pool_gradients(window, strides, padding, pool_mode, rng):
     check_grad(
         lambda t: K.pool2d(t, window, strides, padding, pool_mode=pool_mode),
         [x],
+        eps=1e-6,
+        rtol=1e-6,
+        atol=1e-8,
+    )
+
+
+@pytest.mark.parametrize(
+    "window,strides,xshape",
+    [((2, 2), (2, 2), (2, 5, 7, 16)), ((3, 2), (2, 1), (1, 6, 5, 32))],
+)
+def test_avg_pool_gradients_over_channel_blocks(window, strides, xshape, rng):
+    # Unpadded average pooling over blocks of 16 channels, against finite differences.
+    check_grad(
+        lambda t: K.pool2d(t, window, strides, "valid", pool_mode="avg"),
+        [rng.normal(size=xshape)],
         eps=1e-6,
         rtol=1e-6,
         atol=1e-8,
