@@ -11,6 +11,7 @@ elements), independent of the kernels under test.
 
 import numpy as np
 import pytest
+from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
 from gradcheck import assert_mentions, check_grad, run
 from reference import pads_for, ref_conv, ref_pool, windows
@@ -254,6 +255,17 @@ def test_narrow_float32_products_match_float64(xshape, kshape, kw, rng):
     for got, want in zip(res["float32"], res["float64"]):
         scale = np.abs(want).max()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_narrow_float32_products_on_one_thread():
+    # The direct kernels run an image to a thread, so with fewer images than threads the
+    # convolution keeps its parallel products: on one thread every case above takes them.
+    if not env_is("RAYON_NUM_THREADS", "1"):
+        pytest_in_child(
+            {"RAYON_NUM_THREADS": "1"},
+            f"{__file__}::test_narrow_float32_products_match_float64",
+            f"{__file__}::test_pool",
+        )
 
 
 # ---- transposed convolutions ----------------------------------------------------------

@@ -47,7 +47,7 @@ pub(super) fn dense_fwd<T: F>(
     let pix = Segments::new(wk).pixels();
     let run = run_len(pix, n);
     let wino = winograd::applies(wk) && !small(pix);
-    if direct_fwd::<T>(wk) && (run > 1 || !wino) {
+    if direct_fwd::<T>(wk, n) && (run > 1 || !wino) {
         let sg = Segments::new(wk);
         per_image(n, y, after, |i, y, sc, _| {
             let src = wk.padded(&x[i * xl..(i + 1) * xl], &mut sc.a);
@@ -69,11 +69,12 @@ pub(super) fn dense_fwd<T: F>(
     }
 }
 
-/// Whether `dense_fwd` runs the direct narrow kernel (`narrow::forward_image`): 1, 16 or
-/// 32 f32 output channels, any window but a pointwise one (whose column rows are the image
-/// itself, one product).
-pub(super) fn direct_fwd<T: F>(wk: &Walk) -> bool {
-    !wk.pointwise() && narrow::direct_applies::<T>(wk.cout)
+/// Whether `dense_fwd` runs the direct narrow kernel (`narrow::forward_image`) on `n`
+/// images: 1, 16 or 32 f32 output channels, any window but a pointwise one (whose column
+/// rows are the image itself, one product), and images enough for every thread (the
+/// kernel runs an image on one thread; fewer images keep the parallel products).
+pub(super) fn direct_fwd<T: F>(wk: &Walk, n: usize) -> bool {
+    !wk.pointwise() && narrow::direct_applies::<T>(wk.cout) && n >= threads()
 }
 
 /// One image of a groups=1 convolution: the column rows of a tile of output pixels

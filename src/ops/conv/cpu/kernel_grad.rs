@@ -30,10 +30,12 @@ pub(super) fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
         });
     } else if g.groups == 1
         && narrow::direct_applies::<T>(g.cout)
+        && g.n >= threads()
         && (run > 1 || !g.unit_stride() || g.cout == 1)
     {
         // 16 or 32 output channels where the column rows would be gathered, or one: the
-        // taps' sums straight from each image (`narrow::kernel_grad_image`).
+        // taps' sums straight from each image (`narrow::kernel_grad_image`), an image to
+        // a thread (fewer images than threads keep the parallel products).
         let sg = Segments::new(&wk);
         sum_images(g.n, dw, |i, dw, sc, _| {
             let src = wk.padded(&x[i * xl..(i + 1) * xl], &mut sc.a);
