@@ -492,7 +492,7 @@ fn avg_bwd_unpadded<T: PF>(g: &Geom, gy: &[T], dx: &mut [T]) {
 #[inline(always)]
 fn pool_fwd_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) {
     let c = g.cin;
-    if kind == PoolKind::Avg && unpadded(g) && c % AVG_BLOCK == 0 {
+    if kind == PoolKind::Avg && unpadded(g) && c.is_multiple_of(AVG_BLOCK) {
         return avg_fwd_unpadded(g, x, y);
     }
     let mut ips = Vec::with_capacity(g.kk());
@@ -528,7 +528,7 @@ fn pool_fwd_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) {
 #[inline(always)]
 fn pool_bwd_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], gy: &[T], dx: &mut [T]) {
     let c = g.cin;
-    if kind == PoolKind::Avg && unpadded(g) && c % AVG_BLOCK == 0 {
+    if kind == PoolKind::Avg && unpadded(g) && c.is_multiple_of(AVG_BLOCK) {
         return avg_bwd_unpadded(g, gy, dx);
     }
     let (mut best, mut idx) = (vec![T::zero(); c], vec![0u32; c]);
