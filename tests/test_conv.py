@@ -11,6 +11,7 @@ elements), independent of the kernels under test.
 
 import numpy as np
 import pytest
+from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
 from gradcheck import assert_mentions, check_grad, run
 from reference import pads_for, ref_conv, ref_pool, windows
@@ -221,6 +222,21 @@ def test_conv_low_precision(name, xshape, kshape, kw, dtype, tol, rng):
         ((2, 9, 10, 16), (1, 1, 16, 32), dict()),
         ((3, 5, 7, 32), (1, 1, 32, 16), dict()),
         ((1, 30, 31, 3), (3, 3, 3, 16), dict(padding="same")),
+        # the direct narrow kernels, taps read from the image where they lie: dilated
+        # windows (one segment per pixel of the window), runs of small images with 16
+        # input channels (the input gradient as the flipped kernel's convolution, two
+        # vectors, chunks of taps), 32 input channels and a tail of rows
+        ((1, 12, 13, 5), (3, 3, 5, 16), dict(padding="same", dilation_rate=2)),
+        ((3, 8, 9, 16), (3, 3, 16, 32), dict(padding="same")),
+        ((2, 7, 5, 32), (3, 3, 32, 16), dict()),
+        ((2, 14, 14, 16), (3, 3, 16, 32), dict(strides=2, padding="same")),
+        # one output channel (or, in the input gradient, one input channel): each
+        # window's dot product with the kernel in vectors of taps, a segment's last
+        # vector masked, windows of more vectors than one pass sums in registers
+        ((2, 10, 9, 16), (3, 3, 16, 1), dict(padding="same")),
+        ((1, 20, 21, 5), (3, 3, 5, 1), dict(strides=2)),
+        ((1, 12, 12, 40), (5, 5, 40, 1), dict(padding="same")),
+        ((2, 9, 8, 1), (3, 3, 1, 16), dict(padding="same")),
     ],
 )
 def test_narrow_float32_products_match_float64(xshape, kshape, kw, rng):
@@ -239,6 +255,17 @@ def test_narrow_float32_products_match_float64(xshape, kshape, kw, rng):
     for got, want in zip(res["float32"], res["float64"]):
         scale = np.abs(want).max()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_narrow_float32_products_on_one_thread():
+    # The direct kernels run an image to a thread, so with fewer images than threads the
+    # convolution keeps its parallel products: on one thread every case above takes them.
+    if not env_is("RAYON_NUM_THREADS", "1"):
+        pytest_in_child(
+            {"RAYON_NUM_THREADS": "1"},
+            f"{__file__}::test_narrow_float32_products_match_float64",
+            f"{__file__}::test_pool",
+        )
 
 
 # ---- transposed convolutions ----------------------------------------------------------
@@ -542,6 +569,11 @@ POOL_CASES = [
     ((1, 8, 7, 2), (3, 3), (3, 2), "valid"),
     ((2, 5, 4, 6, 2), (2, 2, 2), (2, 2, 2), "same"),
     ((1, 5, 5, 5, 2), (3, 2, 3), (2, 1, 2), "valid"),
+    # unpadded windows over blocks of 16 channels: the average without window lists
+    # (disjoint windows with rows left over, overlapping windows, 3-D)
+    ((2, 7, 9, 16), (2, 2), (2, 2), "valid"),
+    ((1, 8, 7, 32), (3, 3), (2, 1), "valid"),
+    ((1, 5, 4, 6, 16), (2, 2, 3), (1, 2, 2), "valid"),
 ]
 
 
@@ -690,6 +722,21 @@ def test_pool_gradients(window, strides, padding, pool_mode, rng):
     check_grad(
         lambda t: K.pool2d(t, window, strides, padding, pool_mode=pool_mode),
         [x],
+        eps=1e-6,
+        rtol=1e-6,
+        atol=1e-8,
+    )
+
+
+@pytest.mark.parametrize(
+    "window,strides,xshape",
+    [((2, 2), (2, 2), (2, 5, 7, 16)), ((3, 2), (2, 1), (1, 6, 5, 32))],
+)
+def test_avg_pool_gradients_over_channel_blocks(window, strides, xshape, rng):
+    # Unpadded average pooling over blocks of 16 channels, against finite differences.
+    check_grad(
+        lambda t: K.pool2d(t, window, strides, "valid", pool_mode="avg"),
+        [rng.normal(size=xshape)],
         eps=1e-6,
         rtol=1e-6,
         atol=1e-8,

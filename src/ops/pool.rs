@@ -403,9 +403,98 @@ fn argmax<T: PF>(x: &[T], c: usize, ips: &[usize], best: &mut [T], idx: &mut [u3
 // The kernels below are loops over output pixels with no closures, so that all of each is
 // inlined into its `simd_kernel!` copies and vectorised over channels.
 
+/// Whether every window of `g` lies inside the image (no padding): an average pool then
+/// divides every window by its size, and the unpadded kernels below need no bounds.
+fn unpadded(g: &Geom) -> bool {
+    g.p.iter().all(|&(a, b)| a == 0 && b == 0)
+}
+
+/// Calls `f(op, ip)` for every output pixel `op` of one unpadded image and each input
+/// pixel `ip` of its window, in window order: output pixels stepped along without the
+/// per-pixel window lists of `window`.
+#[inline(always)]
+fn unpadded_walk(g: &Geom, mut f: impl FnMut(usize, usize)) {
+    let (o, k, s, x) = (&g.o, &g.k, &g.s, &g.x);
+    let mut op = 0;
+    for a in 0..o[0] {
+        for b in 0..o[1] {
+            for c in 0..o[2] {
+                for ka in 0..k[0] {
+                    for kb in 0..k[1] {
+                        let row = ((a * s[0] + ka) * x[1] + b * s[1] + kb) * x[2] + c * s[2];
+                        for kc in 0..k[2] {
+                            f(op, row + kc);
+                        }
+                    }
+                }
+                op += 1;
+            }
+        }
+    }
+}
+
+/// Channels per block of the unpadded average kernels: a fixed-size array the compiler
+/// keeps in vector registers.
+const AVG_BLOCK: usize = 16;
+
+/// The average pool of one unpadded image, `c` a multiple of `AVG_BLOCK`.
+#[inline(always)]
+fn avg_fwd_unpadded<T: PF>(g: &Geom, x: &[T], y: &mut [T]) {
+    let c = g.cin;
+    let n = T::from(g.kk()).expect("small count");
+    for ch in (0..c).step_by(AVG_BLOCK) {
+        let mut acc = [T::zero(); AVG_BLOCK];
+        let mut last = 0;
+        unpadded_walk(g, |op, ip| {
+            if op != last {
+                let yr: &mut [T; AVG_BLOCK] = (&mut y[last * c + ch..][..AVG_BLOCK])
+                    .try_into()
+                    .expect("block");
+                for (y, a) in yr.iter_mut().zip(&mut acc) {
+                    *y = *a / n;
+                    *a = T::zero();
+                }
+                last = op;
+            }
+            let xr: &[T; AVG_BLOCK] = x[ip * c + ch..][..AVG_BLOCK].try_into().expect("block");
+            for (a, &v) in acc.iter_mut().zip(xr) {
+                *a = *a + v;
+            }
+        });
+        if g.opix() > 0 {
+            let yr = &mut y[last * c + ch..][..AVG_BLOCK];
+            for (y, a) in yr.iter_mut().zip(&acc) {
+                *y = *a / n;
+            }
+        }
+    }
+}
+
+/// The average pool's gradient of one unpadded image added into `dx`, `c` a multiple of
+/// `AVG_BLOCK`.
+#[inline(always)]
+fn avg_bwd_unpadded<T: PF>(g: &Geom, gy: &[T], dx: &mut [T]) {
+    let c = g.cin;
+    let n = T::from(g.kk()).expect("small count");
+    for ch in (0..c).step_by(AVG_BLOCK) {
+        unpadded_walk(g, |op, ip| {
+            let gr: &[T; AVG_BLOCK] = gy[op * c + ch..][..AVG_BLOCK].try_into().expect("block");
+            let dr: &mut [T; AVG_BLOCK] = (&mut dx[ip * c + ch..][..AVG_BLOCK])
+                .try_into()
+                .expect("block");
+            for (d, &v) in dr.iter_mut().zip(gr) {
+                *d = *d + v / n;
+            }
+        });
+    }
+}
+
 #[inline(always)]
 fn pool_fwd_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) {
     let c = g.cin;
+    if kind == PoolKind::Avg && unpadded(g) && c.is_multiple_of(AVG_BLOCK) {
+        return avg_fwd_unpadded(g, x, y);
+    }
     let mut ips = Vec::with_capacity(g.kk());
     for op in 0..g.opix() {
         window(g, out_coords(g, op), &mut ips);
@@ -439,6 +528,9 @@ fn pool_fwd_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], y: &mut [T]) {
 #[inline(always)]
 fn pool_bwd_impl<T: PF>(kind: PoolKind, g: &Geom, x: &[T], gy: &[T], dx: &mut [T]) {
     let c = g.cin;
+    if kind == PoolKind::Avg && unpadded(g) && c.is_multiple_of(AVG_BLOCK) {
+        return avg_bwd_unpadded(g, gy, dx);
+    }
     let (mut best, mut idx) = (vec![T::zero(); c], vec![0u32; c]);
     let mut ips = Vec::with_capacity(g.kk());
     for op in 0..g.opix() {

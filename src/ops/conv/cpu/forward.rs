@@ -3,6 +3,7 @@
 
 use super::depthwise::{self, LANES};
 use super::im2col::*;
+use super::narrow;
 use super::*;
 
 pub(super) fn fwd<T: F>(
@@ -28,10 +29,12 @@ pub(super) fn fwd<T: F>(
     debug_assert_eq!(y.len(), g.n * yl);
 }
 
-/// A groups=1 convolution of `n` images: runs of small images by `segment_fwd_run`, else
-/// Winograd where it applies, else `segment_fwd`. A single small image (batch 1) takes
-/// `segment_fwd` too: its few Winograd tiles do not pay for transforming the kernel
-/// (3x3 512->512 at 4x4, one image: 5.6 ms by Winograd, 0.7 ms as one `gemm`).
+/// A groups=1 convolution of `n` images: with 1, 16 or 32 f32 output channels, the direct
+/// narrow kernel where Winograd does not take it (`direct_fwd`); runs of small images by
+/// `segment_fwd_run`, else Winograd where it applies, else `segment_fwd`. A single small
+/// image (batch 1) takes `segment_fwd` too: its few Winograd tiles do not pay for
+/// transforming the kernel (3x3 512->512 at 4x4, one image: 5.6 ms by Winograd, 0.7 ms as
+/// one `gemm`).
 pub(super) fn dense_fwd<T: F>(
     n: usize,
     wk: &Walk,
@@ -43,11 +46,18 @@ pub(super) fn dense_fwd<T: F>(
     let xl = x.len() / n.max(1);
     let pix = Segments::new(wk).pixels();
     let run = run_len(pix, n);
-    if run > 1 {
+    let wino = winograd::applies(wk) && !small(pix);
+    if direct_fwd::<T>(wk, n) && (run > 1 || !wino) {
+        let sg = Segments::new(wk);
+        per_image(n, y, after, |i, y, sc, _| {
+            let src = wk.padded(&x[i * xl..(i + 1) * xl], &mut sc.a);
+            narrow::forward_image(&sg, src, w, y, wk.cout)
+        });
+    } else if run > 1 {
         per_run(n, run, y, after, |i, cnt, y, sc, par| {
             segment_fwd_run(wk, &x[i * xl..(i + cnt) * xl], cnt, w, y, sc, par)
         });
-    } else if winograd::applies(wk) && !small(pix) {
+    } else if wino {
         let u = winograd::transform_kernel(w, wk.cin, wk.cout);
         per_image(n, y, after, |i, y, sc, par| {
             winograd::forward(wk, &x[i * xl..(i + 1) * xl], &u, y, sc, par)
@@ -57,6 +67,14 @@ pub(super) fn dense_fwd<T: F>(
             segment_fwd(wk, &x[i * xl..(i + 1) * xl], w, y, sc, par)
         });
     }
+}
+
+/// Whether `dense_fwd` runs the direct narrow kernel (`narrow::forward_image`) on `n`
+/// images: 1, 16 or 32 f32 output channels, any window but a pointwise one (whose column
+/// rows are the image itself, one product), and images enough for every thread (the
+/// kernel runs an image on one thread; fewer images keep the parallel products).
+pub(super) fn direct_fwd<T: F>(wk: &Walk, n: usize) -> bool {
+    !wk.pointwise() && narrow::direct_applies::<T>(wk.cout) && n >= threads()
 }
 
 /// One image of a groups=1 convolution: the column rows of a tile of output pixels

@@ -4,6 +4,7 @@
 use super::depthwise;
 use super::forward::dense_fwd;
 use super::im2col::*;
+use super::narrow;
 use super::*;
 
 /// Stride 1, one group: the input gradient is a stride-1 convolution of `gy`, padded by
@@ -40,7 +41,10 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
                 )
             });
         }
-        Some(p2) if !col2im_input_first(g) => {
+        Some(p2)
+            if !col2im_input_first(g)
+                || (narrow::direct_applies::<T>(g.cin) && g.n >= threads()) =>
+        {
             let wf = flip_transpose(g, w);
             let wk = Walk {
                 x: &g.o,
@@ -77,7 +81,9 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
 /// would write fewer than 16 columns (the input's channels) and Winograd does not apply,
 /// and for runs of small images, where flipping and transposing the kernel (`w` is read
 /// transposed in place by col2im) costs more than adding the columns back, and for a
-/// single small image likewise.
+/// single small image likewise; except with 1, 16 or 32 f32 input channels and images
+/// enough for every thread, whose forward convolution runs the direct narrow kernel
+/// (`bwd_input`, `forward::direct_fwd`).
 fn col2im_input_first(g: &Geom) -> bool {
     g.groups == 1 && (g.cin < 16 || small(g.opix()))
 }

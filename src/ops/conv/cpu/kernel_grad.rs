@@ -3,6 +3,7 @@
 
 use super::depthwise;
 use super::im2col::*;
+use super::narrow;
 use super::*;
 
 pub(super) fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
@@ -26,6 +27,19 @@ pub(super) fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
                 (cout, 1),
                 par,
             )
+        });
+    } else if g.groups == 1
+        && narrow::direct_applies::<T>(g.cout)
+        && g.n >= threads()
+        && (run > 1 || !g.unit_stride() || g.cout == 1)
+    {
+        // 16 or 32 output channels where the column rows would be gathered, or one: the
+        // taps' sums straight from each image (`narrow::kernel_grad_image`), an image to
+        // a thread (fewer images than threads keep the parallel products).
+        let sg = Segments::new(&wk);
+        sum_images(g.n, dw, |i, dw, sc, _| {
+            let src = wk.padded(&x[i * xl..(i + 1) * xl], &mut sc.a);
+            narrow::kernel_grad_image(&sg, src, &gy[i * yl..(i + 1) * yl], dw, g.cout)
         });
     } else if g.groups == 1 && run > 1 {
         sum_runs(g.n, run, dw, |i, cnt, dw, sc, par| {

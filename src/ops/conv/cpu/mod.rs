@@ -15,6 +15,12 @@
 //!   rows of the padded image starting at that offset *are* the im2col rows (with a few
 //!   junk rows where a window wraps around a row end, whose output gradient is zero), so
 //!   each offset is one strided `gemm` with a long `k` and no im2col copy.
+//! - one group, 1, 16 or 32 f32 output channels on AVX-512, images enough for every
+//!   thread (`narrow.rs`): the forward (outside Winograd, and not a pointwise product)
+//!   and the kernel gradient (where columns would be gathered, or one output channel)
+//!   read each window's taps from the padded image where they lie, with no column rows;
+//!   a stride-1 input gradient with 1, 16 or 32 input channels runs as the flipped
+//!   kernel's convolution through them.
 //! - one input channel per group (depthwise): direct loops over a zero-padded copy of each
 //!   image, output row by row, vectorised over channels; the 3x3 forward with multiplier 1
 //!   keeps its 9 kernel vectors in registers along each row, and serves as the stride-1
