@@ -739,6 +739,25 @@ def test_normalize_batch_in_training_gradient_without_gamma_or_beta(scale, shift
     check_grad(lambda x: K.normalize_batch_in_training(x, None, None, [0, 1])[1] * 3.0, arrays[:1])
 
 
+def test_normalize_batch_in_training_second_order(rng):
+    # A Hessian-vector product through batch norm in training (a gradient penalty through a
+    # normalised critic) against central differences of the gradient: the mean and the
+    # variance stay differentiable in the gradient's graph too.
+    xv = rng.standard_normal((6, 4))
+    x = K.placeholder(shape=(6, 4), dtype="float64")
+    gamma = K.constant(rng.standard_normal(4) + 1.5, dtype="float64")
+    beta = K.constant(rng.standard_normal(4), dtype="float64")
+    y = K.normalize_batch_in_training(x, gamma, beta, [0], epsilon=1e-3)[0]
+    w = K.constant(rng.standard_normal((6, 4)), dtype="float64")
+    g = K.gradients(K.sum(K.square(y * w)), [x])[0]
+    uv = rng.standard_normal((6, 4))
+    hv = K.gradients(K.sum(g * K.constant(uv, dtype="float64")), [x])[0]
+    f = K.function([x], [g, hv])
+    eps = 1e-5
+    fd = (f([xv + eps * uv])[0] - f([xv - eps * uv])[0]) / (2 * eps)
+    np.testing.assert_allclose(f([xv])[1], fd, rtol=1e-6, atol=1e-6 * np.abs(fd).max())
+
+
 def test_normalize_batch_in_training_unknown_batch(rng):
     x = rng.normal(size=(5, 3))
     px = K.placeholder(shape=(None, 3), dtype="float64")

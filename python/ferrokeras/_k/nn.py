@@ -593,13 +593,9 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
     if len(set(axes)) != len(axes):
         raise ValueError(f"{fn}: reduction_axes {list(reduction_axes)} repeat an axis")
     m = mean(x, axes, keepdims=True)
-    # One centred tensor for the variance and the output. The mean's gradient does not
-    # flow back through it: the variance's share is `-2·mean(x - m)·dv`, zero, and the
-    # output's `-Σ(dy·inv)` is carried by `shift` below, so the input's gradient needs no
-    # sum of its own centred gradient (a pass over the input's size, then another to add
-    # it) but the `Σ dy` that beta's gradient takes.
-    ms = stop_gradient(m)
-    centred = x - ms
+    # One centred tensor for the variance and the output: its gradient then flows back
+    # through one subtraction (one `sum_to` of the mean's gradient, not two).
+    centred = x - m
     v = mean(square(centred), axes, keepdims=True)
     d = _dims(x)
     target = [1 if i in axes else d[i] for i in range(x.ndim)]
@@ -616,10 +612,9 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
     inv = _unary("rsqrt", v + float(epsilon))
     if g is not None:
         inv = inv * g
-    # Zero (`ms` is `m`), with the gradient `-inv·Σ dy` with respect to the mean (and
-    # none with respect to `inv`, which it would only multiply by zero).
-    shift = (ms - m) * stop_gradient(inv)
-    normed = centred * inv + (shift if b is None else b + shift)
+    normed = centred * inv
+    if b is not None:
+        normed = normed + b
     return normed, wrap(_core.squeeze(m._core, axes)), wrap(_core.squeeze(v._core, axes))
 
 
