@@ -18,10 +18,10 @@ mod py;
 mod tests;
 
 pub use base::dtype::DType;
+pub use base::error::{Error, Result};
+pub use ops::graph::Tensor;
 
 /// The engine's allocations: small blocks from mimalloc, large ones from the system's
 /// malloc (`runtime/cpu/alloc.rs` says why).
 #[global_allocator]
 static ALLOC: runtime::cpu::alloc::EngineAlloc = runtime::cpu::alloc::EngineAlloc;
-pub use base::error::{Error, Result};
-pub use ops::graph::Tensor;

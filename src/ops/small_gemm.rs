@@ -35,7 +35,6 @@ pub fn applies(n: usize, k: usize, b_cs: isize) -> bool {
 /// # Safety
 /// `a`, `b` and `dst` address every element of their `m x k`, `k x n` and `m x n` blocks
 /// with these strides; `dst` is read only when `acc`, and overlaps neither operand.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn product(
     (m, n, k): (usize, usize, usize),
     dst: *mut f32,

@@ -75,60 +75,48 @@ pub const SMALL_MAX: usize = 1 << 20;
 /// malloc (glibc, tuned by `tune_malloc`) above (see the module comment).
 pub struct EngineAlloc;
 
+/// The allocator that serves (and frees) blocks of `size` bytes.
+fn by_size(size: usize) -> &'static dyn std::alloc::GlobalAlloc {
+    if size <= SMALL_MAX {
+        &mimalloc::MiMalloc
+    } else {
+        &std::alloc::System
+    }
+}
+
 // SAFETY: every block is freed (and grown or shrunk) by the allocator that made it: the
 // layout's size, which Rust passes to `dealloc` and `realloc` unchanged, says which.
 unsafe impl std::alloc::GlobalAlloc for EngineAlloc {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
         // SAFETY: the caller's layout contract is passed on.
-        unsafe {
-            if l.size() <= SMALL_MAX {
-                mimalloc::MiMalloc.alloc(l)
-            } else {
-                std::alloc::System.alloc(l)
-            }
-        }
+        unsafe { by_size(l.size()).alloc(l) }
     }
 
     unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
         // SAFETY: as `alloc`.
-        unsafe {
-            if l.size() <= SMALL_MAX {
-                mimalloc::MiMalloc.alloc_zeroed(l)
-            } else {
-                std::alloc::System.alloc_zeroed(l)
-            }
-        }
+        unsafe { by_size(l.size()).alloc_zeroed(l) }
     }
 
     unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
         // SAFETY: `p` came from the allocator its size selects (`alloc`).
-        unsafe {
-            if l.size() <= SMALL_MAX {
-                mimalloc::MiMalloc.dealloc(p, l)
-            } else {
-                std::alloc::System.dealloc(p, l)
-            }
-        }
+        unsafe { by_size(l.size()).dealloc(p, l) }
     }
 
     unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, size: usize) -> *mut u8 {
-        let (was_small, small) = (l.size() <= SMALL_MAX, size <= SMALL_MAX);
+        let side = |n: usize| n <= SMALL_MAX;
         // SAFETY: `p` came from the allocator `l`'s size selects; a block that changes
         // sides is copied into a new block from the other one and freed by its own.
         unsafe {
-            match (was_small, small) {
-                (true, true) => mimalloc::MiMalloc.realloc(p, l, size),
-                (false, false) => std::alloc::System.realloc(p, l, size),
-                _ => {
-                    let new = std::alloc::Layout::from_size_align_unchecked(size, l.align());
-                    let q = self.alloc(new);
-                    if !q.is_null() {
-                        std::ptr::copy_nonoverlapping(p, q, l.size().min(size));
-                        self.dealloc(p, l);
-                    }
-                    q
-                }
+            if side(l.size()) == side(size) {
+                return by_size(size).realloc(p, l, size);
             }
+            let new = std::alloc::Layout::from_size_align_unchecked(size, l.align());
+            let q = self.alloc(new);
+            if !q.is_null() {
+                std::ptr::copy_nonoverlapping(p, q, l.size().min(size));
+                self.dealloc(p, l);
+            }
+            q
         }
     }
 }
