@@ -12,14 +12,16 @@ Workloads are those of bench_keras.py: MLP 784-512-512-10 with dropout, RMSprop,
 128; CNN conv32-conv64-pool-d128, Adam, batch 64. ``--threads 1`` runs every process with
 one compute thread (RAYON_NUM_THREADS=1), ``default`` with ferrokeras' own choice. The N
 ranks run as ``--modes`` says: ``plain`` side by side without communicating (plain Keras
-optimizers: the ceiling the machine gives), ``none`` with DistributedOptimizer, ``fp16``
-with ``compression=hvd.Compression.fp16``. For each configuration (``--rounds`` runs
+optimizers: the ceiling the machine gives), ``none`` with DistributedOptimizer, ``mpi``
+with DistributedOptimizer summing by ``MPI_Allreduce`` instead of the shared-memory window
+(``FERROKERAS_DIST_SHM_BYTES=0``), ``fp16`` with ``compression=hvd.Compression.fp16``. For each configuration (``--rounds`` runs
 each, all configurations taking turns; the median run is reported) it prints samples/s
 (all ranks together, median epoch), the speed-up over one process with the same threads,
 CPU ms per step, and per step the time inside the gradient average: waiting for the
 other ranks (agreement check and load imbalance) and the collective itself. Then the
-collectives alone (MPI_Allreduce of the gradients' size against a memcpy; for the MLP
-also as float16), again under each ``--mpi-tunables`` setting.
+collectives alone (MPI_Allreduce of the gradients' size against the shared-memory window's
+sum and a memcpy; for the MLP also as float16), again under each ``--mpi-tunables``
+setting.
 
 ``--node-cost`` measures, in one process, what the gradient node adds to a step's CPU
 time and where that goes (``node_cost_worker``).
@@ -43,8 +45,12 @@ MARK = "@@RESULT@@"
 MODES = {
     "plain": "no communication",
     "none": "DistributedOptimizer",
+    "mpi": "DistributedOptimizer, MPI",
     "fp16": "Compression.fp16",
 }
+# Worker mode and environment of each mode: `mpi` is DistributedOptimizer with the
+# shared-memory window off, every buffer summed by MPI_Allreduce.
+MODE_RUNS = {"mpi": ("none", {"FERROKERAS_DIST_SHM_BYTES": "0"})}
 WORKLOADS = {
     # name: (batch per rank, steps per epoch)
     "mlp": (128, 40),
@@ -151,7 +157,8 @@ def allreduce_worker(args):
     ranks meeting at a barrier before each): MPI_Allreduce in place of float32, and a
     memcpy of the same bytes (the floor under the gradient average's cost per step);
     for the MLP also what float16 on the wire can use: an Allgather of float16, MPICH's
-    own float16 sum (MPI_FLOAT16_T) and a user-defined one (NumPy)."""
+    own float16 sum (MPI_FLOAT16_T) and a user-defined one (NumPy). Where the ranks share
+    a machine, also the gradient average's sum through the shared-memory window."""
     raise_priority()
     import ferrokeras.distributed as hvd
     import numpy as np
@@ -178,6 +185,9 @@ def allreduce_worker(args):
             "allreduce_ms": timed(lambda: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)),
             "memcpy_ms": timed(lambda: np.copyto(b, a)),
         }
+        shm = hvd._comm.shared_memory()
+        if shm is not None:
+            out["shm_sum_ms"] = timed(lambda: shm.sum_in_place([a], hvd._shm.slot_limit()))
         if float16:
             h = np.ones(params, np.float16)
             rows = np.empty((comm.Get_size(), params), np.float16)
@@ -303,8 +313,13 @@ def mpiexec():
 
 
 def run(workload, ranks, threads, epochs, mode="none", env=None):
+    mode, mode_env = MODE_RUNS.get(mode, (mode, {}))
     env = dict(
-        os.environ, KERAS_BACKEND="ferrokeras.backend", FERROKERAS_DEVICE="cpu", **(env or {})
+        os.environ,
+        KERAS_BACKEND="ferrokeras.backend",
+        FERROKERAS_DEVICE="cpu",
+        **mode_env,
+        **(env or {}),
     )
     env["OPENBLAS_NUM_THREADS"] = "1"
     if threads == "1":
@@ -337,9 +352,10 @@ def main():
     )
     p.add_argument(
         "--modes",
-        default="plain,none,fp16",
+        default="plain,none,mpi,fp16",
         help="what the N ranks run: plain (side by side, no communication: the ceiling), "
-        "none (DistributedOptimizer), fp16 (compression=hvd.Compression.fp16)",
+        "none (DistributedOptimizer), mpi (DistributedOptimizer with MPI_Allreduce instead "
+        "of the shared-memory window), fp16 (compression=hvd.Compression.fp16)",
     )
     p.add_argument(
         "--mpi-tunables",
@@ -419,7 +435,7 @@ def main():
                 if key == "one":
                     continue
                 line += (
-                    f"\n     {args.ranks} ranks, {MODES[key]:22s} {r['samples_per_s']:7.0f} samples/s "
+                    f"\n     {args.ranks} ranks, {MODES[key]:26s} {r['samples_per_s']:7.0f} samples/s "
                     f"= {r['samples_per_s'] / one['samples_per_s']:.2f}x | CPU ms/step "
                     f"{r['cpu_ms_per_step']:.2f}"
                 )
@@ -437,7 +453,9 @@ def main():
             line = (
                 f"{name:4s} gradient alone{' with ' + tunable if tunable else ''}: "
                 f"{r['mib']:.2f} MiB, MPI_Allreduce on {args.ranks} ranks "
-                f"{r['allreduce_ms']:.2f} ms, memcpy {r['memcpy_ms']:.2f} ms"
+                f"{r['allreduce_ms']:.2f} ms, "
+                + (f"shared-memory sum {r['shm_sum_ms']:.2f} ms, " if "shm_sum_ms" in r else "")
+                + f"memcpy {r['memcpy_ms']:.2f} ms"
             )
             if "allgather_f16_ms" in r:
                 line += (

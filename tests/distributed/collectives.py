@@ -88,20 +88,60 @@ def check_vjp(outs, rtol):
         np.testing.assert_allclose(gv, np.full(gv.shape, (n + 1) / 2), rtol=rtol)
 
 
-for limit, own in (("", 1 << 18), ("", 64), ("40", 64), ("8", 1 << 18)):
+CASES = [
+    # (FERROKERAS_DIST_CHUNK_BYTES, own-buffer threshold, FERROKERAS_DIST_SHM_BYTES)
+    ("", 1 << 18, ""),
+    ("", 64, ""),
+    ("40", 64, ""),
+    ("8", 1 << 18, ""),
+    # Slots of 64 bytes: every buffer crosses slots, pieces of two dtypes share one.
+    ("", 64, "64"),
+    ("40", 1 << 18, "64"),
+    # The window off: every buffer through MPI_Allreduce.
+    ("", 64, "0"),
+]
+for limit, own, shm in CASES:
     # `own`: gradients of this many bytes or more are summed in their own buffers
     # (without a size limit): here none, or the two largest.
     hvd._ops._OWN_BUFFER_BYTES = own
     os.environ["FERROKERAS_DIST_CHUNK_BYTES"] = limit
+    os.environ["FERROKERAS_DIST_SHM_BYTES"] = shm
     before = hvd._comm.S.counts.get("gradient allreduce", 0)
     outs = hvd.allreduce_gradients(grads_in)
+    window = hvd.stats()["window_bytes"]
     got = K.function(grads_in, outs)(values)
+    # On one machine every buffer is summed through the shared-memory window, unless
+    # FERROKERAS_DIST_SHM_BYTES=0.
+    in_window = hvd.stats()["window_bytes"] - window
+    assert in_window == (0 if shm == "0" else sum(v.nbytes for v in values)), in_window
     assert hvd._comm.S.counts["gradient allreduce"] == before + 1, "one collective node"
     for g, e in zip(got, expected):
         assert g.dtype == e.dtype and g.shape == e.shape
         np.testing.assert_allclose(g, e, rtol=1e-6)
+    # Every rank holds the same sums, bit for bit.
+    for g in got:
+        np.testing.assert_array_equal(hvd.broadcast(g, 0), g)
     check_vjp(outs, 1e-6)
 os.environ.pop("FERROKERAS_DIST_CHUNK_BYTES")
+os.environ.pop("FERROKERAS_DIST_SHM_BYTES")
+# With the window: the sum of float32 values whose additions round, against the exact
+# float64 sum of the same values, on a buffer larger than a slot.
+os.environ["FERROKERAS_DIST_SHM_BYTES"] = "4096"
+big = K.placeholder(shape=(3000,))
+vals32 = np.random.RandomState(20 + r).uniform(-1, 1, 3000).astype(np.float32)
+(summed,) = K.function([big], hvd.allreduce_gradients([big], op=hvd.Sum))([vals32])
+exact64 = hvd.allreduce(vals32.astype(np.float64), op=hvd.Sum)
+np.testing.assert_allclose(summed, exact64, rtol=0, atol=n * 2e-7)
+np.testing.assert_array_equal(hvd.broadcast(summed, 0), summed)
+os.environ.pop("FERROKERAS_DIST_SHM_BYTES")
+try:
+    os.environ["FERROKERAS_DIST_SHM_BYTES"] = "12"
+    K.function([big], hvd.allreduce_gradients([big]))([vals32])
+    raise AssertionError("a slot below 64 bytes is refused")
+except ValueError as e:
+    assert "FERROKERAS_DIST_SHM_BYTES" in str(e), e
+finally:
+    os.environ.pop("FERROKERAS_DIST_SHM_BYTES")
 
 # Compression.fp16: float16 on the wire, the result in the value's dtype, equal to the
 # float32 average within float16's rounding (of each rank's value and of the result).

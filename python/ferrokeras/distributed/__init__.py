@@ -85,8 +85,10 @@ def stats(reset=False):
 
     Returns a dict: ``steps`` (gradient averages run), ``wait_s`` (seconds spent waiting
     for every rank to reach the average: the agreement check plus load imbalance),
-    ``allreduce_s`` (seconds in ``MPI_Allreduce`` itself), ``bytes`` and ``buffers``
-    (reduced per rank). ``reset=True`` zeroes them after reading.
+    ``allreduce_s`` (seconds in the sum itself: ``MPI_Allreduce``, or the shared-memory
+    window where every rank runs on one machine), ``bytes`` and ``buffers`` (reduced per
+    rank), ``window_bytes`` (of those bytes, the ones summed through the shared-memory
+    window). ``reset=True`` zeroes them after reading.
     """
     out = dict(_comm.require().stats)
     if reset:

@@ -24,6 +24,8 @@ import traceback
 
 import numpy as np
 
+from ._shm import ShmSum, slot_limit
+
 _ERROR_TAG = 7301
 _ACK_TAG = 7302
 
@@ -58,6 +60,7 @@ class _State:
     comm = None  # collectives
     err_comm = None  # error messages and their acknowledgements
     local_comm = None
+    shm = None  # the gradient average's shared-memory window (_shm.ShmSum), made on first use
     rank = 0
     size = 1
     local_rank = 0
@@ -117,7 +120,27 @@ def init(comm=None):
 
 
 def reset_stats():
-    S.stats = {"steps": 0, "wait_s": 0.0, "allreduce_s": 0.0, "bytes": 0, "buffers": 0}
+    S.stats = {
+        "steps": 0,
+        "wait_s": 0.0,
+        "allreduce_s": 0.0,
+        "bytes": 0,
+        "buffers": 0,
+        "window_bytes": 0,
+    }
+
+
+def shared_memory():
+    """The shared-memory window that sums the gradient average's buffers, or None where
+    the ranks span machines, there is one rank, or ``FERROKERAS_DIST_SHM_BYTES=0``. Every
+    rank gets the same answer; the first call is collective (it duplicates the machine's
+    communicator)."""
+    s = require()
+    if s.size == 1 or s.local_size != s.size or slot_limit() == 0:
+        return None
+    if s.shm is None:
+        s.shm = ShmSum(s.MPI, s.local_comm.Dup())
+    return s.shm
 
 
 def require():
@@ -300,6 +323,10 @@ def shutdown():
         return
     agree("shutdown", "hvd.shutdown()")
     S.shutting_down = True
+    if S.shm is not None:
+        S.shm.free()
+        S.shm.comm.Free()
+        S.shm = None
     for c in (S.comm, S.err_comm, S.local_comm):
         c.Free()
     S.comm = S.err_comm = S.local_comm = None

@@ -11,7 +11,9 @@ from .. import _core
 from .. import backend as K
 from .._k.common import _t
 from ..tensor import LIVE_VARIABLES, Tensor, wrap
-from ._comm import S, agree, require
+from ._comm import S, agree, require, shared_memory
+from ._shm import DTYPES as SHM_DTYPES
+from ._shm import slot_limit as shm_slot_limit
 from .compression import NoneCompressor
 from .compression import check as _check_compression
 
@@ -380,6 +382,8 @@ class _GradientAverage:
         agree("gradient allreduce", self.layout, self.detail)
         t1 = time.perf_counter()
         out = []
+        shm = None if self.gather else shared_memory()
+        in_window = []
         for a in arrays:
             a = np.ascontiguousarray(a)
             if self.gather:
@@ -389,7 +393,15 @@ class _GradientAverage:
                 continue
             if not a.flags.writeable:
                 a = a.copy()
-            out.append(_reduce_in_place(a, Sum, wire16).reshape(-1))
+            a = a.reshape(-1)
+            if shm is not None and a.dtype in SHM_DTYPES:
+                in_window.append(a)  # summed below, all buffers together
+                out.append(a)
+            else:
+                out.append(_reduce_in_place(a, Sum, wire16).reshape(-1))
+        if in_window:
+            shm.sum_in_place(in_window, shm_slot_limit())
+            S.stats["window_bytes"] += sum(a.nbytes for a in in_window)
         st = S.stats
         st["steps"] += 1
         st["wait_s"] += t1 - t0
