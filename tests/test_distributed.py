@@ -196,6 +196,17 @@ def test_mismatched_layouts_raise_on_every_rank():
     assert seconds < 30
 
 
+def test_ranks_with_different_window_settings_raise_on_every_rank():
+    # Ranks that would size the shared-memory window differently (hence allocate it at
+    # different steps) disagree at the first gradient average instead of waiting.
+    rc, out, seconds = launch(2, SCRIPTS / "faults.py", "window", timeout=60)
+    assert rc == 0, out
+    for r in (0, 1):
+        assert f"CAUGHT rank {r}: the ranks are at different collectives" in out, out
+    assert out.count("FERROKERAS_DIST_SHM_BYTES=0") == 2, out  # rank 1's setting, named
+    assert seconds < 30
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_exception_on_one_rank_ends_the_job(n):
     rc, out, seconds = launch(n, SCRIPTS / "faults.py", "raise", timeout=60)

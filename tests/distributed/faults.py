@@ -2,6 +2,8 @@
 
 python faults.py mismatch    rank 1's model has a wider layer; both ranks catch the
                              MismatchError and print it, then exit normally
+python faults.py window      rank 1 turns the shared-memory window off
+                             (FERROKERAS_DIST_SHM_BYTES=0); caught as for mismatch
 python faults.py raise       rank 1 raises in the middle of training; the job must end
                              with its error printed by both ranks
 python faults.py outofdata   rank 1 has half the data; when it finishes, both fail
@@ -24,6 +26,8 @@ rng = np.random.RandomState(0)
 x = rng.rand(64, 8).astype("float32")
 y = rng.rand(64, 1).astype("float32")
 width = 6 if case == "mismatch" and rank == 1 else 4
+if case == "window" and rank == 1:
+    os.environ["FERROKERAS_DIST_SHM_BYTES"] = "0"
 model = keras.models.Sequential(
     [keras.layers.Dense(width, activation="relu", input_shape=(8,)), keras.layers.Dense(1)]
 )
@@ -36,7 +40,7 @@ class RaiseAt(keras.callbacks.Callback):
             raise ValueError("deliberate failure on rank 1 at batch 2")
 
 
-if case == "mismatch":
+if case in ("mismatch", "window"):
     try:
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     except hvd.MismatchError as e:

@@ -379,7 +379,14 @@ class _GradientAverage:
 
     def _sum(self, arrays, wire16=True):
         t0 = time.perf_counter()
-        agree("gradient allreduce", self.layout, self.detail)
+        # The window's slot size is part of what the ranks agree on: ranks that would
+        # size (hence allocate) the window differently raise instead of waiting.
+        limit = shm_slot_limit()
+        agree(
+            "gradient allreduce",
+            f"{self.layout}; window slots {limit}",
+            f"{self.detail}; FERROKERAS_DIST_SHM_BYTES={limit}",
+        )
         t1 = time.perf_counter()
         out = []
         shm = None if self.gather else shared_memory()
@@ -400,7 +407,7 @@ class _GradientAverage:
             else:
                 out.append(_reduce_in_place(a, Sum, wire16).reshape(-1))
         if in_window:
-            shm.sum_in_place(in_window, shm_slot_limit())
+            shm.sum_in_place(in_window, limit)
             S.stats["window_bytes"] += sum(a.nbytes for a in in_window)
         st = S.stats
         st["steps"] += 1
