@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from env_child import env_is, pytest_in_child
 from ferrokeras import backend as K
 from gradcheck import check_grad, run, tolerances
 from reference import default_axes, np_batch_dot
@@ -215,7 +216,14 @@ MATMUL_PATHS = [
     ((), (), 5, 1025, 32),
     ((4,), (4,), 9, 7, 32),
     ((3,), (), 6, 10, 64),
+    # A long contraction with 128+ rows and columns: a transposed operand copied before
+    # `gemm` where FERROKERAS_COPY_TRANSPOSED (or the CPU) says so (test below).
+    ((), (), 130, 520, 140),
+    ((2,), (), 128, 512, 129),
 ]
+
+# The products of MATMUL_PATHS whose transposed operands may be copied first.
+LONG_CONTRACTIONS = [c for c in MATMUL_PATHS if c[3] >= 512 and min(c[2], c[4]) >= 128]
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64", "float16"))
@@ -233,6 +241,23 @@ def test_matmul_paths(ba, bb, m, k, n, ta, tb, dtype, rng):
     assert out.shape == ref.shape and out.dtype == np.dtype(dtype)
     tol = {"float16": 2e-2, "float32": 2e-5, "float64": 1e-12}[dtype] * max(1.0, np.sqrt(k))
     np.testing.assert_allclose(out, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_matmul_paths_copying_transposed_operands_or_not(setting):
+    # Both ways of reading a transposed operand of a long contraction, whichever this CPU
+    # picks by itself: copied transposed first, or gathered by `gemm`'s packing.
+    if not env_is("FERROKERAS_COPY_TRANSPOSED", setting):
+        dims = " or ".join("-".join(map(str, c[2:])) for c in LONG_CONTRACTIONS)
+        out = pytest_in_child(
+            {"FERROKERAS_COPY_TRANSPOSED": setting},
+            __file__,
+            "-k",
+            f"test_matmul_paths and float32 and ({dims}) and not False-False",
+        )
+        assert f"{3 * len(LONG_CONTRACTIONS)} passed" in out, out
+        return
+    assert LONG_CONTRACTIONS
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,10 @@ pub struct Config {
     /// `FERROKERAS_GPU_LOOPS`: a GPU plan records a loop whose body runs on the device
     /// step by step into its submit; off, every loop runs on the CPU inside the plan.
     pub gpu_loops: bool,
+    /// `FERROKERAS_COPY_TRANSPOSED`: whether a product with a long contraction copies a
+    /// transposed operand before `gemm` packs it (`ops::matmul`); `None` (unset, or
+    /// `auto`): as suits the CPU.
+    pub copy_transposed: Option<bool>,
 }
 
 impl Default for Config {
@@ -57,6 +61,7 @@ impl Default for Config {
             loop_save_residuals: true,
             loop_debug: false,
             gpu_loops: true,
+            copy_transposed: None,
         }
     }
 }
@@ -98,6 +103,11 @@ impl Config {
             loop_save_residuals: flag("FERROKERAS_LOOP_OPT", d.loop_save_residuals)?,
             loop_debug: flag("FERROKERAS_LOOP_DEBUG", d.loop_debug)?,
             gpu_loops: flag("FERROKERAS_GPU_LOOPS", d.gpu_loops)?,
+            copy_transposed: match var("FERROKERAS_COPY_TRANSPOSED") {
+                None => None,
+                Some(v) if v.trim().is_empty() || v.trim().eq_ignore_ascii_case("auto") => None,
+                Some(v) => Some(parse_bool("FERROKERAS_COPY_TRANSPOSED", &v, false)?),
+            },
         })
     }
 }
@@ -180,6 +190,7 @@ mod tests {
             ("FERROKERAS_LOOP_OPT", "false"),
             ("FERROKERAS_LOOP_DEBUG", "yes"),
             ("FERROKERAS_GPU_LOOPS", "0"),
+            ("FERROKERAS_COPY_TRANSPOSED", "1"),
         ])
         .unwrap();
         assert_eq!(
@@ -195,8 +206,13 @@ mod tests {
                 loop_save_residuals: false,
                 loop_debug: true,
                 gpu_loops: false,
+                copy_transposed: Some(true),
             }
         );
+        let auto = from(&[("FERROKERAS_COPY_TRANSPOSED", "Auto")]).unwrap();
+        assert_eq!(auto.copy_transposed, None);
+        let off = from(&[("FERROKERAS_COPY_TRANSPOSED", "off")]).unwrap();
+        assert_eq!(off.copy_transposed, Some(false));
     }
 
     #[test]
@@ -210,6 +226,7 @@ mod tests {
             ("FERROKERAS_GPU_POOL_MAX_IDLE_MB", "1.5"),
             ("FERROKERAS_GPU_POOL_MAX_IDLE_MB", "18446744073709551615"),
             ("FERROKERAS_GPU_POOL_MAX_IDLE_SUBMITS", "many"),
+            ("FERROKERAS_COPY_TRANSPOSED", "sometimes"),
         ] {
             match from(&[(name, value)]) {
                 Err(Error::Value(m)) => assert!(m.starts_with(name), "{m}"),

@@ -16,6 +16,7 @@ use gemm::Parallelism;
 use half::f16;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+use std::sync::OnceLock;
 
 fn mat_dims(d: &[Dim], t: bool) -> (Dim, Dim) {
     let (r, c) = (d[d.len() - 2], d[d.len() - 1]);
@@ -400,13 +401,24 @@ fn run_gemm<T: GemmElem>(
     // (n*k moves) is cheaper once there are a few rows of A to reuse it, but not for a
     // single product with many rows and columns (`copies_bt`).
     let bt;
-    if geo.tb && n > 1 && k > 1 && m >= 4 && copies_bt(aoff.len(), m, n) {
+    if geo.tb && n > 1 && k > 1 && m >= 4 && copies_bt(aoff.len(), m, n, k) {
         let (buf, map) = transposed_copies(bd, &boff, n, k);
         (bt, boff) = (buf, std::borrow::Cow::Owned(map));
         bd = &bt;
         (b_rs, b_cs) = (n as isize, 1);
     }
-    // A transposed A needs no copy: `gemm` reads it in place (measured no faster copied).
+    // A transposed A is read in place by `gemm` (on a Xeon measured no faster copied),
+    // except where a long contraction pays for the copy (`copies_transposed`).
+    let at;
+    let (mut ad, mut aoff) = (ad, std::borrow::Cow::Borrowed(aoff));
+    let (mut a_rs, mut a_cs) = (a_rs, a_cs);
+    if geo.ta && !skinny && m > 1 && copies_transposed(k, n) {
+        let (buf, map) = transposed_copies(ad, &aoff, k, m);
+        (at, aoff) = (buf, std::borrow::Cow::Owned(map));
+        ad = &at;
+        (a_rs, a_cs) = (k as isize, 1);
+    }
+    let aoff = &aoff[..];
     let boff = &boff[..];
     let batches = aoff.len();
     let one =
@@ -674,14 +686,62 @@ unsafe fn gemm_rows<T: GemmElem>(
 
 /// Whether a product `A·Bᵀ` that runs through `gemm` as it is (not in column panels)
 /// copies B transposed first. A single product of at least `DIRECT_BT_MIN_M` rows and
-/// `DIRECT_BT_MIN_N` columns does not: `gemm` packs the transposed blocks faster than the
-/// copy and its own packing of the copy take together. On one thread: the MLP's `g·Wᵀ`
-/// (128x512x512) 577 -> 493 us, 128x784x512 957 -> 660 us, 64x128x9216 1,933 -> 1,291
-/// us, 100x300x700 360 -> 291 us, 256x256x256 and 1024x1024x1024 4% and 12% faster;
-/// with fewer columns the copy still pays (64x512x64 35 -> 44 us without it). A batch
-/// keeps the copy, one per distinct B.
-fn copies_bt(batches: usize, m: usize, n: usize) -> bool {
-    batches > 1 || m < DIRECT_BT_MIN_M || n < DIRECT_BT_MIN_N
+/// `DIRECT_BT_MIN_N` columns does not, on an Intel Xeon (AVX-512): `gemm` packs the
+/// transposed blocks faster than the copy and its own packing of the copy take together.
+/// On one thread: the MLP's `g·Wᵀ` (128x512x512) 577 -> 493 us, 128x784x512 957 -> 660
+/// us, 64x128x9216 1,933 -> 1,291 us, 100x300x700 360 -> 291 us, 256x256x256 and
+/// 1024x1024x1024 4% and 12% faster; with fewer columns the copy still pays (64x512x64
+/// 35 -> 44 us without it). Where `copy_transposed` holds, a long contraction copies
+/// anyway (`copies_transposed`). A batch keeps the copy, one per distinct B.
+fn copies_bt(batches: usize, m: usize, n: usize, k: usize) -> bool {
+    batches > 1 || m < DIRECT_BT_MIN_M || n < DIRECT_BT_MIN_N || copies_transposed(k, m)
+}
+
+/// Contraction length from which a transposed operand may be copied (`copies_transposed`).
+const COPY_T_MIN_K: usize = 512;
+/// The least rows (for B) or columns (for A) of the result that reuse such a copy.
+const COPY_T_MIN_REUSE: usize = 128;
+
+/// Whether a single product's transposed operand, with a contraction of `k` and `reuse`
+/// rows (for B) or columns (for A) of the result reading it, is copied transposed before
+/// `gemm` packs it. Where `gemm`'s packing gathers a transposed operand slowly
+/// (`copy_transposed`), a long contraction pays for the copy: on an AMD EPYC (Zen 5), one
+/// thread, GFLOP/s direct -> copied, `A·Bᵀ` 128x512x512 165 -> 215, 512x1024x1024
+/// 190 -> 229, 1024x1024x1024 228 -> 248; `Aᵀ·B` 784x512x1024 225 -> 250-267,
+/// 1024x512x1024 255 -> 256-266. Shorter contractions lose there too (`A·Bᵀ` 64x128x9216
+/// 201 -> 108-116, 100x300x700 223 -> 205; `Aᵀ·B` 9216x64x128 248 -> 227-237).
+fn copies_transposed(k: usize, reuse: usize) -> bool {
+    k >= COPY_T_MIN_K && reuse >= COPY_T_MIN_REUSE && copy_transposed()
+}
+
+/// Whether `gemm` packs a transposed operand of a long contraction more slowly than a
+/// transposed copy and the packing of that take together: on AMD CPUs, measured on Zen 5
+/// (Intel's Xeon packs it faster: `copies_bt`). `FERROKERAS_COPY_TRANSPOSED` decides
+/// instead where it is set.
+fn copy_transposed() -> bool {
+    static AMD: OnceLock<bool> = OnceLock::new();
+    crate::base::config::settings()
+        .copy_transposed
+        .unwrap_or_else(|| *AMD.get_or_init(cpu_is_amd))
+}
+
+/// Whether the CPU's vendor is AMD (`cpuid` leaf 0).
+fn cpu_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: cpuid leaf 0 exists on every x86_64 CPU.
+        #[allow(unused_unsafe)]
+        let r = unsafe { std::arch::x86_64::__cpuid(0) };
+        let vendor: Vec<u8> = [r.ebx, r.edx, r.ecx]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether `C = Aᵀ·B` runs column-major and is transposed into place (`SKINNY_N`).
