@@ -216,14 +216,15 @@ MATMUL_PATHS = [
     ((), (), 5, 1025, 32),
     ((4,), (4,), 9, 7, 32),
     ((3,), (), 6, 10, 64),
-    # A long contraction with 128+ rows and columns: a transposed operand copied before
-    # `gemm` where FERROKERAS_COPY_TRANSPOSED (or the CPU) says so (test below).
-    ((), (), 130, 520, 140),
-    ((2,), (), 128, 512, 129),
+    # Long contractions and strides with 128+ rows and columns: a transposed operand
+    # copied before `gemm` where FERROKERAS_COPY_TRANSPOSED (or the CPU) says so (test
+    # below).
+    ((), (), 520, 530, 140),
+    ((2,), (), 512, 512, 129),
 ]
 
 # The products of MATMUL_PATHS whose transposed operands may be copied first.
-LONG_CONTRACTIONS = [c for c in MATMUL_PATHS if c[3] >= 512 and min(c[2], c[4]) >= 128]
+LONG_CONTRACTIONS = [c for c in MATMUL_PATHS if min(c[2], c[3]) >= 512 and c[4] >= 128]
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64", "float16"))

@@ -412,7 +412,7 @@ fn run_gemm<T: GemmElem>(
     let at;
     let (mut ad, mut aoff) = (ad, std::borrow::Cow::Borrowed(aoff));
     let (mut a_rs, mut a_cs) = (a_rs, a_cs);
-    if geo.ta && !skinny && m > 1 && copies_transposed(k, n) {
+    if geo.ta && !skinny && m > 1 && copies_transposed(k, n, m) {
         let (buf, map) = transposed_copies(ad, &aoff, k, m);
         (at, aoff) = (buf, std::borrow::Cow::Owned(map));
         ad = &at;
@@ -694,7 +694,7 @@ unsafe fn gemm_rows<T: GemmElem>(
 /// 35 -> 44 us without it). Where `copy_transposed` holds, a long contraction copies
 /// anyway (`copies_transposed`). A batch keeps the copy, one per distinct B.
 fn copies_bt(batches: usize, m: usize, n: usize, k: usize) -> bool {
-    batches > 1 || m < DIRECT_BT_MIN_M || n < DIRECT_BT_MIN_N || copies_transposed(k, m)
+    batches > 1 || m < DIRECT_BT_MIN_M || n < DIRECT_BT_MIN_N || copies_transposed(k, m, k)
 }
 
 /// Contraction length from which a transposed operand may be copied (`copies_transposed`).
@@ -702,16 +702,20 @@ const COPY_T_MIN_K: usize = 512;
 /// The least rows (for B) or columns (for A) of the result that reuse such a copy.
 const COPY_T_MIN_REUSE: usize = 128;
 
-/// Whether a single product's transposed operand, with a contraction of `k` and `reuse`
-/// rows (for B) or columns (for A) of the result reading it, is copied transposed before
-/// `gemm` packs it. Where `gemm`'s packing gathers a transposed operand slowly
-/// (`copy_transposed`), a long contraction pays for the copy: on an AMD EPYC (Zen 5), one
-/// thread, GFLOP/s direct -> copied, `A·Bᵀ` 128x512x512 165 -> 215, 512x1024x1024
-/// 190 -> 229, 1024x1024x1024 228 -> 248; `Aᵀ·B` 784x512x1024 225 -> 250-267,
-/// 1024x512x1024 255 -> 256-266. Shorter contractions lose there too (`A·Bᵀ` 64x128x9216
-/// 201 -> 108-116, 100x300x700 223 -> 205; `Aᵀ·B` 9216x64x128 248 -> 227-237).
-fn copies_transposed(k: usize, reuse: usize) -> bool {
-    k >= COPY_T_MIN_K && reuse >= COPY_T_MIN_REUSE && copy_transposed()
+/// Whether a single product's transposed operand is copied transposed before `gemm`
+/// packs it: a contraction of `k`, `reuse` rows (for B) or columns (for A) of the result
+/// reading the copy, and `stride` elements between the operand's consecutive values
+/// along the contraction as stored (B's `k`, A's `m`). Where `gemm`'s packing gathers a
+/// transposed operand slowly (`copy_transposed`), a long contraction with a long stride
+/// pays for the copy: on an AMD EPYC (Zen 5), one thread, GFLOP/s direct -> copied,
+/// `A·Bᵀ` 128x512x512 165 -> 215, 512x1024x1024 190 -> 229, 1024x1024x1024 228 -> 248;
+/// `Aᵀ·B` 784x512x1024 225 -> 250-267, 1024x512x1024 255 -> 256-266. Shorter
+/// contractions lose there (`A·Bᵀ` 64x128x9216 201 -> 108-116, 100x300x700 223 -> 205;
+/// `Aᵀ·B` 9216x64x128 248 -> 227-237), and so do short strides: a 1x1 convolution's
+/// kernel gradient `xᵀ·gy` (stride: the input channels) 8x32x32x256 -> 256 6.1 -> 7.5 ms,
+/// 32x32x32x24 -> 144 3.2 -> 3.8 ms copied.
+fn copies_transposed(k: usize, reuse: usize, stride: usize) -> bool {
+    k >= COPY_T_MIN_K && stride >= COPY_T_MIN_K && reuse >= COPY_T_MIN_REUSE && copy_transposed()
 }
 
 /// Whether `gemm` packs a transposed operand of a long contraction more slowly than a
