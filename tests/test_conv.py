@@ -268,6 +268,36 @@ def test_narrow_float32_products_on_one_thread():
         )
 
 
+@pytest.mark.parametrize("cin,cout", [(520, 130), (520, 260), (130, 520)], ids=str)
+def test_pointwise_gradients_with_wide_channels(cin, cout, rng):
+    # A 1x1 convolution's gradients over 512 pixels: `xᵀ·gy` with 520 input channels and
+    # `gy·wᵀ` with 520 output channels read a transposed operand stored in long rows,
+    # which is copied first where FERROKERAS_COPY_TRANSPOSED (or the CPU) says so (`xᵀ`
+    # only for 256 output channels or more); against float64 NumPy, with the copy,
+    # without it, and as this CPU picks.
+    x = rng.standard_normal((2, 16, 16, cin)).astype("float32")
+    w = (rng.standard_normal((1, 1, cin, cout)) / np.sqrt(cin)).astype("float32")
+    gy = rng.standard_normal((2, 16, 16, cout)).astype("float32")
+    px, pg = K.placeholder(shape=x.shape), K.placeholder(shape=gy.shape)
+    pw = K.placeholder(shape=w.shape)
+    dx, dw = K.gradients(K.sum(K.conv2d(px, pw) * pg), [px, pw])
+    got_dx, got_dw = run([px, pw, pg], [dx, dw], [x, w, gy])
+    x64, w64, g64 = x.astype(np.float64), w[0, 0].astype(np.float64), gy.astype(np.float64)
+    np.testing.assert_allclose(got_dx, g64 @ w64.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        got_dw[0, 0], np.einsum("nhwc,nhwd->cd", x64, g64), rtol=1e-4, atol=1e-3
+    )
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_pointwise_gradients_copying_transposed_operands_or_not(setting):
+    if not env_is("FERROKERAS_COPY_TRANSPOSED", setting):
+        pytest_in_child(
+            {"FERROKERAS_COPY_TRANSPOSED": setting},
+            f"{__file__}::test_pointwise_gradients_with_wide_channels",
+        )
+
+
 # ---- transposed convolutions ----------------------------------------------------------
 
 TRANSPOSE_CASES = [

@@ -219,7 +219,12 @@ unsafe impl<T> Sync for SharedDst<T> {}
 
 /// `dst[c * rows + r] = src[r * cols + c]`: a transpose of a row-major `rows x cols`
 /// matrix in 8 x 8 blocks (8 source rows read in step, 8 contiguous destination runs).
-fn transpose_into<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [MaybeUninit<T>]) {
+pub(crate) fn transpose_into<T: Copy>(
+    src: &[T],
+    rows: usize,
+    cols: usize,
+    dst: &mut [MaybeUninit<T>],
+) {
     const B: usize = 8;
     let (src, dst) = (&src[..rows * cols], &mut dst[..rows * cols]);
     let mut r0 = 0;
@@ -707,19 +712,19 @@ const COPY_T_MIN_REUSE: usize = 128;
 /// reading the copy, and `stride` elements between the operand's consecutive values
 /// along the contraction as stored (B's `k`, A's `m`). Where `gemm`'s packing gathers a
 /// transposed operand slowly (`copy_transposed`), a long contraction with a long stride
-/// pays for the copy: on an AMD EPYC (Zen 5), one thread, GFLOP/s direct -> copied,
+/// pays for the copy: on an AMD EPYC (Zen 4), one thread, GFLOP/s direct -> copied,
 /// `A·Bᵀ` 128x512x512 165 -> 215, 512x1024x1024 190 -> 229, 1024x1024x1024 228 -> 248;
 /// `Aᵀ·B` 784x512x1024 225 -> 250-267, 1024x512x1024 255 -> 256-266. Shorter
 /// contractions lose there (`A·Bᵀ` 64x128x9216 201 -> 108-116, 100x300x700 223 -> 205;
 /// `Aᵀ·B` 9216x64x128 248 -> 227-237), and so do short strides: a 1x1 convolution's
 /// kernel gradient `xᵀ·gy` (stride: the input channels) 8x32x32x256 -> 256 6.1 -> 7.5 ms,
 /// 32x32x32x24 -> 144 3.2 -> 3.8 ms copied.
-fn copies_transposed(k: usize, reuse: usize, stride: usize) -> bool {
+pub(crate) fn copies_transposed(k: usize, reuse: usize, stride: usize) -> bool {
     k >= COPY_T_MIN_K && stride >= COPY_T_MIN_K && reuse >= COPY_T_MIN_REUSE && copy_transposed()
 }
 
 /// Whether `gemm` packs a transposed operand of a long contraction more slowly than a
-/// transposed copy and the packing of that take together: on AMD CPUs, measured on Zen 5
+/// transposed copy and the packing of that take together: on AMD CPUs, measured on Zen 4
 /// (Intel's Xeon packs it faster: `copies_bt`). `FERROKERAS_COPY_TRANSPOSED` decides
 /// instead where it is set.
 fn copy_transposed() -> bool {
