@@ -243,6 +243,47 @@ def test_other_dtypes_unchanged(both, rng, dtype):
     )
 
 
+@pytest.mark.parametrize("batch", [None, 2], ids=["unknown_batch", "static"])
+def test_batch_norm_input_gradient_is_one_pass_after_the_sums(batch, rng, tmp_path):
+    """Batch norm in training with relu, gradients of the input, gamma and beta: the sums
+    (beta's, gamma's, the mean's) come from one pass over the incoming gradient, and the
+    input gradient is one elementwise pass after it, as a Keras model builds it (unknown
+    batch) and at a static shape; results as float64 NumPy's."""
+    shape, eps = (2, 16, 16, 64), 1e-3
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype("float32")
+    gy = rng.standard_normal(shape).astype("float32")
+    gamma = rng.uniform(0.5, 1.5, shape[-1]).astype("float32")
+    beta = rng.uniform(-0.5, 0.5, shape[-1]).astype("float32")
+    xp = K.placeholder(shape=(batch,) + shape[1:])
+    gp = K.placeholder(shape=(batch,) + shape[1:])
+    g, b = K.variable(gamma), K.variable(beta)
+    y = K.relu(K.normalize_batch_in_training(xp, g, b, [0, 1, 2], epsilon=eps)[0])
+    f = K.function([xp, gp], K.gradients(K.sum(y * gp), [xp, g, b]))
+    for _ in range(2):  # the generic plan, recording shapes; then the specialised one
+        f([x, gy])
+    path = str(tmp_path / "trace.json")
+    with ferrokeras.profile(path):
+        dx, dgamma, dbeta = f([x, gy])
+    x64 = x.astype("float64")
+    n = x.size // shape[-1]
+    c = x64 - x64.mean(axis=(0, 1, 2))
+    r = 1 / np.sqrt((c * c).mean(axis=(0, 1, 2)) + eps)
+    gr = np.where(c * r * gamma + beta > 0, gy, 0)
+    db, dg = gr.sum(axis=(0, 1, 2)), (gr * c * r).sum(axis=(0, 1, 2))
+    np.testing.assert_allclose(dbeta, db, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dgamma, dg, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dx, gamma * r / n * (n * gr - db - c * r * dg), rtol=1e-3, atol=1e-5)
+    if launches_checked():
+        import json
+
+        summing = [
+            e["args"]["members"]
+            for e in json.load(open(path))["traceEvents"]
+            if e.get("cat") == "fused" and "sum_to" in e["args"]["members"]
+        ]
+        assert len(summing) == 1, summing
+
+
 def test_batch_norm_relu6_gradient_recomputes_what_it_reads(rng, tmp_path):
     """Batch norm in training, relu6 and a 1x1 convolution, with the gradients, at 2**19
     elements an activation: the relu6 gradient's group computes the normalised output and

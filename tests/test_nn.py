@@ -758,6 +758,56 @@ def test_normalize_batch_in_training_second_order(rng):
     np.testing.assert_allclose(f([xv])[1], fd, rtol=1e-6, atol=1e-6 * np.abs(fd).max())
 
 
+@pytest.mark.parametrize("batch", [1, 5])
+def test_gradient_sums_with_per_channel_factors(batch, rng):
+    # Gradients summed over broadcast axes where part of the product is constant along
+    # them (`sum_like` factors it out of the sum): per-channel scales, a broadcast of a
+    # per-channel value to the input's runtime shape, a division by a per-channel value,
+    # at an unknown batch dim that is 1 or more at run time, against float64 NumPy.
+    xv = rng.normal(size=(batch, 3, 4))
+    sv, tv = rng.uniform(0.5, 1.5, size=(1, 1, 4)), rng.uniform(0.5, 1.5, size=(1, 1, 4))
+    px = K.placeholder(shape=(None, 3, 4), dtype="float64")
+    s, t = K.variable(sv, dtype="float64"), K.variable(tv, dtype="float64")
+    m = K.mean(px, axis=[0, 1], keepdims=True)
+    y = K.sum(K.square(px * s - m * t) / t) + K.sum(K.mean(K.square(px * s), axis=[0, 1]) * t)
+    gx, gs, gt = run([px], K.gradients(y, [px, s, t]), [xv])
+    # y = Σ (x s - m t)² / t + Σ_c t mean(x² s²); m = mean over axes 0, 1.
+    n = batch * 3
+    u = xv * sv - xv.mean(axis=(0, 1), keepdims=True) * tv
+    du = 2 * u / tv
+    ref_x = du * sv - (du.sum(axis=(0, 1), keepdims=True) * tv) / n + 2 * xv * sv**2 * tv / n
+    ref_s = (du * xv).sum(axis=(0, 1), keepdims=True) + (2 * xv**2 * sv * tv / n).sum(
+        axis=(0, 1), keepdims=True
+    )
+    ref_t = (-du * xv.mean(axis=(0, 1), keepdims=True) - u**2 / tv**2).sum(
+        axis=(0, 1), keepdims=True
+    ) + (xv**2 * sv**2).mean(axis=(0, 1), keepdims=True)
+    for got, ref in ((gx, ref_x), (gs, ref_s), (gt, ref_t)):
+        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("axes", [[0], [1], [0, 1]], ids=str)
+def test_gradient_through_a_centred_input_scaled_per_channel(axes, rng):
+    # The sum of `x - mean(x, axes)` over those axes is zero as a function of x (its
+    # gradient summed through the mean is a zero constant); a full-size weight keeps
+    # the sum. Gradients and their second derivatives against central differences.
+    xs = (4, 3, 2)
+    keep = [1 if i in axes else d for i, d in enumerate(xs)]
+    sv = rng.uniform(0.5, 1.5, size=keep)
+    wv = rng.normal(size=xs)
+
+    def centred(x):
+        return x - K.mean(x, axis=axes, keepdims=True)
+
+    check_grad(
+        lambda x: K.square(centred(x) * K.constant(sv, dtype="float64")), [rng.normal(size=xs)]
+    )
+    check_grad(lambda x: centred(x) * K.constant(wv, dtype="float64"), [rng.normal(size=xs)])
+    px = K.placeholder(shape=xs, dtype="float64")
+    g = K.gradients(K.sum(centred(px) * K.constant(sv, dtype="float64")), [px])[0]
+    np.testing.assert_array_equal(run([px], [g], [rng.normal(size=xs)])[0], np.zeros(xs))
+
+
 def test_normalize_batch_in_training_unknown_batch(rng):
     x = rng.normal(size=(5, 3))
     px = K.placeholder(shape=(None, 3), dtype="float64")

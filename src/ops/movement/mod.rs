@@ -199,11 +199,165 @@ pub fn sum_to(x: &Tensor, shape: &Tensor) -> Result<Tensor> {
 }
 
 /// Sums the broadcast dims of a gradient `x` away so it matches `like`'s runtime shape.
+///
+/// A product whose factors are partly constant along the summed axes sums only the rest:
+/// `Σ(s · b) = s · Σb` (`factored_sum`). Batch norm's mean receives such gradients, the
+/// scale times the incoming gradient and the variance's gradient times the centred
+/// input; factored, their sums read only tensors that other passes read already (the
+/// incoming gradient, the input), so no pass waits on a full-size product to sum it.
 pub fn sum_like(x: &Tensor, like: &Tensor) -> Result<Tensor> {
     if x.shape() == like.shape() && x.shape().to_known().is_some() {
         return Ok(x.clone());
     }
+    if let Some(s) = factored_sum(x, like)? {
+        return Ok(s);
+    }
     sum_to(x, &shape_of(like)?)
+}
+
+/// Whether `t` is `a - mean(a, axes, keepdims)` with every one of `axes` summed away
+/// (`summed`, where `like`'s dim `ld` is 1): its sum is then zero as a function of `a`,
+/// so a zero constant is its exact value (rounding aside) and has its exact derivatives
+/// of every order. Batch norm's mean gradient holds it: the variance's gradient times
+/// the centred input, summed over the batch; without it the gradient waits for a sum
+/// of the centred input that only rounding makes nonzero.
+fn centred_on_mean(t: &Tensor, summed: &[bool], ld: &[Dim]) -> bool {
+    let Op::Binary(BinaryOp::Sub) = t.op() else {
+        return false;
+    };
+    let (a, m) = (t.input(0), t.input(1));
+    let Op::Reduce {
+        op: ReduceOp::Mean,
+        axes,
+        keepdims: true,
+    } = m.op()
+    else {
+        return false;
+    };
+    m.input(0).same(a)
+        && a.rank() == summed.len()
+        && !axes.is_empty()
+        && axes.iter().all(|&i| summed[i] && ld[i] == Some(1))
+}
+
+/// The factors of a product, split by whether they vary along the summed axes.
+#[derive(Default)]
+struct Factors {
+    /// Factors of static shape that is 1 on every summed axis (or of lower rank).
+    scales: Vec<Tensor>,
+    /// Divisors of that kind (`a / s`).
+    divisors: Vec<Tensor>,
+    /// The rest: what the sum must still run over.
+    body: Vec<Tensor>,
+    /// `broadcast_to(s, shape_of(z))` with `s` a scale: stands for `s` where `z`'s
+    /// runtime shape is the body's (checked after the walk); `z` is `None` for a
+    /// constant target, which is sound where every shape is static.
+    broadcast: Vec<(Tensor, Option<Tensor>)>,
+    negated: bool,
+}
+
+/// `Σ x` over the axes that `like` sums away, as `scales · Σ body`, where `x` is a
+/// product (through negations, and divisions by scales) of factors of which some are
+/// constant along those axes and at least one of those is not a constant (a per-channel
+/// scale, not a number: factoring numbers out changes nothing but rounding). `None`
+/// where `x` is not such a product, or where the body's shape could differ from `x`'s
+/// at run time.
+///
+/// Sound at any runtime shape: every scale has a static shape with 1 on the summed axes,
+/// so it cannot widen the product there; a broadcast scale counts only where its target
+/// is the shape of a body factor (or of an elementwise function of one), or where every
+/// shape is static, so it widens nothing either. The body then has `x`'s runtime shape and sums over the same elements.
+fn factored_sum(x: &Tensor, like: &Tensor) -> Result<Option<Tensor>> {
+    if x.shape() == like.shape() || !x.dtype().is_float() {
+        return Ok(None);
+    }
+    // Negations and sums outside the product: a sum of a sum to `like`'s shape is one
+    // sum (a gradient at an unknown batch dim arrives as `sum_to` to its own shape).
+    let mut f = Factors::default();
+    let mut x = x.clone();
+    loop {
+        match x.op() {
+            Op::Unary(super::UnaryOp::Neg) => f.negated = !f.negated,
+            Op::SumTo => {}
+            _ => break,
+        }
+        x = x.input(0).clone();
+    }
+    let x = &x;
+    let (xd, ld) = (x.shape().dims(), like.shape().dims());
+    if xd.len() != ld.len() {
+        return Ok(None);
+    }
+    // The axes a scale must be 1 on: every axis `like` may sum away.
+    let summed: Vec<bool> = xd
+        .iter()
+        .zip(ld)
+        .map(|(a, b)| *b != *a || b.is_none())
+        .collect();
+    let is_scale = |t: &Tensor| {
+        let d = t.shape().dims();
+        d.len() <= xd.len()
+            && d.iter().all(Option::is_some)
+            && d.iter()
+                .zip(&summed[xd.len() - d.len()..])
+                .all(|(d, s)| !s || *d == Some(1))
+    };
+    let mut stack = vec![x.clone()];
+    while let Some(t) = stack.pop() {
+        match t.op() {
+            Op::Unary(super::UnaryOp::Neg) => {
+                f.negated = !f.negated;
+                stack.push(t.input(0).clone());
+            }
+            Op::Binary(BinaryOp::Mul) => stack.extend(t.inputs().iter().cloned()),
+            Op::Binary(BinaryOp::Div) if is_scale(t.input(1)) => {
+                f.divisors.push(t.input(1).clone());
+                stack.push(t.input(0).clone());
+            }
+            Op::BroadcastTo if is_scale(t.input(0)) => {
+                let z = matches!(t.input(1).op(), Op::ShapeOf).then(|| t.input(1).input(0).clone());
+                f.broadcast.push((t.input(0).clone(), z));
+            }
+            _ if is_scale(&t) => f.scales.push(t),
+            _ => f.body.push(t),
+        }
+    }
+    let in_body = |z: &Tensor| f.body.iter().any(|b| b.same(z));
+    let static_shape = x.shape().to_known().is_some();
+    let widens_nothing = f.broadcast.iter().all(|(_, z)| match z {
+        Some(z) => in_body(z) || (matches!(z.op(), Op::Unary(_)) && in_body(z.input(0))),
+        None => static_shape,
+    });
+    let per_channel = f
+        .scales
+        .iter()
+        .chain(f.divisors.iter())
+        .chain(f.broadcast.iter().map(|(s, _)| s))
+        .any(|s| !matches!(s.op(), Op::Constant(_)));
+    if f.body.is_empty() || !widens_nothing || !per_channel {
+        return Ok(None);
+    }
+    if f.body.len() == 1 && centred_on_mean(&f.body[0], &summed, ld) {
+        return Ok(Some(zeros_like(like)?));
+    }
+    let mut body = f.body[0].clone();
+    for b in &f.body[1..] {
+        body = mul(&body, b)?;
+    }
+    if body.shape() != x.shape() {
+        return Ok(None);
+    }
+    let mut out = sum_to(&body, &shape_of(like)?)?;
+    for s in f.scales.iter().chain(f.broadcast.iter().map(|(s, _)| s)) {
+        out = mul(&out, s)?;
+    }
+    for d in &f.divisors {
+        out = div(&out, d)?;
+    }
+    if f.negated {
+        out = neg(&out)?;
+    }
+    Ok((out.shape() == like.shape()).then_some(out))
 }
 
 pub fn infer_sum_to(x: &Tensor, s: &Tensor) -> Result<(Shape, DType)> {
