@@ -187,23 +187,20 @@ def test_example_distributed_digits(tmp_path, flags):
     assert float(line[0].split()[-1]) > 0.85, out
 
 
-def test_mismatched_layouts_raise_on_every_rank():
-    rc, out, seconds = launch(2, SCRIPTS / "faults.py", "mismatch", timeout=60)
+@pytest.mark.parametrize(
+    "case,named",
+    [("mismatch", "dense_1/kernel float32[8, 6]"), ("window", "FERROKERAS_DIST_SHM_BYTES=0")],
+    ids=["layouts", "window_settings"],
+)
+def test_mismatched_ranks_raise_on_every_rank(case, named):
+    # Ranks whose gradient layouts differ, or that would size the shared-memory window
+    # differently (hence allocate it at different steps), disagree at the first gradient
+    # average instead of waiting; every rank's error names rank 1's side.
+    rc, out, seconds = launch(2, SCRIPTS / "faults.py", case, timeout=60)
     assert rc == 0, out
     for r in (0, 1):
         assert f"CAUGHT rank {r}: the ranks are at different collectives" in out, out
-    assert out.count("dense_1/kernel float32[8, 6]") == 2, out  # rank 1's layout, named
-    assert seconds < 30
-
-
-def test_ranks_with_different_window_settings_raise_on_every_rank():
-    # Ranks that would size the shared-memory window differently (hence allocate it at
-    # different steps) disagree at the first gradient average instead of waiting.
-    rc, out, seconds = launch(2, SCRIPTS / "faults.py", "window", timeout=60)
-    assert rc == 0, out
-    for r in (0, 1):
-        assert f"CAUGHT rank {r}: the ranks are at different collectives" in out, out
-    assert out.count("FERROKERAS_DIST_SHM_BYTES=0") == 2, out  # rank 1's setting, named
+    assert out.count(named) == 2, out
     assert seconds < 30
 
 
