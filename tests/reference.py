@@ -124,6 +124,27 @@ def np_nbt(x, g, b, axes, eps):
     return np_bn(x, m, v, bb, gg, eps), m.squeeze(axes), v.squeeze(axes)
 
 
+def np_nbt_grad(x, g, axes, eps, dy):
+    """The gradients of K.normalize_batch_in_training's output (scale `g`, a 1-D array along
+    the kept axis) with respect to x, gamma and beta, given the output's gradient `dy`."""
+    axes = tuple(axes)
+    n = np.prod([x.shape[a] for a in axes])
+    m = x.mean(axis=axes, keepdims=True)
+    inv = 1 / np.sqrt(((x - m) ** 2).mean(axis=axes, keepdims=True) + eps)
+    xhat = (x - m) * inv
+    dxhat = dy * g.reshape([1 if i in axes else d for i, d in enumerate(x.shape)])
+    dx = (
+        inv
+        / n
+        * (
+            n * dxhat
+            - dxhat.sum(axis=axes, keepdims=True)
+            - xhat * (dxhat * xhat).sum(axis=axes, keepdims=True)
+        )
+    )
+    return dx, (dy * xhat).sum(axis=axes), dy.sum(axis=axes)
+
+
 # ---- layout --------------------------------------------------------------------------------
 
 
