@@ -219,12 +219,7 @@ unsafe impl<T> Sync for SharedDst<T> {}
 
 /// `dst[c * rows + r] = src[r * cols + c]`: a transpose of a row-major `rows x cols`
 /// matrix in 8 x 8 blocks (8 source rows read in step, 8 contiguous destination runs).
-pub(crate) fn transpose_into<T: Copy>(
-    src: &[T],
-    rows: usize,
-    cols: usize,
-    dst: &mut [MaybeUninit<T>],
-) {
+fn transpose_into<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [MaybeUninit<T>]) {
     const B: usize = 8;
     let (src, dst) = (&src[..rows * cols], &mut dst[..rows * cols]);
     let mut r0 = 0;
@@ -247,7 +242,7 @@ pub(crate) fn transpose_into<T: Copy>(
 
 /// The distinct matrices among `offs` copied transposed (`rows x cols` each) into one
 /// buffer, and each batch element's offset into it.
-fn transposed_copies<T: Copy + Send + Sync>(
+pub(crate) fn transposed_copies<T: Copy + Send + Sync>(
     data: &[T],
     offs: &[usize],
     rows: usize,

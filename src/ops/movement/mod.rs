@@ -250,8 +250,8 @@ struct Factors {
     /// The rest: what the sum must still run over.
     body: Vec<Tensor>,
     /// `broadcast_to(s, shape_of(z))` with `s` a scale: stands for `s` where `z`'s
-    /// runtime shape is the body's (checked after the walk); `z` is `None` for a
-    /// constant target, which is sound where every shape is static.
+    /// runtime shape is the body's (checked after the walk); `z` is `None` for any
+    /// other target, which is sound where every shape is static.
     broadcast: Vec<(Tensor, Option<Tensor>)>,
     negated: bool,
 }
@@ -266,7 +266,8 @@ struct Factors {
 /// Sound at any runtime shape: every scale has a static shape with 1 on the summed axes,
 /// so it cannot widen the product there; a broadcast scale counts only where its target
 /// is the shape of a body factor (or of an elementwise function of one), or where every
-/// shape is static, so it widens nothing either. The body then has `x`'s runtime shape and sums over the same elements.
+/// shape is static, so it widens nothing either. The body then has `x`'s runtime shape
+/// and sums over the same elements.
 fn factored_sum(x: &Tensor, like: &Tensor) -> Result<Option<Tensor>> {
     if x.shape() == like.shape() || !x.dtype().is_float() {
         return Ok(None);
