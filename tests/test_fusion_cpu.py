@@ -244,6 +244,24 @@ def test_other_dtypes_unchanged(both, rng, dtype):
     )
 
 
+def check_batch_norm_gradients(got, x, gamma, eps, g):
+    """`got` = (dx, dgamma, dbeta) of batch norm over every axis but the last, against float64
+    NumPy given the normalised output's gradient `g` (the folded sums are not bitwise those
+    of the unfused reductions)."""
+    ref, dg, db = np_nbt_grad(x.astype("float64"), gamma, [0, 1, 2], eps, g)
+    np.testing.assert_allclose(got[2], db, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[1], dg, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[0], ref, rtol=1e-3, atol=1e-5)
+
+
+def fused_groups(path):
+    """The members of every fused group a `ferrokeras.profile` trace recorded."""
+    import json
+
+    events = json.load(open(path))["traceEvents"]
+    return [e["args"]["members"] for e in events if e.get("cat") == "fused"]
+
+
 @pytest.mark.parametrize("batch", [None, 2], ids=["unknown_batch", "static"])
 def test_batch_norm_input_gradient_is_one_pass_after_the_sums(batch, rng, tmp_path):
     """Batch norm in training with relu, gradients of the input, gamma and beta: the sums
@@ -264,23 +282,13 @@ def test_batch_norm_input_gradient_is_one_pass_after_the_sums(batch, rng, tmp_pa
         f([x, gy])
     path = str(tmp_path / "trace.json")
     with ferrokeras.profile(path):
-        dx, dgamma, dbeta = f([x, gy])
+        grads = f([x, gy])
     x64 = x.astype("float64")
     c = x64 - x64.mean(axis=(0, 1, 2))
     r = 1 / np.sqrt((c * c).mean(axis=(0, 1, 2)) + eps)
-    gr = np.where(c * r * gamma + beta > 0, gy, 0)
-    ref, dg, db = np_nbt_grad(x64, gamma, [0, 1, 2], eps, gr)
-    np.testing.assert_allclose(dbeta, db, rtol=1e-4, atol=1e-3)
-    np.testing.assert_allclose(dgamma, dg, rtol=1e-4, atol=1e-3)
-    np.testing.assert_allclose(dx, ref, rtol=1e-3, atol=1e-5)
+    check_batch_norm_gradients(grads, x, gamma, eps, np.where(c * r * gamma + beta > 0, gy, 0))
     if launches_checked():
-        import json
-
-        summing = [
-            e["args"]["members"]
-            for e in json.load(open(path))["traceEvents"]
-            if e.get("cat") == "fused" and "sum_to" in e["args"]["members"]
-        ]
+        summing = [m for m in fused_groups(path) if "sum_to" in m]
         assert len(summing) == 1, summing
 
 
@@ -308,7 +316,7 @@ def test_batch_norm_relu6_gradient_recomputes_what_it_reads(rng, tmp_path):
     ins, outs = build()
     f = K.function(ins, outs)
     with ferrokeras.profile(path):
-        z, dx, dgamma, dbeta = f([x, gz])
+        z, *grads = f([x, gz])
     x64 = x.astype("float64")
     c = x64 - x64.mean(axis=(0, 1, 2))
     r = 1 / np.sqrt((c * c).mean(axis=(0, 1, 2)) + eps)
@@ -316,17 +324,7 @@ def test_batch_norm_relu6_gradient_recomputes_what_it_reads(rng, tmp_path):
     y = np.clip(pre, 0, 6)
     np.testing.assert_allclose(z, y @ w[0, 0], rtol=1e-4, atol=1e-4)
     gy = gz @ w[0, 0].T
-    g = np.where((pre > 0) & (pre < 6), gy, 0)
-    ref, dg, db = np_nbt_grad(x64, gamma, [0, 1, 2], eps, g)
-    np.testing.assert_allclose(dbeta, db, rtol=1e-4, atol=1e-3)
-    np.testing.assert_allclose(dgamma, dg, rtol=1e-4, atol=1e-3)
-    np.testing.assert_allclose(dx, ref, rtol=1e-3, atol=1e-5)
+    check_batch_norm_gradients(grads, x, gamma, eps, np.where((pre > 0) & (pre < 6), gy, 0))
     if launches_checked():
-        import json
-
-        groups = [
-            e["args"]["members"]
-            for e in json.load(open(path))["traceEvents"]
-            if e.get("cat") == "fused"
-        ]
+        groups = fused_groups(path)
         assert any("greater" in m and "relu" in m and "add" in m for m in groups), groups
