@@ -328,3 +328,64 @@ def test_batch_norm_relu6_gradient_recomputes_what_it_reads(rng, tmp_path):
     if launches_checked():
         groups = fused_groups(path)
         assert any("greater" in m and "relu" in m and "add" in m for m in groups), groups
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 7), (3, 50, 50, 7)], ids=["below_a_chunk", "chunks"])
+def test_per_channel_members_match_unfused(both, rng, shape):
+    """Members whose operands are per-channel values and single values only (a mean's
+    gradient broadcast and divided by the count, as batch norm's input gradient has them)
+    are computed once a call over one period in the fused kernel: results bitwise those of
+    the unfused ops, zeros and infinities included, next to a value that repeats with a
+    different period, below one chunk of elements and over several."""
+    x = specials(rng, shape)
+    gamma = rng.uniform(-2, 2, shape[-1]).astype("float32")
+    gamma[0] = 0.0
+    rows = rng.uniform(-1, 1, shape[-2:]).astype("float32")
+    axes = [0, 1, 2]
+
+    def build():
+        xp, gp, rp = (
+            K.placeholder(shape=(None,) + shape[1:]),
+            K.placeholder(shape=gamma.shape),
+            K.placeholder(shape=rows.shape),
+        )
+        loss = K.sum(K.mean(K.square(xp - rp), axis=axes) / gp) + K.sum(K.mean(xp, axis=axes))
+        return [xp, gp, rp], K.gradients(loss, [xp])
+
+    (gx,), (fused, _) = both(build, [x, gamma, rows])
+    count = np.prod(shape[:3])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref = 2 * (x.astype("float64") - rows) / gamma / count + 1.0 / count
+    np.testing.assert_allclose(gx, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_sums_of_one_member_over_the_same_axes(rng, tmp_path):
+    """A member summed three times over the same axes in one fused pass (a `sum`, a `mean`
+    and a `sum` keeping dims of one product, as batch norm's gradient sums one value for
+    beta and for the mean), the sums taken once; each result as float64 NumPy's."""
+    shape = (4, 16, 16, 32)
+    x = rng.standard_normal(shape).astype("float32")
+    w = rng.uniform(0.5, 1.5, shape).astype("float32")
+    xp, wp = K.placeholder(shape=(None,) + shape[1:]), K.placeholder(shape=(None,) + shape[1:])
+    y = xp * wp
+    outs = [
+        K.sum(y, axis=[0, 1, 2]),
+        K.sum(K.square(y), axis=[0, 1, 2]),
+        K.mean(y, axis=[0, 1, 2], keepdims=True),
+        K.sum(y, axis=[0, 1, 2], keepdims=True),
+    ]
+    f = K.function([xp, wp], outs)
+    for _ in range(2):  # the generic plan, then the plan specialised to the shapes
+        f([x, w])
+    path = str(tmp_path / "trace.json")
+    with ferrokeras.profile(path):
+        got = f([x, w])
+    y64 = x.astype("float64") * w
+    np.testing.assert_allclose(got[0], y64.sum(axis=(0, 1, 2)), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got[1], (y64 * y64).sum(axis=(0, 1, 2)), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got[2], y64.mean(axis=(0, 1, 2), keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(got[3], y64.sum(axis=(0, 1, 2), keepdims=True), rtol=1e-5)
+    if launches_checked():
+        assert any(m.count("sum") + m.count("mean") == 3 for m in fused_groups(path)), (
+            fused_groups(path)
+        )

@@ -1,5 +1,6 @@
 //! Folded reductions: a sum or mean of a group member computed tile by tile while the
-//! group runs, so the member is never written out in full.
+//! group runs, so the member is never written out in full. Folds of one member over the
+//! same axes share their sums.
 
 use super::exec::{exec, Kernel};
 use super::program::Body;
@@ -43,6 +44,9 @@ pub(super) struct FoldSpec {
     pub(super) inner: usize,
     pub(super) mean: bool,
     pub(super) shape: Vec<usize>,
+    /// An earlier fold of the same member over the same axes (a `sum_to` and a `sum` of
+    /// one gradient, say), whose sums this one takes instead of adding them up again.
+    pub(super) same_as: Option<usize>,
 }
 
 /// The folds of one group run, and the partial sums its tasks leave.
@@ -105,6 +109,9 @@ pub(super) fn fold_run(
         if q > MAX_FOLD_BLOCK {
             return None;
         }
+        let same_as = specs
+            .iter()
+            .position(|f: &FoldSpec| (f.out, f.rows, f.red, f.inner) == (out, rows, red, inner));
         specs.push(FoldSpec {
             out,
             hidden: k >= g.outputs.len(),
@@ -113,6 +120,7 @@ pub(super) fn fold_run(
             inner,
             mean,
             shape,
+            same_as,
         });
     }
     let tile = FOLD_TILE.div_ceil(q) * q;
@@ -137,15 +145,10 @@ pub(super) fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
     let mut parts: Vec<Vec<f64>> = f
         .specs
         .iter()
-        .map(|s| {
-            vec![
-                0.0;
-                if s.rows {
-                    (end - start).div_ceil(s.red)
-                } else {
-                    s.inner
-                }
-            ]
+        .map(|s| match (s.same_as, s.rows) {
+            (Some(_), _) => Vec::new(),
+            (None, true) => vec![0.0; (end - start).div_ceil(s.red)],
+            (None, false) => vec![0.0; s.inner],
         })
         .collect();
     let mut cols: Vec<f32> = Vec::new();
@@ -177,6 +180,9 @@ pub(super) fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
                 te,
             );
             for (s, part) in f.specs.iter().zip(&mut parts) {
+                if s.same_as.is_some() {
+                    continue;
+                }
                 let OutBuf::F32(p) = outs[s.out].1 else {
                     unreachable!("folded members are f32")
                 };
@@ -215,6 +221,7 @@ impl FoldRun {
             .iter()
             .enumerate()
             .map(|(i, s)| {
+                let i = s.same_as.unwrap_or(i);
                 let sums: Vec<f64> = if s.rows {
                     parts.iter().flat_map(|p| p.1[i].iter().copied()).collect()
                 } else {

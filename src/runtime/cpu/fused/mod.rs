@@ -3,7 +3,9 @@
 //! 1.0/0.0 in f32 registers), compiled once per input layout and kept with the plan's
 //! run state (`cpu::PlanState`, one `Programs` per group), so a call only collects
 //! pointers; members whose inputs are all single values are computed once per call, as
-//! scalars. Each external input is read with its own broadcast pattern:
+//! scalars, and members whose inputs all repeat with one period (per-channel values
+//! broadcast over the leading dims, with single values) once per call over that period.
+//! Each external input is read with its own broadcast pattern:
 //! directly (same size), as one value, or gathered through strides into a register.
 //! Outputs are written once per chunk, into a dead input's buffer when the plan holds its
 //! only reference.

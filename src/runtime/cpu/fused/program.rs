@@ -56,6 +56,10 @@ pub(super) struct Body {
     pub(super) load_src: Vec<usize>,
     /// Per `Opd::Tile` input: (index into `Group::ext`, period).
     pub(super) tiles: Vec<(usize, usize)>,
+    /// Members whose operands all repeat with one period (per-channel values and single
+    /// values): computed once a call over a tiled period, as `Opd::Tile(tiles.len() + k)`,
+    /// each instruction writing output 0 of its own one-instruction kernel, with its period.
+    pub(super) derived: Vec<(Ins, usize)>,
     pub(super) outs: Vec<Out>,
     /// Same-size f32 inputs that die here, whose buffers the first `reusable.len()` f32
     /// outputs may reuse, one each.
@@ -196,6 +200,7 @@ fn compile(
     // The program, in virtual registers (loads from LOAD_BASE until allocated).
     let mut prog: Vec<Ins> = Vec::new();
     let mut prelude: Vec<Ins> = Vec::new();
+    let mut derived: Vec<(Ins, usize)> = Vec::new();
     let mut vregs = 0u16;
     let mut mem_opd: Vec<Opd> = Vec::with_capacity(g.members.len());
     for &m in &g.members {
@@ -244,6 +249,9 @@ fn compile(
             let k = scalars + prelude.len() as u16;
             prelude.push(make(k).expect("an instruction"));
             mem_opd.push(Opd::Scal(k));
+        } else if let Some(period) = one_period(ins, &tiles, &derived) {
+            derived.push((make(OUT_BASE).expect("an instruction"), period));
+            mem_opd.push(Opd::Tile((tiles.len() + derived.len() - 1) as u16));
         } else {
             prog.push(ins);
             mem_opd.push(Opd::Reg(vregs));
@@ -283,7 +291,11 @@ fn compile(
     // The rule's kernel reads every member per element (none computed once as a scalar)
     // and writes f32 outputs only.
     let update = update
-        .filter(|_| prelude.is_empty() && outs.iter().all(|o| matches!(o, Out::F32(_))))
+        .filter(|_| {
+            prelude.is_empty()
+                && derived.is_empty()
+                && outs.iter().all(|o| matches!(o, Out::F32(_)))
+        })
         .and_then(|u| lower(u, g, &inputs));
     direct_writes(&mut prog, &mut outs, &reusable, &inputs);
     // Register allocation: a register is free after its last reader; outputs live to the end.
@@ -313,10 +325,31 @@ fn compile(
         loads,
         load_src,
         tiles,
+        derived,
         outs,
         reusable,
         update,
     }))
+}
+
+/// The period shared by the repeating operands of `ins` when every operand repeats with
+/// it or is a single value (see `Body::derived`).
+fn one_period(ins: Ins, tiles: &[(usize, usize)], derived: &[(Ins, usize)]) -> Option<usize> {
+    let period = |t: u16| {
+        let t = t as usize;
+        tiles
+            .get(t)
+            .map_or_else(|| derived[t - tiles.len()].1, |&(_, p)| p)
+    };
+    let mut common = None;
+    for o in operands(ins) {
+        match o {
+            Opd::Scal(_) => {}
+            Opd::Tile(t) if common.is_none_or(|c| c == period(t)) => common = Some(period(t)),
+            Opd::Tile(_) | Opd::Reg(_) | Opd::Ext(_) | Opd::Out(_) => return None,
+        }
+    }
+    common
 }
 
 /// Makes the instruction that computes an f32 output write it into the output's buffer

@@ -182,7 +182,7 @@ pub(super) fn run_driven(
             &mut held,
         ));
     }
-    let tiled: Vec<Vec<f32>> = b
+    let mut tiled: Vec<Vec<f32>> = b
         .tiles
         .iter()
         .map(|&(e, period)| {
@@ -200,13 +200,34 @@ pub(super) fn run_driven(
                 .collect()
         })
         .collect();
-    let tiles: Vec<(*const f32, usize)> = tiled
+    let mut tiles: Vec<(*const f32, usize)> = tiled
         .iter()
         .zip(&b.tiles)
         .map(|(t, &(_, period))| (t.as_ptr(), period))
         .collect();
     for &ins in &b.prelude {
         scal.push(eval_scalar(ins, &scal));
+    }
+    for &(ins, period) in &b.derived {
+        // One period tiled as the inputs' tiles are, from the tiles computed so far.
+        let len = period + CH.min(n);
+        let mut t: Vec<f32> = uninit(len);
+        let out = [(Opd::Out(0), OutBuf::F32(t.as_mut_ptr()))];
+        let kern = Kernel {
+            prog: &[ins],
+            nregs: 0,
+            ext: &[],
+            loads: &[],
+            data: &[],
+            tiles: &tiles,
+            scal: &scal,
+            outs: &out,
+            update: None,
+            folds: None,
+        };
+        exec(&kern, 0, len);
+        tiles.push((t.as_ptr(), period));
+        tiled.push(t);
     }
     let mut reused = vec![false; b.reusable.len()];
     let mut f32_outs = 0;
