@@ -118,6 +118,14 @@ def kind_of_members(names):
     return "other"
 
 
+def layer_of(table, ins, out):
+    """The label of the convolution layer whose input shapes are `ins` and whose op result
+    has shape `out` (any layer with those inputs where the span has no result shape)."""
+    if (ins + (out,)) in table:
+        return table[ins + (out,)]
+    return next((lab for key, lab in table.items() if key[:2] == ins), "conv ?")
+
+
 def ferrokeras_profile(model_key, batch, steps, top, predict):
     import ferrokeras
 
@@ -138,9 +146,12 @@ def ferrokeras_profile(model_key, batch, steps, top, predict):
         if type(layer).__name__ == "ZeroPadding2D"
     }
     layers += [(n, lab, unpadded[xs], ks, ys) for n, lab, xs, ks, ys in layers if xs in unpadded]
-    fwd = {(xs, ks): lab for _, lab, xs, ks, _ in layers}
-    kgrad = {(xs, ys): lab for _, lab, xs, _, ys in layers}
-    igrad = {(ys, ks): lab for _, lab, _, ks, ys in layers}
+    # Keyed by the input shapes and the result shape of each op: a stride-1 and a stride-2
+    # layer can share an input shape and a kernel (MobileNetV2's block_2 and block_3
+    # depthwise convolutions).
+    fwd = {(xs, ks, ys): lab for _, lab, xs, ks, ys in layers}
+    kgrad = {(xs, ys, ks): lab for _, lab, xs, ks, ys in layers}
+    igrad = {(ys, ks, xs): lab for _, lab, xs, ks, ys in layers}
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     with ferrokeras.profile(path):
         for _ in range(steps):
@@ -158,17 +169,18 @@ def ferrokeras_profile(model_key, batch, steps, top, predict):
         args = s.get("args", {})
         members = args.get("members") or [s["name"]]
         ins = [tuple(d) for d in args.get("inputs", [])]
+        out = tuple(args.get("output", []))
         head = members[0]
         if cat in ("feed", "source", "constant"):
             kind = "other"
         elif s["name"] == "fused update" or (cat == "fused" and "update" in s["name"]):
             kind = "optimizer update"
         elif head == "conv":
-            kind = fwd.get((ins[0][1:], ins[1]), "conv ?") + " fwd"
+            kind = layer_of(fwd, (ins[0][1:], ins[1]), out[1:]) + " fwd"
         elif head == "conv_transpose":
-            kind = igrad.get((ins[0][1:], ins[1]), "conv ?") + " input grad"
+            kind = layer_of(igrad, (ins[0][1:], ins[1]), out[1:]) + " input grad"
         elif head == "conv_kernel_grad":
-            kind = kgrad.get((ins[0][1:], ins[1][1:]), "conv ?") + " kernel grad"
+            kind = layer_of(kgrad, (ins[0][1:], ins[1][1:]), out) + " kernel grad"
         else:
             kind = kind_of_members(members)
         rows[kind] += float(s.get("dur", 0.0)) / 1e3 / steps

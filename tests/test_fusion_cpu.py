@@ -386,6 +386,6 @@ def test_sums_of_one_member_over_the_same_axes(rng, tmp_path):
     np.testing.assert_allclose(got[2], y64.mean(axis=(0, 1, 2), keepdims=True), rtol=1e-5)
     np.testing.assert_allclose(got[3], y64.sum(axis=(0, 1, 2), keepdims=True), rtol=1e-5)
     if launches_checked():
-        assert any(m.count("sum") + m.count("mean") == 3 for m in fused_groups(path)), (
-            fused_groups(path)
+        assert any(m.count("sum") + m.count("mean") == 3 for m in fused_groups(path)), fused_groups(
+            path
         )

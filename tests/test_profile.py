@@ -341,3 +341,24 @@ def test_off_by_default_records_nothing(tmp_path):
         pass
     assert _spans(path) == []
     assert os.path.getsize(path) > 0
+
+
+def test_cpu_spans_carry_their_result_shapes(tmp_path):
+    """On the CPU each op's span names its result's shape (`args.output`) next to its input
+    shapes: a stride-1 and a stride-2 convolution of one input and kernel tell apart by
+    it, and a group run after a convolution reports the convolution's result."""
+    if GPU:
+        pytest.skip("the GPU device's spans record kernels, not schedule items")
+    x = K.placeholder(shape=(None, 9, 9, 4))
+    w = K.constant(np.ones((3, 3, 4, 8), "float32"))
+    one = K.relu(K.conv2d(x, w, padding="same"))
+    two = K.conv2d(x, w, strides=(2, 2), padding="same")
+    f = K.function([x], [one, K.dot(K.reshape(two, (-1, 8)), K.constant(np.ones((8, 2))))])
+    path = str(tmp_path / "trace.json")
+    with ferrokeras.profile(path):
+        f([np.ones((2, 9, 9, 4), "float32")])
+    convs = [s for s in _spans(path) if (s["args"].get("members") or [s["name"]])[0] == "conv"]
+    assert sorted(tuple(s["args"]["output"]) for s in convs) == [(2, 5, 5, 8), (2, 9, 9, 8)]
+    assert all(s["args"]["inputs"][:2] == [[2, 9, 9, 4], [3, 3, 4, 8]] for s in convs)
+    dots = [s for s in _spans(path) if s["name"] in ("matmul", "dot")]
+    assert [s["args"]["output"] for s in dots] == [[50, 2]], dots

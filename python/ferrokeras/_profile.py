@@ -28,8 +28,8 @@ class profile:
     """Records every compiled call run inside the block into a Chrome trace file.
 
     Each ``K.function`` call is a span (named after the function when it has a name);
-    inside it, a span per schedule item the call ran: the op (its input shapes, dtype
-    and device in ``args``), a fused elementwise group (its member ops in
+    inside it, a span per schedule item the call ran: the op (its input shapes, result
+    shape, dtype and device in ``args``), a fused elementwise group (its member ops in
     ``args.members``), a loop (a span per step on the thread that ran the body), a
     ``py_function`` callback; on a GPU, the recording of each node's kernels and each
     queue submit (with the wait for its results). Spans carry the thread that ran them

@@ -245,8 +245,8 @@ fn item_inputs(plan: &Plan, item: &Item) -> Vec<usize> {
 }
 
 /// Records CPU schedule item `t` of `plan` (`of` items), started at `start`, that read
-/// values of `shapes`.
-pub fn cpu_item(start: u64, plan: &Plan, t: usize, shapes: &[Vec<usize>]) {
+/// values of `shapes`, with the shape of its result (a group's first output) now in `slots`.
+pub fn cpu_item(start: u64, plan: &Plan, t: usize, shapes: &[Vec<usize>], slots: &[Option<Value>]) {
     let sched = plan.schedule(&crate::compile::fuse::Target::cpu_configured());
     let item = &sched.items[t];
     let (name, cat, members, out) = match item {
@@ -281,8 +281,14 @@ pub fn cpu_item(start: u64, plan: &Plan, t: usize, shapes: &[Vec<usize>]) {
             } else {
                 "fused"
             };
-            let last = g.members.last().copied().unwrap_or(0);
-            (name.to_string(), "fused", members, last)
+            // A group run after a convolution or pooling reports that op's result.
+            let out = g
+                .first
+                .filter(|&f| slots[f].is_some())
+                .or(g.outputs.first().copied())
+                .or(g.members.last().copied())
+                .unwrap_or(0);
+            (name.to_string(), "fused", members, out)
         }
     };
     let mut args = format!(
@@ -292,6 +298,9 @@ pub fn cpu_item(start: u64, plan: &Plan, t: usize, shapes: &[Vec<usize>]) {
         quote(plan.nodes[out].dtype().name()),
         list(shapes, |s| dims(s)),
     );
+    if let Some(v) = &slots[out] {
+        let _ = write!(args, ", \"output\": {}", dims(v.shape()));
+    }
     if !members.is_empty() {
         let _ = write!(args, ", \"members\": {}", list(&members, |m| quote(m)));
     }

@@ -379,7 +379,7 @@ impl<'a> Run<'a> {
                 }
             }
             if let Some((start, ins)) = prof {
-                super::profile::cpu_item(start, plan, t, &ins);
+                super::profile::cpu_item(start, plan, t, &ins, slots);
             }
             if let Some(s) = shapes.as_deref_mut() {
                 let set: Vec<usize> = match item {
