@@ -4,6 +4,7 @@
     .venv/bin/python benches/profile_apps.py --model mobilenetv2 --markdown
     .venv/bin/python benches/profile_apps.py --frameworks ferrokeras --top 30
     .venv/bin/python benches/profile_apps.py --model mobilenetv2 --predict --batch 32
+    .venv/bin/python benches/profile_apps.py --model mobilenetv2 --one-thread
 
 Each framework runs in a process of its own (the venvs of bench_apps.py), builds the model
 (`weights=None`, 128x128x3, 10 classes, SGD with momentum, batch 8), trains three warm-up
@@ -26,7 +27,9 @@ statistics as relu. TF fuses too (`_FusedConv2D` holds the bias add, `FusedBatch
 the relu). The `bn+relu+add` row adds up the three for a like-for-like comparison.
 
 TF runs independent ops on two executor threads at once, so its op times can add up to more
-than the step's wall time; both are printed.
+than the step's wall time; both are printed. With `--one-thread` each framework computes on
+one thread (`RAYON_NUM_THREADS=1`; TF with one intra- and one inter-op thread), the mode of
+`bench_apps.py --one-thread`, so the two columns compare the work of one core each.
 """
 
 import argparse
@@ -68,7 +71,7 @@ def conv_layers(keras, model):
     return out
 
 
-def build(framework, model_key, batch, predict=False):
+def build(framework, model_key, batch, predict=False, one_thread=False):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
 
@@ -76,7 +79,12 @@ def build(framework, model_key, batch, predict=False):
         os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
         import keras
     else:
+        import tensorflow as tf
         import tf_keras as keras
+
+        if one_thread:
+            tf.config.threading.set_intra_op_parallelism_threads(1)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, SIZE, SIZE, 3)).astype("float32")
     y = np.eye(CLASSES, dtype="float32")[rng.integers(0, CLASSES, batch)]
@@ -188,10 +196,10 @@ def ferrokeras_profile(model_key, batch, steps, top, predict):
     return rows, wall * 1e3, call_ms
 
 
-def tf_profile(model_key, batch, steps, predict):
+def tf_profile(model_key, batch, steps, predict, one_thread):
     import tensorflow as tf
 
-    keras, model, step, wall = build("tf", model_key, batch, predict)
+    keras, model, step, wall = build("tf", model_key, batch, predict, one_thread)
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     layers = {name: lab for name, lab, *_ in conv_layers(keras, model)}
@@ -252,11 +260,11 @@ def tf_profile(model_key, batch, steps, predict):
     return rows, wall * 1e3, None
 
 
-def worker(framework, model_key, batch, steps, top, predict):
+def worker(framework, model_key, batch, steps, top, predict, one_thread):
     if framework == "ferrokeras":
         rows, wall, call = ferrokeras_profile(model_key, batch, steps, top, predict)
     else:
-        rows, wall, call = tf_profile(model_key, batch, steps, predict)
+        rows, wall, call = tf_profile(model_key, batch, steps, predict, one_thread)
     return {"rows": dict(rows), "wall_ms": wall, "call_ms": call}
 
 
@@ -279,9 +287,14 @@ def main():
     p.add_argument(
         "--predict", action="store_true", help="profile predict_on_batch instead of training"
     )
+    p.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="one compute thread per framework (RAYON_NUM_THREADS=1; TF one intra-/inter-op)",
+    )
     a = p.parse_args()
     if a.worker:
-        res = worker(a.worker, a.model, a.batch, a.steps, a.top, a.predict)
+        res = worker(a.worker, a.model, a.batch, a.steps, a.top, a.predict, a.one_thread)
         print(MARK, json.dumps(res), flush=True)
         return
 
@@ -297,6 +310,9 @@ def main():
         cmd = [str(python_for(fw)), str(Path(__file__).resolve()), "--worker", fw]
         cmd += ["--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps)]
         cmd += ["--top", str(a.top)] + (["--predict"] if a.predict else [])
+        if a.one_thread:
+            env["RAYON_NUM_THREADS"] = "1"
+            cmd.append("--one-thread")
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         if a.top and fw == "ferrokeras":
             print("\n".join(ln for ln in proc.stderr.splitlines() if "Warning" not in ln))
@@ -328,7 +344,8 @@ def main():
     line("all ops", [sum(results[fw]["rows"].values()) for fw in fws])
     line("step wall (median of 3 unprofiled)", [results[fw]["wall_ms"] for fw in fws])
     what = "predict_on_batch call" if a.predict else "training step"
-    print(f"{a.model}, batch {a.batch}, ms per {what} ({a.steps} profiled steps)")
+    threads = ", one thread each" if a.one_thread else ""
+    print(f"{a.model}, batch {a.batch}, ms per {what} ({a.steps} profiled steps{threads})")
     if a.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         print("\n".join("| " + " | ".join(r) + " |" for r in table[1:]))
