@@ -730,3 +730,53 @@ fn update_rules_fall_back_to_the_program_when_the_run_does_not_fit() {
     assert_eq!(recognised, [Rule::RmsProp]);
     assert_eq!(lowered, []);
 }
+
+/// `same`, then how many of the run's groups ran as per-channel affine chains.
+fn affine_groups(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> usize {
+    use crate::runtime::cpu::fused::affine_chains;
+    same(feeds, outs, vs);
+    let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
+    crate::runtime::cpu::run(&f.plan, &f.cpu, vs.to_vec(), None).unwrap();
+    f.cpu.programs(&f.plan).iter().map(affine_chains).sum()
+}
+
+#[test]
+fn batch_norm_outputs_run_as_affine_chains_bitwise_equal() {
+    // `act((x - a) * s + b [+ r])` per channel, act nothing, relu or relu6, with special
+    // values in every input: below one chunk, periods that do not divide a chunk over many
+    // chunks, and enough elements for the parallel path (tasks starting mid-period).
+    for shape in [[2usize, 3, 7], [40, 50, 7], [8, 4096, 24]] {
+        let c_dims = [Some(shape[2])];
+        let dims = [None, Some(shape[1]), Some(shape[2])];
+        let (x, r) = (ph("x", &dims), ph("r", &dims));
+        let (a, s, b) = (ph("a", &c_dims), ph("s", &c_dims), ph("b", &c_dims));
+        let vs = [
+            data(&shape, 1),
+            data(&shape, 2),
+            data(&shape[2..], 3),
+            data(&shape[2..], 4),
+            data(&shape[2..], 5),
+        ];
+        let feeds = [x.clone(), r.clone(), a.clone(), s.clone(), b.clone()];
+        let y = add(&mul(&sub(&x, &a).unwrap(), &s).unwrap(), &b).unwrap();
+        let relu = |t: &Tensor| unary(UnaryOp::Relu, t).unwrap();
+        let relu6 = |t: &Tensor| binary(BinaryOp::Minimum, &relu(t), &c(6.0)).unwrap();
+        let with_r = add(&y, &r).unwrap();
+        for out in [
+            y.clone(),
+            relu(&y),
+            relu6(&y),
+            with_r.clone(),
+            relu(&with_r),
+            relu6(&with_r),
+        ] {
+            assert_eq!(affine_groups(&feeds, &[out], &vs), 1, "{shape:?}");
+        }
+        // Operands the other way round, or a different op, keep the ordinary program.
+        let swapped = add(&b, &mul(&s, &sub(&x, &a).unwrap()).unwrap()).unwrap();
+        let other = add(&mul(&add(&x, &a).unwrap(), &s).unwrap(), &b).unwrap();
+        for out in [swapped, relu(&other)] {
+            assert_eq!(affine_groups(&feeds, &[out], &vs), 0, "{shape:?}");
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! raw pointers into the inputs, outputs and this thread's scratch registers. All of the
 //! fusion kernel's `unsafe` code is here.
 
+use super::affine::{self, AffineKernel};
 use super::fold::{fold_exec, FoldRun};
 use super::layout::Layout;
 use super::update::{self, UpdateKernel};
@@ -23,6 +24,8 @@ pub(super) struct Kernel<'a> {
     pub(super) outs: &'a [(Opd, OutBuf)],
     /// A recognised update rule and the outputs' buffers in group output order.
     pub(super) update: Option<(&'a UpdateKernel, &'a [*mut f32])>,
+    /// A recognised per-channel affine chain (its output is `outs[0]`).
+    pub(super) affine: Option<&'a AffineKernel>,
     /// The group's folds, when they run fused: `exec` then runs tile by tile.
     pub(super) folds: Option<&'a FoldRun>,
 }
@@ -33,7 +36,7 @@ unsafe impl Sync for Kernel<'_> {}
 unsafe impl Send for Kernel<'_> {}
 
 #[inline(always)]
-fn unary_scalar(op: UnaryOp, x: f32) -> f32 {
+pub(super) fn unary_scalar(op: UnaryOp, x: f32) -> f32 {
     let mut out = [MaybeUninit::new(0.0f32)];
     op.map(&[x], &mut out);
     // SAFETY: map wrote out[0].
@@ -41,7 +44,7 @@ fn unary_scalar(op: UnaryOp, x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn binary_scalar(op: BinaryOp, a: f32, b: f32) -> f32 {
+pub(super) fn binary_scalar(op: BinaryOp, a: f32, b: f32) -> f32 {
     let mut out = [MaybeUninit::new(0.0f32)];
     op.zip(Splat(a), Splat(b), &mut out);
     // SAFETY: zip wrote out[0].
@@ -97,6 +100,11 @@ fn exec_chunks_body(k: &Kernel<'_>, regs: *mut f32, start: usize, end: usize) {
     if let Some((sp, outs)) = k.update {
         // SAFETY: the inputs and outputs hold n >= end elements each.
         unsafe { update::run(sp, k.ext, k.scal, outs, start, end - start) };
+        return;
+    }
+    if let (Some(ak), Some((_, OutBuf::F32(out)))) = (k.affine, k.outs.first()) {
+        // SAFETY: the inputs and the output hold n >= end elements each, a tile one period.
+        unsafe { affine::run(ak, k.ext, k.tiles, k.scal, *out, start, end) };
         return;
     }
     let mut off = start;

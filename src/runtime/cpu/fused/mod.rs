@@ -21,8 +21,10 @@
 //! - `epilogue`: groups run image by image after a conv or pool;
 //! - `fold`: sums and means folded into the pass;
 //! - `update`: the kernel of optimizer update rules (`compile::update_rule`);
+//! - `affine`: the kernel of batch norm's output (a per-channel affine chain);
 //! - `exec`: the unsafe chunk executor.
 
+mod affine;
 mod epilogue;
 mod exec;
 mod fold;
@@ -33,9 +35,9 @@ mod reuse;
 mod run;
 mod update;
 
-#[cfg(test)]
-pub use program::rules_of;
 pub use program::Programs;
+#[cfg(test)]
+pub use program::{affine_chains, rules_of};
 pub use run::run;
 
 use crate::ops::{BinaryOp, UnaryOp};

@@ -3,6 +3,7 @@
 //! loads, the outputs and the inputs whose buffers may be reused), cached per group
 //! (`Programs`, which the executor keeps with the plan).
 
+use super::affine::{recognise, AffineKernel};
 use super::layout::{fused_op, gather_layout, member_shapes, periodic, slice_layout, Layout};
 use super::regalloc::{allocate, operands};
 use super::update::{lower, UpdateKernel};
@@ -66,6 +67,8 @@ pub(super) struct Body {
     pub(super) reusable: Vec<usize>,
     /// The group's update rule, lowered for this layout: run with its values in registers.
     pub(super) update: Option<UpdateKernel>,
+    /// The program as a per-channel affine chain (batch norm's output), run as one loop.
+    pub(super) affine: Option<AffineKernel>,
 }
 
 /// The program of `g` for the inputs now in `slots`: cached, or compiled and cached.
@@ -314,6 +317,11 @@ fn compile(
             Out::Passed(_) => {}
         }
     }
+    let affine = if g.folds.is_empty() && update.is_none() {
+        recognise(&prog, &outs)
+    } else {
+        None
+    };
     Ok(Some(Body {
         shape,
         n,
@@ -329,6 +337,7 @@ fn compile(
         outs,
         reusable,
         update,
+        affine,
     }))
 }
 
@@ -415,4 +424,14 @@ pub fn rules_of(programs: &Programs) -> Vec<crate::compile::update_rule::Rule> {
         .iter()
         .filter_map(|p| p.body.as_ref()?.update.as_ref().map(|s| s.rule))
         .collect()
+}
+
+/// How many of the programs compiled so far for a group run as a per-channel affine chain.
+#[cfg(test)]
+pub fn affine_chains(programs: &Programs) -> usize {
+    let cache = programs.0.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .iter()
+        .filter(|p| p.body.as_ref().is_some_and(|b| b.affine.is_some()))
+        .count()
 }
