@@ -780,3 +780,44 @@ fn batch_norm_outputs_run_as_affine_chains_bitwise_equal() {
         }
     }
 }
+
+#[test]
+fn relu6_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
+    // gm = y > 0 ? (relu(y) <= 6 ? g : 0) : 0 and gm * (x - a), y = (x - a) * s + b: as
+    // outputs, and with their per-channel sums folded (the second then only in tiles);
+    // special values in every input, a chunk's worth and less, the parallel path.
+    use crate::ops::ReduceOp;
+    for shape in [[2usize, 3, 7], [40, 50, 7], [8, 4096, 24]] {
+        let c_dims = [Some(shape[2])];
+        let dims = [None, Some(shape[1]), Some(shape[2])];
+        let (x, g) = (ph("x", &dims), ph("g", &dims));
+        let (a, s, b) = (ph("a", &c_dims), ph("s", &c_dims), ph("b", &c_dims));
+        let vs = [
+            data(&shape, 1),
+            data(&shape, 2),
+            data(&shape[2..], 3),
+            data(&shape[2..], 4),
+            data(&shape[2..], 5),
+        ];
+        let feeds = [x.clone(), g.clone(), a.clone(), s.clone(), b.clone()];
+        let cx = sub(&x, &a).unwrap();
+        let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
+        let ry = unary(UnaryOp::Relu, &y).unwrap();
+        let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
+        let low = binary(BinaryOp::LessEqual, &ry, &c(6.0)).unwrap();
+        let kept = select(&low, &g, &c(0.0)).unwrap();
+        let gm = select(&pos, &kept, &c(0.0)).unwrap();
+        let prod = mul(&gm, &cx).unwrap();
+        assert_eq!(
+            affine_groups(&feeds, &[gm.clone(), prod.clone()], &vs),
+            1,
+            "{shape:?}"
+        );
+        let sums = |t: &Tensor| reduce(ReduceOp::Sum, t, &[0, 1], false).unwrap();
+        assert_eq!(
+            affine_groups(&feeds, &[gm.clone(), sums(&prod), sums(&gm)], &vs),
+            1,
+            "{shape:?}"
+        );
+    }
+}

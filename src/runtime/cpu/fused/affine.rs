@@ -1,15 +1,65 @@
-//! The per-channel affine kernel: runs a group whose program is batch norm's output,
-//! `act((x - a) * s + b [+ r])` with `a`, `s`, `b` repeating with one period (per-channel
-//! values) and `act` nothing, `relu` or `relu` then `minimum(·, c)` (relu6), as one loop
-//! with every value in registers, instead of one stored instruction result at a time. The
-//! per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on constant ops),
-//! so the results are bitwise those of the group's ordinary program. A chunk program of
-//! these five instructions costs ~0.3-0.4 ns an element on one Zen 4 thread with its data
-//! in cache, one loop ~0.1.
+//! Batch norm's kernels: groups whose programs are batch norm's output or the gradient of
+//! a relu6 after it, run as one loop with every value in registers instead of one stored
+//! instruction result at a time. The output is `act((x - a) * s + b [+ r])` with `a`, `s`,
+//! `b` repeating with one period (per-channel values) and `act` nothing, `relu` or `relu`
+//! then `minimum(·, c)` (relu6); the relu6 gradient recomputes that output `y` and writes
+//! `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums its folds
+//! take). The per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on
+//! constant ops), so the results are bitwise those of the group's ordinary program. A
+//! chunk program of the output's five instructions costs ~0.3-0.4 ns an element on one
+//! Zen 4 thread with its data in cache, one loop ~0.1.
 
 use super::exec::{binary_scalar, unary_scalar};
 use super::{Ins, Opd, Out, OUT_BASE};
 use crate::ops::{BinaryOp, UnaryOp};
+
+/// A group's program recognised as one of batch norm's kernels, for one input layout.
+#[derive(Debug)]
+pub(super) enum BnKernel {
+    Affine(AffineKernel),
+    Relu6Grad(Relu6Grad),
+}
+
+/// The relu6 gradient's program (see the module comment), its operands as the program
+/// reads them: `x` and `g` same-size inputs, `a`, `s`, `b` per-channel tiles, the single
+/// values `[z, c, z1, z2]`, and the output slots of `gm` and `gm * (x - a)`.
+#[derive(Debug)]
+pub(super) struct Relu6Grad {
+    x: u16,
+    g: u16,
+    tiles: [u16; 3],
+    scal: [u16; 4],
+    pub(super) outs: [usize; 2],
+}
+
+/// `prog` (in virtual registers, before outputs are written directly: instruction `k`
+/// writes register `k`) as the relu6 gradient, with `outs` its written outputs.
+pub(super) fn recognise_relu6_grad(prog: &[Ins], outs: &[Out]) -> Option<Relu6Grad> {
+    use BinaryOp::{Add, Greater, LessEqual, Mul, Sub};
+    use Opd::{Ext, Reg, Scal, Tile};
+    // The relu and the comparison with `z` read `y` each, in either order.
+    let (x, a, s, b, z, c, g, z1, z2) = match *prog {
+        [Ins::Binary(Sub, Ext(x), Tile(a), 0), Ins::Binary(Mul, Reg(0), Tile(s), 1), Ins::Binary(Add, Reg(1), Tile(b), 2), Ins::Unary(UnaryOp::Relu, Reg(2), 3), Ins::Binary(Greater, Reg(2), Scal(z), 4), Ins::Binary(LessEqual, Reg(3), Scal(c), 5), Ins::Select(Reg(5), Ext(g), Scal(z1), 6), Ins::Select(Reg(4), Reg(6), Scal(z2), 7), Ins::Binary(Mul, Reg(7), Reg(0), 8)]
+        | [Ins::Binary(Sub, Ext(x), Tile(a), 0), Ins::Binary(Mul, Reg(0), Tile(s), 1), Ins::Binary(Add, Reg(1), Tile(b), 2), Ins::Binary(Greater, Reg(2), Scal(z), 3), Ins::Unary(UnaryOp::Relu, Reg(2), 4), Ins::Binary(LessEqual, Reg(4), Scal(c), 5), Ins::Select(Reg(5), Ext(g), Scal(z1), 6), Ins::Select(Reg(3), Reg(6), Scal(z2), 7), Ins::Binary(Mul, Reg(7), Reg(0), 8)] => {
+            (x, a, s, b, z, c, g, z1, z2)
+        }
+        _ => return None,
+    };
+    let slot = |v: u16| {
+        outs.iter()
+            .filter(|o| !matches!(o, Out::Passed(_)))
+            .position(|o| matches!(o, Out::F32(Reg(r)) if *r == v))
+    };
+    let written = outs.iter().filter(|o| !matches!(o, Out::Passed(_))).count();
+    (written == 2).then_some(())?;
+    Some(Relu6Grad {
+        x,
+        g,
+        tiles: [a, s, b],
+        scal: [z, c, z1, z2],
+        outs: [slot(7)?, slot(8)?],
+    })
+}
 
 /// A group's program recognised as a per-channel affine chain, for one input layout.
 #[derive(Debug)]
@@ -134,8 +184,44 @@ pub(super) unsafe fn run(
     }
 }
 
-/// The chain over `[start, end)`, one run of the period at a time (a run's per-channel
-/// values are contiguous, so the loop vectorises without an index modulo).
+/// Lanes computed together: read and written as arrays, which the compiler keeps in one
+/// vector register (an output may be an input's buffer, so no slices of both are made).
+const L: usize = 16;
+
+#[inline(always)]
+unsafe fn load(p: *const f32) -> [f32; L] {
+    std::ptr::read_unaligned(p as *const [f32; L])
+}
+
+#[inline(always)]
+unsafe fn store(p: *mut f32, v: [f32; L]) {
+    std::ptr::write_unaligned(p as *mut [f32; L], v)
+}
+
+/// Runs `f(element, channel, lanes)` over `[start, end)` in runs of the period (a run's
+/// per-channel values are contiguous, so no index modulo), `L` lanes at a time and then
+/// one at a time.
+#[inline(always)]
+fn by_runs(period: usize, start: usize, end: usize, mut f: impl FnMut(usize, usize, usize)) {
+    let mut i = start;
+    let mut j = start % period;
+    while i < end {
+        let run = (period - j).min(end - i);
+        let mut q = 0;
+        while q + L <= run {
+            f(i + q, j + q, L);
+            q += L;
+        }
+        while q < run {
+            f(i + q, j + q, 1);
+            q += 1;
+        }
+        i += run;
+        j = 0;
+    }
+}
+
+/// The chain over `[start, end)`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn rows<const RES: bool, const RELU: bool, const CAP: bool>(
@@ -148,27 +234,89 @@ unsafe fn rows<const RES: bool, const RELU: bool, const CAP: bool>(
     start: usize,
     end: usize,
 ) {
-    let mut i = start;
-    let mut j = start % period;
-    while i < end {
-        let run = (period - j).min(end - i);
-        for q in 0..run {
-            let (e, p) = (i + q, j + q);
-            let mut y = binary_scalar(BinaryOp::Sub, *x.add(e), *t[0].add(p));
-            y = binary_scalar(BinaryOp::Mul, y, *t[1].add(p));
-            y = binary_scalar(BinaryOp::Add, y, *t[2].add(p));
-            if RES {
-                y = binary_scalar(BinaryOp::Add, y, *r.add(e));
-            }
-            if RELU {
-                y = unary_scalar(UnaryOp::Relu, y);
-            }
-            if CAP {
-                y = binary_scalar(BinaryOp::Minimum, y, c);
-            }
-            *out.add(e) = y;
+    let one = |x: f32, a: f32, s: f32, b: f32, r: f32| {
+        let mut y = binary_scalar(BinaryOp::Sub, x, a);
+        y = binary_scalar(BinaryOp::Mul, y, s);
+        y = binary_scalar(BinaryOp::Add, y, b);
+        if RES {
+            y = binary_scalar(BinaryOp::Add, y, r);
         }
-        i += run;
-        j = 0;
-    }
+        if RELU {
+            y = unary_scalar(UnaryOp::Relu, y);
+        }
+        if CAP {
+            y = binary_scalar(BinaryOp::Minimum, y, c);
+        }
+        y
+    };
+    by_runs(period, start, end, |e, p, n| {
+        if n == L {
+            let (xv, av, sv, bv) = (
+                load(x.add(e)),
+                load(t[0].add(p)),
+                load(t[1].add(p)),
+                load(t[2].add(p)),
+            );
+            let rv = if RES { load(r.add(e)) } else { [0.0; L] };
+            let mut y = [0f32; L];
+            for l in 0..L {
+                y[l] = one(xv[l], av[l], sv[l], bv[l], rv[l]);
+            }
+            store(out.add(e), y);
+        } else {
+            let rv = if RES { *r.add(e) } else { 0.0 };
+            *out.add(e) = one(*x.add(e), *t[0].add(p), *t[1].add(p), *t[2].add(p), rv);
+        }
+    });
+}
+
+/// Elements `[start, end)` of the relu6 gradient into the output buffers `out` (slots of
+/// the group's written outputs; a folded one may point before its tile, hence wrapping
+/// offsets). Each element's inputs are read before its outputs are written.
+///
+/// # Safety
+/// `ext` and the outputs address elements `[start, end)`; each tile holds one period.
+#[inline(always)]
+pub(super) unsafe fn run_relu6_grad(
+    k: &Relu6Grad,
+    ext: &[*const f32],
+    tiles: &[(*const f32, usize)],
+    scal: &[f32],
+    out: [*mut f32; 2],
+    start: usize,
+    end: usize,
+) {
+    let (x, g) = (ext[k.x as usize], ext[k.g as usize]);
+    let [a, s, b] = k.tiles.map(|t| tiles[t as usize].0);
+    let period = tiles[k.tiles[0] as usize].1;
+    let [z, c, z1, z2] = k.scal.map(|v| scal[v as usize]);
+    // (gm, gm * (x - a)) of one element.
+    let one = |x: f32, g: f32, a: f32, s: f32, b: f32| {
+        let cx = binary_scalar(BinaryOp::Sub, x, a);
+        let y = binary_scalar(BinaryOp::Mul, cx, s);
+        let y = binary_scalar(BinaryOp::Add, y, b);
+        let ry = unary_scalar(UnaryOp::Relu, y);
+        let pos = binary_scalar(BinaryOp::Greater, y, z);
+        let low = binary_scalar(BinaryOp::LessEqual, ry, c);
+        let kept = if low != 0.0 { g } else { z1 };
+        let gm = if pos != 0.0 { kept } else { z2 };
+        (gm, binary_scalar(BinaryOp::Mul, gm, cx))
+    };
+    let [o0, o1] = out;
+    by_runs(period, start, end, |e, p, n| {
+        if n == L {
+            let (xv, gv) = (load(x.add(e)), load(g.add(e)));
+            let (av, sv, bv) = (load(a.add(p)), load(s.add(p)), load(b.add(p)));
+            let (mut gm, mut prod) = ([0f32; L], [0f32; L]);
+            for l in 0..L {
+                (gm[l], prod[l]) = one(xv[l], gv[l], av[l], sv[l], bv[l]);
+            }
+            store(o0.wrapping_add(e), gm);
+            store(o1.wrapping_add(e), prod);
+        } else {
+            let (gm, prod) = one(*x.add(e), *g.add(e), *a.add(p), *s.add(p), *b.add(p));
+            *o0.wrapping_add(e) = gm;
+            *o1.wrapping_add(e) = prod;
+        }
+    });
 }

@@ -2,7 +2,7 @@
 //! raw pointers into the inputs, outputs and this thread's scratch registers. All of the
 //! fusion kernel's `unsafe` code is here.
 
-use super::affine::{self, AffineKernel};
+use super::affine::{self, BnKernel};
 use super::fold::{fold_exec, FoldRun};
 use super::layout::Layout;
 use super::update::{self, UpdateKernel};
@@ -24,8 +24,8 @@ pub(super) struct Kernel<'a> {
     pub(super) outs: &'a [(Opd, OutBuf)],
     /// A recognised update rule and the outputs' buffers in group output order.
     pub(super) update: Option<(&'a UpdateKernel, &'a [*mut f32])>,
-    /// A recognised per-channel affine chain (its output is `outs[0]`).
-    pub(super) affine: Option<&'a AffineKernel>,
+    /// A recognised batch-norm kernel (writing `outs`).
+    pub(super) bn: Option<&'a BnKernel>,
     /// The group's folds, when they run fused: `exec` then runs tile by tile.
     pub(super) folds: Option<&'a FoldRun>,
 }
@@ -102,10 +102,27 @@ fn exec_chunks_body(k: &Kernel<'_>, regs: *mut f32, start: usize, end: usize) {
         unsafe { update::run(sp, k.ext, k.scal, outs, start, end - start) };
         return;
     }
-    if let (Some(ak), Some((_, OutBuf::F32(out)))) = (k.affine, k.outs.first()) {
-        // SAFETY: the inputs and the output hold n >= end elements each, a tile one period.
-        unsafe { affine::run(ak, k.ext, k.tiles, k.scal, *out, start, end) };
-        return;
+    let f32_out = |s: usize| match k.outs.get(s) {
+        Some((_, OutBuf::F32(p))) => Some(*p),
+        Some((_, OutBuf::Bool(_))) | None => None,
+    };
+    match k.bn {
+        Some(BnKernel::Affine(ak)) => {
+            if let Some(out) = f32_out(0) {
+                // SAFETY: the inputs and the output hold n >= end elements each, a tile
+                // one period.
+                unsafe { affine::run(ak, k.ext, k.tiles, k.scal, out, start, end) };
+                return;
+            }
+        }
+        Some(BnKernel::Relu6Grad(rg)) => {
+            if let (Some(o0), Some(o1)) = (f32_out(rg.outs[0]), f32_out(rg.outs[1])) {
+                // SAFETY: as above; a folded output points before its tile by `start`.
+                unsafe { affine::run_relu6_grad(rg, k.ext, k.tiles, k.scal, [o0, o1], start, end) };
+                return;
+            }
+        }
+        None => {}
     }
     let mut off = start;
     while off < end {

@@ -3,7 +3,7 @@
 //! loads, the outputs and the inputs whose buffers may be reused), cached per group
 //! (`Programs`, which the executor keeps with the plan).
 
-use super::affine::{recognise, AffineKernel};
+use super::affine::{recognise, recognise_relu6_grad, BnKernel};
 use super::layout::{fused_op, gather_layout, member_shapes, periodic, slice_layout, Layout};
 use super::regalloc::{allocate, operands};
 use super::update::{lower, UpdateKernel};
@@ -67,8 +67,8 @@ pub(super) struct Body {
     pub(super) reusable: Vec<usize>,
     /// The group's update rule, lowered for this layout: run with its values in registers.
     pub(super) update: Option<UpdateKernel>,
-    /// The program as a per-channel affine chain (batch norm's output), run as one loop.
-    pub(super) affine: Option<AffineKernel>,
+    /// The program as one of batch norm's kernels (`affine`), run as one loop.
+    pub(super) bn: Option<BnKernel>,
 }
 
 /// The program of `g` for the inputs now in `slots`: cached, or compiled and cached.
@@ -300,6 +300,11 @@ fn compile(
                 && outs.iter().all(|o| matches!(o, Out::F32(_)))
         })
         .and_then(|u| lower(u, g, &inputs));
+    let relu6_grad = if update.is_none() {
+        recognise_relu6_grad(&prog, &outs)
+    } else {
+        None
+    };
     direct_writes(&mut prog, &mut outs, &reusable, &inputs);
     // Register allocation: a register is free after its last reader; outputs live to the end.
     let out_opds: Vec<Opd> = outs
@@ -317,10 +322,10 @@ fn compile(
             Out::Passed(_) => {}
         }
     }
-    let affine = if g.folds.is_empty() && update.is_none() {
-        recognise(&prog, &outs)
-    } else {
-        None
+    let bn = match relu6_grad {
+        Some(k) => Some(BnKernel::Relu6Grad(k)),
+        None if update.is_none() => recognise(&prog, &outs).map(BnKernel::Affine),
+        None => None,
     };
     Ok(Some(Body {
         shape,
@@ -337,7 +342,7 @@ fn compile(
         outs,
         reusable,
         update,
-        affine,
+        bn,
     }))
 }
 
@@ -426,12 +431,12 @@ pub fn rules_of(programs: &Programs) -> Vec<crate::compile::update_rule::Rule> {
         .collect()
 }
 
-/// How many of the programs compiled so far for a group run as a per-channel affine chain.
+/// How many of the programs compiled so far for a group run as one of batch norm's kernels.
 #[cfg(test)]
 pub fn affine_chains(programs: &Programs) -> usize {
     let cache = programs.0.lock().unwrap_or_else(|e| e.into_inner());
     cache
         .iter()
-        .filter(|p| p.body.as_ref().is_some_and(|b| b.affine.is_some()))
+        .filter(|p| p.body.as_ref().is_some_and(|b| b.bn.is_some()))
         .count()
 }

@@ -223,7 +223,7 @@ pub(super) fn run_driven(
             scal: &scal,
             outs: &out,
             update: None,
-            affine: None,
+            bn: None,
             folds: None,
         };
         exec(&kern, 0, len);
@@ -292,7 +292,7 @@ pub(super) fn run_driven(
         scal: &scal,
         outs: &outs,
         update,
-        affine: b.affine.as_ref(),
+        bn: b.bn.as_ref(),
         folds: folds.as_ref(),
     };
     drive(&kern, &b.shape);
