@@ -782,8 +782,9 @@ fn batch_norm_outputs_run_as_affine_chains_bitwise_equal() {
 }
 
 #[test]
-fn relu6_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
-    // gm = y > 0 ? (relu(y) <= 6 ? g : 0) : 0 and gm * (x - a), y = (x - a) * s + b: as
+fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
+    // gm = y > 0 ? (relu(y) <= 6 ? g : 0) : 0 (relu6; relu: y > 0 ? g : 0) and gm * (x - a),
+    // y = (x - a) * s + b: as
     // outputs, and with their per-channel sums folded (the second then only in tiles);
     // special values in every input, a chunk's worth and less, the parallel path.
     use crate::ops::ReduceOp;
@@ -819,5 +820,16 @@ fn relu6_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
             1,
             "{shape:?}"
         );
+        // A relu's gradient: its mask and product written, both summed, the product's sums
+        // alone.
+        let gm = select(&pos, &g, &c(0.0)).unwrap();
+        let prod = mul(&gm, &cx).unwrap();
+        for outs in [
+            vec![gm.clone(), prod.clone()],
+            vec![sums(&prod), sums(&gm)],
+            vec![sums(&prod)],
+        ] {
+            assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
+        }
     }
 }

@@ -1,10 +1,10 @@
 //! Batch norm's kernels: groups whose programs are batch norm's output or the gradient of
-//! a relu6 after it, run as one loop with every value in registers instead of one stored
+//! a relu or relu6 after it, run as one loop with every value in registers instead of one stored
 //! instruction result at a time. The output is `act((x - a) * s + b [+ r])` with `a`, `s`,
 //! `b` repeating with one period (per-channel values) and `act` nothing, `relu` or `relu`
 //! then `minimum(·, c)` (relu6); the relu6 gradient recomputes that output `y` and writes
 //! `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums its folds
-//! take). The per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on
+//! take), the relu gradient `gm = y > z ? g : z1` and the same product. The per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on
 //! constant ops), so the results are bitwise those of the group's ordinary program. A
 //! chunk program of the output's five instructions costs ~0.3-0.4 ns an element on one
 //! Zen 4 thread with its data in cache, one loop ~0.1.
@@ -17,47 +17,62 @@ use crate::ops::{BinaryOp, UnaryOp};
 #[derive(Debug)]
 pub(super) enum BnKernel {
     Affine(AffineKernel),
-    Relu6Grad(Relu6Grad),
+    ReluGrad(ReluGrad),
 }
 
-/// The relu6 gradient's program (see the module comment), its operands as the program
-/// reads them: `x` and `g` same-size inputs, `a`, `s`, `b` per-channel tiles, the single
-/// values `[z, c, z1, z2]`, and the output slots of `gm` and `gm * (x - a)`.
+/// The gradient of a relu or relu6 after batch norm (see the module comment), its operands
+/// as the program reads them: `x` and `g` same-size inputs, `a`, `s`, `b` per-channel tiles,
+/// the single values `z`, `z1` and, for relu6, `(c, z2)`; the output slots of `gm` (where
+/// the group writes it) and of `gm * (x - a)`.
 #[derive(Debug)]
-pub(super) struct Relu6Grad {
+pub(super) struct ReluGrad {
     x: u16,
     g: u16,
     tiles: [u16; 3],
-    scal: [u16; 4],
-    pub(super) outs: [usize; 2],
+    z: u16,
+    z1: u16,
+    cap: Option<(u16, u16)>,
+    pub(super) gm_out: Option<usize>,
+    pub(super) prod_out: usize,
 }
 
 /// `prog` (in virtual registers, before outputs are written directly: instruction `k`
-/// writes register `k`) as the relu6 gradient, with `outs` its written outputs.
-pub(super) fn recognise_relu6_grad(prog: &[Ins], outs: &[Out]) -> Option<Relu6Grad> {
+/// writes register `k`) as a relu or relu6 gradient, with `outs` its written outputs.
+pub(super) fn recognise_relu_grad(prog: &[Ins], outs: &[Out]) -> Option<ReluGrad> {
     use BinaryOp::{Add, Greater, LessEqual, Mul, Sub};
     use Opd::{Ext, Reg, Scal, Tile};
-    // The relu and the comparison with `z` read `y` each, in either order.
-    let (x, a, s, b, z, c, g, z1, z2) = match *prog {
+    // For relu6, the relu and the comparison with `z` read `y` each, in either order.
+    let (x, a, s, b, z, g, z1, cap, gm, prod) = match *prog {
         [Ins::Binary(Sub, Ext(x), Tile(a), 0), Ins::Binary(Mul, Reg(0), Tile(s), 1), Ins::Binary(Add, Reg(1), Tile(b), 2), Ins::Unary(UnaryOp::Relu, Reg(2), 3), Ins::Binary(Greater, Reg(2), Scal(z), 4), Ins::Binary(LessEqual, Reg(3), Scal(c), 5), Ins::Select(Reg(5), Ext(g), Scal(z1), 6), Ins::Select(Reg(4), Reg(6), Scal(z2), 7), Ins::Binary(Mul, Reg(7), Reg(0), 8)]
         | [Ins::Binary(Sub, Ext(x), Tile(a), 0), Ins::Binary(Mul, Reg(0), Tile(s), 1), Ins::Binary(Add, Reg(1), Tile(b), 2), Ins::Binary(Greater, Reg(2), Scal(z), 3), Ins::Unary(UnaryOp::Relu, Reg(2), 4), Ins::Binary(LessEqual, Reg(4), Scal(c), 5), Ins::Select(Reg(5), Ext(g), Scal(z1), 6), Ins::Select(Reg(3), Reg(6), Scal(z2), 7), Ins::Binary(Mul, Reg(7), Reg(0), 8)] => {
-            (x, a, s, b, z, c, g, z1, z2)
+            (x, a, s, b, z, g, z1, Some((c, z2)), 7, 8)
+        }
+        [Ins::Binary(Sub, Ext(x), Tile(a), 0), Ins::Binary(Mul, Reg(0), Tile(s), 1), Ins::Binary(Add, Reg(1), Tile(b), 2), Ins::Binary(Greater, Reg(2), Scal(z), 3), Ins::Select(Reg(3), Ext(g), Scal(z1), 4), Ins::Binary(Mul, Reg(4), Reg(0), 5)] => {
+            (x, a, s, b, z, g, z1, None, 4, 5)
         }
         _ => return None,
     };
+    let written: Vec<&Out> = outs
+        .iter()
+        .filter(|o| !matches!(o, Out::Passed(_)))
+        .collect();
     let slot = |v: u16| {
-        outs.iter()
-            .filter(|o| !matches!(o, Out::Passed(_)))
+        written
+            .iter()
             .position(|o| matches!(o, Out::F32(Reg(r)) if *r == v))
     };
-    let written = outs.iter().filter(|o| !matches!(o, Out::Passed(_))).count();
-    (written == 2).then_some(())?;
-    Some(Relu6Grad {
+    let (gm_out, prod_out) = (slot(gm), slot(prod)?);
+    // Nothing else written: the mask is `gm`'s, or no output at all.
+    (written.len() == 1 + gm_out.is_some() as usize).then_some(())?;
+    Some(ReluGrad {
         x,
         g,
         tiles: [a, s, b],
-        scal: [z, c, z1, z2],
-        outs: [slot(7)?, slot(8)?],
+        z,
+        z1,
+        cap,
+        gm_out,
+        prod_out,
     })
 }
 
@@ -270,15 +285,34 @@ unsafe fn rows<const RES: bool, const RELU: bool, const CAP: bool>(
     });
 }
 
-/// Elements `[start, end)` of the relu6 gradient into the output buffers `out` (slots of
-/// the group's written outputs; a folded one may point before its tile, hence wrapping
-/// offsets). Each element's inputs are read before its outputs are written.
+/// Elements `[start, end)` of the relu or relu6 gradient into the output buffers `out`
+/// (`gm`'s, unused where the group does not write it, and the product's; a folded one may
+/// point before its tile, hence wrapping offsets). Each element's inputs are read before
+/// its outputs are written.
 ///
 /// # Safety
 /// `ext` and the outputs address elements `[start, end)`; each tile holds one period.
 #[inline(always)]
-pub(super) unsafe fn run_relu6_grad(
-    k: &Relu6Grad,
+pub(super) unsafe fn run_relu_grad(
+    k: &ReluGrad,
+    ext: &[*const f32],
+    tiles: &[(*const f32, usize)],
+    scal: &[f32],
+    out: [*mut f32; 2],
+    start: usize,
+    end: usize,
+) {
+    match (k.cap.is_some(), k.gm_out.is_some()) {
+        (true, true) => relu_grad::<true, true>(k, ext, tiles, scal, out, start, end),
+        (true, false) => relu_grad::<true, false>(k, ext, tiles, scal, out, start, end),
+        (false, true) => relu_grad::<false, true>(k, ext, tiles, scal, out, start, end),
+        (false, false) => relu_grad::<false, false>(k, ext, tiles, scal, out, start, end),
+    }
+}
+
+#[inline(always)]
+unsafe fn relu_grad<const CAP: bool, const GM: bool>(
+    k: &ReluGrad,
     ext: &[*const f32],
     tiles: &[(*const f32, usize)],
     scal: &[f32],
@@ -289,17 +323,30 @@ pub(super) unsafe fn run_relu6_grad(
     let (x, g) = (ext[k.x as usize], ext[k.g as usize]);
     let [a, s, b] = k.tiles.map(|t| tiles[t as usize].0);
     let period = tiles[k.tiles[0] as usize].1;
-    let [z, c, z1, z2] = k.scal.map(|v| scal[v as usize]);
+    let (z, z1) = (scal[k.z as usize], scal[k.z1 as usize]);
+    let (c, z2) = k
+        .cap
+        .map_or((0.0, 0.0), |(c, z2)| (scal[c as usize], scal[z2 as usize]));
     // (gm, gm * (x - a)) of one element.
     let one = |x: f32, g: f32, a: f32, s: f32, b: f32| {
         let cx = binary_scalar(BinaryOp::Sub, x, a);
         let y = binary_scalar(BinaryOp::Mul, cx, s);
         let y = binary_scalar(BinaryOp::Add, y, b);
-        let ry = unary_scalar(UnaryOp::Relu, y);
         let pos = binary_scalar(BinaryOp::Greater, y, z);
-        let low = binary_scalar(BinaryOp::LessEqual, ry, c);
-        let kept = if low != 0.0 { g } else { z1 };
-        let gm = if pos != 0.0 { kept } else { z2 };
+        let gm = if CAP {
+            let ry = unary_scalar(UnaryOp::Relu, y);
+            let low = binary_scalar(BinaryOp::LessEqual, ry, c);
+            let kept = if low != 0.0 { g } else { z1 };
+            if pos != 0.0 {
+                kept
+            } else {
+                z2
+            }
+        } else if pos != 0.0 {
+            g
+        } else {
+            z1
+        };
         (gm, binary_scalar(BinaryOp::Mul, gm, cx))
     };
     let [o0, o1] = out;
@@ -311,11 +358,15 @@ pub(super) unsafe fn run_relu6_grad(
             for l in 0..L {
                 (gm[l], prod[l]) = one(xv[l], gv[l], av[l], sv[l], bv[l]);
             }
-            store(o0.wrapping_add(e), gm);
+            if GM {
+                store(o0.wrapping_add(e), gm);
+            }
             store(o1.wrapping_add(e), prod);
         } else {
             let (gm, prod) = one(*x.add(e), *g.add(e), *a.add(p), *s.add(p), *b.add(p));
-            *o0.wrapping_add(e) = gm;
+            if GM {
+                *o0.wrapping_add(e) = gm;
+            }
             *o1.wrapping_add(e) = prod;
         }
     });

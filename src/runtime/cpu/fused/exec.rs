@@ -115,10 +115,11 @@ fn exec_chunks_body(k: &Kernel<'_>, regs: *mut f32, start: usize, end: usize) {
                 return;
             }
         }
-        Some(BnKernel::Relu6Grad(rg)) => {
-            if let (Some(o0), Some(o1)) = (f32_out(rg.outs[0]), f32_out(rg.outs[1])) {
+        Some(BnKernel::ReluGrad(rg)) => {
+            let gm = rg.gm_out.map_or(Some(std::ptr::null_mut()), f32_out);
+            if let (Some(o0), Some(o1)) = (gm, f32_out(rg.prod_out)) {
                 // SAFETY: as above; a folded output points before its tile by `start`.
-                unsafe { affine::run_relu6_grad(rg, k.ext, k.tiles, k.scal, [o0, o1], start, end) };
+                unsafe { affine::run_relu_grad(rg, k.ext, k.tiles, k.scal, [o0, o1], start, end) };
                 return;
             }
         }

@@ -21,7 +21,7 @@
 //! - `epilogue`: groups run image by image after a conv or pool;
 //! - `fold`: sums and means folded into the pass;
 //! - `update`: the kernel of optimizer update rules (`compile::update_rule`);
-//! - `affine`: batch norm's kernels (its output, a relu6's gradient after it);
+//! - `affine`: batch norm's kernels (its output, a relu or relu6 gradient after it);
 //! - `exec`: the unsafe chunk executor.
 
 mod affine;
