@@ -740,24 +740,39 @@ fn affine_groups(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> usize {
     f.cpu.programs(&f.plan).iter().map(affine_chains).sum()
 }
 
+/// Batch-norm activations `[batch, rows, channels]`: below one chunk, periods that do not
+/// divide a chunk over many chunks, and enough elements for the parallel path (tasks
+/// starting mid-period).
+const BN_SHAPES: [[usize; 3]; 3] = [[2, 3, 7], [40, 50, 7], [8, 4096, 24]];
+
+/// Placeholders `[x, y, a, s, b]` (two activations of `shape` with an unknown batch, three
+/// per-channel values) and values for them, special values in each.
+fn bn_feeds(shape: [usize; 3]) -> ([Tensor; 5], [Value; 5]) {
+    let c_dims = [Some(shape[2])];
+    let dims = [None, Some(shape[1]), Some(shape[2])];
+    let feeds = [
+        ph("x", &dims),
+        ph("y", &dims),
+        ph("a", &c_dims),
+        ph("s", &c_dims),
+        ph("b", &c_dims),
+    ];
+    let vs = [
+        data(&shape, 1),
+        data(&shape, 2),
+        data(&shape[2..], 3),
+        data(&shape[2..], 4),
+        data(&shape[2..], 5),
+    ];
+    (feeds, vs)
+}
+
 #[test]
 fn batch_norm_outputs_run_as_affine_chains_bitwise_equal() {
-    // `act((x - a) * s + b [+ r])` per channel, act nothing, relu or relu6, with special
-    // values in every input: below one chunk, periods that do not divide a chunk over many
-    // chunks, and enough elements for the parallel path (tasks starting mid-period).
-    for shape in [[2usize, 3, 7], [40, 50, 7], [8, 4096, 24]] {
-        let c_dims = [Some(shape[2])];
-        let dims = [None, Some(shape[1]), Some(shape[2])];
-        let (x, r) = (ph("x", &dims), ph("r", &dims));
-        let (a, s, b) = (ph("a", &c_dims), ph("s", &c_dims), ph("b", &c_dims));
-        let vs = [
-            data(&shape, 1),
-            data(&shape, 2),
-            data(&shape[2..], 3),
-            data(&shape[2..], 4),
-            data(&shape[2..], 5),
-        ];
-        let feeds = [x.clone(), r.clone(), a.clone(), s.clone(), b.clone()];
+    // `act((x - a) * s + b [+ r])` per channel, act nothing, relu or relu6.
+    for shape in BN_SHAPES {
+        let (feeds, vs) = bn_feeds(shape);
+        let [x, r, a, s, b] = feeds.clone();
         let y = add(&mul(&sub(&x, &a).unwrap(), &s).unwrap(), &b).unwrap();
         let relu = |t: &Tensor| unary(UnaryOp::Relu, t).unwrap();
         let relu6 = |t: &Tensor| binary(BinaryOp::Minimum, &relu(t), &c(6.0)).unwrap();
@@ -784,23 +799,12 @@ fn batch_norm_outputs_run_as_affine_chains_bitwise_equal() {
 #[test]
 fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
     // gm = y > 0 ? (relu(y) <= 6 ? g : 0) : 0 (relu6; relu: y > 0 ? g : 0) and gm * (x - a),
-    // y = (x - a) * s + b: as
-    // outputs, and with their per-channel sums folded (the second then only in tiles);
-    // special values in every input, a chunk's worth and less, the parallel path.
+    // y = (x - a) * s + b: as outputs, and with their per-channel sums folded (the second
+    // then only in tiles).
     use crate::ops::ReduceOp;
-    for shape in [[2usize, 3, 7], [40, 50, 7], [8, 4096, 24]] {
-        let c_dims = [Some(shape[2])];
-        let dims = [None, Some(shape[1]), Some(shape[2])];
-        let (x, g) = (ph("x", &dims), ph("g", &dims));
-        let (a, s, b) = (ph("a", &c_dims), ph("s", &c_dims), ph("b", &c_dims));
-        let vs = [
-            data(&shape, 1),
-            data(&shape, 2),
-            data(&shape[2..], 3),
-            data(&shape[2..], 4),
-            data(&shape[2..], 5),
-        ];
-        let feeds = [x.clone(), g.clone(), a.clone(), s.clone(), b.clone()];
+    for shape in BN_SHAPES {
+        let (feeds, vs) = bn_feeds(shape);
+        let [x, g, a, s, b] = feeds.clone();
         let cx = sub(&x, &a).unwrap();
         let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
         let ry = unary(UnaryOp::Relu, &y).unwrap();

@@ -297,32 +297,43 @@ pub(super) unsafe fn run_relu_grad(
     start: usize,
     end: usize,
 ) {
+    let (c, z2) = k
+        .cap
+        .map_or((0.0, 0.0), |(c, z2)| (scal[c as usize], scal[z2 as usize]));
+    let o = GradOperands {
+        x: ext[k.x as usize],
+        g: ext[k.g as usize],
+        t: k.tiles.map(|t| tiles[t as usize].0),
+        period: tiles[k.tiles[0] as usize].1,
+        consts: [scal[k.z as usize], scal[k.z1 as usize], c, z2],
+    };
     match (k.cap.is_some(), k.gm_out.is_some()) {
-        (true, true) => relu_grad::<true, true>(k, ext, tiles, scal, out, start, end),
-        (true, false) => relu_grad::<true, false>(k, ext, tiles, scal, out, start, end),
-        (false, true) => relu_grad::<false, true>(k, ext, tiles, scal, out, start, end),
-        (false, false) => relu_grad::<false, false>(k, ext, tiles, scal, out, start, end),
+        (true, true) => relu_grad::<true, true>(&o, out, start, end),
+        (true, false) => relu_grad::<true, false>(&o, out, start, end),
+        (false, true) => relu_grad::<false, true>(&o, out, start, end),
+        (false, false) => relu_grad::<false, false>(&o, out, start, end),
     }
+}
+
+/// The relu gradient's operands for one run: same-size `x` and `g`, the tiles `a`, `s`,
+/// `b` and their period, the single values `[z, z1, c, z2]`.
+struct GradOperands {
+    x: *const f32,
+    g: *const f32,
+    t: [*const f32; 3],
+    period: usize,
+    consts: [f32; 4],
 }
 
 #[inline(always)]
 unsafe fn relu_grad<const CAP: bool, const GM: bool>(
-    k: &ReluGrad,
-    ext: &[*const f32],
-    tiles: &[(*const f32, usize)],
-    scal: &[f32],
+    o: &GradOperands,
     out: [*mut f32; 2],
     start: usize,
     end: usize,
 ) {
-    let (x, g) = (ext[k.x as usize], ext[k.g as usize]);
-    let [a, s, b] = k.tiles.map(|t| tiles[t as usize].0);
-    let period = tiles[k.tiles[0] as usize].1;
-    let (z, z1) = (scal[k.z as usize], scal[k.z1 as usize]);
-    let (c, z2) = k
-        .cap
-        .map_or((0.0, 0.0), |(c, z2)| (scal[c as usize], scal[z2 as usize]));
-    // (gm, gm * (x - a)) of one element.
+    let (x, g, [a, s, b], period) = (o.x, o.g, o.t, o.period);
+    let [z, z1, c, z2] = o.consts;
     let one = |x: f32, g: f32, a: f32, s: f32, b: f32| {
         relu_grad_one::<CAP>(x, g, a, s, b, [z, z1, c, z2])
     };
