@@ -1,13 +1,14 @@
 //! Batch norm's kernels: groups whose programs are batch norm's output or the gradient of
-//! a relu or relu6 after it, run as one loop with every value in registers instead of one stored
-//! instruction result at a time. The output is `act((x - a) * s + b [+ r])` with `a`, `s`,
-//! `b` repeating with one period (per-channel values) and `act` nothing, `relu` or `relu`
-//! then `minimum(·, c)` (relu6); the relu6 gradient recomputes that output `y` and writes
-//! `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums its folds
-//! take), the relu gradient `gm = y > z ? g : z1` and the same product. The per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on
-//! constant ops), so the results are bitwise those of the group's ordinary program. A
-//! chunk program of the output's five instructions costs ~0.3-0.4 ns an element on one
-//! Zen 4 thread with its data in cache, one loop ~0.1.
+//! a relu or relu6 after it, run as one loop with every value in registers instead of one
+//! stored instruction result at a time. The output is `act((x - a) * s + b [+ r])` with
+//! `a`, `s`, `b` repeating with one period (per-channel values) and `act` nothing, `relu`
+//! or `relu` then `minimum(·, c)` (relu6); the relu6 gradient recomputes that output `y`
+//! and writes `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums
+//! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product. The
+//! per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on constant ops),
+//! so the results are bitwise those of the group's ordinary program. A chunk program of
+//! the output's five instructions costs ~0.3-0.4 ns an element on one Zen 4 thread with
+//! its data in cache, one loop ~0.1.
 
 use super::exec::{binary_scalar, unary_scalar};
 use super::{Ins, Opd, Out, OUT_BASE};
