@@ -41,15 +41,48 @@ pub(super) struct ReluGrad {
 /// writes register `k`) as a relu or relu6 gradient, with `outs` its written outputs.
 pub(super) fn recognise_relu_grad(prog: &[Ins], outs: &[Out]) -> Option<ReluGrad> {
     use BinaryOp::{Add, Greater, LessEqual, Mul, Sub};
+    use Ins::{Binary as Bin, Select as Sel, Unary as Un};
     use Opd::{Ext, Reg, Scal, Tile};
-    // For relu6, the relu and the comparison with `z` read `y` each, in either order.
-    let (x, a, s, b, z, g, z1, cap, gm, prod) = match *prog {
-        [Ins::Binary(Sub, Ext(x), Tile(a), 0), Ins::Binary(Mul, Reg(0), Tile(s), 1), Ins::Binary(Add, Reg(1), Tile(b), 2), Ins::Unary(UnaryOp::Relu, Reg(2), 3), Ins::Binary(Greater, Reg(2), Scal(z), 4), Ins::Binary(LessEqual, Reg(3), Scal(c), 5), Ins::Select(Reg(5), Ext(g), Scal(z1), 6), Ins::Select(Reg(4), Reg(6), Scal(z2), 7), Ins::Binary(Mul, Reg(7), Reg(0), 8)]
-        | [Ins::Binary(Sub, Ext(x), Tile(a), 0), Ins::Binary(Mul, Reg(0), Tile(s), 1), Ins::Binary(Add, Reg(1), Tile(b), 2), Ins::Binary(Greater, Reg(2), Scal(z), 3), Ins::Unary(UnaryOp::Relu, Reg(2), 4), Ins::Binary(LessEqual, Reg(4), Scal(c), 5), Ins::Select(Reg(5), Ext(g), Scal(z1), 6), Ins::Select(Reg(3), Reg(6), Scal(z2), 7), Ins::Binary(Mul, Reg(7), Reg(0), 8)] => {
-            (x, a, s, b, z, g, z1, Some((c, z2)), 7, 8)
+    use UnaryOp::Relu;
+    // y = (x - a) * s + b, then the mask and the product.
+    // (rustfmt puts a slice pattern on one line, however long.)
+    #[rustfmt::skip]
+    let [
+        Bin(Sub, Ext(x), Tile(a), 0),
+        Bin(Mul, Reg(0), Tile(s), 1),
+        Bin(Add, Reg(1), Tile(b), 2),
+        ref tail @ ..,
+    ] = *prog else {
+        return None;
+    };
+    #[rustfmt::skip]
+    let (z, g, z1, cap, gm, prod) = match *tail {
+        // relu6: the relu and the comparison with `z` read `y` each, in either order.
+        [
+            Un(Relu, Reg(2), 3),
+            Bin(Greater, Reg(2), Scal(z), 4),
+            Bin(LessEqual, Reg(3), Scal(c), 5),
+            Sel(Reg(5), Ext(g), Scal(z1), 6),
+            Sel(Reg(4), Reg(6), Scal(z2), 7),
+            Bin(Mul, Reg(7), Reg(0), 8),
+        ]
+        | [
+            Bin(Greater, Reg(2), Scal(z), 3),
+            Un(Relu, Reg(2), 4),
+            Bin(LessEqual, Reg(4), Scal(c), 5),
+            Sel(Reg(5), Ext(g), Scal(z1), 6),
+            Sel(Reg(3), Reg(6), Scal(z2), 7),
+            Bin(Mul, Reg(7), Reg(0), 8),
+        ] => {
+            (z, g, z1, Some((c, z2)), 7, 8)
         }
-        [Ins::Binary(Sub, Ext(x), Tile(a), 0), Ins::Binary(Mul, Reg(0), Tile(s), 1), Ins::Binary(Add, Reg(1), Tile(b), 2), Ins::Binary(Greater, Reg(2), Scal(z), 3), Ins::Select(Reg(3), Ext(g), Scal(z1), 4), Ins::Binary(Mul, Reg(4), Reg(0), 5)] => {
-            (x, a, s, b, z, g, z1, None, 4, 5)
+        // relu.
+        [
+            Bin(Greater, Reg(2), Scal(z), 3),
+            Sel(Reg(3), Ext(g), Scal(z1), 4),
+            Bin(Mul, Reg(4), Reg(0), 5),
+        ] => {
+            (z, g, z1, None, 4, 5)
         }
         _ => return None,
     };
