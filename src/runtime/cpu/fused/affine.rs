@@ -11,40 +11,52 @@
 //! its data in cache, one loop ~0.1.
 
 use super::exec::{binary_scalar, unary_scalar};
-use super::{Ins, Opd, Out, OUT_BASE};
+use super::{Ins, Opd, Out, OutBuf};
 use crate::ops::{BinaryOp, UnaryOp};
 
 /// A group's program recognised as one of batch norm's kernels, for one input layout.
 #[derive(Debug)]
 pub(super) enum BnKernel {
-    Affine(AffineKernel),
-    ReluGrad(ReluGrad),
+    /// `act((x - a) * s + b [+ r])`, the group's only output.
+    Affine {
+        head: Head,
+        /// A same-size input added after the shift (a residual), if any.
+        residual: Option<u16>,
+        relu: bool,
+        /// The single value the relu's result is capped at, if any.
+        cap: Option<u16>,
+    },
+    /// The gradient of a relu or relu6 after it: `g` a same-size input, the single values
+    /// `z`, `z1` and, for relu6, `(c, z2)`; the output slots of `gm` (where the group writes
+    /// it) and of `gm * (x - a)`.
+    ReluGrad {
+        head: Head,
+        g: u16,
+        z: u16,
+        z1: u16,
+        cap: Option<(u16, u16)>,
+        gm_out: Option<usize>,
+        prod_out: usize,
+    },
 }
 
-/// The gradient of a relu or relu6 after batch norm (see the module comment), its operands
-/// as the program reads them: `x` and `g` same-size inputs, `a`, `s`, `b` per-channel tiles,
-/// the single values `z`, `z1` and, for relu6, `(c, z2)`; the output slots of `gm` (where
-/// the group writes it) and of `gm * (x - a)`.
+/// `y = (x - a) * s + b`, which both kernels start with: `x` a same-size input (an
+/// `Opd::Ext` index), `a`, `s`, `b` per-channel values (`Opd::Tile` indices).
 #[derive(Debug)]
-pub(super) struct ReluGrad {
+pub(super) struct Head {
     x: u16,
-    g: u16,
     tiles: [u16; 3],
-    z: u16,
-    z1: u16,
-    cap: Option<(u16, u16)>,
-    pub(super) gm_out: Option<usize>,
-    pub(super) prod_out: usize,
 }
 
 /// `prog` (in virtual registers, before outputs are written directly: instruction `k`
-/// writes register `k`) as a relu or relu6 gradient, with `outs` its written outputs.
-pub(super) fn recognise_relu_grad(prog: &[Ins], outs: &[Out]) -> Option<ReluGrad> {
-    use BinaryOp::{Add, Greater, LessEqual, Mul, Sub};
+/// writes register `k`, and reads the one before as its first operand) as one of batch
+/// norm's kernels, with `outs` the group's outputs. Operand order is kept as the program
+/// has it, so even a NaN's payload is the program's.
+pub(super) fn recognise(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
+    use BinaryOp::{Add, Greater, LessEqual, Minimum, Mul, Sub};
     use Ins::{Binary as Bin, Select as Sel, Unary as Un};
     use Opd::{Ext, Reg, Scal, Tile};
     use UnaryOp::Relu;
-    // y = (x - a) * s + b, then the mask and the product.
     // (rustfmt puts a slice pattern on one line, however long.)
     #[rustfmt::skip]
     let [
@@ -55,8 +67,21 @@ pub(super) fn recognise_relu_grad(prog: &[Ins], outs: &[Out]) -> Option<ReluGrad
     ] = *prog else {
         return None;
     };
+    let head = Head {
+        x,
+        tiles: [a, s, b],
+    };
+    let written: Vec<&Out> = outs
+        .iter()
+        .filter(|o| !matches!(o, Out::Passed(_)))
+        .collect();
+    let slot = |v: usize| {
+        written
+            .iter()
+            .position(|o| matches!(o, Out::F32(Reg(r)) if *r as usize == v))
+    };
     #[rustfmt::skip]
-    let (z, g, z1, cap, gm, prod) = match *tail {
+    let grad = match *tail {
         // relu6: the relu and the comparison with `z` read `y` each, in either order.
         [
             Un(Relu, Reg(2), 3),
@@ -73,164 +98,156 @@ pub(super) fn recognise_relu_grad(prog: &[Ins], outs: &[Out]) -> Option<ReluGrad
             Sel(Reg(5), Ext(g), Scal(z1), 6),
             Sel(Reg(3), Reg(6), Scal(z2), 7),
             Bin(Mul, Reg(7), Reg(0), 8),
-        ] => {
-            (z, g, z1, Some((c, z2)), 7, 8)
-        }
+        ] => Some((g, z, z1, Some((c, z2)))),
         // relu.
         [
             Bin(Greater, Reg(2), Scal(z), 3),
             Sel(Reg(3), Ext(g), Scal(z1), 4),
             Bin(Mul, Reg(4), Reg(0), 5),
-        ] => {
-            (z, g, z1, None, 4, 5)
-        }
-        _ => return None,
+        ] => Some((g, z, z1, None)),
+        _ => None,
     };
-    let written: Vec<&Out> = outs
+    if let Some((g, z, z1, cap)) = grad {
+        // `gm` is the second instruction from the end, the product the last.
+        let (gm_out, prod_out) = (slot(prog.len() - 2), slot(prog.len() - 1)?);
+        // Nothing else written: the mask is `gm`'s, or no output at all.
+        return (written.len() == 1 + gm_out.is_some() as usize).then_some(BnKernel::ReluGrad {
+            head,
+            g,
+            z,
+            z1,
+            cap,
+            gm_out,
+            prod_out,
+        });
+    }
+    // The output: then optionally `Add(·, r)`, `Relu`, `Minimum(·, c)`, each reading the
+    // instruction before; the last is the group's only output.
+    let mut rest = tail
         .iter()
-        .filter(|o| !matches!(o, Out::Passed(_)))
-        .collect();
-    let slot = |v: u16| {
-        written
-            .iter()
-            .position(|o| matches!(o, Out::F32(Reg(r)) if *r == v))
+        .copied()
+        .enumerate()
+        .map(|(k, ins)| (k as u16 + 3, ins))
+        .peekable();
+    let mut residual = None;
+    if let Some((3, Bin(Add, Reg(2), Ext(r), 3))) = rest.peek().copied() {
+        residual = Some(r);
+        rest.next();
+    }
+    let (mut relu, mut cap) = (false, None);
+    if let Some((k, Un(Relu, Reg(p), d))) = rest.peek().copied() {
+        if p + 1 != k || d != k {
+            return None;
+        }
+        relu = true;
+        rest.next();
+        if let Some((k, Bin(Minimum, Reg(p), Scal(c), d))) = rest.next() {
+            if p + 1 != k || d != k {
+                return None;
+            }
+            cap = Some(c);
+        }
+    }
+    let [Out::F32(Reg(out))] = *outs else {
+        return None;
     };
-    let (gm_out, prod_out) = (slot(gm), slot(prod)?);
-    // Nothing else written: the mask is `gm`'s, or no output at all.
-    (written.len() == 1 + gm_out.is_some() as usize).then_some(())?;
-    Some(ReluGrad {
-        x,
-        g,
-        tiles: [a, s, b],
-        z,
-        z1,
+    (rest.next().is_none() && out as usize + 1 == prog.len()).then_some(BnKernel::Affine {
+        head,
+        residual,
+        relu,
         cap,
-        gm_out,
-        prod_out,
     })
 }
 
-/// A group's program recognised as a per-channel affine chain, for one input layout.
-#[derive(Debug)]
-pub(super) struct AffineKernel {
-    /// The same-size input `x` (an `Opd::Ext` index).
-    x: u16,
-    /// The subtracted, multiplying and added per-channel values (`Opd::Tile` indices).
-    tiles: [u16; 3],
-    /// A same-size input added after the shift (a residual), if any.
-    residual: Option<u16>,
-    relu: bool,
-    /// The single value the relu's result is capped at (`Opd::Scal` index), if any.
-    cap: Option<u16>,
-}
-
-/// `prog` (allocated; the group's only output `out`) as an affine chain, if it is one:
-/// `Sub(x, a)`, `Mul(·, s)`, `Add(·, b)`, then optionally `Add(·, r)`, `Relu`,
-/// `Minimum(·, c)`, each instruction reading the one before, the last writing the output.
-pub(super) fn recognise(prog: &[Ins], outs: &[Out]) -> Option<AffineKernel> {
-    let [Out::F32(out)] = outs else { return None };
-    let mut it = prog.iter().copied().peekable();
-    let Some(Ins::Binary(BinaryOp::Sub, Opd::Ext(x), Opd::Tile(a), mut prev)) = it.next() else {
-        return None;
-    };
-    // The other operand of a step whose first operand is the value before (operand order
-    // kept, so even a NaN's payload is the program's).
-    let other = |p: u16, u: Opd, v: Opd| match (u, v) {
-        (Opd::Reg(r), o) if r == p => Some(o),
-        _ => None,
-    };
-    let Some(Ins::Binary(BinaryOp::Mul, u, v, d)) = it.next() else {
-        return None;
-    };
-    let Opd::Tile(s) = other(prev, u, v)? else {
-        return None;
-    };
-    prev = d;
-    let Some(Ins::Binary(BinaryOp::Add, u, v, d)) = it.next() else {
-        return None;
-    };
-    let Opd::Tile(b) = other(prev, u, v)? else {
-        return None;
-    };
-    prev = d;
-    let mut k = AffineKernel {
-        x,
-        tiles: [a, s, b],
-        residual: None,
-        relu: false,
-        cap: None,
-    };
-    if let Some(Ins::Binary(BinaryOp::Add, u, v, d)) = it.peek().copied() {
-        let Opd::Ext(r) = other(prev, u, v)? else {
-            return None;
-        };
-        (k.residual, prev) = (Some(r), d);
-        it.next();
-    }
-    if let Some(Ins::Unary(UnaryOp::Relu, Opd::Reg(r), d)) = it.peek().copied() {
-        if r != prev {
-            return None;
-        }
-        (k.relu, prev) = (true, d);
-        it.next();
-        if let Some(Ins::Binary(BinaryOp::Minimum, Opd::Reg(r), Opd::Scal(c), d)) = it.next() {
-            if r != prev {
-                return None;
-            }
-            (k.cap, prev) = (Some(c), d);
-        }
-    }
-    // Nothing after the chain, whose last value is the output (written directly or copied
-    // from its register).
-    let last = match *out {
-        Opd::Out(0) => OUT_BASE,
-        Opd::Reg(r) => r,
-        _ => return None,
-    };
-    (it.next().is_none() && prev == last).then_some(k)
-}
-
-/// Elements `[start, end)` of the chain: reads `ext`, `tiles` and `scal`, writes `out`
-/// (which may be `x`'s or the residual's buffer: each element is read before it is
-/// written).
+/// Runs `k` over elements `[start, end)`, reading `ext`, `tiles` and `scal` and writing
+/// its outputs among `outs`; false (nothing done) where an output is not an f32 buffer.
+/// An output may be an input's buffer (each element is read before it is written), and a
+/// folded one may point before its tile (`fold_exec`), hence wrapping offsets.
 ///
 /// # Safety
-/// `ext` and `out` address at least `end` f32s; each tile holds one period from its start.
+/// `ext` and the outputs address elements `[start, end)`; each tile holds one period from
+/// its start.
 #[inline(always)]
 pub(super) unsafe fn run(
-    ak: &AffineKernel,
+    k: &BnKernel,
     ext: &[*const f32],
     tiles: &[(*const f32, usize)],
     scal: &[f32],
-    out: *mut f32,
+    outs: &[(Opd, OutBuf)],
     start: usize,
     end: usize,
-) {
-    let x = ext[ak.x as usize];
-    let [a, s, b] = ak.tiles.map(|t| tiles[t as usize].0);
-    let period = tiles[ak.tiles[0] as usize].1;
-    let r = ak.residual.map(|e| ext[e as usize]);
-    let cap = ak.cap.map(|c| scal[c as usize]);
-    match (r, ak.relu, cap) {
-        (None, false, _) => {
-            rows::<false, false, false>(x, [a, s, b], x, 0.0, out, period, start, end)
+) -> bool {
+    let f32_out = |s: usize| match outs.get(s) {
+        Some((_, OutBuf::F32(p))) => Some(*p),
+        Some((_, OutBuf::Bool(_))) | None => None,
+    };
+    let at = |h: &Head| Operands {
+        x: ext[h.x as usize],
+        t: h.tiles.map(|t| tiles[t as usize].0),
+        period: tiles[h.tiles[0] as usize].1,
+        start,
+        end,
+    };
+    match *k {
+        BnKernel::Affine {
+            ref head,
+            residual,
+            relu,
+            cap,
+        } => {
+            let Some(out) = f32_out(0) else {
+                return false;
+            };
+            let o = at(head);
+            let r = residual.map_or(o.x, |e| ext[e as usize]);
+            let c = cap.map_or(0.0, |c| scal[c as usize]);
+            match (residual.is_some(), relu, cap.is_some()) {
+                (false, false, _) => rows::<false, false, false>(&o, r, c, out),
+                (false, true, false) => rows::<false, true, false>(&o, r, c, out),
+                (false, true, true) => rows::<false, true, true>(&o, r, c, out),
+                (true, false, _) => rows::<true, false, false>(&o, r, c, out),
+                (true, true, false) => rows::<true, true, false>(&o, r, c, out),
+                (true, true, true) => rows::<true, true, true>(&o, r, c, out),
+            }
         }
-        (None, true, None) => {
-            rows::<false, true, false>(x, [a, s, b], x, 0.0, out, period, start, end)
-        }
-        (None, true, Some(c)) => {
-            rows::<false, true, true>(x, [a, s, b], x, c, out, period, start, end)
-        }
-        (Some(r), false, _) => {
-            rows::<true, false, false>(x, [a, s, b], r, 0.0, out, period, start, end)
-        }
-        (Some(r), true, None) => {
-            rows::<true, true, false>(x, [a, s, b], r, 0.0, out, period, start, end)
-        }
-        (Some(r), true, Some(c)) => {
-            rows::<true, true, true>(x, [a, s, b], r, c, out, period, start, end)
+        BnKernel::ReluGrad {
+            ref head,
+            g,
+            z,
+            z1,
+            cap,
+            gm_out,
+            prod_out,
+        } => {
+            let gm = gm_out.map_or(Some(std::ptr::null_mut()), f32_out);
+            let (Some(o0), Some(o1)) = (gm, f32_out(prod_out)) else {
+                return false;
+            };
+            let (c, z2) = cap.map_or((0.0, 0.0), |(c, z2)| (scal[c as usize], scal[z2 as usize]));
+            let (g, consts) = (
+                ext[g as usize],
+                [scal[z as usize], scal[z1 as usize], c, z2],
+            );
+            let o = at(head);
+            match (cap.is_some(), gm_out.is_some()) {
+                (true, true) => relu_grad::<true, true>(&o, g, consts, [o0, o1]),
+                (true, false) => relu_grad::<true, false>(&o, g, consts, [o0, o1]),
+                (false, true) => relu_grad::<false, true>(&o, g, consts, [o0, o1]),
+                (false, false) => relu_grad::<false, false>(&o, g, consts, [o0, o1]),
+            }
         }
     }
+    true
+}
+
+/// `Head`'s operands for one run over `[start, end)`: `x`, the tiles of `a`, `s`, `b`
+/// and their period.
+struct Operands {
+    x: *const f32,
+    t: [*const f32; 3],
+    period: usize,
+    start: usize,
+    end: usize,
 }
 
 /// Lanes computed together: read and written as arrays, which the compiler keeps in one
@@ -278,101 +295,52 @@ macro_rules! by_runs {
     }};
 }
 
-/// The chain over `[start, end)`.
-#[allow(clippy::too_many_arguments)]
+/// The output over the run's elements into `out`: `r` is the residual (read only with
+/// `RES`), `c` the cap (used only with `CAP`).
 #[inline(always)]
 unsafe fn rows<const RES: bool, const RELU: bool, const CAP: bool>(
-    x: *const f32,
-    t: [*const f32; 3],
+    o: &Operands,
     r: *const f32,
     c: f32,
     out: *mut f32,
-    period: usize,
-    start: usize,
-    end: usize,
 ) {
+    let (x, [a, s, b]) = (o.x, o.t);
     let one =
         |x: f32, a: f32, s: f32, b: f32, r: f32| affine_one::<RES, RELU, CAP>(x, a, s, b, r, c);
-    by_runs!(period, start, end, |e, p, n| {
+    by_runs!(o.period, o.start, o.end, |e, p, n| {
         if n == L {
             let (xv, av, sv, bv) = (
                 load(x.add(e)),
-                load(t[0].add(p)),
-                load(t[1].add(p)),
-                load(t[2].add(p)),
+                load(a.add(p)),
+                load(s.add(p)),
+                load(b.add(p)),
             );
             let rv = if RES { load(r.add(e)) } else { [0.0; L] };
             let mut y = [0f32; L];
             for l in 0..L {
                 y[l] = one(xv[l], av[l], sv[l], bv[l], rv[l]);
             }
-            store(out.add(e), y);
+            store(out.wrapping_add(e), y);
         } else {
             let rv = if RES { *r.add(e) } else { 0.0 };
-            *out.add(e) = one(*x.add(e), *t[0].add(p), *t[1].add(p), *t[2].add(p), rv);
+            *out.wrapping_add(e) = one(*x.add(e), *a.add(p), *s.add(p), *b.add(p), rv);
         }
     })
 }
 
-/// Elements `[start, end)` of the relu or relu6 gradient into the output buffers `out`
-/// (`gm`'s, unused where the group does not write it, and the product's; a folded one may
-/// point before its tile, hence wrapping offsets). Each element's inputs are read before
-/// its outputs are written.
-///
-/// # Safety
-/// `ext` and the outputs address elements `[start, end)`; each tile holds one period.
-#[inline(always)]
-pub(super) unsafe fn run_relu_grad(
-    k: &ReluGrad,
-    ext: &[*const f32],
-    tiles: &[(*const f32, usize)],
-    scal: &[f32],
-    out: [*mut f32; 2],
-    start: usize,
-    end: usize,
-) {
-    let (c, z2) = k
-        .cap
-        .map_or((0.0, 0.0), |(c, z2)| (scal[c as usize], scal[z2 as usize]));
-    let o = GradOperands {
-        x: ext[k.x as usize],
-        g: ext[k.g as usize],
-        t: k.tiles.map(|t| tiles[t as usize].0),
-        period: tiles[k.tiles[0] as usize].1,
-        consts: [scal[k.z as usize], scal[k.z1 as usize], c, z2],
-    };
-    match (k.cap.is_some(), k.gm_out.is_some()) {
-        (true, true) => relu_grad::<true, true>(&o, out, start, end),
-        (true, false) => relu_grad::<true, false>(&o, out, start, end),
-        (false, true) => relu_grad::<false, true>(&o, out, start, end),
-        (false, false) => relu_grad::<false, false>(&o, out, start, end),
-    }
-}
-
-/// The relu gradient's operands for one run: same-size `x` and `g`, the tiles `a`, `s`,
-/// `b` and their period, the single values `[z, z1, c, z2]`.
-struct GradOperands {
-    x: *const f32,
-    g: *const f32,
-    t: [*const f32; 3],
-    period: usize,
-    consts: [f32; 4],
-}
-
+/// The relu (or, with `CAP`, relu6) gradient over the run's elements into `out`: `gm`'s
+/// buffer (written only with `GM`) and the product's; `k` = `[z, z1, c, z2]`.
 #[inline(always)]
 unsafe fn relu_grad<const CAP: bool, const GM: bool>(
-    o: &GradOperands,
+    o: &Operands,
+    g: *const f32,
+    k: [f32; 4],
     out: [*mut f32; 2],
-    start: usize,
-    end: usize,
 ) {
-    let (x, g, [a, s, b], period) = (o.x, o.g, o.t, o.period);
-    let [z, z1, c, z2] = o.consts;
-    let one = |x: f32, g: f32, a: f32, s: f32, b: f32| {
-        relu_grad_one::<CAP>(x, g, a, s, b, [z, z1, c, z2])
-    };
+    let (x, [a, s, b]) = (o.x, o.t);
+    let one = |x: f32, g: f32, a: f32, s: f32, b: f32| relu_grad_one::<CAP>(x, g, a, s, b, k);
     let [o0, o1] = out;
-    by_runs!(period, start, end, |e, p, n| {
+    by_runs!(o.period, o.start, o.end, |e, p, n| {
         if n == L {
             let (xv, gv) = (load(x.add(e)), load(g.add(e)));
             let (av, sv, bv) = (load(a.add(p)), load(s.add(p)), load(b.add(p)));

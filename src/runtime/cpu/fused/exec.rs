@@ -102,28 +102,11 @@ fn exec_chunks_body(k: &Kernel<'_>, regs: *mut f32, start: usize, end: usize) {
         unsafe { update::run(sp, k.ext, k.scal, outs, start, end - start) };
         return;
     }
-    let f32_out = |s: usize| match k.outs.get(s) {
-        Some((_, OutBuf::F32(p))) => Some(*p),
-        Some((_, OutBuf::Bool(_))) | None => None,
-    };
-    match k.bn {
-        Some(BnKernel::Affine(ak)) => {
-            if let Some(out) = f32_out(0) {
-                // SAFETY: the inputs and the output hold n >= end elements each, a tile
-                // one period.
-                unsafe { affine::run(ak, k.ext, k.tiles, k.scal, out, start, end) };
-                return;
-            }
+    if let Some(bn) = k.bn {
+        // SAFETY: the inputs and outputs hold n >= end elements each, a tile one period.
+        if unsafe { affine::run(bn, k.ext, k.tiles, k.scal, k.outs, start, end) } {
+            return;
         }
-        Some(BnKernel::ReluGrad(rg)) => {
-            let gm = rg.gm_out.map_or(Some(std::ptr::null_mut()), f32_out);
-            if let (Some(o0), Some(o1)) = (gm, f32_out(rg.prod_out)) {
-                // SAFETY: as above; a folded output points before its tile by `start`.
-                unsafe { affine::run_relu_grad(rg, k.ext, k.tiles, k.scal, [o0, o1], start, end) };
-                return;
-            }
-        }
-        None => {}
     }
     let mut off = start;
     while off < end {

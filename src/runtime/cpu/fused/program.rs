@@ -3,7 +3,7 @@
 //! loads, the outputs and the inputs whose buffers may be reused), cached per group
 //! (`Programs`, which the executor keeps with the plan).
 
-use super::affine::{recognise, recognise_relu_grad, BnKernel};
+use super::affine::{recognise, BnKernel};
 use super::layout::{fused_op, gather_layout, member_shapes, periodic, slice_layout, Layout};
 use super::regalloc::{allocate, operands};
 use super::update::{lower, UpdateKernel};
@@ -300,8 +300,8 @@ fn compile(
                 && outs.iter().all(|o| matches!(o, Out::F32(_)))
         })
         .and_then(|u| lower(u, g, &inputs));
-    let relu_grad = if update.is_none() {
-        recognise_relu_grad(&prog, &outs)
+    let bn = if update.is_none() && loads.is_empty() {
+        recognise(&prog, &outs)
     } else {
         None
     };
@@ -322,11 +322,6 @@ fn compile(
             Out::Passed(_) => {}
         }
     }
-    let bn = match relu_grad {
-        Some(k) => Some(BnKernel::ReluGrad(k)),
-        None if update.is_none() => recognise(&prog, &outs).map(BnKernel::Affine),
-        None => None,
-    };
     Ok(Some(Body {
         shape,
         n,
