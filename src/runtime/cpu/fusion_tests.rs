@@ -837,3 +837,69 @@ fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
         }
     }
 }
+
+#[test]
+fn batch_norm_input_gradients_run_as_one_loop_bitwise_equal() {
+    // `p * ((x - a) * k) + g * q + r`: batch norm's input gradient with the mean's and
+    // variance's terms per channel.
+    for shape in BN_SHAPES {
+        let (feeds, vs) = bn_feeds(shape);
+        let [x, g, a, p, q] = feeds.clone();
+        let r = ph("r", &[Some(shape[2])]);
+        let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
+        feeds.push(r.clone());
+        vs.push(data(&shape[2..], 6));
+        let dx = add(
+            &add(
+                &mul(&p, &mul(&sub(&x, &a).unwrap(), &c(0.125)).unwrap()).unwrap(),
+                &mul(&g, &q).unwrap(),
+            )
+            .unwrap(),
+            &r,
+        )
+        .unwrap();
+        assert_eq!(affine_groups(&feeds, &[dx], &vs), 1, "{shape:?}");
+        // The products' operands the other way round keep the ordinary program.
+        let swapped = add(
+            &add(
+                &mul(&mul(&sub(&x, &a).unwrap(), &c(0.125)).unwrap(), &p).unwrap(),
+                &mul(&g, &q).unwrap(),
+            )
+            .unwrap(),
+            &r,
+        )
+        .unwrap();
+        assert_eq!(affine_groups(&feeds, &[swapped], &vs), 0, "{shape:?}");
+    }
+}
+
+/// The kernels read every per-channel value at one index within one period: where a
+/// group's tiles repeat with different periods (a `[channels]` value next to a
+/// `[rows, channels]` one) the ordinary program runs, with the unfused results.
+#[test]
+fn batch_norm_kernels_with_tiles_of_different_periods_keep_the_program() {
+    let shape = [6, 5, 7];
+    let (feeds, vs) = bn_feeds(shape);
+    let [x, g, a, _, b] = feeds.clone();
+    let s = ph("s", &[Some(shape[1]), Some(shape[2])]);
+    let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
+    feeds.push(s.clone());
+    vs.push(data(&shape[1..], 7));
+    let y = add(&mul(&sub(&x, &a).unwrap(), &s).unwrap(), &b).unwrap();
+    let relu = unary(UnaryOp::Relu, &y).unwrap();
+    let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
+    let gm = select(&pos, &g, &c(0.0)).unwrap();
+    let prod = mul(&gm, &sub(&x, &a).unwrap()).unwrap();
+    let dx = add(
+        &add(
+            &mul(&s, &mul(&sub(&x, &a).unwrap(), &c(0.125)).unwrap()).unwrap(),
+            &mul(&g, &b).unwrap(),
+        )
+        .unwrap(),
+        &a,
+    )
+    .unwrap();
+    for outs in [vec![relu], vec![gm, prod], vec![dx]] {
+        same(&feeds, &outs, &vs);
+    }
+}

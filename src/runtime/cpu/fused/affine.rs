@@ -1,10 +1,12 @@
-//! Batch norm's kernels: groups whose programs are batch norm's output or the gradient of
-//! a relu or relu6 after it, run as one loop with every value in registers instead of one
-//! stored instruction result at a time. The output is `act((x - a) * s + b [+ r])` with
+//! Batch norm's kernels: groups whose programs are batch norm's output, the gradient of
+//! a relu or relu6 after it, or its input gradient, run as one loop with every value in
+//! registers instead of one stored instruction result at a time. The output is `act((x - a) * s + b [+ r])` with
 //! `a`, `s`, `b` repeating with one period (per-channel values) and `act` nothing, `relu`
 //! or `relu` then `minimum(·, c)` (relu6); the relu6 gradient recomputes that output `y`
 //! and writes `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums
-//! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product. The
+//! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product; the
+//! input gradient is `p * ((x - a) * k) + g * q + r` (`g` the gradient after the
+//! activation, `k` a single value, the rest per-channel values). The
 //! per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on constant ops),
 //! so the results are bitwise those of the group's ordinary program. A chunk program of
 //! the output's five instructions costs ~0.3-0.4 ns an element on one Zen 4 thread with
@@ -38,9 +40,18 @@ pub(super) enum BnKernel {
         gm_out: Option<usize>,
         prod_out: usize,
     },
+    /// Batch norm's input gradient, `p * ((x - a) * k) + g * q + r`: `x` and `g`
+    /// same-size inputs, `k` a single value, `tiles` = `[a, p, q, r]` per-channel values,
+    /// the group's only output.
+    InputGrad {
+        x: u16,
+        g: u16,
+        k: u16,
+        tiles: [u16; 4],
+    },
 }
 
-/// `y = (x - a) * s + b`, which both kernels start with: `x` a same-size input (an
+/// `y = (x - a) * s + b`, which the output and the relu gradients start with: `x` a same-size input (an
 /// `Opd::Ext` index), `a`, `s`, `b` per-channel values (`Opd::Tile` indices).
 #[derive(Debug)]
 pub(super) struct Head {
@@ -58,6 +69,9 @@ pub(super) fn recognise(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     use Opd::{Ext, Reg, Scal, Tile};
     use UnaryOp::Relu;
     // (rustfmt puts a slice pattern on one line, however long.)
+    if let Some(k) = input_grad_kernel(prog, outs) {
+        return Some(k);
+    }
     #[rustfmt::skip]
     let [
         Bin(Sub, Ext(x), Tile(a), 0),
@@ -159,6 +173,30 @@ pub(super) fn recognise(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     })
 }
 
+/// `prog` as batch norm's input gradient, `p * ((x - a) * k) + g * q + r`, if it is one.
+fn input_grad_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
+    use BinaryOp::{Add, Mul, Sub};
+    use Ins::Binary as Bin;
+    use Opd::{Ext, Reg, Scal, Tile};
+    #[rustfmt::skip]
+    let [
+        Bin(Sub, Ext(x), Tile(a), 0),
+        Bin(Mul, Reg(0), Scal(k), 1),
+        Bin(Mul, Tile(p), Reg(1), 2),
+        Bin(Mul, Ext(g), Tile(q), 3),
+        Bin(Add, Reg(2), Reg(3), 4),
+        Bin(Add, Reg(4), Tile(r), 5),
+    ] = *prog else {
+        return None;
+    };
+    matches!(*outs, [Out::F32(Reg(5))]).then_some(BnKernel::InputGrad {
+        x,
+        g,
+        k,
+        tiles: [a, p, q, r],
+    })
+}
+
 /// Runs `k` over elements `[start, end)`, reading `ext`, `tiles` and `scal` and writing
 /// its outputs among `outs`; false (nothing done) where an output is not an f32 buffer.
 /// An output may be an input's buffer (each element is read before it is written), and a
@@ -181,12 +219,21 @@ pub(super) unsafe fn run(
         Some((_, OutBuf::F32(p))) => Some(*p),
         Some((_, OutBuf::Bool(_))) | None => None,
     };
-    let at = |h: &Head| Operands {
-        x: ext[h.x as usize],
-        t: h.tiles.map(|t| tiles[t as usize].0),
-        period: tiles[h.tiles[0] as usize].1,
-        start,
-        end,
+    // The per-channel values are read at one index `p` within the period: the kernels
+    // run only where their tiles share one period (a `[channels]` value next to an
+    // `[rows, channels]` one keeps the chunk program).
+    let period = |ts: &[u16]| {
+        let p = tiles[ts[0] as usize].1;
+        ts.iter().all(|&t| tiles[t as usize].1 == p).then_some(p)
+    };
+    let at = |h: &Head| {
+        Some(Operands {
+            x: ext[h.x as usize],
+            t: h.tiles.map(|t| tiles[t as usize].0),
+            period: period(&h.tiles)?,
+            start,
+            end,
+        })
     };
     match *k {
         BnKernel::Affine {
@@ -198,7 +245,9 @@ pub(super) unsafe fn run(
             let Some(out) = f32_out(0) else {
                 return false;
             };
-            let o = at(head);
+            let Some(o) = at(head) else {
+                return false;
+            };
             let r = residual.map_or(o.x, |e| ext[e as usize]);
             let c = cap.map_or(0.0, |c| scal[c as usize]);
             match (residual.is_some(), relu, cap.is_some()) {
@@ -228,13 +277,23 @@ pub(super) unsafe fn run(
                 ext[g as usize],
                 [scal[z as usize], scal[z1 as usize], c, z2],
             );
-            let o = at(head);
+            let Some(o) = at(head) else {
+                return false;
+            };
             match (cap.is_some(), gm_out.is_some()) {
                 (true, true) => relu_grad::<true, true>(&o, g, consts, [o0, o1]),
                 (true, false) => relu_grad::<true, false>(&o, g, consts, [o0, o1]),
                 (false, true) => relu_grad::<false, true>(&o, g, consts, [o0, o1]),
                 (false, false) => relu_grad::<false, false>(&o, g, consts, [o0, o1]),
             }
+        }
+        BnKernel::InputGrad { x, g, k, tiles: ts } => {
+            let (Some(out), Some(period)) = (f32_out(0), period(&ts)) else {
+                return false;
+            };
+            let t = ts.map(|t| tiles[t as usize].0);
+            let (x, g) = (ext[x as usize], ext[g as usize]);
+            input_grad(x, g, scal[k as usize], t, period, start, end, out);
         }
     }
     true
@@ -362,6 +421,42 @@ unsafe fn relu_grad<const CAP: bool, const GM: bool>(
     })
 }
 
+/// Batch norm's input gradient over `[start, end)` into `out`: `t` = the tiles of
+/// `[a, p, q, r]`, one period each.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn input_grad(
+    x: *const f32,
+    g: *const f32,
+    k: f32,
+    t: [*const f32; 4],
+    period: usize,
+    start: usize,
+    end: usize,
+    out: *mut f32,
+) {
+    let [a, p, q, r] = t;
+    by_runs!(period, start, end, |e, c, n| {
+        if n == L {
+            let (xv, gv) = (load(x.add(e)), load(g.add(e)));
+            let (av, pv, qv, rv) = (
+                load(a.add(c)),
+                load(p.add(c)),
+                load(q.add(c)),
+                load(r.add(c)),
+            );
+            let mut d = [0f32; L];
+            for l in 0..L {
+                d[l] = input_grad_one(xv[l], gv[l], k, [av[l], pv[l], qv[l], rv[l]]);
+            }
+            store(out.wrapping_add(e), d);
+        } else {
+            let tv = [*a.add(c), *p.add(c), *q.add(c), *r.add(c)];
+            *out.wrapping_add(e) = input_grad_one(*x.add(e), *g.add(e), k, tv);
+        }
+    })
+}
+
 // The per-element functions are items, not closures, and always inlined: a closure the
 // compiler leaves out of line is compiled without the AVX-512 of `exec_chunks`' dispatch
 // and runs scalar (4x slower than the chunk program it replaces, measured).
@@ -422,4 +517,17 @@ fn relu_grad_one<const CAP: bool>(
         z1
     };
     (gm, binary_scalar(BinaryOp::Mul, gm, cx))
+}
+
+/// One element of batch norm's input gradient, `p * ((x - a) * k) + g * q + r`, in the
+/// program's order; `t` = `[a, p, q, r]`.
+#[inline(always)]
+fn input_grad_one(x: f32, g: f32, k: f32, t: [f32; 4]) -> f32 {
+    let [a, p, q, r] = t;
+    let cx = binary_scalar(BinaryOp::Sub, x, a);
+    let v = binary_scalar(BinaryOp::Mul, cx, k);
+    let v = binary_scalar(BinaryOp::Mul, p, v);
+    let w = binary_scalar(BinaryOp::Mul, g, q);
+    let v = binary_scalar(BinaryOp::Add, v, w);
+    binary_scalar(BinaryOp::Add, v, r)
 }
