@@ -839,6 +839,36 @@ fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
 }
 
 #[test]
+fn relu_gradients_of_residual_sums_run_as_one_loop_bitwise_equal() {
+    // A residual block's relu gradient: of `y + r`, with the gradient `g + g2` of an
+    // output read twice, or both.
+    for shape in BN_SHAPES {
+        let (feeds, vs) = bn_feeds(shape);
+        let [x, g, a, s, b] = feeds.clone();
+        let (r, g2) = (
+            ph("r", &[None, Some(shape[1]), Some(shape[2])]),
+            ph("g2", &[None, Some(shape[1]), Some(shape[2])]),
+        );
+        let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
+        feeds.extend([r.clone(), g2.clone()]);
+        vs.extend([data(&shape, 8), data(&shape, 9)]);
+        let cx = sub(&x, &a).unwrap();
+        let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
+        let with_r = add(&y, &r).unwrap();
+        let g_sum = add(&g, &g2).unwrap();
+        let sums = |t: &Tensor| reduce(crate::ops::ReduceOp::Sum, t, &[0, 1], false).unwrap();
+        for (pre, grad) in [(&with_r, &g), (&y, &g_sum), (&with_r, &g_sum)] {
+            let pos = binary(BinaryOp::Greater, pre, &c(0.0)).unwrap();
+            let gm = select(&pos, grad, &c(0.0)).unwrap();
+            let prod = mul(&gm, &cx).unwrap();
+            for outs in [vec![gm.clone(), prod.clone()], vec![sums(&prod)]] {
+                assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn batch_norm_input_gradients_run_as_one_loop_bitwise_equal() {
     // `p * ((x - a) * k) + g * q + r`: batch norm's input gradient with the mean's and
     // variance's terms per channel.

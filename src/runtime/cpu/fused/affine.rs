@@ -30,10 +30,14 @@ pub(super) enum BnKernel {
     },
     /// The gradient of a relu or relu6 after it: `g` a same-size input, the single values
     /// `z`, `z1` and, for relu6, `(c, z2)`; the output slots of `gm` (where the group writes
-    /// it) and of `gm * (x - a)`.
+    /// it) and of `gm * (x - a)`. A relu's may read `y + r` (`residual`, a same-size input:
+    /// a residual block's sum) and a gradient that is the sum `g + g2` of two (`g2`: the
+    /// block's output read twice).
     ReluGrad {
         head: Head,
+        residual: Option<u16>,
         g: u16,
+        g2: Option<u16>,
         z: u16,
         z1: u16,
         cap: Option<(u16, u16)>,
@@ -112,22 +116,44 @@ pub(super) fn recognise(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             Sel(Reg(5), Ext(g), Scal(z1), 6),
             Sel(Reg(3), Reg(6), Scal(z2), 7),
             Bin(Mul, Reg(7), Reg(0), 8),
-        ] => Some((g, z, z1, Some((c, z2)))),
+        ] => Some((None, g, None, z, z1, Some((c, z2)))),
         // relu.
         [
             Bin(Greater, Reg(2), Scal(z), 3),
             Sel(Reg(3), Ext(g), Scal(z1), 4),
             Bin(Mul, Reg(4), Reg(0), 5),
-        ] => Some((g, z, z1, None)),
+        ] => Some((None, g, None, z, z1, None)),
+        // relu of `y + r`, of a gradient `g + g2`, or both.
+        [
+            Bin(Add, Reg(2), Ext(r), 3),
+            Bin(Greater, Reg(3), Scal(z), 4),
+            Sel(Reg(4), Ext(g), Scal(z1), 5),
+            Bin(Mul, Reg(5), Reg(0), 6),
+        ] => Some((Some(r), g, None, z, z1, None)),
+        [
+            Bin(Greater, Reg(2), Scal(z), 3),
+            Bin(Add, Ext(g), Ext(g2), 4),
+            Sel(Reg(3), Reg(4), Scal(z1), 5),
+            Bin(Mul, Reg(5), Reg(0), 6),
+        ] => Some((None, g, Some(g2), z, z1, None)),
+        [
+            Bin(Add, Reg(2), Ext(r), 3),
+            Bin(Greater, Reg(3), Scal(z), 4),
+            Bin(Add, Ext(g), Ext(g2), 5),
+            Sel(Reg(4), Reg(5), Scal(z1), 6),
+            Bin(Mul, Reg(6), Reg(0), 7),
+        ] => Some((Some(r), g, Some(g2), z, z1, None)),
         _ => None,
     };
-    if let Some((g, z, z1, cap)) = grad {
+    if let Some((residual, g, g2, z, z1, cap)) = grad {
         // `gm` is the second instruction from the end, the product the last.
         let (gm_out, prod_out) = (slot(prog.len() - 2), slot(prog.len() - 1)?);
         // Nothing else written: the mask is `gm`'s, or no output at all.
         return (written.len() == 1 + gm_out.is_some() as usize).then_some(BnKernel::ReluGrad {
             head,
+            residual,
             g,
+            g2,
             z,
             z1,
             cap,
@@ -261,7 +287,9 @@ pub(super) unsafe fn run(
         }
         BnKernel::ReluGrad {
             ref head,
+            residual,
             g,
+            g2,
             z,
             z1,
             cap,
@@ -273,18 +301,46 @@ pub(super) unsafe fn run(
                 return false;
             };
             let (c, z2) = cap.map_or((0.0, 0.0), |(c, z2)| (scal[c as usize], scal[z2 as usize]));
-            let (g, consts) = (
-                ext[g as usize],
-                [scal[z as usize], scal[z1 as usize], c, z2],
-            );
+            let consts = [scal[z as usize], scal[z1 as usize], c, z2];
             let Some(o) = at(head) else {
                 return false;
             };
-            match (cap.is_some(), gm_out.is_some()) {
-                (true, true) => relu_grad::<true, true>(&o, g, consts, [o0, o1]),
-                (true, false) => relu_grad::<true, false>(&o, g, consts, [o0, o1]),
-                (false, true) => relu_grad::<false, true>(&o, g, consts, [o0, o1]),
-                (false, false) => relu_grad::<false, false>(&o, g, consts, [o0, o1]),
+            let g = [g, g2.unwrap_or(g)].map(|e| ext[e as usize]);
+            let r = residual.map_or(o.x, |e| ext[e as usize]);
+            let outs = [o0, o1];
+            // (relu6's gradient reads neither a residual nor a sum of gradients.)
+            match (
+                cap.is_some(),
+                gm_out.is_some(),
+                residual.is_some(),
+                g2.is_some(),
+            ) {
+                (true, true, ..) => relu_grad::<true, true, false, false>(&o, r, g, consts, outs),
+                (true, false, ..) => relu_grad::<true, false, false, false>(&o, r, g, consts, outs),
+                (false, true, false, false) => {
+                    relu_grad::<false, true, false, false>(&o, r, g, consts, outs)
+                }
+                (false, false, false, false) => {
+                    relu_grad::<false, false, false, false>(&o, r, g, consts, outs)
+                }
+                (false, true, true, false) => {
+                    relu_grad::<false, true, true, false>(&o, r, g, consts, outs)
+                }
+                (false, false, true, false) => {
+                    relu_grad::<false, false, true, false>(&o, r, g, consts, outs)
+                }
+                (false, true, false, true) => {
+                    relu_grad::<false, true, false, true>(&o, r, g, consts, outs)
+                }
+                (false, false, false, true) => {
+                    relu_grad::<false, false, false, true>(&o, r, g, consts, outs)
+                }
+                (false, true, true, true) => {
+                    relu_grad::<false, true, true, true>(&o, r, g, consts, outs)
+                }
+                (false, false, true, true) => {
+                    relu_grad::<false, false, true, true>(&o, r, g, consts, outs)
+                }
             }
         }
         BnKernel::InputGrad { x, g, k, tiles: ts } => {
@@ -388,31 +444,49 @@ unsafe fn rows<const RES: bool, const RELU: bool, const CAP: bool>(
 }
 
 /// The relu (or, with `CAP`, relu6) gradient over the run's elements into `out`: `gm`'s
-/// buffer (written only with `GM`) and the product's; `k` = `[z, z1, c, z2]`.
+/// buffer (written only with `GM`) and the product's; `k` = `[z, z1, c, z2]`; `r` the
+/// residual (read only with `RES`), `g` the gradient and the one added to it (read only
+/// with `SUM`).
 #[inline(always)]
-unsafe fn relu_grad<const CAP: bool, const GM: bool>(
+unsafe fn relu_grad<const CAP: bool, const GM: bool, const RES: bool, const SUM: bool>(
     o: &Operands,
-    g: *const f32,
+    r: *const f32,
+    g: [*const f32; 2],
     k: [f32; 4],
     out: [*mut f32; 2],
 ) {
     let (x, [a, s, b]) = (o.x, o.t);
-    let one = |x: f32, g: f32, a: f32, s: f32, b: f32| relu_grad_one::<CAP>(x, g, a, s, b, k);
+    let one = |x: f32, r: f32, g: f32, a: f32, s: f32, b: f32| {
+        relu_grad_one::<CAP, RES>(x, r, g, a, s, b, k)
+    };
     let [o0, o1] = out;
+    let [g, g2] = g;
     by_runs!(o.period, o.start, o.end, |e, p, n| {
         if n == L {
-            let (xv, gv) = (load(x.add(e)), load(g.add(e)));
+            let (xv, mut gv) = (load(x.add(e)), load(g.add(e)));
+            if SUM {
+                let g2v = load(g2.add(e));
+                for l in 0..L {
+                    gv[l] = binary_scalar(BinaryOp::Add, gv[l], g2v[l]);
+                }
+            }
+            let rv = if RES { load(r.add(e)) } else { [0.0; L] };
             let (av, sv, bv) = (load(a.add(p)), load(s.add(p)), load(b.add(p)));
             let (mut gm, mut prod) = ([0f32; L], [0f32; L]);
             for l in 0..L {
-                (gm[l], prod[l]) = one(xv[l], gv[l], av[l], sv[l], bv[l]);
+                (gm[l], prod[l]) = one(xv[l], rv[l], gv[l], av[l], sv[l], bv[l]);
             }
             if GM {
                 store(o0.wrapping_add(e), gm);
             }
             store(o1.wrapping_add(e), prod);
         } else {
-            let (gm, prod) = one(*x.add(e), *g.add(e), *a.add(p), *s.add(p), *b.add(p));
+            let mut gv = *g.add(e);
+            if SUM {
+                gv = binary_scalar(BinaryOp::Add, gv, *g2.add(e));
+            }
+            let rv = if RES { *r.add(e) } else { 0.0 };
+            let (gm, prod) = one(*x.add(e), rv, gv, *a.add(p), *s.add(p), *b.add(p));
             if GM {
                 *o0.wrapping_add(e) = gm;
             }
@@ -486,11 +560,12 @@ fn affine_one<const RES: bool, const RELU: bool, const CAP: bool>(
     y
 }
 
-/// `(gm, gm * (x - a))` of one element of the relu (or, with `CAP`, relu6) gradient;
-/// `k` = `[z, z1, c, z2]`.
+/// `(gm, gm * (x - a))` of one element of the relu (or, with `CAP`, relu6) gradient, of
+/// `y + r` with `RES`; `k` = `[z, z1, c, z2]`.
 #[inline(always)]
-fn relu_grad_one<const CAP: bool>(
+fn relu_grad_one<const CAP: bool, const RES: bool>(
     x: f32,
+    r: f32,
     g: f32,
     a: f32,
     s: f32,
@@ -500,7 +575,10 @@ fn relu_grad_one<const CAP: bool>(
     let [z, z1, c, z2] = k;
     let cx = binary_scalar(BinaryOp::Sub, x, a);
     let y = binary_scalar(BinaryOp::Mul, cx, s);
-    let y = binary_scalar(BinaryOp::Add, y, b);
+    let mut y = binary_scalar(BinaryOp::Add, y, b);
+    if RES {
+        y = binary_scalar(BinaryOp::Add, y, r);
+    }
     let pos = binary_scalar(BinaryOp::Greater, y, z);
     let gm = if CAP {
         let ry = unary_scalar(UnaryOp::Relu, y);
