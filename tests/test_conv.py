@@ -1057,3 +1057,41 @@ def test_max_pool_grad_disjoint_windows(xshape, window, strides, padding, dtype,
     want = ref_max_pool_grad(x.astype(np.float64), gy.astype(np.float64), window, strides, padding)
     assert dx.dtype == np.dtype(dtype)
     np.testing.assert_allclose(dx, want, rtol=1e-6, atol=1e-6)
+
+
+def _depthwise_kernel_grad_ref(x, gy, k, stride):
+    """dw[a, b, c, 0] = sum over images and output pixels of gy * the input pixel tap (a, b)
+    reads, 'same' padding, in float64."""
+    n, h, w, c = x.shape
+    oh, ow = gy.shape[1:3]
+    (pt, _), (pl, _) = pads_for("same", (h, w), (k, k), (stride, stride), (1, 1))
+    xp = np.zeros((n, h + 2 * k, w + 2 * k, c))
+    xp[:, pt : pt + h, pl : pl + w] = x
+    dw = np.zeros((k, k, c, 1))
+    for a in range(k):
+        for b in range(k):
+            win = xp[:, a : a + stride * oh : stride, b : b + stride * ow : stride]
+            dw[a, b, :, 0] = np.einsum("nijc,nijc->c", win[:, :oh, :ow], gy)
+    return dw
+
+
+@pytest.mark.parametrize(
+    "xshape,stride",
+    [
+        ((2, 48, 40, 32), 1),  # few channels, the image over several bands of rows
+        ((1, 40, 40, 80), 1),  # many channels, an image larger than one band
+        ((2, 41, 40, 32), 2),
+        ((2, 10, 12, 96), 1),  # many channels, a small image: the loop over all channels
+    ],
+)
+def test_depthwise_kernel_gradient_over_bands_of_rows(xshape, stride, rng):
+    x = rng.normal(size=xshape).astype(np.float32)
+    kern = rng.normal(size=(3, 3, xshape[-1], 1)).astype(np.float32)
+    xs, ks = K.placeholder(shape=xshape), K.variable(kern)
+    y = K.depthwise_conv2d(xs, ks, strides=(stride, stride), padding="same")
+    gy = rng.normal(size=K.int_shape(y)).astype(np.float32)
+    g = K.placeholder(shape=K.int_shape(y))
+    dw = K.gradients(K.sum(y * g), [ks])[0]
+    got = run([xs, g], [dw], [x, gy])[0]
+    ref = _depthwise_kernel_grad_ref(x.astype(np.float64), gy.astype(np.float64), 3, stride)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)

@@ -108,33 +108,56 @@ pub(super) fn forward_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], w: &[T], y
     }
 }
 
-/// Most channels `kernel_rows` takes: with more, each block's walk over the image reads a
-/// 64-byte run every `4 * channels` bytes, and the loop over pixels and taps with all the
-/// channels at once does better (one thread, batch 8: 16x16x192 0.52-0.55 against
-/// 0.58-0.60 ms, 8x8x384 0.22-0.23 against 0.28-0.29; at 16-32 channels `kernel_rows`
-/// takes half the time, at 64 the two are level).
-pub(super) const KERNEL_MAX_CHANNELS: usize = 64;
+/// Bytes of one band of output rows `kernel_rows` walks for every block of channels in
+/// turn (the rows' output gradient and the input rows under them): the band stays in L2
+/// while each block of `LANES` channels reads its 64-byte runs of it. Over the whole
+/// image at once, a block of a large image re-read it from L3 or memory (one thread,
+/// batch 8, 32x32x144: 3.4 ms a call).
+const BAND_BYTES: usize = 192 << 10;
 
-/// `dw[t, ch] += sum_op gy[op, ch] * xp[window(op) + off[t], ch]`, where `applies` and the
-/// channels are at most `KERNEL_MAX_CHANNELS`: for each block of `LANES` channels the nine
-/// sums stay in registers over the whole image and are added into `dw` once.
+/// Most channels `kernel_rows` takes for an image that fits one band: with more, the loop
+/// over pixels and taps with all the channels at once does better (one thread, batch 8:
+/// 16x16x192 0.35 against 0.43-0.49 ms; at 16-32 channels `kernel_rows` takes half the
+/// time, at 64 the two are level).
+const KERNEL_MAX_CHANNELS: usize = 64;
+
+/// Whether `kernel_rows` runs this depthwise kernel gradient: where `applies`, with few
+/// channels or an image larger than a band.
+pub(super) fn kernel_applies<T>(g: &Geom) -> bool {
+    let image = (g.opix() + g.xpix()) * g.cin * std::mem::size_of::<T>();
+    applies(g) && (g.cin <= KERNEL_MAX_CHANNELS || image > BAND_BYTES)
+}
+
+/// `dw[t, ch] += sum_op gy[op, ch] * xp[window(op) + off[t], ch]`, where `applies`: over
+/// bands of output rows (`BAND_BYTES`), for each block of `LANES` channels the nine sums
+/// stay in registers over the band and are added into `dw` once.
 #[inline(always)]
 pub(super) fn kernel_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], gy: &[T], dw: &mut [T]) {
     let wk = Walk3::new(g, pd);
+    let c = wk.c;
+    let rows = wk.o[0] * wk.o[1];
+    let row_bytes = (wk.o[2] + wk.s[1] * wk.pd[2]) * c * std::mem::size_of::<T>();
+    let band = (BAND_BYTES / row_bytes.max(1)).clamp(1, rows.max(1));
+    for r0 in (0..rows).step_by(band) {
+        kernel_band(&wk, r0..(r0 + band).min(rows), xp, gy, dw);
+    }
+}
+
+/// `kernel_rows` over output rows `band` (flat over the first two output dims).
+#[inline(always)]
+fn kernel_band<T: F>(wk: &Walk3, band: std::ops::Range<usize>, xp: &[T], gy: &[T], dw: &mut [T]) {
     let (c, s2) = (wk.c, wk.s[2]);
     for ch in (0..c).step_by(LANES) {
         let mut acc = [[T::zero(); LANES]; TAPS];
-        for a in 0..wk.o[0] {
-            for b in 0..wk.o[1] {
-                let (orow, irow) = wk.row(a, b);
-                for px in 0..wk.o[2] {
-                    let base = irow + px * s2;
-                    let gv = lanes(gy, (orow + px) * c + ch);
-                    for (t, at) in acc.iter_mut().enumerate() {
-                        let xv = lanes(xp, (base + wk.off[t]) * c + ch);
-                        for j in 0..LANES {
-                            at[j] += gv[j] * xv[j];
-                        }
+        for r in band.clone() {
+            let (orow, irow) = wk.row(r / wk.o[1], r % wk.o[1]);
+            for px in 0..wk.o[2] {
+                let base = irow + px * s2;
+                let gv = lanes(gy, (orow + px) * c + ch);
+                for (t, at) in acc.iter_mut().enumerate() {
+                    let xv = lanes(xp, (base + wk.off[t]) * c + ch);
+                    for j in 0..LANES {
+                        at[j] += gv[j] * xv[j];
                     }
                 }
             }

@@ -256,7 +256,7 @@ fn depthwise_kernel_rows<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &m
     let (cin, cout, m) = (g.cin, g.cout, g.og());
     let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
     let xp = &sc.a;
-    if depthwise::applies(g) && cin <= depthwise::KERNEL_MAX_CHANNELS {
+    if depthwise::kernel_applies::<T>(g) {
         return depthwise::kernel_rows(g, &pd, xp, gy, dw);
     }
     padded_walk(g, &pd, |op, ip, kp| {
