@@ -869,6 +869,31 @@ fn relu_gradients_of_residual_sums_run_as_one_loop_bitwise_equal() {
 }
 
 #[test]
+fn relu_gradients_of_a_stored_relu_input_run_as_one_loop_bitwise_equal() {
+    // The relu's input `y` stored by the forward (two batch norms added up): the mask
+    // `y > 0` picks `g` or `g + g2`.
+    for shape in BN_SHAPES {
+        let (feeds, vs) = bn_feeds(shape);
+        let [x, y, a, _, _] = feeds.clone();
+        let dims = [None, Some(shape[1]), Some(shape[2])];
+        let (g, g2) = (ph("g", &dims), ph("g2", &dims));
+        let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
+        feeds.extend([g.clone(), g2.clone()]);
+        vs.extend([data(&shape, 8), data(&shape, 9)]);
+        let cx = sub(&x, &a).unwrap();
+        let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
+        let sums = |t: &Tensor| reduce(crate::ops::ReduceOp::Sum, t, &[0, 1], false).unwrap();
+        for grad in [g.clone(), add(&g, &g2).unwrap()] {
+            let gm = select(&pos, &grad, &c(0.0)).unwrap();
+            let prod = mul(&gm, &cx).unwrap();
+            for outs in [vec![gm.clone(), prod.clone()], vec![sums(&prod)]] {
+                assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn batch_norm_input_gradients_run_as_one_loop_bitwise_equal() {
     // `p * ((x - a) * k) + g * q + r`: batch norm's input gradient with the mean's and
     // variance's terms per channel.

@@ -5,7 +5,9 @@
 //! or `relu` then `minimum(·, c)` (relu6); the relu6 gradient recomputes that output `y`
 //! and writes `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums
 //! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product; the
-//! input gradient is `p * ((x - a) * k) + g * q + r` (`g` the gradient after the
+//! relu gradient of a residual block may read `y + r` and a gradient `g + g2`, or the
+//! stored relu input instead of `y` (`MaskGrad`); the input gradient is
+//! `p * ((x - a) * k) + g * q + r` (`g` the gradient after the
 //! activation, `k` a single value, the rest per-channel values). The
 //! per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on constant ops),
 //! so the results are bitwise those of the group's ordinary program. A chunk program of
@@ -44,6 +46,21 @@ pub(super) enum BnKernel {
         gm_out: Option<usize>,
         prod_out: usize,
     },
+    /// A relu gradient whose mask reads the stored relu input `y` (`y > z`) rather than
+    /// computing it: `gm = y > z ? g [+ g2] : z1` and `gm * (x - a)`, `x`, `y`, `g`, `g2`
+    /// same-size inputs, `a` a per-channel value (a tile index); outputs as `ReluGrad`'s.
+    /// A residual block whose output two batch norms add up takes this gradient.
+    MaskGrad {
+        x: u16,
+        a: u16,
+        y: u16,
+        z: u16,
+        g: u16,
+        g2: Option<u16>,
+        z1: u16,
+        gm_out: Option<usize>,
+        prod_out: usize,
+    },
     /// Batch norm's input gradient, `p * ((x - a) * k) + g * q + r`: `x` and `g`
     /// same-size inputs, `k` a single value, `tiles` = `[a, p, q, r]` per-channel values,
     /// the group's only output.
@@ -73,7 +90,7 @@ pub(super) fn recognise(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     use Opd::{Ext, Reg, Scal, Tile};
     use UnaryOp::Relu;
     // (rustfmt puts a slice pattern on one line, however long.)
-    if let Some(k) = input_grad_kernel(prog, outs) {
+    if let Some(k) = input_grad_kernel(prog, outs).or_else(|| mask_grad_kernel(prog, outs)) {
         return Some(k);
     }
     #[rustfmt::skip]
@@ -223,6 +240,67 @@ fn input_grad_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     })
 }
 
+/// `prog` as a relu gradient with a stored mask input (`BnKernel::MaskGrad`), if it is one.
+fn mask_grad_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
+    use BinaryOp::{Add, Greater, Mul, Sub};
+    use Ins::{Binary as Bin, Select as Sel};
+    use Opd::{Ext, Reg, Scal, Tile};
+    #[rustfmt::skip]
+    let (x, a, y, z, g, g2, z1) = match *prog {
+        [
+            Bin(Sub, Ext(x), Tile(a), 0),
+            Bin(Greater, Ext(y), Scal(z), 1),
+            Sel(Reg(1), Ext(g), Scal(z1), 2),
+            Bin(Mul, Reg(2), Reg(0), 3),
+        ] => (x, a, y, z, g, None, z1),
+        [
+            Bin(Sub, Ext(x), Tile(a), 0),
+            Bin(Greater, Ext(y), Scal(z), 1),
+            Bin(Add, Ext(g), Ext(g2), 2),
+            Sel(Reg(1), Reg(2), Scal(z1), 3),
+            Bin(Mul, Reg(3), Reg(0), 4),
+        ] => (x, a, y, z, g, Some(g2), z1),
+        // The centred input computed after the mask.
+        [
+            Bin(Greater, Ext(y), Scal(z), 0),
+            Sel(Reg(0), Ext(g), Scal(z1), 1),
+            Bin(Sub, Ext(x), Tile(a), 2),
+            Bin(Mul, Reg(1), Reg(2), 3),
+        ] => (x, a, y, z, g, None, z1),
+        [
+            Bin(Greater, Ext(y), Scal(z), 0),
+            Bin(Add, Ext(g), Ext(g2), 1),
+            Sel(Reg(0), Reg(1), Scal(z1), 2),
+            Bin(Sub, Ext(x), Tile(a), 3),
+            Bin(Mul, Reg(2), Reg(3), 4),
+        ] => (x, a, y, z, g, Some(g2), z1),
+        _ => return None,
+    };
+    let written: Vec<&Out> = outs
+        .iter()
+        .filter(|o| !matches!(o, Out::Passed(_)))
+        .collect();
+    let slot = |v: usize| {
+        written
+            .iter()
+            .position(|o| matches!(o, Out::F32(Reg(r)) if *r as usize == v))
+    };
+    // `gm` is the select, the product the last instruction.
+    let sel = prog.iter().position(|i| matches!(i, Sel(..)))?;
+    let (gm_out, prod_out) = (slot(sel), slot(prog.len() - 1)?);
+    (written.len() == 1 + gm_out.is_some() as usize).then_some(BnKernel::MaskGrad {
+        x,
+        a,
+        y,
+        z,
+        g,
+        g2,
+        z1,
+        gm_out,
+        prod_out,
+    })
+}
+
 /// Runs `k` over elements `[start, end)`, reading `ext`, `tiles` and `scal` and writing
 /// its outputs among `outs`; false (nothing done) where an output is not an f32 buffer.
 /// An output may be an input's buffer (each element is read before it is written), and a
@@ -341,6 +419,32 @@ pub(super) unsafe fn run(
                 (false, false, true, true) => {
                     relu_grad::<false, false, true, true>(&o, r, g, consts, outs)
                 }
+            }
+        }
+        BnKernel::MaskGrad {
+            x,
+            a,
+            y,
+            z,
+            g,
+            g2,
+            z1,
+            gm_out,
+            prod_out,
+        } => {
+            let gm = gm_out.map_or(Some(std::ptr::null_mut()), f32_out);
+            let (Some(o0), Some(o1)) = (gm, f32_out(prod_out)) else {
+                return false;
+            };
+            let (at, period) = tiles[a as usize];
+            let ins = [x, y, g, g2.unwrap_or(g)].map(|e| ext[e as usize]);
+            let k = [scal[z as usize], scal[z1 as usize]];
+            let run = (at, period, start, end);
+            match (gm_out.is_some(), g2.is_some()) {
+                (true, true) => mask_grad::<true, true>(ins, run, k, [o0, o1]),
+                (true, false) => mask_grad::<true, false>(ins, run, k, [o0, o1]),
+                (false, true) => mask_grad::<false, true>(ins, run, k, [o0, o1]),
+                (false, false) => mask_grad::<false, false>(ins, run, k, [o0, o1]),
             }
         }
         BnKernel::InputGrad { x, g, k, tiles: ts } => {
@@ -495,6 +599,55 @@ unsafe fn relu_grad<const CAP: bool, const GM: bool, const RES: bool, const SUM:
     })
 }
 
+/// `BnKernel::MaskGrad` over the run's elements: `ins` = `[x, y, g, g2]` (`g2` read only
+/// with `SUM`), `run` = (the tile of `a`, its period, start, end), `k` = `[z, z1]`, `out`
+/// = `gm`'s buffer (written only with `GM`) and the product's.
+#[inline(always)]
+unsafe fn mask_grad<const GM: bool, const SUM: bool>(
+    ins: [*const f32; 4],
+    run: (*const f32, usize, usize, usize),
+    k: [f32; 2],
+    out: [*mut f32; 2],
+) {
+    let [x, y, g, g2] = ins;
+    let (a, period, start, end) = run;
+    let [o0, o1] = out;
+    by_runs!(period, start, end, |e, p, n| {
+        if n == L {
+            let (xv, yv, mut gv, av) = (
+                load(x.add(e)),
+                load(y.add(e)),
+                load(g.add(e)),
+                load(a.add(p)),
+            );
+            if SUM {
+                let g2v = load(g2.add(e));
+                for l in 0..L {
+                    gv[l] = binary_scalar(BinaryOp::Add, gv[l], g2v[l]);
+                }
+            }
+            let (mut gm, mut prod) = ([0f32; L], [0f32; L]);
+            for l in 0..L {
+                (gm[l], prod[l]) = mask_grad_one(xv[l], yv[l], gv[l], av[l], k);
+            }
+            if GM {
+                store(o0.wrapping_add(e), gm);
+            }
+            store(o1.wrapping_add(e), prod);
+        } else {
+            let mut gv = *g.add(e);
+            if SUM {
+                gv = binary_scalar(BinaryOp::Add, gv, *g2.add(e));
+            }
+            let (gm, prod) = mask_grad_one(*x.add(e), *y.add(e), gv, *a.add(p), k);
+            if GM {
+                *o0.wrapping_add(e) = gm;
+            }
+            *o1.wrapping_add(e) = prod;
+        }
+    })
+}
+
 /// Batch norm's input gradient over `[start, end)` into `out`: `t` = the tiles of
 /// `[a, p, q, r]`, one period each.
 #[allow(clippy::too_many_arguments)]
@@ -608,4 +761,13 @@ fn input_grad_one(x: f32, g: f32, k: f32, t: [f32; 4]) -> f32 {
     let w = binary_scalar(BinaryOp::Mul, g, q);
     let v = binary_scalar(BinaryOp::Add, v, w);
     binary_scalar(BinaryOp::Add, v, r)
+}
+
+/// `(gm, gm * (x - a))` of one element of `BnKernel::MaskGrad`; `k` = `[z, z1]`.
+#[inline(always)]
+fn mask_grad_one(x: f32, y: f32, g: f32, a: f32, k: [f32; 2]) -> (f32, f32) {
+    let cx = binary_scalar(BinaryOp::Sub, x, a);
+    let pos = binary_scalar(BinaryOp::Greater, y, k[0]);
+    let gm = if pos != 0.0 { g } else { k[1] };
+    (gm, binary_scalar(BinaryOp::Mul, gm, cx))
 }
