@@ -869,6 +869,27 @@ fn relu_gradients_of_residual_sums_run_as_one_loop_bitwise_equal() {
 }
 
 #[test]
+fn two_batch_norm_outputs_added_before_a_relu_run_as_one_loop_bitwise_equal() {
+    // `relu(y1 + y2)`, `yi = (xi - ai) * si + bi`: the sum written too, or the relu alone.
+    for shape in BN_SHAPES {
+        let (feeds, vs) = bn_feeds(shape);
+        let [x, x2, a, s, b] = feeds.clone();
+        let ch = [Some(shape[2])];
+        let (a2, s2, b2) = (ph("a2", &ch), ph("s2", &ch), ph("b2", &ch));
+        let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
+        feeds.extend([a2.clone(), s2.clone(), b2.clone()]);
+        vs.extend([6, 7, 8].map(|seed| data(&shape[2..], seed)));
+        let y1 = add(&mul(&sub(&x, &a).unwrap(), &s).unwrap(), &b).unwrap();
+        let y2 = add(&mul(&sub(&x2, &a2).unwrap(), &s2).unwrap(), &b2).unwrap();
+        let sum = add(&y1, &y2).unwrap();
+        let relu = unary(UnaryOp::Relu, &sum).unwrap();
+        for outs in [vec![sum.clone(), relu.clone()], vec![relu.clone()]] {
+            assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
+        }
+    }
+}
+
+#[test]
 fn relu_gradients_of_a_stored_relu_input_run_as_one_loop_bitwise_equal() {
     // The relu's input `y` stored by the forward (two batch norms added up): the mask
     // `y > 0` picks `g` or `g + g2`.

@@ -6,7 +6,8 @@
 //! and writes `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums
 //! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product; the
 //! relu gradient of a residual block may read `y + r` and a gradient `g + g2`, or the
-//! stored relu input instead of `y` (`MaskGrad`); the input gradient is
+//! stored relu input instead of `y` (`MaskGrad`); two outputs added up before a relu
+//! (`AffineSum`) are one loop too; the input gradient is
 //! `p * ((x - a) * k) + g * q + r` (`g` the gradient after the
 //! activation, `k` a single value, the rest per-channel values). The
 //! per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on constant ops),
@@ -45,6 +46,14 @@ pub(super) enum BnKernel {
         cap: Option<(u16, u16)>,
         gm_out: Option<usize>,
         prod_out: usize,
+    },
+    /// Two batch norms' outputs added up and a relu, `relu(y1 + y2)` with
+    /// `yi = (xi - ai) * si + bi` (a residual block whose shortcut has a batch norm of its
+    /// own): the relu's output slot and the sum's, where the group writes it.
+    AffineSum {
+        heads: [Head; 2],
+        sum_out: Option<usize>,
+        relu_out: usize,
     },
     /// A relu gradient whose mask reads the stored relu input `y` (`y > z`) rather than
     /// computing it: `gm = y > z ? g [+ g2] : z1` and `gm * (x - a)`, `x`, `y`, `g`, `g2`
@@ -90,7 +99,10 @@ pub(super) fn recognise(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     use Opd::{Ext, Reg, Scal, Tile};
     use UnaryOp::Relu;
     // (rustfmt puts a slice pattern on one line, however long.)
-    if let Some(k) = input_grad_kernel(prog, outs).or_else(|| mask_grad_kernel(prog, outs)) {
+    if let Some(k) = input_grad_kernel(prog, outs)
+        .or_else(|| mask_grad_kernel(prog, outs))
+        .or_else(|| affine_sum_kernel(prog, outs))
+    {
         return Some(k);
     }
     #[rustfmt::skip]
@@ -237,6 +249,51 @@ fn input_grad_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
         g,
         k,
         tiles: [a, p, q, r],
+    })
+}
+
+/// `prog` as two batch norms' outputs added up and a relu (`BnKernel::AffineSum`), if it
+/// is one.
+fn affine_sum_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
+    use BinaryOp::{Add, Mul, Sub};
+    use Ins::{Binary as Bin, Unary as Un};
+    use Opd::{Ext, Reg, Tile};
+    #[rustfmt::skip]
+    let [
+        Bin(Sub, Ext(x1), Tile(a1), 0),
+        Bin(Mul, Reg(0), Tile(s1), 1),
+        Bin(Add, Reg(1), Tile(b1), 2),
+        Bin(Sub, Ext(x2), Tile(a2), 3),
+        Bin(Mul, Reg(3), Tile(s2), 4),
+        Bin(Add, Reg(4), Tile(b2), 5),
+        Bin(Add, Reg(2), Reg(5), 6),
+        Un(UnaryOp::Relu, Reg(6), 7),
+    ] = *prog else {
+        return None;
+    };
+    let written: Vec<&Out> = outs
+        .iter()
+        .filter(|o| !matches!(o, Out::Passed(_)))
+        .collect();
+    let slot = |v: u16| {
+        written
+            .iter()
+            .position(|o| matches!(o, Out::F32(Reg(r)) if *r == v))
+    };
+    let (sum_out, relu_out) = (slot(6), slot(7)?);
+    (written.len() == 1 + sum_out.is_some() as usize).then_some(BnKernel::AffineSum {
+        heads: [
+            Head {
+                x: x1,
+                tiles: [a1, s1, b1],
+            },
+            Head {
+                x: x2,
+                tiles: [a2, s2, b2],
+            },
+        ],
+        sum_out,
+        relu_out,
     })
 }
 
@@ -421,6 +478,29 @@ pub(super) unsafe fn run(
                 }
             }
         }
+        BnKernel::AffineSum {
+            ref heads,
+            sum_out,
+            relu_out,
+        } => {
+            let sum = sum_out.map_or(Some(std::ptr::null_mut()), f32_out);
+            let (Some(o0), Some(o1)) = (sum, f32_out(relu_out)) else {
+                return false;
+            };
+            let all: Vec<u16> = heads.iter().flat_map(|h| h.tiles).collect();
+            let (Some(o), Some(_)) = (at(&heads[0]), period(&all)) else {
+                return false;
+            };
+            let second = (
+                ext[heads[1].x as usize],
+                heads[1].tiles.map(|t| tiles[t as usize].0),
+            );
+            if sum_out.is_some() {
+                affine_sum::<true>(&o, second, [o0, o1]);
+            } else {
+                affine_sum::<false>(&o, second, [o0, o1]);
+            }
+        }
         BnKernel::MaskGrad {
             x,
             a,
@@ -599,6 +679,56 @@ unsafe fn relu_grad<const CAP: bool, const GM: bool, const RES: bool, const SUM:
     })
 }
 
+/// `BnKernel::AffineSum` over the run's elements: `o` the first head's operands, `second`
+/// the second's input and tiles (of `o`'s period), `out` = the sum's buffer (written only
+/// with `SUM`) and the relu's.
+#[inline(always)]
+unsafe fn affine_sum<const SUM: bool>(
+    o: &Operands,
+    second: (*const f32, [*const f32; 3]),
+    out: [*mut f32; 2],
+) {
+    let (x, [a, s, b]) = (o.x, o.t);
+    let (x2, [a2, s2, b2]) = second;
+    let [o0, o1] = out;
+    by_runs!(o.period, o.start, o.end, |e, p, n| {
+        if n == L {
+            let (xv, av, sv, bv) = (
+                load(x.add(e)),
+                load(a.add(p)),
+                load(s.add(p)),
+                load(b.add(p)),
+            );
+            let (x2v, a2v, s2v, b2v) = (
+                load(x2.add(e)),
+                load(a2.add(p)),
+                load(s2.add(p)),
+                load(b2.add(p)),
+            );
+            let (mut sum, mut relu) = ([0f32; L], [0f32; L]);
+            for l in 0..L {
+                (sum[l], relu[l]) = affine_sum_one(
+                    [xv[l], av[l], sv[l], bv[l]],
+                    [x2v[l], a2v[l], s2v[l], b2v[l]],
+                );
+            }
+            if SUM {
+                store(o0.wrapping_add(e), sum);
+            }
+            store(o1.wrapping_add(e), relu);
+        } else {
+            let (sum, relu) = affine_sum_one(
+                [*x.add(e), *a.add(p), *s.add(p), *b.add(p)],
+                [*x2.add(e), *a2.add(p), *s2.add(p), *b2.add(p)],
+            );
+            if SUM {
+                *o0.wrapping_add(e) = sum;
+            }
+            *o1.wrapping_add(e) = relu;
+        }
+    })
+}
+
 /// `BnKernel::MaskGrad` over the run's elements: `ins` = `[x, y, g, g2]` (`g2` read only
 /// with `SUM`), `run` = (the tile of `a`, its period, start, end), `k` = `[z, z1]`, `out`
 /// = `gm`'s buffer (written only with `GM`) and the product's.
@@ -770,4 +900,17 @@ fn mask_grad_one(x: f32, y: f32, g: f32, a: f32, k: [f32; 2]) -> (f32, f32) {
     let pos = binary_scalar(BinaryOp::Greater, y, k[0]);
     let gm = if pos != 0.0 { g } else { k[1] };
     (gm, binary_scalar(BinaryOp::Mul, gm, cx))
+}
+
+/// `(y1 + y2, relu(y1 + y2))` of one element of `BnKernel::AffineSum`, each head given as
+/// `[x, a, s, b]`.
+#[inline(always)]
+fn affine_sum_one(h1: [f32; 4], h2: [f32; 4]) -> (f32, f32) {
+    let y = |[x, a, s, b]: [f32; 4]| {
+        let v = binary_scalar(BinaryOp::Sub, x, a);
+        let v = binary_scalar(BinaryOp::Mul, v, s);
+        binary_scalar(BinaryOp::Add, v, b)
+    };
+    let sum = binary_scalar(BinaryOp::Add, y(h1), y(h2));
+    (sum, unary_scalar(UnaryOp::Relu, sum))
 }
