@@ -93,7 +93,29 @@ pub(super) struct Head {
 /// writes register `k`, and reads the one before as its first operand) as one of batch
 /// norm's kernels, with `outs` the group's outputs. Operand order is kept as the program
 /// has it, so even a NaN's payload is the program's.
-pub(super) fn recognise(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
+/// `periods` gives each `Opd::Tile` operand's period: the kernels read every per-channel
+/// value at one index within one period, so a program whose tiles repeat with different
+/// periods (a `[channels]` value next to a `[rows, channels]` one) keeps its chunk program.
+pub(super) fn recognise(prog: &[Ins], outs: &[Out], periods: &[usize]) -> Option<BnKernel> {
+    let k = recognise_program(prog, outs)?;
+    let tiles = k.tiles();
+    let p = periods[tiles[0] as usize];
+    tiles.iter().all(|&t| periods[t as usize] == p).then_some(k)
+}
+
+impl BnKernel {
+    /// The `Opd::Tile` operands the kernel reads.
+    fn tiles(&self) -> Vec<u16> {
+        match self {
+            BnKernel::Affine { head, .. } | BnKernel::ReluGrad { head, .. } => head.tiles.to_vec(),
+            BnKernel::AffineSum { heads, .. } => heads.iter().flat_map(|h| h.tiles).collect(),
+            BnKernel::MaskGrad { a, .. } => vec![*a],
+            BnKernel::InputGrad { tiles, .. } => tiles.to_vec(),
+        }
+    }
+}
+
+fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     use BinaryOp::{Add, Greater, LessEqual, Minimum, Mul, Sub};
     use Ins::{Binary as Bin, Select as Sel, Unary as Un};
     use Opd::{Ext, Reg, Scal, Tile};
@@ -380,21 +402,13 @@ pub(super) unsafe fn run(
         Some((_, OutBuf::F32(p))) => Some(*p),
         Some((_, OutBuf::Bool(_))) | None => None,
     };
-    // The per-channel values are read at one index `p` within the period: the kernels
-    // run only where their tiles share one period (a `[channels]` value next to an
-    // `[rows, channels]` one keeps the chunk program).
-    let period = |ts: &[u16]| {
-        let p = tiles[ts[0] as usize].1;
-        ts.iter().all(|&t| tiles[t as usize].1 == p).then_some(p)
-    };
-    let at = |h: &Head| {
-        Some(Operands {
-            x: ext[h.x as usize],
-            t: h.tiles.map(|t| tiles[t as usize].0),
-            period: period(&h.tiles)?,
-            start,
-            end,
-        })
+    // Every tile of a kernel has one period (`recognise`).
+    let at = |h: &Head| Operands {
+        x: ext[h.x as usize],
+        t: h.tiles.map(|t| tiles[t as usize].0),
+        period: tiles[h.tiles[0] as usize].1,
+        start,
+        end,
     };
     match *k {
         BnKernel::Affine {
@@ -406,9 +420,7 @@ pub(super) unsafe fn run(
             let Some(out) = f32_out(0) else {
                 return false;
             };
-            let Some(o) = at(head) else {
-                return false;
-            };
+            let o = at(head);
             let r = residual.map_or(o.x, |e| ext[e as usize]);
             let c = cap.map_or(0.0, |c| scal[c as usize]);
             match (residual.is_some(), relu, cap.is_some()) {
@@ -437,9 +449,7 @@ pub(super) unsafe fn run(
             };
             let (c, z2) = cap.map_or((0.0, 0.0), |(c, z2)| (scal[c as usize], scal[z2 as usize]));
             let consts = [scal[z as usize], scal[z1 as usize], c, z2];
-            let Some(o) = at(head) else {
-                return false;
-            };
+            let o = at(head);
             let g = [g, g2.unwrap_or(g)].map(|e| ext[e as usize]);
             let r = residual.map_or(o.x, |e| ext[e as usize]);
             let outs = [o0, o1];
@@ -487,10 +497,7 @@ pub(super) unsafe fn run(
             let (Some(o0), Some(o1)) = (sum, f32_out(relu_out)) else {
                 return false;
             };
-            let all: Vec<u16> = heads.iter().flat_map(|h| h.tiles).collect();
-            let (Some(o), Some(_)) = (at(&heads[0]), period(&all)) else {
-                return false;
-            };
+            let o = at(&heads[0]);
             let second = (
                 ext[heads[1].x as usize],
                 heads[1].tiles.map(|t| tiles[t as usize].0),
@@ -528,9 +535,10 @@ pub(super) unsafe fn run(
             }
         }
         BnKernel::InputGrad { x, g, k, tiles: ts } => {
-            let (Some(out), Some(period)) = (f32_out(0), period(&ts)) else {
+            let Some(out) = f32_out(0) else {
                 return false;
             };
+            let period = tiles[ts[0] as usize].1;
             let t = ts.map(|t| tiles[t as usize].0);
             let (x, g) = (ext[x as usize], ext[g as usize]);
             input_grad(x, g, scal[k as usize], t, period, start, end, out);

@@ -301,7 +301,12 @@ fn compile(
         })
         .and_then(|u| lower(u, g, &inputs));
     let bn = if update.is_none() && loads.is_empty() {
-        recognise(&prog, &outs)
+        let periods: Vec<usize> = tiles
+            .iter()
+            .map(|&(_, p)| p)
+            .chain(derived.iter().map(|&(_, p)| p))
+            .collect();
+        recognise(&prog, &outs, &periods)
     } else {
         None
     };
