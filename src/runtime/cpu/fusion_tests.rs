@@ -869,6 +869,25 @@ fn relu_gradients_of_residual_sums_run_as_one_loop_bitwise_equal() {
 }
 
 #[test]
+fn batch_norm_variance_terms_run_as_one_loop_bitwise_equal() {
+    // `(x - a)²` per channel, its mean over the rows folded; `x - a` written too, or not.
+    for shape in BN_SHAPES {
+        let (feeds, vs) = bn_feeds(shape);
+        let [x, _, a, _, _] = feeds.clone();
+        let dev = sub(&x, &a).unwrap();
+        let sq = unary(UnaryOp::Square, &dev).unwrap();
+        let mean = reduce(crate::ops::ReduceOp::Mean, &sq, &[0, 1], false).unwrap();
+        for outs in [
+            vec![sq.clone()],
+            vec![dev.clone(), sq.clone()],
+            vec![mean.clone()],
+        ] {
+            assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
+        }
+    }
+}
+
+#[test]
 fn two_batch_norm_outputs_added_before_a_relu_run_as_one_loop_bitwise_equal() {
     // `relu(y1 + y2)`, `yi = (xi - ai) * si + bi`: the sum written too, or the relu alone.
     for shape in BN_SHAPES {

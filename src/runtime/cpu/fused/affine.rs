@@ -7,7 +7,8 @@
 //! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product; the
 //! relu gradient of a residual block may read `y + r` and a gradient `g + g2`, or the
 //! stored relu input instead of `y` (`MaskGrad`); two outputs added up before a relu
-//! (`AffineSum`) are one loop too; the input gradient is
+//! (`AffineSum`) and the variance's `(x - a)²` (`SquaredDev`) are one loop too; the input
+//! gradient is
 //! `p * ((x - a) * k) + g * q + r` (`g` the gradient after the
 //! activation, `k` a single value, the rest per-channel values). The
 //! per-element code is the op tables' (`BinaryOp::zip`, `UnaryOp::map` on constant ops),
@@ -46,6 +47,15 @@ pub(super) enum BnKernel {
         cap: Option<(u16, u16)>,
         gm_out: Option<usize>,
         prod_out: usize,
+    },
+    /// Batch norm's variance term `(x - a)²` (its mean folded by the group): `x` a
+    /// same-size input, `a` a per-channel value (a tile index); the slots of the square and,
+    /// where the group writes it, of `x - a`.
+    SquaredDev {
+        x: u16,
+        a: u16,
+        dev_out: Option<usize>,
+        sq_out: usize,
     },
     /// Two batch norms' outputs added up and a relu, `relu(y1 + y2)` with
     /// `yi = (xi - ai) * si + bi` (a residual block whose shortcut has a batch norm of its
@@ -109,7 +119,7 @@ impl BnKernel {
         match self {
             BnKernel::Affine { head, .. } | BnKernel::ReluGrad { head, .. } => head.tiles.to_vec(),
             BnKernel::AffineSum { heads, .. } => heads.iter().flat_map(|h| h.tiles).collect(),
-            BnKernel::MaskGrad { a, .. } => vec![*a],
+            BnKernel::MaskGrad { a, .. } | BnKernel::SquaredDev { a, .. } => vec![*a],
             BnKernel::InputGrad { tiles, .. } => tiles.to_vec(),
         }
     }
@@ -124,6 +134,7 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     if let Some(k) = input_grad_kernel(prog, outs)
         .or_else(|| mask_grad_kernel(prog, outs))
         .or_else(|| affine_sum_kernel(prog, outs))
+        .or_else(|| squared_dev_kernel(prog, outs))
     {
         return Some(k);
     }
@@ -271,6 +282,32 @@ fn input_grad_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
         g,
         k,
         tiles: [a, p, q, r],
+    })
+}
+
+/// `prog` as batch norm's variance term (`BnKernel::SquaredDev`), if it is one.
+fn squared_dev_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
+    use Opd::{Ext, Reg, Tile};
+    let [Ins::Binary(BinaryOp::Sub, Ext(x), Tile(a), 0), Ins::Unary(UnaryOp::Square, Reg(0), 1)] =
+        *prog
+    else {
+        return None;
+    };
+    let written: Vec<&Out> = outs
+        .iter()
+        .filter(|o| !matches!(o, Out::Passed(_)))
+        .collect();
+    let slot = |v: u16| {
+        written
+            .iter()
+            .position(|o| matches!(o, Out::F32(Reg(r)) if *r == v))
+    };
+    let (dev_out, sq_out) = (slot(0), slot(1)?);
+    (written.len() == 1 + dev_out.is_some() as usize).then_some(BnKernel::SquaredDev {
+        x,
+        a,
+        dev_out,
+        sq_out,
     })
 }
 
@@ -488,6 +525,24 @@ pub(super) unsafe fn run(
                 }
             }
         }
+        BnKernel::SquaredDev {
+            x,
+            a,
+            dev_out,
+            sq_out,
+        } => {
+            let dev = dev_out.map_or(Some(std::ptr::null_mut()), f32_out);
+            let (Some(o0), Some(o1)) = (dev, f32_out(sq_out)) else {
+                return false;
+            };
+            let (at, period) = tiles[a as usize];
+            let run = (at, period, start, end);
+            if dev_out.is_some() {
+                squared_dev::<true>(ext[x as usize], run, [o0, o1]);
+            } else {
+                squared_dev::<false>(ext[x as usize], run, [o0, o1]);
+            }
+        }
         BnKernel::AffineSum {
             ref heads,
             sum_out,
@@ -683,6 +738,37 @@ unsafe fn relu_grad<const CAP: bool, const GM: bool, const RES: bool, const SUM:
                 *o0.wrapping_add(e) = gm;
             }
             *o1.wrapping_add(e) = prod;
+        }
+    })
+}
+
+/// `BnKernel::SquaredDev` over the run's elements: `run` = (the tile of `a`, its period,
+/// start, end), `out` = the buffer of `x - a` (written only with `DEV`) and the square's.
+#[inline(always)]
+unsafe fn squared_dev<const DEV: bool>(
+    x: *const f32,
+    run: (*const f32, usize, usize, usize),
+    out: [*mut f32; 2],
+) {
+    let (a, period, start, end) = run;
+    let [o0, o1] = out;
+    by_runs!(period, start, end, |e, p, n| {
+        if n == L {
+            let (xv, av) = (load(x.add(e)), load(a.add(p)));
+            let (mut dev, mut sq) = ([0f32; L], [0f32; L]);
+            for l in 0..L {
+                (dev[l], sq[l]) = squared_dev_one(xv[l], av[l]);
+            }
+            if DEV {
+                store(o0.wrapping_add(e), dev);
+            }
+            store(o1.wrapping_add(e), sq);
+        } else {
+            let (dev, sq) = squared_dev_one(*x.add(e), *a.add(p));
+            if DEV {
+                *o0.wrapping_add(e) = dev;
+            }
+            *o1.wrapping_add(e) = sq;
         }
     })
 }
@@ -921,4 +1007,11 @@ fn affine_sum_one(h1: [f32; 4], h2: [f32; 4]) -> (f32, f32) {
     };
     let sum = binary_scalar(BinaryOp::Add, y(h1), y(h2));
     (sum, unary_scalar(UnaryOp::Relu, sum))
+}
+
+/// `(x - a, (x - a)²)` of one element of `BnKernel::SquaredDev`.
+#[inline(always)]
+fn squared_dev_one(x: f32, a: f32) -> (f32, f32) {
+    let d = binary_scalar(BinaryOp::Sub, x, a);
+    (d, unary_scalar(UnaryOp::Square, d))
 }
