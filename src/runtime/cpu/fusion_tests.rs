@@ -767,6 +767,31 @@ fn bn_feeds(shape: [usize; 3]) -> ([Tensor; 5], [Value; 5]) {
     (feeds, vs)
 }
 
+/// `feeds` and `vs` (`bn_feeds`) with placeholders `names` of shape `shape` appended (the
+/// first dim unknown where `shape` is an activation's `[batch, rows, channels]`), their
+/// values seeded from `seed` on; and the new placeholders.
+fn more_feeds(
+    (feeds, vs): ([Tensor; 5], [Value; 5]),
+    names: &[&str],
+    shape: &[usize],
+    seed: u32,
+) -> (Vec<Tensor>, Vec<Value>, Vec<Tensor>) {
+    let mut dims: Vec<Option<usize>> = shape.iter().map(|&d| Some(d)).collect();
+    if shape.len() == 3 {
+        dims[0] = None;
+    }
+    let new: Vec<Tensor> = names.iter().map(|n| ph(n, &dims)).collect();
+    let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
+    feeds.extend(new.iter().cloned());
+    vs.extend((0..names.len() as u32).map(|k| data(shape, seed + k)));
+    (feeds, vs, new)
+}
+
+/// The per-channel sums of a `[batch, rows, channels]` member.
+fn channel_sums(t: &Tensor) -> Tensor {
+    reduce(crate::ops::ReduceOp::Sum, t, &[0, 1], false).unwrap()
+}
+
 #[test]
 fn batch_norm_outputs_run_as_affine_chains_bitwise_equal() {
     // `act((x - a) * s + b [+ r])` per channel, act nothing, relu or relu6.
@@ -801,7 +826,6 @@ fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
     // gm = y > 0 ? (relu(y) <= 6 ? g : 0) : 0 (relu6; relu: y > 0 ? g : 0) and gm * (x - a),
     // y = (x - a) * s + b: as outputs, and with their per-channel sums folded (the second
     // then only in tiles).
-    use crate::ops::ReduceOp;
     for shape in BN_SHAPES {
         let (feeds, vs) = bn_feeds(shape);
         let [x, g, a, s, b] = feeds.clone();
@@ -818,9 +842,12 @@ fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
             1,
             "{shape:?}"
         );
-        let sums = |t: &Tensor| reduce(ReduceOp::Sum, t, &[0, 1], false).unwrap();
         assert_eq!(
-            affine_groups(&feeds, &[gm.clone(), sums(&prod), sums(&gm)], &vs),
+            affine_groups(
+                &feeds,
+                &[gm.clone(), channel_sums(&prod), channel_sums(&gm)],
+                &vs
+            ),
             1,
             "{shape:?}"
         );
@@ -830,8 +857,8 @@ fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
         let prod = mul(&gm, &cx).unwrap();
         for outs in [
             vec![gm.clone(), prod.clone()],
-            vec![sums(&prod), sums(&gm)],
-            vec![sums(&prod)],
+            vec![channel_sums(&prod), channel_sums(&gm)],
+            vec![channel_sums(&prod)],
         ] {
             assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
         }
@@ -843,25 +870,19 @@ fn relu_gradients_of_residual_sums_run_as_one_loop_bitwise_equal() {
     // A residual block's relu gradient: of `y + r`, with the gradient `g + g2` of an
     // output read twice, or both.
     for shape in BN_SHAPES {
-        let (feeds, vs) = bn_feeds(shape);
-        let [x, g, a, s, b] = feeds.clone();
-        let (r, g2) = (
-            ph("r", &[None, Some(shape[1]), Some(shape[2])]),
-            ph("g2", &[None, Some(shape[1]), Some(shape[2])]),
-        );
-        let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
-        feeds.extend([r.clone(), g2.clone()]);
-        vs.extend([data(&shape, 8), data(&shape, 9)]);
+        let base = bn_feeds(shape);
+        let [x, g, a, s, b] = base.0.clone();
+        let (feeds, vs, new) = more_feeds(base, &["r", "g2"], &shape, 8);
+        let [r, g2] = [&new[0], &new[1]];
         let cx = sub(&x, &a).unwrap();
         let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
-        let with_r = add(&y, &r).unwrap();
-        let g_sum = add(&g, &g2).unwrap();
-        let sums = |t: &Tensor| reduce(crate::ops::ReduceOp::Sum, t, &[0, 1], false).unwrap();
+        let with_r = add(&y, r).unwrap();
+        let g_sum = add(&g, g2).unwrap();
         for (pre, grad) in [(&with_r, &g), (&y, &g_sum), (&with_r, &g_sum)] {
             let pos = binary(BinaryOp::Greater, pre, &c(0.0)).unwrap();
             let gm = select(&pos, grad, &c(0.0)).unwrap();
             let prod = mul(&gm, &cx).unwrap();
-            for outs in [vec![gm.clone(), prod.clone()], vec![sums(&prod)]] {
+            for outs in [vec![gm.clone(), prod.clone()], vec![channel_sums(&prod)]] {
                 assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
             }
         }
@@ -891,15 +912,12 @@ fn batch_norm_variance_terms_run_as_one_loop_bitwise_equal() {
 fn two_batch_norm_outputs_added_before_a_relu_run_as_one_loop_bitwise_equal() {
     // `relu(y1 + y2)`, `yi = (xi - ai) * si + bi`: the sum written too, or the relu alone.
     for shape in BN_SHAPES {
-        let (feeds, vs) = bn_feeds(shape);
-        let [x, x2, a, s, b] = feeds.clone();
-        let ch = [Some(shape[2])];
-        let (a2, s2, b2) = (ph("a2", &ch), ph("s2", &ch), ph("b2", &ch));
-        let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
-        feeds.extend([a2.clone(), s2.clone(), b2.clone()]);
-        vs.extend([6, 7, 8].map(|seed| data(&shape[2..], seed)));
+        let base = bn_feeds(shape);
+        let [x, x2, a, s, b] = base.0.clone();
+        let (feeds, vs, new) = more_feeds(base, &["a2", "s2", "b2"], &shape[2..], 6);
+        let [a2, s2, b2] = [&new[0], &new[1], &new[2]];
         let y1 = add(&mul(&sub(&x, &a).unwrap(), &s).unwrap(), &b).unwrap();
-        let y2 = add(&mul(&sub(&x2, &a2).unwrap(), &s2).unwrap(), &b2).unwrap();
+        let y2 = add(&mul(&sub(&x2, a2).unwrap(), s2).unwrap(), b2).unwrap();
         let sum = add(&y1, &y2).unwrap();
         let relu = unary(UnaryOp::Relu, &sum).unwrap();
         for outs in [vec![sum.clone(), relu.clone()], vec![relu.clone()]] {
@@ -913,20 +931,16 @@ fn relu_gradients_of_a_stored_relu_input_run_as_one_loop_bitwise_equal() {
     // The relu's input `y` stored by the forward (two batch norms added up): the mask
     // `y > 0` picks `g` or `g + g2`.
     for shape in BN_SHAPES {
-        let (feeds, vs) = bn_feeds(shape);
-        let [x, y, a, _, _] = feeds.clone();
-        let dims = [None, Some(shape[1]), Some(shape[2])];
-        let (g, g2) = (ph("g", &dims), ph("g2", &dims));
-        let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
-        feeds.extend([g.clone(), g2.clone()]);
-        vs.extend([data(&shape, 8), data(&shape, 9)]);
+        let base = bn_feeds(shape);
+        let [x, y, a, _, _] = base.0.clone();
+        let (feeds, vs, new) = more_feeds(base, &["g", "g2"], &shape, 8);
+        let [g, g2] = [&new[0], &new[1]];
         let cx = sub(&x, &a).unwrap();
         let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
-        let sums = |t: &Tensor| reduce(crate::ops::ReduceOp::Sum, t, &[0, 1], false).unwrap();
-        for grad in [g.clone(), add(&g, &g2).unwrap()] {
+        for grad in [g.clone(), add(g, g2).unwrap()] {
             let gm = select(&pos, &grad, &c(0.0)).unwrap();
             let prod = mul(&gm, &cx).unwrap();
-            for outs in [vec![gm.clone(), prod.clone()], vec![sums(&prod)]] {
+            for outs in [vec![gm.clone(), prod.clone()], vec![channel_sums(&prod)]] {
                 assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
             }
         }
@@ -938,19 +952,17 @@ fn batch_norm_input_gradients_run_as_one_loop_bitwise_equal() {
     // `p * ((x - a) * k) + g * q + r`: batch norm's input gradient with the mean's and
     // variance's terms per channel.
     for shape in BN_SHAPES {
-        let (feeds, vs) = bn_feeds(shape);
-        let [x, g, a, p, q] = feeds.clone();
-        let r = ph("r", &[Some(shape[2])]);
-        let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
-        feeds.push(r.clone());
-        vs.push(data(&shape[2..], 6));
+        let base = bn_feeds(shape);
+        let [x, g, a, p, q] = base.0.clone();
+        let (feeds, vs, new) = more_feeds(base, &["r"], &shape[2..], 6);
+        let r = &new[0];
         let dx = add(
             &add(
                 &mul(&p, &mul(&sub(&x, &a).unwrap(), &c(0.125)).unwrap()).unwrap(),
                 &mul(&g, &q).unwrap(),
             )
             .unwrap(),
-            &r,
+            r,
         )
         .unwrap();
         assert_eq!(affine_groups(&feeds, &[dx], &vs), 1, "{shape:?}");
@@ -961,7 +973,7 @@ fn batch_norm_input_gradients_run_as_one_loop_bitwise_equal() {
                 &mul(&g, &q).unwrap(),
             )
             .unwrap(),
-            &r,
+            r,
         )
         .unwrap();
         assert_eq!(affine_groups(&feeds, &[swapped], &vs), 0, "{shape:?}");
@@ -974,20 +986,18 @@ fn batch_norm_input_gradients_run_as_one_loop_bitwise_equal() {
 #[test]
 fn batch_norm_kernels_with_tiles_of_different_periods_keep_the_program() {
     let shape = [6, 5, 7];
-    let (feeds, vs) = bn_feeds(shape);
-    let [x, g, a, _, b] = feeds.clone();
-    let s = ph("s", &[Some(shape[1]), Some(shape[2])]);
-    let (mut feeds, mut vs) = (feeds.to_vec(), vs.to_vec());
-    feeds.push(s.clone());
-    vs.push(data(&shape[1..], 7));
-    let y = add(&mul(&sub(&x, &a).unwrap(), &s).unwrap(), &b).unwrap();
+    let base = bn_feeds(shape);
+    let [x, g, a, _, b] = base.0.clone();
+    let (feeds, vs, new) = more_feeds(base, &["s"], &shape[1..], 7);
+    let s = &new[0];
+    let y = add(&mul(&sub(&x, &a).unwrap(), s).unwrap(), &b).unwrap();
     let relu = unary(UnaryOp::Relu, &y).unwrap();
     let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
     let gm = select(&pos, &g, &c(0.0)).unwrap();
     let prod = mul(&gm, &sub(&x, &a).unwrap()).unwrap();
     let dx = add(
         &add(
-            &mul(&s, &mul(&sub(&x, &a).unwrap(), &c(0.125)).unwrap()).unwrap(),
+            &mul(s, &mul(&sub(&x, &a).unwrap(), &c(0.125)).unwrap()).unwrap(),
             &mul(&g, &b).unwrap(),
         )
         .unwrap(),

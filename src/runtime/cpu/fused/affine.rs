@@ -151,15 +151,6 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
         x,
         tiles: [a, s, b],
     };
-    let written: Vec<&Out> = outs
-        .iter()
-        .filter(|o| !matches!(o, Out::Passed(_)))
-        .collect();
-    let slot = |v: usize| {
-        written
-            .iter()
-            .position(|o| matches!(o, Out::F32(Reg(r)) if *r as usize == v))
-    };
     #[rustfmt::skip]
     let grad = match *tail {
         // relu6: the relu and the comparison with `z` read `y` each, in either order.
@@ -209,9 +200,8 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     };
     if let Some((residual, g, g2, z, z1, cap)) = grad {
         // `gm` is the second instruction from the end, the product the last.
-        let (gm_out, prod_out) = (slot(prog.len() - 2), slot(prog.len() - 1)?);
-        // Nothing else written: the mask is `gm`'s, or no output at all.
-        return (written.len() == 1 + gm_out.is_some() as usize).then_some(BnKernel::ReluGrad {
+        let (gm_out, prod_out) = out_slots(outs, prog.len() - 2, prog.len() - 1)?;
+        return Some(BnKernel::ReluGrad {
             head,
             residual,
             g,
@@ -285,6 +275,22 @@ fn input_grad_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     })
 }
 
+/// Where instruction `main`'s result is written and, if the group writes it, instruction
+/// `extra`'s: their slots among the written outputs, the group writing nothing else.
+fn out_slots(outs: &[Out], extra: usize, main: usize) -> Option<(Option<usize>, usize)> {
+    let written: Vec<&Out> = outs
+        .iter()
+        .filter(|o| !matches!(o, Out::Passed(_)))
+        .collect();
+    let slot = |v: usize| {
+        written
+            .iter()
+            .position(|o| matches!(o, Out::F32(Opd::Reg(r)) if *r as usize == v))
+    };
+    let (extra, main) = (slot(extra), slot(main)?);
+    (written.len() == 1 + extra.is_some() as usize).then_some((extra, main))
+}
+
 /// `prog` as batch norm's variance term (`BnKernel::SquaredDev`), if it is one.
 fn squared_dev_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     use Opd::{Ext, Reg, Tile};
@@ -293,17 +299,8 @@ fn squared_dev_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     else {
         return None;
     };
-    let written: Vec<&Out> = outs
-        .iter()
-        .filter(|o| !matches!(o, Out::Passed(_)))
-        .collect();
-    let slot = |v: u16| {
-        written
-            .iter()
-            .position(|o| matches!(o, Out::F32(Reg(r)) if *r == v))
-    };
-    let (dev_out, sq_out) = (slot(0), slot(1)?);
-    (written.len() == 1 + dev_out.is_some() as usize).then_some(BnKernel::SquaredDev {
+    let (dev_out, sq_out) = out_slots(outs, 0, 1)?;
+    Some(BnKernel::SquaredDev {
         x,
         a,
         dev_out,
@@ -330,17 +327,8 @@ fn affine_sum_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
     ] = *prog else {
         return None;
     };
-    let written: Vec<&Out> = outs
-        .iter()
-        .filter(|o| !matches!(o, Out::Passed(_)))
-        .collect();
-    let slot = |v: u16| {
-        written
-            .iter()
-            .position(|o| matches!(o, Out::F32(Reg(r)) if *r == v))
-    };
-    let (sum_out, relu_out) = (slot(6), slot(7)?);
-    (written.len() == 1 + sum_out.is_some() as usize).then_some(BnKernel::AffineSum {
+    let (sum_out, relu_out) = out_slots(outs, 6, 7)?;
+    Some(BnKernel::AffineSum {
         heads: [
             Head {
                 x: x1,
@@ -392,19 +380,10 @@ fn mask_grad_kernel(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
         ] => (x, a, y, z, g, Some(g2), z1),
         _ => return None,
     };
-    let written: Vec<&Out> = outs
-        .iter()
-        .filter(|o| !matches!(o, Out::Passed(_)))
-        .collect();
-    let slot = |v: usize| {
-        written
-            .iter()
-            .position(|o| matches!(o, Out::F32(Reg(r)) if *r as usize == v))
-    };
     // `gm` is the select, the product the last instruction.
     let sel = prog.iter().position(|i| matches!(i, Sel(..)))?;
-    let (gm_out, prod_out) = (slot(sel), slot(prog.len() - 1)?);
-    (written.len() == 1 + gm_out.is_some() as usize).then_some(BnKernel::MaskGrad {
+    let (gm_out, prod_out) = out_slots(outs, sel, prog.len() - 1)?;
+    Some(BnKernel::MaskGrad {
         x,
         a,
         y,
@@ -438,6 +417,12 @@ pub(super) unsafe fn run(
     let f32_out = |s: usize| match outs.get(s) {
         Some((_, OutBuf::F32(p))) => Some(*p),
         Some((_, OutBuf::Bool(_))) | None => None,
+    };
+    // The buffers of an optional output (null where the group does not write it) and a
+    // required one.
+    let pair = |extra: Option<usize>, main: usize| {
+        let extra = extra.map_or(Some(std::ptr::null_mut()), f32_out)?;
+        Some([extra, f32_out(main)?])
     };
     // Every tile of a kernel has one period (`recognise`).
     let at = |h: &Head| Operands {
@@ -480,8 +465,7 @@ pub(super) unsafe fn run(
             gm_out,
             prod_out,
         } => {
-            let gm = gm_out.map_or(Some(std::ptr::null_mut()), f32_out);
-            let (Some(o0), Some(o1)) = (gm, f32_out(prod_out)) else {
+            let Some(bufs) = pair(gm_out, prod_out) else {
                 return false;
             };
             let (c, z2) = cap.map_or((0.0, 0.0), |(c, z2)| (scal[c as usize], scal[z2 as usize]));
@@ -489,7 +473,6 @@ pub(super) unsafe fn run(
             let o = at(head);
             let g = [g, g2.unwrap_or(g)].map(|e| ext[e as usize]);
             let r = residual.map_or(o.x, |e| ext[e as usize]);
-            let outs = [o0, o1];
             // (relu6's gradient reads neither a residual nor a sum of gradients.)
             match (
                 cap.is_some(),
@@ -497,31 +480,31 @@ pub(super) unsafe fn run(
                 residual.is_some(),
                 g2.is_some(),
             ) {
-                (true, true, ..) => relu_grad::<true, true, false, false>(&o, r, g, consts, outs),
-                (true, false, ..) => relu_grad::<true, false, false, false>(&o, r, g, consts, outs),
+                (true, true, ..) => relu_grad::<true, true, false, false>(&o, r, g, consts, bufs),
+                (true, false, ..) => relu_grad::<true, false, false, false>(&o, r, g, consts, bufs),
                 (false, true, false, false) => {
-                    relu_grad::<false, true, false, false>(&o, r, g, consts, outs)
+                    relu_grad::<false, true, false, false>(&o, r, g, consts, bufs)
                 }
                 (false, false, false, false) => {
-                    relu_grad::<false, false, false, false>(&o, r, g, consts, outs)
+                    relu_grad::<false, false, false, false>(&o, r, g, consts, bufs)
                 }
                 (false, true, true, false) => {
-                    relu_grad::<false, true, true, false>(&o, r, g, consts, outs)
+                    relu_grad::<false, true, true, false>(&o, r, g, consts, bufs)
                 }
                 (false, false, true, false) => {
-                    relu_grad::<false, false, true, false>(&o, r, g, consts, outs)
+                    relu_grad::<false, false, true, false>(&o, r, g, consts, bufs)
                 }
                 (false, true, false, true) => {
-                    relu_grad::<false, true, false, true>(&o, r, g, consts, outs)
+                    relu_grad::<false, true, false, true>(&o, r, g, consts, bufs)
                 }
                 (false, false, false, true) => {
-                    relu_grad::<false, false, false, true>(&o, r, g, consts, outs)
+                    relu_grad::<false, false, false, true>(&o, r, g, consts, bufs)
                 }
                 (false, true, true, true) => {
-                    relu_grad::<false, true, true, true>(&o, r, g, consts, outs)
+                    relu_grad::<false, true, true, true>(&o, r, g, consts, bufs)
                 }
                 (false, false, true, true) => {
-                    relu_grad::<false, false, true, true>(&o, r, g, consts, outs)
+                    relu_grad::<false, false, true, true>(&o, r, g, consts, bufs)
                 }
             }
         }
@@ -531,16 +514,15 @@ pub(super) unsafe fn run(
             dev_out,
             sq_out,
         } => {
-            let dev = dev_out.map_or(Some(std::ptr::null_mut()), f32_out);
-            let (Some(o0), Some(o1)) = (dev, f32_out(sq_out)) else {
+            let Some(bufs) = pair(dev_out, sq_out) else {
                 return false;
             };
             let (at, period) = tiles[a as usize];
             let run = (at, period, start, end);
             if dev_out.is_some() {
-                squared_dev::<true>(ext[x as usize], run, [o0, o1]);
+                squared_dev::<true>(ext[x as usize], run, bufs);
             } else {
-                squared_dev::<false>(ext[x as usize], run, [o0, o1]);
+                squared_dev::<false>(ext[x as usize], run, bufs);
             }
         }
         BnKernel::AffineSum {
@@ -548,8 +530,7 @@ pub(super) unsafe fn run(
             sum_out,
             relu_out,
         } => {
-            let sum = sum_out.map_or(Some(std::ptr::null_mut()), f32_out);
-            let (Some(o0), Some(o1)) = (sum, f32_out(relu_out)) else {
+            let Some(bufs) = pair(sum_out, relu_out) else {
                 return false;
             };
             let o = at(&heads[0]);
@@ -558,9 +539,9 @@ pub(super) unsafe fn run(
                 heads[1].tiles.map(|t| tiles[t as usize].0),
             );
             if sum_out.is_some() {
-                affine_sum::<true>(&o, second, [o0, o1]);
+                affine_sum::<true>(&o, second, bufs);
             } else {
-                affine_sum::<false>(&o, second, [o0, o1]);
+                affine_sum::<false>(&o, second, bufs);
             }
         }
         BnKernel::MaskGrad {
@@ -574,8 +555,7 @@ pub(super) unsafe fn run(
             gm_out,
             prod_out,
         } => {
-            let gm = gm_out.map_or(Some(std::ptr::null_mut()), f32_out);
-            let (Some(o0), Some(o1)) = (gm, f32_out(prod_out)) else {
+            let Some(bufs) = pair(gm_out, prod_out) else {
                 return false;
             };
             let (at, period) = tiles[a as usize];
@@ -583,10 +563,10 @@ pub(super) unsafe fn run(
             let k = [scal[z as usize], scal[z1 as usize]];
             let run = (at, period, start, end);
             match (gm_out.is_some(), g2.is_some()) {
-                (true, true) => mask_grad::<true, true>(ins, run, k, [o0, o1]),
-                (true, false) => mask_grad::<true, false>(ins, run, k, [o0, o1]),
-                (false, true) => mask_grad::<false, true>(ins, run, k, [o0, o1]),
-                (false, false) => mask_grad::<false, false>(ins, run, k, [o0, o1]),
+                (true, true) => mask_grad::<true, true>(ins, run, k, bufs),
+                (true, false) => mask_grad::<true, false>(ins, run, k, bufs),
+                (false, true) => mask_grad::<false, true>(ins, run, k, bufs),
+                (false, false) => mask_grad::<false, false>(ins, run, k, bufs),
             }
         }
         BnKernel::InputGrad { x, g, k, tiles: ts } => {
