@@ -5,6 +5,10 @@
     .venv/bin/python benches/profile_apps.py --frameworks ferrokeras --top 30
     .venv/bin/python benches/profile_apps.py --model mobilenetv2 --predict --batch 32
     .venv/bin/python benches/profile_apps.py --model mobilenetv2 --one-thread
+    .venv/bin/python benches/profile_apps.py --model separable --one-thread
+
+`--model` also takes the models of `bench_models.py` (`separable`, `cifar_bn`, ...), each
+with its own optimizer, loss and batch (`--batch` overrides it), on random data.
 
 Each framework runs in a process of its own (the venvs of bench_apps.py), builds the model
 (`weights=None`, 128x128x3, 10 classes, SGD with momentum, batch 8), trains three warm-up
@@ -41,16 +45,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import bench_models  # noqa: E402
+import numpy as np  # noqa: E402
+
 MARK = "@@RESULT@@"
 MODELS = {"resnet50": "ResNet50", "mobilenetv2": "MobileNetV2"}
 SIZE, CLASSES = 128, 10
 BN_ROWS = ("batch norm", "relu", "add")
+# The models of bench_models.py, by name (building the table needs no Keras).
+BENCH_MODELS = tuple(bench_models.models(types.SimpleNamespace(layers=None), np))
 
 
 def conv_layers(keras, model):
@@ -59,22 +69,27 @@ def conv_layers(keras, model):
     out = []
     for layer in model.layers:
         kind = type(layer).__name__
-        if kind not in ("Conv2D", "DepthwiseConv2D"):
+        if kind not in ("Conv2D", "DepthwiseConv2D", "SeparableConv2D"):
             continue
         kshape = tuple(int(d) for d in keras.backend.int_shape(layer.weights[0]))
         s = layer.strides[0]
         kh, kw = layer.kernel_size
-        label = f"{'depthwise ' if kind == 'DepthwiseConv2D' else ''}conv {kh}x{kw}/{s}"
+        label = f"{'depthwise ' if kind != 'Conv2D' else ''}conv {kh}x{kw}/{s}"
         xs = tuple(int(d) for d in layer.input_shape[1:])
         ys = tuple(int(d) for d in layer.output_shape[1:])
-        out.append((layer.name, label, xs, kshape, ys))
+        if kind == "SeparableConv2D":
+            # A depthwise convolution into `mid`, then a pointwise one into the output.
+            mid = ys[:-1] + (kshape[2] * kshape[3],)
+            pshape = tuple(int(d) for d in keras.backend.int_shape(layer.weights[1]))
+            out.append((layer.name, label, xs, kshape, mid))
+            out.append((layer.name, "conv 1x1/1 (separable)", mid, pshape, ys))
+        else:
+            out.append((layer.name, label, xs, kshape, ys))
     return out
 
 
 def build(framework, model_key, batch, predict=False, one_thread=False):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import numpy as np
-
     if framework == "ferrokeras":
         os.environ["KERAS_BACKEND"] = "ferrokeras.backend"
         import keras
@@ -85,15 +100,21 @@ def build(framework, model_key, batch, predict=False, one_thread=False):
         if one_thread:
             tf.config.threading.set_intra_op_parallelism_threads(1)
             tf.config.threading.set_inter_op_parallelism_threads(1)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, SIZE, SIZE, 3)).astype("float32")
-    y = np.eye(CLASSES, dtype="float32")[rng.integers(0, CLASSES, batch)]
-    model = getattr(keras.applications, MODELS[model_key])(
-        weights=None, input_shape=(SIZE, SIZE, 3), classes=CLASSES
-    )
-    model.compile(
-        keras.optimizers.SGD(learning_rate=0.01, momentum=0.9), "categorical_crossentropy"
-    )
+    if model_key in MODELS:
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((batch or 8, SIZE, SIZE, 3)).astype("float32")
+        y = np.eye(CLASSES, dtype="float32")[rng.integers(0, CLASSES, batch or 8)]
+        model = getattr(keras.applications, MODELS[model_key])(
+            weights=None, input_shape=(SIZE, SIZE, 3), classes=CLASSES
+        )
+        model.compile(
+            keras.optimizers.SGD(learning_rate=0.01, momentum=0.9), "categorical_crossentropy"
+        )
+    else:
+        i, o, opt, loss, xs, ys, default_batch = bench_models.models(keras, np)[model_key]()
+        model = keras.Model(i, o)
+        model.compile(opt, loss)
+        x, y = xs[: batch or default_batch], ys[: batch or default_batch]
     if predict:
         step = lambda: model.predict_on_batch(x)  # noqa: E731
     else:
@@ -202,7 +223,10 @@ def tf_profile(model_key, batch, steps, predict, one_thread):
     keras, model, step, wall = build("tf", model_key, batch, predict, one_thread)
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    layers = {name: lab for name, lab, *_ in conv_layers(keras, model)}
+    # A layer's labels: two for a separable convolution (its depthwise and pointwise ops).
+    layers = defaultdict(list)
+    for name, lab, *_ in conv_layers(keras, model):
+        layers[name].append(lab)
     all_layers = {layer.name for layer in model.layers}
     logdir = tempfile.mkdtemp()
     tf.profiler.experimental.start(logdir)
@@ -241,7 +265,9 @@ def tf_profile(model_key, batch, steps, predict, one_thread):
                 kind = "other"
                 for key, suffix in sorted(conv_kind.items(), key=lambda kv: -len(kv[0])):
                     if base.startswith(key) and layer in layers:
-                        kind = layers[layer] + suffix
+                        depthwise = key.startswith("depthwise")
+                        labs = [lab for lab in layers[layer] if lab.startswith("depthwise") == depthwise]
+                        kind = (labs or layers[layer])[0] + suffix
                         break
                 else:
                     if "batchnorm" in base:
@@ -278,9 +304,16 @@ def order_key(kind):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", metavar="FRAMEWORK", help=argparse.SUPPRESS)
-    p.add_argument("--model", default="resnet50", choices=sorted(MODELS))
+    p.add_argument(
+        "--model",
+        default="resnet50",
+        choices=sorted(MODELS) + sorted(BENCH_MODELS),
+        help="a keras.applications model or a model of bench_models.py",
+    )
     p.add_argument("--frameworks", default="ferrokeras,tf")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument(
+        "--batch", type=int, default=0, help="batch size (default: 8, or bench_models.py's)"
+    )
     p.add_argument("--steps", type=int, default=3, help="profiled steps (times are per step)")
     p.add_argument("--top", type=int, default=0, help="also print ferrokeras' top N items")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -345,7 +378,8 @@ def main():
     line("step wall (median of 3 unprofiled)", [results[fw]["wall_ms"] for fw in fws])
     what = "predict_on_batch call" if a.predict else "training step"
     threads = ", one thread each" if a.one_thread else ""
-    print(f"{a.model}, batch {a.batch}, ms per {what} ({a.steps} profiled steps{threads})")
+    batch = a.batch or (8 if a.model in MODELS else "of bench_models.py")
+    print(f"{a.model}, batch {batch}, ms per {what} ({a.steps} profiled steps{threads})")
     if a.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         print("\n".join("| " + " | ".join(r) + " |" for r in table[1:]))

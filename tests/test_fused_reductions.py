@@ -3,9 +3,10 @@
 On the CPU a `sum`, `mean` or gradient `sum_to` of a fused group's member runs inside the
 group: each tile of the member is added up right after it is computed, and a member read
 by nothing else is never written out (`compile::fuse::folds`). The reduction pattern is
-decided at run time: leading axes (batch-norm statistics, bias gradients) and trailing
-axes (row sums) fold; other patterns (a middle axis) compute the member in full and reduce
-it as before. These tests compare every pattern with NumPy in float64, with one or several
+decided at run time: leading axes (batch-norm statistics, bias gradients), trailing axes
+(row sums) and a run of axes between kept ones (a global pooling over rows and columns)
+fold; other patterns (reduced axes on both sides of a kept one) compute the member in full
+and reduce it as before. These tests compare every pattern with NumPy in float64, with one or several
 folds per group, a member also returned, special values, empty batches, many tasks and
 a convolution's epilogue; on the CPU they check the launches saved. On a GPU device the
 same graphs run there (folded into the group's generated kernel, `test_fusion_gpu.py`)
@@ -43,7 +44,10 @@ def f64(*xs):
         ((50, 40, 3), -1, False),  # row sums
         ((50, 40, 3), [1, 2], True),
         ((9, 10, 11), None, False),  # everything
-        ((9, 10, 11), 1, False),  # a middle axis: not folded, same values
+        ((9, 10, 11), 1, False),  # a middle axis
+        ((8, 6, 6, 16), [1, 2], False),  # global pooling
+        ((8, 6, 6, 16), [1, 2], True),
+        ((9, 10, 11), [0, 2], False),  # reduced on both sides: not folded, same values
         ((1, 20, 1, 30), [0, 1], False),  # size-1 dims on either side
     ],
 )
@@ -59,7 +63,8 @@ def test_fold_matches_numpy(rng, shape, axis, keepdims, op):
     ax = tuple(axis) if isinstance(axis, list) else axis
     close(out, getattr(np, op)(np.exp(xd * 0.5) * yd - xd, axis=ax, keepdims=keepdims))
     if on_cpu():
-        # One pass: the group with its fold (a middle axis falls back inside it).
+        # One pass: the group with its fold (axes reduced on both sides of a kept one fall
+        # back inside it).
         assert f.dispatches == 1, f.dispatches
 
 
@@ -145,6 +150,21 @@ def test_large_input_splits_across_tasks_in_whole_rows(rng):
     close(total, (xd * xd + 1).sum(), rtol=1e-5)
 
 
+def test_middle_axes_split_across_tasks_and_tiles(rng):
+    # Blocks of 129 x 5 elements: tasks and tiles end inside blocks, and a tile may end
+    # one block and start the next.
+    xv = rng.standard_normal((67, 129, 5)).astype("float32")
+    x = K.placeholder(shape=(None, 129, 5))
+    h = K.abs(x) + x * x
+    f = K.function([x], [K.mean(h, axis=1), K.sum(h, axis=1, keepdims=True)])
+    m, s = f([xv])
+    xd = xv.astype("float64")
+    close(m, (np.abs(xd) + xd * xd).mean(1))
+    close(s, (np.abs(xd) + xd * xd).sum(1, keepdims=True))
+    if on_cpu():
+        assert f.dispatches == 1, f.dispatches
+
+
 def test_sum_to_of_broadcast_gradient(rng):
     """`sum_to` from a gradient: the bias of `x * b` broadcast over leading dims."""
     xv = rng.standard_normal((32, 10, 12)).astype("float32")
@@ -180,3 +200,25 @@ def test_convolution_epilogue_with_folded_mean(rng):
     ref += bv
     close(m, ref.mean((0, 1, 2)), rtol=1e-4)
     close(r, np.maximum(ref, 0), rtol=1e-4)
+
+
+def test_convolution_epilogue_with_folded_global_pooling(rng):
+    """A pointwise convolution + bias + relu with a global average pooling of the result
+    (a separable or MobileNet head): the pooling folds into the epilogue, image by image,
+    and its gradient matches NumPy's."""
+    xv = rng.standard_normal((6, 9, 7, 8)).astype("float32")
+    wv = rng.standard_normal((1, 1, 8, 32)).astype("float32") * 0.3
+    bv = rng.standard_normal(32).astype("float32") * 0.1
+    x = K.placeholder(shape=(None, 9, 7, 8))
+    w, b = K.variable(wv), K.variable(bv)
+    y = K.relu(K.bias_add(K.conv2d(x, w), b))
+    pooled = K.mean(y, axis=[1, 2])
+    f = K.function([x], [pooled, y])
+    p, r = f([xv])
+    ref = np.maximum(np.einsum("nhwc,cd->nhwd", xv.astype("float64"), wv[0, 0]) + bv, 0)
+    close(p, ref.mean((1, 2)), rtol=1e-4)
+    close(r, ref, rtol=1e-4)
+    (gw,) = K.gradients(K.sum(pooled * pooled), [w])
+    xd = xv.astype("float64")
+    g = np.broadcast_to((2 * ref.mean((1, 2)) / 63)[:, None, None, :], ref.shape) * (ref > 0)
+    close(K.function([x], [gw])([xv])[0], np.einsum("nhwc,nhwd->cd", xd, g)[None, None], rtol=1e-4)

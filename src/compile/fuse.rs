@@ -268,9 +268,14 @@ pub struct FoldAxes {
     pub leading: bool,
     /// Whether the reduced axes come after the kept ones.
     pub trailing: bool,
+    /// Whether the reduced axes are one run between kept ones (a global pooling's
+    /// `[batch, rows, cols, channels]` over rows and cols), or lead or trail.
+    pub run: bool,
     /// Elements of the kept axes (the result's size) and of the reduced ones.
     pub kept: usize,
     pub red: usize,
+    /// Elements of the kept axes after the last reduced one.
+    pub inner: usize,
 }
 
 impl Fold {
@@ -320,11 +325,17 @@ impl Fold {
                 .map(|d| s[d])
                 .product::<usize>()
         };
+        let last = (0..s.len()).rfind(|&d| reduced[d] && s[d] != 1);
         Some(FoldAxes {
             leading: kinds.windows(2).all(|w| w[0] || !w[1]),
             trailing: kinds.windows(2).all(|w| !w[0] || w[1]),
+            run: match (kinds.iter().position(|&r| r), kinds.iter().rposition(|&r| r)) {
+                (Some(a), Some(b)) => kinds[a..=b].iter().all(|&r| r),
+                _ => true,
+            },
             kept: prod(false),
             red: prod(true),
+            inner: last.map_or(1, |l| s[l + 1..].iter().product()),
             reduced,
             mean,
             out,

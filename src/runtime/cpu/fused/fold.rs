@@ -34,7 +34,9 @@ const FOLD_TILE: usize = 8 << 10;
 const MAX_FOLD_BLOCK: usize = 1 << 16;
 
 /// How one fold adds up its member: `rows` of `red` elements each to one value (axes at
-/// the end reduced), or `red` rows of `inner` columns to `inner` values (axes at the start).
+/// the end reduced), or column sums: `red` rows of `inner` columns to `inner` values per
+/// block of `red * inner` elements (axes at the start reduced: one block; a run of axes
+/// between kept ones, as a global pooling's: a block per index of the axes before them).
 pub(super) struct FoldSpec {
     /// The member's buffer among the kernel's outputs, and whether it is hidden (a tile).
     pub(super) out: usize,
@@ -94,11 +96,12 @@ pub(super) fn fold_run(
         let target = plan.inputs[f.node].get(1).and_then(|&j| slots[j].as_ref());
         let a = f.axes(plan, s, target)?;
         let (red, inner, mean, shape) = (a.red, a.kept, a.mean, a.out);
-        // The reduced axes lead (column sums) or trail (row sums) the kept ones.
-        let (rows, block) = if a.leading {
-            (false, inner)
-        } else if a.trailing {
+        // The reduced axes trail the kept ones (row sums), or lead them or run between
+        // them (column sums of each block).
+        let (rows, block) = if a.trailing && !a.leading {
             (true, red)
+        } else if a.run {
+            (false, a.inner)
         } else {
             return None;
         };
@@ -109,6 +112,7 @@ pub(super) fn fold_run(
         if q > MAX_FOLD_BLOCK {
             return None;
         }
+        let inner = if rows { inner } else { a.inner };
         let same_as = specs
             .iter()
             .position(|f: &FoldSpec| (f.out, f.rows, f.red, f.inner) == (out, rows, red, inner));
@@ -148,7 +152,7 @@ pub(super) fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
         .map(|s| match (s.same_as, s.rows) {
             (Some(_), _) => Vec::new(),
             (None, true) => vec![0.0; (end - start).div_ceil(s.red)],
-            (None, false) => vec![0.0; s.inner],
+            (None, false) => vec![0.0; s.blocks(start, end) * s.inner],
         })
         .collect();
     let mut cols: Vec<f32> = Vec::new();
@@ -192,15 +196,33 @@ pub(super) fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
                     for (r, row) in x.chunks(s.red).enumerate() {
                         part[(ts - start) / s.red + r] += crate::ops::reduce::sum_f32(row) as f64;
                     }
-                } else if s.inner == 1 {
-                    part[0] += crate::ops::reduce::sum_f32(x) as f64;
                 } else {
-                    cols.clear();
-                    cols.resize(s.inner, 0.0);
-                    crate::ops::reduce::fold_sum_f32(&mut cols, x, x.len() / s.inner, s.inner);
-                    part.iter_mut()
-                        .zip(&cols)
-                        .for_each(|(a, &c)| *a += c as f64);
+                    // The tile's runs within one block each (a tile may end one block and
+                    // start the next).
+                    let blk = s.red * s.inner;
+                    let mut a = ts;
+                    while a < te {
+                        let b = te.min((a / blk + 1) * blk);
+                        let x = &x[a - ts..b - ts];
+                        let at = (a / blk - start / blk) * s.inner;
+                        let part = &mut part[at..at + s.inner];
+                        if s.inner == 1 {
+                            part[0] += crate::ops::reduce::sum_f32(x) as f64;
+                        } else {
+                            cols.clear();
+                            cols.resize(s.inner, 0.0);
+                            crate::ops::reduce::fold_sum_f32(
+                                &mut cols,
+                                x,
+                                x.len() / s.inner,
+                                s.inner,
+                            );
+                            part.iter_mut()
+                                .zip(&cols)
+                                .for_each(|(a, &c)| *a += c as f64);
+                        }
+                        a = b;
+                    }
                 }
             }
             ts = te;
@@ -210,6 +232,18 @@ pub(super) fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push((start, parts));
+}
+
+impl FoldSpec {
+    /// Blocks of `red * inner` elements that elements `[start, end)` touch (column sums).
+    fn blocks(&self, start: usize, end: usize) -> usize {
+        let blk = (self.red * self.inner).max(1);
+        if end > start {
+            (end - 1) / blk - start / blk + 1
+        } else {
+            0
+        }
+    }
 }
 
 impl FoldRun {
@@ -225,9 +259,13 @@ impl FoldRun {
                 let sums: Vec<f64> = if s.rows {
                     parts.iter().flat_map(|p| p.1[i].iter().copied()).collect()
                 } else {
-                    let mut acc = vec![0.0f64; s.inner];
+                    let mut acc = vec![0.0f64; s.shape.iter().product()];
                     for p in &parts {
-                        acc.iter_mut().zip(&p.1[i]).for_each(|(a, &v)| *a += v);
+                        let at = p.0 / (s.red * s.inner).max(1) * s.inner;
+                        acc[at..at + p.1[i].len()]
+                            .iter_mut()
+                            .zip(&p.1[i])
+                            .for_each(|(a, &v)| *a += v);
                     }
                     acc
                 };
