@@ -144,6 +144,11 @@ CONV_CASES = [
     ("depthwise_conv2d", (2, 7, 6, 32), [(3, 3, 32, 1)], dict(padding="same", strides=2)),
     ("depthwise_conv2d", (2, 9, 8, 16), [(3, 3, 16, 1)], dict(dilation_rate=(1, 2))),
     ("depthwise_conv2d", (1, 4, 4, 48), [(3, 3, 48, 1)], dict(padding="same")),
+    # read from the unpadded image: rows with no pixel whose window lies inside it, and
+    # images with no such pixel at all
+    ("depthwise_conv2d", (2, 2, 1, 16), [(3, 3, 16, 1)], dict(padding="same")),
+    ("depthwise_conv2d", (1, 5, 3, 16), [(3, 3, 16, 1)], dict(padding="same", dilation_rate=2)),
+    ("depthwise_conv2d", (1, 6, 9, 16), [(3, 3, 16, 1)], dict(padding="same", strides=(1, 2))),
     (
         "depthwise_conv2d",
         (1, 8, 7, 16),
@@ -684,6 +689,12 @@ GRAD_CASES = [
         "depthwise 16 dilated",
         lambda x, k: K.depthwise_conv2d(x, k, padding="same", dilation_rate=2),
         (1, 5, 6, 16),
+        (3, 3, 16, 1),
+    ),
+    (
+        "depthwise 16 small image",
+        lambda x, k: K.depthwise_conv2d(x, k, padding="same"),
+        (2, 2, 1, 16),
         (3, 3, 16, 1),
     ),
     (

@@ -329,7 +329,10 @@ impl Fold {
         Some(FoldAxes {
             leading: kinds.windows(2).all(|w| w[0] || !w[1]),
             trailing: kinds.windows(2).all(|w| !w[0] || w[1]),
-            run: match (kinds.iter().position(|&r| r), kinds.iter().rposition(|&r| r)) {
+            run: match (
+                kinds.iter().position(|&r| r),
+                kinds.iter().rposition(|&r| r),
+            ) {
                 (Some(a), Some(b)) => kinds[a..=b].iter().all(|&r| r),
                 _ => true,
             },

@@ -1,11 +1,11 @@
 //! The depthwise forward (one channel per group, multiplier 1) of a 3x3 window over
-//! channels a multiple of `LANES`, with the window's 9 kernel vectors in registers: for
-//! each output row and block of `LANES` channels they are loaded once and used across the
-//! row's pixels (the general loop, `depthwise_fwd_blocked`, reloads them for every pixel).
-//! At stride 1 the input gradient is such a forward too: of the output gradient, padded by
-//! `(k - 1) * d - p`, with the taps in reverse order (`input_as_forward`). The kernel
-//! gradient walks bands of output rows with the window's 9 sums in registers
-//! (`kernel_rows`).
+//! channels a multiple of `LANES`, read from the unpadded image, with the window's 9
+//! kernel vectors in registers: for each output row and block of `LANES` channels they
+//! are loaded once and used across the row's pixels (the general loop,
+//! `depthwise_fwd_blocked`, reloads them for every pixel). At stride 1 the input gradient
+//! is such a forward too: of the output gradient, padded by `(k - 1) * d - p`, with the
+//! taps in reverse order (`input_as_forward`). The kernel gradient walks bands of output
+//! rows of a zero-padded copy with the window's 9 sums in registers (`kernel_rows`).
 
 use super::*;
 
@@ -41,7 +41,7 @@ pub(super) fn input_as_forward<T: F>(g: &Geom, w: &[T]) -> Option<(Geom, Vec<T>)
 }
 
 /// The output-pixel walk over a padded image of dims `pd`: where each tap reads,
-/// relative to an output pixel's window origin, in pixels.
+/// relative to an output pixel's window origin, in elements (pixels times channels).
 struct Walk3 {
     o: [usize; 3],
     s: [usize; 3],
@@ -55,7 +55,7 @@ impl Walk3 {
         let (k, d) = (&g.k, &g.d);
         let off = std::array::from_fn(|t| {
             let (ka, kb, kc) = (t / (k[1] * k[2]), (t / k[2]) % k[1], t % k[2]);
-            (ka * d[0] * pd[1] + kb * d[1]) * pd[2] + kc * d[2]
+            ((ka * d[0] * pd[1] + kb * d[1]) * pd[2] + kc * d[2]) * g.cin
         });
         Walk3 {
             o: g.o,
@@ -71,6 +71,32 @@ impl Walk3 {
         let (o, s, pd) = (&self.o, &self.s, &self.pd);
         ((a * o[1] + b) * o[2], (a * s[0] * pd[1] + b * s[1]) * pd[2])
     }
+    /// Checks that output row `(a, b)`, of the output `y_len` long, reads only inside the
+    /// padded image `xp_len` long, so that the row's loops may load without checks: returns
+    /// the row's first output element and its first window origin, in elements.
+    #[inline(always)]
+    fn checked_row(&self, a: usize, b: usize, xp_len: usize, y_len: usize) -> (usize, usize) {
+        let (orow, irow) = self.row(a, b);
+        let (c, n) = (self.c, self.o[2]);
+        if n > 0 {
+            let last = (irow + (n - 1) * self.s[2]) * c + self.off.iter().max().unwrap_or(&0);
+            assert!(
+                last + c <= xp_len && (orow + n) * c <= y_len,
+                "depthwise row in bounds"
+            );
+        }
+        (orow * c, irow * c)
+    }
+}
+
+/// The `LANES` elements at `p`.
+///
+/// # Safety
+/// `p..p + LANES` lies inside one allocation of initialised `T`s.
+#[inline(always)]
+unsafe fn load<T: F>(p: *const T) -> [T; LANES] {
+    // SAFETY: as the caller promises; `[T; LANES]` needs only `T`'s alignment.
+    unsafe { std::ptr::read_unaligned(p as *const [T; LANES]) }
 }
 
 #[inline(always)]
@@ -83,14 +109,68 @@ fn lanes_mut<T: F>(v: &mut [T], at: usize) -> &mut [T; LANES] {
     (&mut v[at..at + LANES]).try_into().expect("LANES")
 }
 
-/// `y[op, ch] = sum_t xp[window(op) + off[t], ch] * w[t, ch]` (every element written).
+/// `y[op, ch] = sum_t x[window(op) + tap t, ch] * w[t, ch]` over the taps inside the
+/// image (every element written), read from the unpadded image: the output pixels whose
+/// whole window lies inside it run with no checks, the others (the border) tap by tap.
+/// The interior sums the taps in order, as a zero-padded copy would; a border pixel leaves
+/// out the taps that would read padding.
 #[inline(always)]
-pub(super) fn forward_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], w: &[T], y: &mut [T]) {
-    let wk = Walk3::new(g, pd);
-    let (c, s2) = (wk.c, wk.s[2]);
-    for a in 0..wk.o[0] {
-        for b in 0..wk.o[1] {
-            let (orow, irow) = wk.row(a, b);
+pub(super) fn forward_direct<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
+    let (c, xd, o, s, d, k) = (g.cin, g.x, g.o, g.s, g.d, g.k);
+    let p = g.p.map(|(before, _)| before as isize);
+    assert!(w.len() >= TAPS * c, "depthwise kernel length");
+    assert!(
+        y.len() >= o.iter().product::<usize>() * c,
+        "depthwise output length"
+    );
+    // Tap t's position in the window, and its element offset from tap 0's pixel.
+    let at: [[usize; 3]; TAPS] =
+        std::array::from_fn(|t| [t / (k[1] * k[2]), (t / k[2]) % k[1], t % k[2]]);
+    let off = at.map(|[ka, kb, kc]| ((ka * d[0] * xd[1] + kb * d[1]) * xd[2] + kc * d[2]) * c);
+    let inside = |t: usize, i: isize| i >= 0 && (i as usize) < xd[t];
+    // Whether all of a window's taps along dim `t` lie inside, from its first tap's index.
+    let window_inside =
+        |t: usize, i: isize| inside(t, i) && inside(t, i + ((k[t] - 1) * d[t]) as isize);
+    // The output pixels along the last dim whose windows lie inside: `[lo, hi)`.
+    let lo = (0..o[2]).find(|&q| window_inside(2, (q * s[2]) as isize - p[2]));
+    let (lo, hi) = match lo {
+        Some(lo) => (
+            lo,
+            (lo..o[2])
+                .take_while(|&q| window_inside(2, (q * s[2]) as isize - p[2]))
+                .last()
+                .map_or(lo, |q| q + 1),
+        ),
+        None => (o[2], o[2]),
+    };
+    let step = s[2] * c;
+    for a in 0..o[0] {
+        let ia = (a * s[0]) as isize - p[0];
+        for b in 0..o[1] {
+            let ib = (b * s[1]) as isize - p[1];
+            let orow = (a * o[1] + b) * o[2] * c;
+            // The row's interior pixels: none where the window leaves the image along the
+            // first two dims.
+            let (lo, hi) = if window_inside(0, ia) && window_inside(1, ib) {
+                (lo, hi)
+            } else {
+                (o[2], o[2])
+            };
+            // Tap 0's element of output pixel `lo` (valid where `lo < hi`).
+            let first = if lo < hi {
+                let i = (((ia as usize * xd[1] + ib as usize) * xd[2]) as isize
+                    + (lo * s[2]) as isize
+                    - p[2]) as usize
+                    * c;
+                let last = off.iter().max().unwrap_or(&0);
+                assert!(
+                    i + (hi - 1 - lo) * step + last + c <= x.len(),
+                    "depthwise row in bounds"
+                );
+                i
+            } else {
+                0
+            };
             for ch in (0..c).step_by(LANES) {
                 // A loop, not `array::from_fn`: its closure, left out of line, is compiled
                 // without this kernel's AVX-512 and copies the vectors through memory
@@ -99,16 +179,45 @@ pub(super) fn forward_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], w: &[T], y
                 for (t, v) in wv.iter_mut().enumerate() {
                     *v = *lanes(w, t * c + ch);
                 }
-                for px in 0..wk.o[2] {
-                    let base = irow + px * s2;
+                for q in (0..lo).chain(hi..o[2]) {
+                    let ic = (q * s[2]) as isize - p[2];
+                    let mut acc = [T::zero(); LANES];
+                    for (t, &[ka, kb, kc]) in at.iter().enumerate() {
+                        let i = [
+                            ia + (ka * d[0]) as isize,
+                            ib + (kb * d[1]) as isize,
+                            ic + (kc * d[2]) as isize,
+                        ];
+                        if (0..3).all(|u| inside(u, i[u])) {
+                            let px =
+                                (i[0] as usize * xd[1] + i[1] as usize) * xd[2] + i[2] as usize;
+                            let xv = lanes(x, px * c + ch);
+                            for j in 0..LANES {
+                                acc[j] += xv[j] * wv[t][j];
+                            }
+                        }
+                    }
+                    *lanes_mut(y, orow + q * c + ch) = acc;
+                }
+                if lo >= hi {
+                    continue;
+                }
+                let (xs, ys) = (
+                    x[first + ch..].as_ptr(),
+                    y[orow + lo * c + ch..].as_mut_ptr(),
+                );
+                for q in 0..hi - lo {
                     let mut acc = [T::zero(); LANES];
                     for t in 0..TAPS {
-                        let xv = lanes(xp, (base + wk.off[t]) * c + ch);
+                        // SAFETY: the row's check above bounds every tap of its interior
+                        // pixels, and `y` holds the row.
+                        let xv = unsafe { load(xs.add(q * step + off[t])) };
                         for j in 0..LANES {
                             acc[j] += xv[j] * wv[t][j];
                         }
                     }
-                    *lanes_mut(y, (orow + px) * c + ch) = acc;
+                    // SAFETY: as above.
+                    unsafe { std::ptr::write_unaligned(ys.add(q * c) as *mut [T; LANES], acc) };
                 }
             }
         }
@@ -143,6 +252,9 @@ pub(super) fn kernel_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], gy: &[T], d
     let wk = Walk3::new(g, pd);
     let c = wk.c;
     let rows = wk.o[0] * wk.o[1];
+    if wk.o[2] == 0 {
+        return;
+    }
     let row_bytes = (wk.o[2] + wk.s[1] * wk.pd[2]) * c * std::mem::size_of::<T>();
     let band = (BAND_BYTES / row_bytes.max(1)).clamp(1, rows.max(1));
     for r0 in (0..rows).step_by(band) {
@@ -153,16 +265,19 @@ pub(super) fn kernel_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], gy: &[T], d
 /// `kernel_rows` over output rows `band` (flat over the first two output dims).
 #[inline(always)]
 fn kernel_band<T: F>(wk: &Walk3, band: std::ops::Range<usize>, xp: &[T], gy: &[T], dw: &mut [T]) {
-    let (c, s2) = (wk.c, wk.s[2]);
+    let (c, step) = (wk.c, wk.s[2] * wk.c);
     for ch in (0..c).step_by(LANES) {
         let mut acc = [[T::zero(); LANES]; TAPS];
         for r in band.clone() {
-            let (orow, irow) = wk.row(r / wk.o[1], r % wk.o[1]);
+            let (orow, irow) = wk.checked_row(r / wk.o[1], r % wk.o[1], xp.len(), gy.len());
+            let (xs, gs) = (xp[irow + ch..].as_ptr(), gy[orow + ch..].as_ptr());
             for px in 0..wk.o[2] {
-                let base = irow + px * s2;
-                let gv = lanes(gy, (orow + px) * c + ch);
+                // SAFETY: `checked_row` bounds the row's output gradient and every tap of
+                // its pixels.
+                let gv = unsafe { load(gs.add(px * c)) };
                 for (t, at) in acc.iter_mut().enumerate() {
-                    let xv = lanes(xp, (base + wk.off[t]) * c + ch);
+                    // SAFETY: as above.
+                    let xv = unsafe { load(xs.add(px * step + wk.off[t])) };
                     for j in 0..LANES {
                         at[j] += gv[j] * xv[j];
                     }

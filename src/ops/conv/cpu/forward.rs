@@ -197,11 +197,11 @@ simd_kernel!(fn depthwise_fwd<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc:
 #[inline(always)]
 fn depthwise_fwd_rows<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T], sc: &mut Scratch<T>) {
     let (cin, cout, m) = (g.cin, g.cout, g.og());
+    if depthwise::applies(g) {
+        return depthwise::forward_direct(g, x, w, y);
+    }
     let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
     let xp = &sc.a;
-    if depthwise::applies(g) {
-        return depthwise::forward_rows(g, &pd, xp, w, y);
-    }
     if m == 1 && cin % LANES == 0 {
         return depthwise_fwd_blocked(g, &pd, xp, w, y);
     }

@@ -225,8 +225,7 @@ fn col2im_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], par: Parallelis
 fn depthwise_input_rows<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T], sc: &mut Scratch<T>) {
     let (cin, cout, m) = (g.cin, g.cout, g.og());
     if let Some((f, wf)) = depthwise::input_as_forward(g, w) {
-        let pd = pad_into(&f.x, &f.p, cin, gy, &mut sc.a);
-        return depthwise::forward_rows(&f, &pd, &sc.a, &wf, dx);
+        return depthwise::forward_direct(&f, gy, &wf, dx);
     }
     let pd = [0, 1, 2].map(|t| g.x[t] + g.p[t].0 + g.p[t].1);
     let xp = sized(&mut sc.a, pd.iter().product::<usize>() * cin);
