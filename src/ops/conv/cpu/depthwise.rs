@@ -120,6 +120,10 @@ pub(super) fn forward_direct<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
     let p = g.p.map(|(before, _)| before as isize);
     assert!(w.len() >= TAPS * c, "depthwise kernel length");
     assert!(
+        x.len() >= xd.iter().product::<usize>() * c,
+        "depthwise image length"
+    );
+    assert!(
         y.len() >= o.iter().product::<usize>() * c,
         "depthwise output length"
     );
@@ -143,33 +147,38 @@ pub(super) fn forward_direct<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
         ),
         None => (o[2], o[2]),
     };
+    // Per output pixel along the last dim, and per output row, the taps that lie inside
+    // the image along those dims (bit t for tap t).
+    let mask =
+        |f: &dyn Fn(usize) -> bool| (0..TAPS).filter(|&t| f(t)).fold(0u16, |m, t| m | 1 << t);
+    let col_masks: Vec<u16> = (0..o[2])
+        .map(|q| mask(&|t| inside(2, (q * s[2] + at[t][2] * d[2]) as isize - p[2])))
+        .collect();
+    let last = off.iter().copied().max().unwrap_or(0);
     let step = s[2] * c;
     for a in 0..o[0] {
         let ia = (a * s[0]) as isize - p[0];
         for b in 0..o[1] {
             let ib = (b * s[1]) as isize - p[1];
+            let row_mask = mask(&|t| {
+                inside(0, ia + (at[t][0] * d[0]) as isize)
+                    && inside(1, ib + (at[t][1] * d[1]) as isize)
+            });
             let orow = (a * o[1] + b) * o[2] * c;
+            // Tap 0's element of output pixel 0: outside the image where the window
+            // starts in the padding.
+            let tap0 = ((ia * xd[1] as isize + ib) * xd[2] as isize - p[2]) * c as isize;
             // The row's interior pixels: none where the window leaves the image along the
             // first two dims.
             let (lo, hi) = if window_inside(0, ia) && window_inside(1, ib) {
+                let first = (tap0 + (lo * step) as isize) as usize;
+                assert!(
+                    lo >= hi || first + (hi - 1 - lo) * step + last + c <= x.len(),
+                    "depthwise row in bounds"
+                );
                 (lo, hi)
             } else {
                 (o[2], o[2])
-            };
-            // Tap 0's element of output pixel `lo` (valid where `lo < hi`).
-            let first = if lo < hi {
-                let i = (((ia as usize * xd[1] + ib as usize) * xd[2]) as isize
-                    + (lo * s[2]) as isize
-                    - p[2]) as usize
-                    * c;
-                let last = off.iter().max().unwrap_or(&0);
-                assert!(
-                    i + (hi - 1 - lo) * step + last + c <= x.len(),
-                    "depthwise row in bounds"
-                );
-                i
-            } else {
-                0
             };
             for ch in (0..c).step_by(LANES) {
                 // A loop, not `array::from_fn`: its closure, left out of line, is compiled
@@ -179,19 +188,18 @@ pub(super) fn forward_direct<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
                 for (t, v) in wv.iter_mut().enumerate() {
                     *v = *lanes(w, t * c + ch);
                 }
+                let (xs, ys) = (x.as_ptr(), y[orow + ch..].as_mut_ptr());
                 for q in (0..lo).chain(hi..o[2]) {
-                    let ic = (q * s[2]) as isize - p[2];
+                    let m = row_mask & col_masks[q];
+                    let e = tap0 + (q * step + ch) as isize;
                     let mut acc = [T::zero(); LANES];
-                    for (t, &[ka, kb, kc]) in at.iter().enumerate() {
-                        let i = [
-                            ia + (ka * d[0]) as isize,
-                            ib + (kb * d[1]) as isize,
-                            ic + (kc * d[2]) as isize,
-                        ];
-                        if (0..3).all(|u| inside(u, i[u])) {
-                            let px =
-                                (i[0] as usize * xd[1] + i[1] as usize) * xd[2] + i[2] as usize;
-                            let xv = lanes(x, px * c + ch);
+                    for t in 0..TAPS {
+                        if m >> t & 1 != 0 {
+                            let i = (e + off[t] as isize) as usize;
+                            debug_assert!(i + LANES <= x.len());
+                            // SAFETY: tap t of this pixel lies inside the image (its bit of
+                            // `m`), so its `LANES` channels from `ch` lie inside `x`.
+                            let xv = unsafe { load(xs.add(i)) };
                             for j in 0..LANES {
                                 acc[j] += xv[j] * wv[t][j];
                             }
@@ -202,21 +210,18 @@ pub(super) fn forward_direct<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
                 if lo >= hi {
                     continue;
                 }
-                let (xs, ys) = (
-                    x[first + ch..].as_ptr(),
-                    y[orow + lo * c + ch..].as_mut_ptr(),
-                );
-                for q in 0..hi - lo {
+                let xs = x[(tap0 + (lo * step + ch) as isize) as usize..].as_ptr();
+                for q in lo..hi {
                     let mut acc = [T::zero(); LANES];
                     for t in 0..TAPS {
                         // SAFETY: the row's check above bounds every tap of its interior
-                        // pixels, and `y` holds the row.
-                        let xv = unsafe { load(xs.add(q * step + off[t])) };
+                        // pixels.
+                        let xv = unsafe { load(xs.add((q - lo) * step + off[t])) };
                         for j in 0..LANES {
                             acc[j] += xv[j] * wv[t][j];
                         }
                     }
-                    // SAFETY: as above.
+                    // SAFETY: `y` holds the rows' outputs (checked on entry).
                     unsafe { std::ptr::write_unaligned(ys.add(q * c) as *mut [T; LANES], acc) };
                 }
             }
