@@ -95,13 +95,16 @@ pub(super) fn fold_run(
             .count();
         let target = plan.inputs[f.node].get(1).and_then(|&j| slots[j].as_ref());
         let a = f.axes(plan, s, target)?;
-        let (red, inner, mean, shape) = (a.red, a.kept, a.mean, a.out);
-        // The reduced axes trail the kept ones (row sums), or lead them or run between
-        // them (column sums of each block).
-        let (rows, block) = if a.trailing && !a.leading {
-            (true, red)
+        let (red, mean, shape) = (a.red, a.mean, a.out);
+        // The reduced axes lead the kept ones (column sums: one block, also where nothing
+        // is reduced), trail them (row sums), or run between them (column sums of each
+        // block of `red * inner` elements).
+        let (rows, block, inner) = if a.leading {
+            (false, a.kept, a.kept)
+        } else if a.trailing {
+            (true, red, a.kept)
         } else if a.run {
-            (false, a.inner)
+            (false, a.inner, a.inner)
         } else {
             return None;
         };
@@ -112,7 +115,6 @@ pub(super) fn fold_run(
         if q > MAX_FOLD_BLOCK {
             return None;
         }
-        let inner = if rows { inner } else { a.inner };
         let same_as = specs
             .iter()
             .position(|f: &FoldSpec| (f.out, f.rows, f.red, f.inner) == (out, rows, red, inner));
