@@ -49,6 +49,7 @@ def f64(*xs):
         ((8, 6, 6, 16), [1, 2], True),
         ((9, 10, 11), [0, 2], False),  # reduced on both sides: not folded, same values
         ((1, 20, 1, 30), [0, 1], False),  # size-1 dims on either side
+        ((40, 1, 30), 1, True),  # only a size-1 axis: nothing summed
     ],
 )
 @pytest.mark.parametrize("op", ["sum", "mean"])
