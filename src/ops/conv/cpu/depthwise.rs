@@ -1,11 +1,13 @@
-//! The depthwise forward (one channel per group, multiplier 1) of a 3x3 window over
-//! channels a multiple of `LANES`, read from the unpadded image, with the window's 9
-//! kernel vectors in registers: for each output row and block of `LANES` channels they
-//! are loaded once and used across the row's pixels (the general loop,
-//! `depthwise_fwd_blocked`, reloads them for every pixel). At stride 1 the input gradient
-//! is such a forward too: of the output gradient, padded by `(k - 1) * d - p`, with the
-//! taps in reverse order (`input_as_forward`). The kernel gradient walks bands of output
-//! rows of a zero-padded copy with the window's 9 sums in registers (`kernel_rows`).
+//! The depthwise convolution (one channel per group, multiplier 1) of a 3x3 window over
+//! channels a multiple of `LANES`, read from the unpadded image (`Walk`): the output
+//! pixels whose whole window lies inside it run with no checks, the border ones sum the
+//! taps inside it. The forward keeps the window's 9 kernel vectors in registers: for each
+//! output row and block of `LANES` channels they are loaded once and used across the
+//! row's pixels (the general loop, `depthwise_fwd_blocked`, reloads them for every pixel).
+//! At stride 1 the input gradient is such a forward too: of the output gradient, padded
+//! by `(k - 1) * d - p`, with the taps in reverse order (`input_as_forward`). The kernel
+//! gradient walks bands of output rows with the window's 9 sums in registers
+//! (`kernel_direct`).
 
 use super::*;
 
@@ -40,52 +42,126 @@ pub(super) fn input_as_forward<T: F>(g: &Geom, w: &[T]) -> Option<(Geom, Vec<T>)
     Some((f, wf))
 }
 
-/// The output-pixel walk over a padded image of dims `pd`: where each tap reads,
-/// relative to an output pixel's window origin, in elements (pixels times channels).
-struct Walk3 {
+/// The output-pixel walk over an unpadded image: where each tap reads, and which output
+/// pixels read only inside the image.
+struct Walk {
+    xd: [usize; 3],
     o: [usize; 3],
+    k: [usize; 3],
     s: [usize; 3],
-    pd: [usize; 3],
-    off: [usize; TAPS],
+    d: [usize; 3],
+    p: [isize; 3],
     c: usize,
+    /// Tap t's position in the window.
+    at: [[usize; 3]; TAPS],
+    /// Tap t's element offset from tap 0's, in a window inside the image.
+    off: [usize; TAPS],
+    /// The output pixels along the last dim whose windows lie inside the image along it.
+    lo: usize,
+    hi: usize,
+    /// Per output pixel along the last dim: the taps inside the image along it (bit t).
+    col_masks: Vec<u16>,
 }
 
-impl Walk3 {
-    fn new(g: &Geom, pd: &[usize; 3]) -> Walk3 {
-        let (k, d) = (&g.k, &g.d);
-        let off = std::array::from_fn(|t| {
-            let (ka, kb, kc) = (t / (k[1] * k[2]), (t / k[2]) % k[1], t % k[2]);
-            ((ka * d[0] * pd[1] + kb * d[1]) * pd[2] + kc * d[2]) * g.cin
-        });
-        Walk3 {
-            o: g.o,
-            s: g.s,
-            pd: *pd,
+/// One output row (the first two output dims fixed) of a `Walk`.
+struct Row {
+    /// The row's first output element.
+    out: usize,
+    /// Tap 0's element of the row's output pixel 0 (negative or past the image where the
+    /// window starts in the padding).
+    tap0: isize,
+    /// The taps inside the image along the first two dims (bit t).
+    mask: u16,
+    /// The row's pixels whose windows lie inside the image: `[lo, hi)` (empty where the
+    /// window leaves it along the first two dims).
+    lo: usize,
+    hi: usize,
+}
+
+impl Walk {
+    /// The walk of `g` over an image of `x_len` elements and an output of `y_len`: panics
+    /// where either is shorter than the geometry says, so that the rows' loops may load
+    /// without checks.
+    fn new(g: &Geom, x_len: usize, y_len: usize) -> Walk {
+        let (c, xd, o, s, d, k) = (g.cin, g.x, g.o, g.s, g.d, g.k);
+        assert!(
+            x_len >= xd.iter().product::<usize>() * c,
+            "depthwise image length"
+        );
+        assert!(
+            y_len >= o.iter().product::<usize>() * c,
+            "depthwise output length"
+        );
+        let at: [[usize; 3]; TAPS] =
+            std::array::from_fn(|t| [t / (k[1] * k[2]), (t / k[2]) % k[1], t % k[2]]);
+        let off = at.map(|[ka, kb, kc]| ((ka * d[0] * xd[1] + kb * d[1]) * xd[2] + kc * d[2]) * c);
+        let mut w = Walk {
+            xd,
+            o,
+            k,
+            s,
+            d,
+            p: g.p.map(|(before, _)| before as isize),
+            c,
+            at,
             off,
-            c: g.cin,
+            lo: 0,
+            hi: 0,
+            col_masks: Vec::new(),
+        };
+        let inside: Vec<bool> = (0..o[2])
+            .map(|q| w.window_inside(2, (q * s[2]) as isize - w.p[2]))
+            .collect();
+        w.lo = inside.iter().position(|&i| i).unwrap_or(o[2]);
+        w.hi = (w.lo..o[2]).find(|&q| !inside[q]).unwrap_or(o[2]);
+        w.col_masks = (0..o[2])
+            .map(|q| w.mask(|t| w.inside(2, (q * s[2] + at[t][2] * d[2]) as isize - w.p[2])))
+            .collect();
+        w
+    }
+    fn inside(&self, dim: usize, i: isize) -> bool {
+        i >= 0 && (i as usize) < self.xd[dim]
+    }
+    /// Whether all of a window's taps along `dim` lie inside, from its first tap's index.
+    fn window_inside(&self, dim: usize, i: isize) -> bool {
+        let last = ((self.k[dim] - 1) * self.d[dim]) as isize;
+        self.inside(dim, i) && self.inside(dim, i + last)
+    }
+    fn mask(&self, f: impl Fn(usize) -> bool) -> u16 {
+        (0..TAPS).filter(|&t| f(t)).fold(0, |m, t| m | 1 << t)
+    }
+    /// Output row `(a, b)`.
+    #[inline(always)]
+    fn row(&self, a: usize, b: usize) -> Row {
+        let (xd, s, d, p, c, at) = (&self.xd, &self.s, &self.d, &self.p, self.c, &self.at);
+        let (ia, ib) = ((a * s[0]) as isize - p[0], (b * s[1]) as isize - p[1]);
+        let mask = self.mask(|t| {
+            self.inside(0, ia + (at[t][0] * d[0]) as isize)
+                && self.inside(1, ib + (at[t][1] * d[1]) as isize)
+        });
+        let tap0 = ((ia * xd[1] as isize + ib) * xd[2] as isize - p[2]) * c as isize;
+        let (lo, hi) = if self.window_inside(0, ia) && self.window_inside(1, ib) {
+            (self.lo, self.hi)
+        } else {
+            (self.o[2], self.o[2])
+        };
+        Row {
+            out: (a * self.o[1] + b) * self.o[2] * c,
+            tap0,
+            mask,
+            lo,
+            hi,
         }
     }
-    /// `(first output pixel, padded pixel of its window origin)` of output row `(a, b)`.
+    /// Output row number `r` (over the first two output dims).
     #[inline(always)]
-    fn row(&self, a: usize, b: usize) -> (usize, usize) {
-        let (o, s, pd) = (&self.o, &self.s, &self.pd);
-        ((a * o[1] + b) * o[2], (a * s[0] * pd[1] + b * s[1]) * pd[2])
+    fn row_at(&self, r: usize) -> Row {
+        self.row(r / self.o[1], r % self.o[1])
     }
-    /// Checks that output row `(a, b)`, of the output `y_len` long, reads only inside the
-    /// padded image `xp_len` long, so that the row's loops may load without checks: returns
-    /// the row's first output element and its first window origin, in elements.
+    /// The element of channel `ch` of tap 0 for the row's pixel `q`.
     #[inline(always)]
-    fn checked_row(&self, a: usize, b: usize, xp_len: usize, y_len: usize) -> (usize, usize) {
-        let (orow, irow) = self.row(a, b);
-        let (c, n) = (self.c, self.o[2]);
-        if n > 0 {
-            let last = (irow + (n - 1) * self.s[2]) * c + self.off.iter().max().unwrap_or(&0);
-            assert!(
-                last + c <= xp_len && (orow + n) * c <= y_len,
-                "depthwise row in bounds"
-            );
-        }
-        (orow * c, irow * c)
+    fn tap0(&self, row: &Row, q: usize, ch: usize) -> isize {
+        row.tap0 + (q * self.s[2] * self.c + ch) as isize
     }
 }
 
@@ -110,76 +186,16 @@ fn lanes_mut<T: F>(v: &mut [T], at: usize) -> &mut [T; LANES] {
 }
 
 /// `y[op, ch] = sum_t x[window(op) + tap t, ch] * w[t, ch]` over the taps inside the
-/// image (every element written), read from the unpadded image: the output pixels whose
-/// whole window lies inside it run with no checks, the others (the border) tap by tap.
-/// The interior sums the taps in order, as a zero-padded copy would; a border pixel leaves
-/// out the taps that would read padding.
+/// image (every element written). The interior sums the taps in order, as a zero-padded
+/// copy would; a border pixel leaves out the taps that would read padding.
 #[inline(always)]
 pub(super) fn forward_direct<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
-    let (c, xd, o, s, d, k) = (g.cin, g.x, g.o, g.s, g.d, g.k);
-    let p = g.p.map(|(before, _)| before as isize);
+    let wk = Walk::new(g, x.len(), y.len());
+    let (c, off) = (wk.c, &wk.off);
     assert!(w.len() >= TAPS * c, "depthwise kernel length");
-    assert!(
-        x.len() >= xd.iter().product::<usize>() * c,
-        "depthwise image length"
-    );
-    assert!(
-        y.len() >= o.iter().product::<usize>() * c,
-        "depthwise output length"
-    );
-    // Tap t's position in the window, and its element offset from tap 0's pixel.
-    let at: [[usize; 3]; TAPS] =
-        std::array::from_fn(|t| [t / (k[1] * k[2]), (t / k[2]) % k[1], t % k[2]]);
-    let off = at.map(|[ka, kb, kc]| ((ka * d[0] * xd[1] + kb * d[1]) * xd[2] + kc * d[2]) * c);
-    let inside = |t: usize, i: isize| i >= 0 && (i as usize) < xd[t];
-    // Whether all of a window's taps along dim `t` lie inside, from its first tap's index.
-    let window_inside =
-        |t: usize, i: isize| inside(t, i) && inside(t, i + ((k[t] - 1) * d[t]) as isize);
-    // The output pixels along the last dim whose windows lie inside: `[lo, hi)`.
-    let lo = (0..o[2]).find(|&q| window_inside(2, (q * s[2]) as isize - p[2]));
-    let (lo, hi) = match lo {
-        Some(lo) => (
-            lo,
-            (lo..o[2])
-                .take_while(|&q| window_inside(2, (q * s[2]) as isize - p[2]))
-                .last()
-                .map_or(lo, |q| q + 1),
-        ),
-        None => (o[2], o[2]),
-    };
-    // Per output pixel along the last dim, and per output row, the taps that lie inside
-    // the image along those dims (bit t for tap t).
-    let mask =
-        |f: &dyn Fn(usize) -> bool| (0..TAPS).filter(|&t| f(t)).fold(0u16, |m, t| m | 1 << t);
-    let col_masks: Vec<u16> = (0..o[2])
-        .map(|q| mask(&|t| inside(2, (q * s[2] + at[t][2] * d[2]) as isize - p[2])))
-        .collect();
-    let last = off.iter().copied().max().unwrap_or(0);
-    let step = s[2] * c;
-    for a in 0..o[0] {
-        let ia = (a * s[0]) as isize - p[0];
-        for b in 0..o[1] {
-            let ib = (b * s[1]) as isize - p[1];
-            let row_mask = mask(&|t| {
-                inside(0, ia + (at[t][0] * d[0]) as isize)
-                    && inside(1, ib + (at[t][1] * d[1]) as isize)
-            });
-            let orow = (a * o[1] + b) * o[2] * c;
-            // Tap 0's element of output pixel 0: outside the image where the window
-            // starts in the padding.
-            let tap0 = ((ia * xd[1] as isize + ib) * xd[2] as isize - p[2]) * c as isize;
-            // The row's interior pixels: none where the window leaves the image along the
-            // first two dims.
-            let (lo, hi) = if window_inside(0, ia) && window_inside(1, ib) {
-                let first = (tap0 + (lo * step) as isize) as usize;
-                assert!(
-                    lo >= hi || first + (hi - 1 - lo) * step + last + c <= x.len(),
-                    "depthwise row in bounds"
-                );
-                (lo, hi)
-            } else {
-                (o[2], o[2])
-            };
+    for a in 0..wk.o[0] {
+        for b in 0..wk.o[1] {
+            let row = wk.row(a, b);
             for ch in (0..c).step_by(LANES) {
                 // A loop, not `array::from_fn`: its closure, left out of line, is compiled
                 // without this kernel's AVX-512 and copies the vectors through memory
@@ -188,40 +204,35 @@ pub(super) fn forward_direct<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
                 for (t, v) in wv.iter_mut().enumerate() {
                     *v = *lanes(w, t * c + ch);
                 }
-                let (xs, ys) = (x.as_ptr(), y[orow + ch..].as_mut_ptr());
-                for q in (0..lo).chain(hi..o[2]) {
-                    let m = row_mask & col_masks[q];
-                    let e = tap0 + (q * step + ch) as isize;
+                let (xs, ys) = (x.as_ptr(), y[row.out + ch..].as_mut_ptr());
+                for q in (0..row.lo).chain(row.hi..wk.o[2]) {
+                    let m = row.mask & wk.col_masks[q];
+                    let e = wk.tap0(&row, q, ch);
                     let mut acc = [T::zero(); LANES];
                     for t in 0..TAPS {
                         if m >> t & 1 != 0 {
-                            let i = (e + off[t] as isize) as usize;
-                            debug_assert!(i + LANES <= x.len());
-                            // SAFETY: tap t of this pixel lies inside the image (its bit of
-                            // `m`), so its `LANES` channels from `ch` lie inside `x`.
-                            let xv = unsafe { load(xs.add(i)) };
+                            // SAFETY: tap t of this pixel lies inside the image (its bit
+                            // of `m`), so its `LANES` channels from `ch` lie inside `x`
+                            // (`Walk::new`).
+                            let xv = unsafe { load(xs.offset(e + off[t] as isize)) };
                             for j in 0..LANES {
                                 acc[j] += xv[j] * wv[t][j];
                             }
                         }
                     }
-                    *lanes_mut(y, orow + q * c + ch) = acc;
+                    *lanes_mut(y, row.out + q * c + ch) = acc;
                 }
-                if lo >= hi {
-                    continue;
-                }
-                let xs = x[(tap0 + (lo * step + ch) as isize) as usize..].as_ptr();
-                for q in lo..hi {
+                for q in row.lo..row.hi {
+                    let e = wk.tap0(&row, q, ch);
                     let mut acc = [T::zero(); LANES];
                     for t in 0..TAPS {
-                        // SAFETY: the row's check above bounds every tap of its interior
-                        // pixels.
-                        let xv = unsafe { load(xs.add((q - lo) * step + off[t])) };
+                        // SAFETY: every tap of an interior pixel lies inside the image.
+                        let xv = unsafe { load(xs.offset(e + off[t] as isize)) };
                         for j in 0..LANES {
                             acc[j] += xv[j] * wv[t][j];
                         }
                     }
-                    // SAFETY: `y` holds the rows' outputs (checked on entry).
+                    // SAFETY: `y` holds the row's outputs (`Walk::new`).
                     unsafe { std::ptr::write_unaligned(ys.add(q * c) as *mut [T; LANES], acc) };
                 }
             }
@@ -249,50 +260,66 @@ pub(super) fn kernel_applies<T>(g: &Geom) -> bool {
     applies(g) && (g.cin <= KERNEL_MAX_CHANNELS || image > BAND_BYTES)
 }
 
-/// `dw[t, ch] += sum_op gy[op, ch] * xp[window(op) + off[t], ch]`, where `applies`: over
-/// bands of output rows (`BAND_BYTES`), for each block of `LANES` channels the nine sums
-/// stay in registers over the band and are added into `dw` once.
+/// `dw[t, ch] += sum_op gy[op, ch] * x[window(op) + tap t, ch]` over the taps inside the
+/// image, where `applies`: over bands of output rows (`BAND_BYTES`), for each block of
+/// `LANES` channels the nine sums stay in registers over the band and are added into `dw`
+/// once. Each row's pixels are taken in order, so the sums are those over a zero-padded
+/// copy with the padding's terms left out.
 #[inline(always)]
-pub(super) fn kernel_rows<T: F>(g: &Geom, pd: &[usize; 3], xp: &[T], gy: &[T], dw: &mut [T]) {
-    let wk = Walk3::new(g, pd);
-    let c = wk.c;
-    let rows = wk.o[0] * wk.o[1];
-    if wk.o[2] == 0 {
-        return;
-    }
-    let row_bytes = (wk.o[2] + wk.s[1] * wk.pd[2]) * c * std::mem::size_of::<T>();
+pub(super) fn kernel_direct<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
+    let wk = Walk::new(g, x.len(), gy.len());
+    let (c, o) = (wk.c, wk.o);
+    assert!(dw.len() >= TAPS * c, "depthwise kernel gradient length");
+    let rows = o[0] * o[1];
+    let row_bytes = (o[2] + wk.s[1] * wk.xd[2]) * c * std::mem::size_of::<T>();
     let band = (BAND_BYTES / row_bytes.max(1)).clamp(1, rows.max(1));
     for r0 in (0..rows).step_by(band) {
-        kernel_band(&wk, r0..(r0 + band).min(rows), xp, gy, dw);
-    }
-}
-
-/// `kernel_rows` over output rows `band` (flat over the first two output dims).
-#[inline(always)]
-fn kernel_band<T: F>(wk: &Walk3, band: std::ops::Range<usize>, xp: &[T], gy: &[T], dw: &mut [T]) {
-    let (c, step) = (wk.c, wk.s[2] * wk.c);
-    for ch in (0..c).step_by(LANES) {
-        let mut acc = [[T::zero(); LANES]; TAPS];
-        for r in band.clone() {
-            let (orow, irow) = wk.checked_row(r / wk.o[1], r % wk.o[1], xp.len(), gy.len());
-            let (xs, gs) = (xp[irow + ch..].as_ptr(), gy[orow + ch..].as_ptr());
-            for px in 0..wk.o[2] {
-                // SAFETY: `checked_row` bounds the row's output gradient and every tap of
-                // its pixels.
-                let gv = unsafe { load(gs.add(px * c)) };
-                for (t, at) in acc.iter_mut().enumerate() {
-                    // SAFETY: as above.
-                    let xv = unsafe { load(xs.add(px * step + wk.off[t])) };
-                    for j in 0..LANES {
-                        at[j] += gv[j] * xv[j];
-                    }
+        for ch in (0..c).step_by(LANES) {
+            let mut acc = [[T::zero(); LANES]; TAPS];
+            for r in r0..(r0 + band).min(rows) {
+                let row = wk.row_at(r);
+                let gs = &gy[row.out + ch..];
+                kernel_pixels::<T, true>(&wk, &row, 0..row.lo, ch, x, gs, &mut acc);
+                kernel_pixels::<T, false>(&wk, &row, row.lo..row.hi, ch, x, gs, &mut acc);
+                kernel_pixels::<T, true>(&wk, &row, row.hi..o[2], ch, x, gs, &mut acc);
+            }
+            for (t, at) in acc.iter().enumerate() {
+                let d = lanes_mut(dw, t * c + ch);
+                for j in 0..LANES {
+                    d[j] += at[j];
                 }
             }
         }
-        for (t, at) in acc.iter().enumerate() {
-            let d = lanes_mut(dw, t * c + ch);
-            for j in 0..LANES {
-                d[j] += at[j];
+    }
+}
+
+/// `kernel_direct`'s sums over pixels `qs` of a row, whose output gradient from channel
+/// `ch` starts `gs`: the taps each pixel's mask selects (`MASKED`), or all of them (the
+/// row's interior).
+#[inline(always)]
+fn kernel_pixels<T: F, const MASKED: bool>(
+    wk: &Walk,
+    row: &Row,
+    qs: std::ops::Range<usize>,
+    ch: usize,
+    x: &[T],
+    gs: &[T],
+    acc: &mut [[T; LANES]; TAPS],
+) {
+    let xs = x.as_ptr();
+    for q in qs {
+        let gv = *lanes(gs, q * wk.c);
+        let e = wk.tap0(row, q, ch);
+        let m = row.mask & wk.col_masks[q];
+        for (t, at) in acc.iter_mut().enumerate() {
+            if !MASKED || m >> t & 1 != 0 {
+                // SAFETY: tap t of this pixel lies inside the image (its bit of `m`; every
+                // tap of an interior pixel), so its `LANES` channels from `ch` lie inside
+                // `x` (`Walk::new`).
+                let xv = unsafe { load(xs.offset(e + wk.off[t] as isize)) };
+                for j in 0..LANES {
+                    at[j] += gv[j] * xv[j];
+                }
             }
         }
     }

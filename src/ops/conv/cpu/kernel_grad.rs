@@ -254,11 +254,11 @@ simd_kernel!(fn depthwise_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]
 #[inline(always)]
 fn depthwise_kernel_rows<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T], sc: &mut Scratch<T>) {
     let (cin, cout, m) = (g.cin, g.cout, g.og());
+    if depthwise::kernel_applies::<T>(g) {
+        return depthwise::kernel_direct(g, x, gy, dw);
+    }
     let pd = pad_into(&g.x, &g.p, cin, x, &mut sc.a);
     let xp = &sc.a;
-    if depthwise::kernel_applies::<T>(g) {
-        return depthwise::kernel_rows(g, &pd, xp, gy, dw);
-    }
     padded_walk(g, &pd, |op, ip, kp| {
         let (gr, xr, dr) = (
             &gy[op * cout..(op + 1) * cout],
