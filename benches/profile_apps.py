@@ -266,7 +266,9 @@ def tf_profile(model_key, batch, steps, predict, one_thread):
                 for key, suffix in sorted(conv_kind.items(), key=lambda kv: -len(kv[0])):
                     if base.startswith(key) and layer in layers:
                         depthwise = key.startswith("depthwise")
-                        labs = [lab for lab in layers[layer] if lab.startswith("depthwise") == depthwise]
+                        labs = [
+                            lab for lab in layers[layer] if lab.startswith("depthwise") == depthwise
+                        ]
                         kind = (labs or layers[layer])[0] + suffix
                         break
                 else:
