@@ -1106,3 +1106,15 @@ def test_depthwise_kernel_gradient_over_bands_of_rows(xshape, stride, rng):
     got = run([xs, g], [dw], [x, gy])[0]
     ref = _depthwise_kernel_grad_ref(x.astype(np.float64), gy.astype(np.float64), 3, stride)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("xshape", [(1, 4, 0, 32), (1, 0, 3, 32), (0, 4, 4, 32)])
+def test_depthwise_empty_images(xshape):
+    """Images with no pixels (or no images) give empty results and a zero kernel gradient
+    through the kernels that read the unpadded image."""
+    xs = K.placeholder(shape=(None, None, None, 32))
+    ks = K.variable(np.ones((3, 3, 32, 1), dtype=np.float32))
+    y = K.depthwise_conv2d(xs, ks, padding="same")
+    out, gx, gw = run([xs], [y] + K.gradients(K.sum(y), [xs, ks]), [np.ones(xshape, np.float32)])
+    assert out.shape == xshape and gx.shape == xshape
+    np.testing.assert_array_equal(gw, np.zeros((3, 3, 32, 1), np.float32))
