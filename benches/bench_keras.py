@@ -542,6 +542,8 @@ def main():
                 f"commit {base.get('machine', {}).get('git_commit')}); above 1x: faster now"
             )
             print(render(rows_b))
+    elif a.baseline == "none":
+        print("\nno comparison with a baseline (--baseline none)")
     else:
         print(
             f"\nno baseline for this machine class ({machine_class(info)}); "
