@@ -17,7 +17,7 @@ pub(super) const LANES: usize = 16;
 /// Taps of the kernels specialised here (a 3x3 window).
 pub(super) const TAPS: usize = 9;
 
-/// Whether `forward_rows` runs this depthwise convolution.
+/// Whether `forward_direct` runs this depthwise convolution.
 pub(super) fn applies(g: &Geom) -> bool {
     g.cg() == 1 && g.og() == 1 && g.cin.is_multiple_of(LANES) && g.kk() == TAPS
 }
@@ -240,20 +240,20 @@ pub(super) fn forward_direct<T: F>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
     }
 }
 
-/// Bytes of one band of output rows `kernel_rows` walks for every block of channels in
+/// Bytes of one band of output rows `kernel_direct` walks for every block of channels in
 /// turn (the rows' output gradient and the input rows under them): the band stays in L2
 /// while each block of `LANES` channels reads its 64-byte runs of it. Over the whole
 /// image at once, a block of a large image re-read it from L3 or memory (one thread,
 /// batch 8, 32x32x144: 3.4 ms a call).
 const BAND_BYTES: usize = 192 << 10;
 
-/// Most channels `kernel_rows` takes for an image that fits one band: with more, the loop
+/// Most channels `kernel_direct` takes for an image that fits one band: with more, the loop
 /// over pixels and taps with all the channels at once does better (one thread, batch 8:
-/// 16x16x192 0.35 against 0.43-0.49 ms; at 16-32 channels `kernel_rows` takes half the
+/// 16x16x192 0.35 against 0.43-0.49 ms; at 16-32 channels `kernel_direct` takes half the
 /// time, at 64 the two are level).
 const KERNEL_MAX_CHANNELS: usize = 64;
 
-/// Whether `kernel_rows` runs this depthwise kernel gradient: where `applies`, with few
+/// Whether `kernel_direct` runs this depthwise kernel gradient: where `applies`, with few
 /// channels or an image larger than a band.
 pub(super) fn kernel_applies<T>(g: &Geom) -> bool {
     let image = (g.opix() + g.xpix()) * g.cin * std::mem::size_of::<T>();

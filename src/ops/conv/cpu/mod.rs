@@ -22,9 +22,10 @@
 //!   a stride-1 input gradient with 1, 16 or 32 input channels runs as the flipped
 //!   kernel's convolution through them.
 //! - one input channel per group (depthwise): direct loops over a zero-padded copy of each
-//!   image, output row by row, vectorised over channels; the 3x3 forward with multiplier 1
-//!   keeps its 9 kernel vectors in registers along each row, and serves as the stride-1
-//!   input gradient too (`depthwise.rs`).
+//!   image, output row by row, vectorised over channels; a 3x3 window with multiplier 1
+//!   and channels a multiple of 16 reads the unpadded image instead (`depthwise.rs`): its
+//!   forward keeps the 9 kernel vectors in registers along each row and serves as the
+//!   stride-1 input gradient too, its kernel gradient keeps the 9 sums in registers.
 //! - otherwise: im2col (or col2im) of a tile of output rows and one `gemm` per group.
 //!
 //! All three parallelise over images when there are at least as many images as threads,
