@@ -740,6 +740,22 @@ fn affine_groups(feeds: &[Tensor], outs: &[Tensor], vs: &[Value]) -> usize {
     f.cpu.programs(&f.plan).iter().map(affine_chains).sum()
 }
 
+/// Asserts that each output set of `sets` runs as one of batch norm's loops
+/// (`affine_groups`), bitwise as the ordinary program.
+fn one_loop_each(feeds: &[Tensor], vs: &[Value], shape: [usize; 3], sets: &[Vec<Tensor>]) {
+    for outs in sets {
+        assert_eq!(affine_groups(feeds, outs, vs), 1, "{shape:?}");
+    }
+}
+
+/// A relu gradient as batch norm's backward pass forms it: `gm = pos ? g : 0` and its
+/// product with the centred input `cx`.
+fn masked_grad(pos: &Tensor, g: &Tensor, cx: &Tensor) -> (Tensor, Tensor) {
+    let gm = select(pos, g, &c(0.0)).unwrap();
+    let prod = mul(&gm, cx).unwrap();
+    (gm, prod)
+}
+
 /// Batch-norm activations `[batch, rows, channels]`: below one chunk, periods that do not
 /// divide a chunk over many chunks, and enough elements for the parallel path (tasks
 /// starting mid-period).
@@ -835,33 +851,29 @@ fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
         let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
         let low = binary(BinaryOp::LessEqual, &ry, &c(6.0)).unwrap();
         let kept = select(&low, &g, &c(0.0)).unwrap();
-        let gm = select(&pos, &kept, &c(0.0)).unwrap();
-        let prod = mul(&gm, &cx).unwrap();
-        assert_eq!(
-            affine_groups(&feeds, &[gm.clone(), prod.clone()], &vs),
-            1,
-            "{shape:?}"
-        );
-        assert_eq!(
-            affine_groups(
-                &feeds,
-                &[gm.clone(), channel_sums(&prod), channel_sums(&gm)],
-                &vs
-            ),
-            1,
-            "{shape:?}"
+        let (gm, prod) = masked_grad(&pos, &kept, &cx);
+        one_loop_each(
+            &feeds,
+            &vs,
+            shape,
+            &[
+                vec![gm.clone(), prod.clone()],
+                vec![gm.clone(), channel_sums(&prod), channel_sums(&gm)],
+            ],
         );
         // A relu's gradient: its mask and product written, both summed, the product's sums
         // alone.
-        let gm = select(&pos, &g, &c(0.0)).unwrap();
-        let prod = mul(&gm, &cx).unwrap();
-        for outs in [
-            vec![gm.clone(), prod.clone()],
-            vec![channel_sums(&prod), channel_sums(&gm)],
-            vec![channel_sums(&prod)],
-        ] {
-            assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
-        }
+        let (gm, prod) = masked_grad(&pos, &g, &cx);
+        one_loop_each(
+            &feeds,
+            &vs,
+            shape,
+            &[
+                vec![gm.clone(), prod.clone()],
+                vec![channel_sums(&prod), channel_sums(&gm)],
+                vec![channel_sums(&prod)],
+            ],
+        );
     }
 }
 
@@ -880,11 +892,13 @@ fn relu_gradients_of_residual_sums_run_as_one_loop_bitwise_equal() {
         let g_sum = add(&g, g2).unwrap();
         for (pre, grad) in [(&with_r, &g), (&y, &g_sum), (&with_r, &g_sum)] {
             let pos = binary(BinaryOp::Greater, pre, &c(0.0)).unwrap();
-            let gm = select(&pos, grad, &c(0.0)).unwrap();
-            let prod = mul(&gm, &cx).unwrap();
-            for outs in [vec![gm.clone(), prod.clone()], vec![channel_sums(&prod)]] {
-                assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
-            }
+            let (gm, prod) = masked_grad(&pos, grad, &cx);
+            one_loop_each(
+                &feeds,
+                &vs,
+                shape,
+                &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
+            );
         }
     }
 }
@@ -898,13 +912,12 @@ fn batch_norm_variance_terms_run_as_one_loop_bitwise_equal() {
         let dev = sub(&x, &a).unwrap();
         let sq = unary(UnaryOp::Square, &dev).unwrap();
         let mean = reduce(crate::ops::ReduceOp::Mean, &sq, &[0, 1], false).unwrap();
-        for outs in [
-            vec![sq.clone()],
-            vec![dev.clone(), sq.clone()],
-            vec![mean.clone()],
-        ] {
-            assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
-        }
+        one_loop_each(
+            &feeds,
+            &vs,
+            shape,
+            &[vec![sq.clone()], vec![dev, sq], vec![mean]],
+        );
     }
 }
 
@@ -920,9 +933,7 @@ fn two_batch_norm_outputs_added_before_a_relu_run_as_one_loop_bitwise_equal() {
         let y2 = add(&mul(&sub(&x2, a2).unwrap(), s2).unwrap(), b2).unwrap();
         let sum = add(&y1, &y2).unwrap();
         let relu = unary(UnaryOp::Relu, &sum).unwrap();
-        for outs in [vec![sum.clone(), relu.clone()], vec![relu.clone()]] {
-            assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
-        }
+        one_loop_each(&feeds, &vs, shape, &[vec![sum, relu.clone()], vec![relu]]);
     }
 }
 
@@ -938,11 +949,13 @@ fn relu_gradients_of_a_stored_relu_input_run_as_one_loop_bitwise_equal() {
         let cx = sub(&x, &a).unwrap();
         let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
         for grad in [g.clone(), add(g, g2).unwrap()] {
-            let gm = select(&pos, &grad, &c(0.0)).unwrap();
-            let prod = mul(&gm, &cx).unwrap();
-            for outs in [vec![gm.clone(), prod.clone()], vec![channel_sums(&prod)]] {
-                assert_eq!(affine_groups(&feeds, &outs, &vs), 1, "{shape:?}");
-            }
+            let (gm, prod) = masked_grad(&pos, &grad, &cx);
+            one_loop_each(
+                &feeds,
+                &vs,
+                shape,
+                &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
+            );
         }
     }
 }
@@ -993,8 +1006,7 @@ fn batch_norm_kernels_with_tiles_of_different_periods_keep_the_program() {
     let y = add(&mul(&sub(&x, &a).unwrap(), s).unwrap(), &b).unwrap();
     let relu = unary(UnaryOp::Relu, &y).unwrap();
     let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
-    let gm = select(&pos, &g, &c(0.0)).unwrap();
-    let prod = mul(&gm, &sub(&x, &a).unwrap()).unwrap();
+    let (gm, prod) = masked_grad(&pos, &g, &sub(&x, &a).unwrap());
     let dx = add(
         &add(
             &mul(s, &mul(&sub(&x, &a).unwrap(), &c(0.125)).unwrap()).unwrap(),
