@@ -201,7 +201,7 @@ pub(super) fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
                 } else {
                     // The tile's runs within one block each (a tile may end one block and
                     // start the next).
-                    let blk = s.red * s.inner;
+                    let blk = s.block_len();
                     let mut a = ts;
                     while a < te {
                         let b = te.min((a / blk + 1) * blk);
@@ -237,9 +237,13 @@ pub(super) fn fold_exec(k: &Kernel<'_>, f: &FoldRun, start: usize, end: usize) {
 }
 
 impl FoldSpec {
+    /// Elements of one block of column sums, `red * inner` (at least 1).
+    fn block_len(&self) -> usize {
+        (self.red * self.inner).max(1)
+    }
     /// Blocks of `red * inner` elements that elements `[start, end)` touch (column sums).
     fn blocks(&self, start: usize, end: usize) -> usize {
-        let blk = (self.red * self.inner).max(1);
+        let blk = self.block_len();
         if end > start {
             (end - 1) / blk - start / blk + 1
         } else {
@@ -263,7 +267,7 @@ impl FoldRun {
                 } else {
                     let mut acc = vec![0.0f64; s.shape.iter().product()];
                     for p in &parts {
-                        let at = p.0 / (s.red * s.inner).max(1) * s.inner;
+                        let at = p.0 / s.block_len() * s.inner;
                         acc[at..at + p.1[i].len()]
                             .iter_mut()
                             .zip(&p.1[i])
