@@ -363,6 +363,23 @@ impl Item {
             Item::Group(_) | Item::Node(_) | Item::MatAcc { .. } => None,
         }
     }
+
+    /// The plan slots the item may fill.
+    pub fn writes(&self) -> Vec<usize> {
+        match self {
+            Item::Node(i) => vec![*i],
+            Item::MatAcc { add, .. } => vec![*add],
+            Item::Group(_) | Item::Update(_) => {
+                let g = self.group().expect("a group item");
+                g.members
+                    .iter()
+                    .chain(&g.first)
+                    .copied()
+                    .chain(g.fold_nodes())
+                    .collect()
+            }
+        }
+    }
 }
 
 impl Group {
@@ -659,6 +676,7 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     if t.fuse && t.folds {
         dispatches -= folds(plan, &users, &is_output, &mut items);
     }
+    let items = eager(plan, items);
     // Groups that nothing reads (they compute update values and outputs only) and that
     // cannot fail run last, in order: the run may then overwrite variables in place there
     // (`tail`). Keras places each parameter's update right after its gradient. A target
@@ -758,6 +776,72 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
         tail,
         runs,
     }
+}
+
+/// Whether plan step `i` runs as soon as its inputs exist (`eager`): a convolution's
+/// kernel gradient, which reads two tensors of activation size and makes one of weight
+/// size.
+fn runs_eagerly(plan: &Plan, i: usize) -> bool {
+    matches!(plan.steps[i], Step::Compute) && matches!(plan.nodes[i].op(), Op::ConvKernelGrad(_))
+}
+
+/// `items` with each item that `runs_eagerly` moved up to right after the last item that
+/// makes one of its inputs, the constants it reads with it.
+///
+/// The plan's order is a depth-first walk from its targets, which places a node just
+/// before its first reader: a Keras training function reads its gradients in its updates,
+/// so every kernel gradient of a convolutional network waited for the whole backward
+/// pass, holding each layer's output gradient that long, and read it back from memory.
+/// Moved up, it reads that gradient right after the batch norm's backward group wrote it,
+/// next to the input gradient that reads it too, and the gradient is released there.
+fn eager(plan: &Plan, items: Vec<Item>) -> Vec<Item> {
+    let n = plan.nodes.len();
+    let mut made = vec![None; n];
+    for (t, item) in items.iter().enumerate() {
+        for j in item.writes() {
+            made[j] = Some(t);
+        }
+    }
+    let constant =
+        |t: usize| matches!(&items[t], Item::Node(h) if matches!(plan.steps[*h], Step::Folded(_)));
+    let eager_at = |t: usize| matches!(&items[t], Item::Node(i) if runs_eagerly(plan, *i));
+    // after[s]: the eager items placed right after item s, with the constants they read.
+    let mut after: Vec<Vec<(usize, Vec<usize>)>> = vec![Vec::new(); items.len()];
+    let mut moved = vec![false; items.len()];
+    for (t, item) in items.iter().enumerate() {
+        let Item::Node(i) = item else { continue };
+        if !runs_eagerly(plan, *i) {
+            continue;
+        }
+        let producers: Vec<usize> = plan.inputs[*i].iter().filter_map(|&j| made[j]).collect();
+        let (consts, others): (Vec<usize>, Vec<usize>) =
+            producers.into_iter().partition(|&p| constant(p));
+        if others.iter().any(|&p| eager_at(p) || p >= t) {
+            continue;
+        }
+        let Some(last) = others.into_iter().max() else {
+            continue;
+        };
+        if last + 1 < t {
+            moved[t] = true;
+            after[last].push((t, consts));
+        }
+    }
+    if !moved.contains(&true) {
+        return items;
+    }
+    let mut slots: Vec<Option<Item>> = items.into_iter().map(Some).collect();
+    let mut out = Vec::with_capacity(slots.len());
+    for s in 0..slots.len() {
+        if !moved[s] {
+            out.extend(slots[s].take());
+        }
+        for (t, consts) in std::mem::take(&mut after[s]) {
+            out.extend(consts.into_iter().filter_map(|c| slots[c].take()));
+            out.push(slots[t].take().expect("an eager item is placed once"));
+        }
+    }
+    out
 }
 
 /// Most members one recomputed value is computed from.

@@ -93,7 +93,7 @@ impl EarlyShapes {
                     .into_iter()
                     .for_each(|j| last[j] = Some(t)),
             }
-            for j in item_writes(item) {
+            for j in item.writes() {
                 made[j].get_or_insert(t);
             }
         }
@@ -127,23 +127,6 @@ impl EarlyShapes {
             }
         }
         out
-    }
-}
-
-/// The slots schedule item `item` may fill.
-fn item_writes(item: &Item) -> Vec<usize> {
-    match item {
-        Item::Node(i) => vec![*i],
-        Item::MatAcc { add, .. } => vec![*add],
-        Item::Group(_) | Item::Update(_) => {
-            let g = item.group().expect("a group item");
-            g.members
-                .iter()
-                .chain(&g.first)
-                .copied()
-                .chain(g.fold_nodes())
-                .collect()
-        }
     }
 }
 
