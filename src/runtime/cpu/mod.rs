@@ -33,6 +33,8 @@ pub struct PlanState {
     programs: OnceLock<Box<[fused::Programs]>>,
     /// The `ShapeOf` nodes computed as soon as their input exists (`EarlyShapes`).
     early: OnceLock<EarlyShapes>,
+    /// Per schedule item: the later item run at the same time as it (`pairs`).
+    pairs: OnceLock<Vec<Option<usize>>>,
     /// Wall time of the last `run`, in nanoseconds (0 before the first): picks whether
     /// the next run keeps a helper thread polling.
     last_run_ns: AtomicU64,
@@ -52,6 +54,47 @@ impl PlanState {
     fn early(&self, plan: &Plan) -> &EarlyShapes {
         self.early.get_or_init(|| EarlyShapes::new(plan))
     }
+
+    fn pairs(&self, plan: &Plan) -> &[Option<usize>] {
+        self.pairs.get_or_init(|| pairs(plan))
+    }
+}
+
+/// Items that lie between the two items of a pair at most (`pairs`).
+const PAIR_GAP: usize = 3;
+
+/// Per schedule item: the later item it runs at the same time as, where it is a
+/// convolution's kernel gradient and the next item that is not a constant or a shape is
+/// an input gradient (of the same layer, as `fuse::eager` places them) that reads
+/// neither the first nor anything made between them. The two read the same output
+/// gradient and split their work over the pool independently, so each fills the time the
+/// other's threads wait at the end of its parallel loops: the kernel gradient alone
+/// scales worst on two threads (ResNet50's, one thread 199 ms a step, two 123 ms).
+fn pairs(plan: &Plan) -> Vec<Option<usize>> {
+    let sched = plan.schedule(&Target::cpu_configured());
+    let items = &sched.items;
+    let computed = |i: usize| matches!(plan.steps[i], Step::Compute);
+    let mut out = vec![None; items.len()];
+    for (t, item) in items.iter().enumerate() {
+        let &Item::Node(i) = item else { continue };
+        if !computed(i) || !matches!(plan.nodes[i].op(), Op::ConvKernelGrad(_)) {
+            continue;
+        }
+        for (u, next) in items.iter().enumerate().skip(t + 1).take(PAIR_GAP + 1) {
+            let &Item::Node(k) = next else { break };
+            if plan.inputs[k].contains(&i) {
+                break;
+            }
+            if computed(k) && matches!(plan.nodes[k].op(), Op::ConvInputGrad(_)) {
+                out[t] = Some(u);
+                break;
+            }
+            if computed(k) && !matches!(plan.nodes[k].op(), Op::ShapeOf) {
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// `ShapeOf` nodes computed right after the item that makes the value they read, and the
@@ -315,10 +358,19 @@ impl<'a> Run<'a> {
         let sched = plan.schedule(&Target::cpu_configured());
         let programs = state.programs(plan);
         let early = state.early(plan);
+        // Pairs run together where nothing records per item (`pairs`).
+        let pairs = (shapes.is_none() && !super::profile::on()).then(|| state.pairs(plan));
+        // Items up to this one were computed with an earlier item's pair.
+        let mut ahead = None;
         for t in range {
             let item = &sched.items[t];
             let prof = super::profile::cpu_item_start(plan, item, slots);
+            if let Some(u) = pairs.and_then(|p| p[t]) {
+                run_pair(plan, &sched.items[t..=u], feeds, slots, multi)?;
+                ahead = Some(u);
+            }
             match item {
+                _ if ahead.is_some_and(|a| t <= a) => {}
                 // Computed after the item that made its input.
                 Item::Node(i) if early.early.get(*i) == Some(&true) && slots[*i].is_some() => {}
                 Item::Node(i) => {
@@ -449,6 +501,39 @@ impl<'a> Run<'a> {
             .map(|&o| self.slots[o].clone().expect("outputs are kept"))
             .collect()
     }
+}
+
+/// Runs the pair of nodes that `items` starts and ends with at the same time, after the
+/// constants and shapes between them (`pairs`), leaving every value in `slots`.
+fn run_pair(
+    plan: &Plan,
+    items: &[Item],
+    feeds: &mut [Value],
+    slots: &mut [Option<Value>],
+    multi: &mut HashMap<usize, Vec<Value>>,
+) -> Result<()> {
+    let node = |item: &Item| match item {
+        &Item::Node(i) => i,
+        _ => unreachable!("a pair holds nodes"),
+    };
+    let (first, last) = (node(&items[0]), node(&items[items.len() - 1]));
+    for item in &items[1..items.len() - 1] {
+        let h = node(item);
+        if slots[h].is_none() {
+            slots[h] = Some(step(plan, h, feeds, slots, multi)?);
+        }
+    }
+    let run = |i: usize| {
+        let args: Vec<&Value> = plan.inputs[i]
+            .iter()
+            .map(|&j| slots[j].as_ref().expect("computed before the pair"))
+            .collect();
+        plan.nodes[i].op().cpu(&args)
+    };
+    let (a, b) = rayon::join(|| run(first), || run(last));
+    slots[first] = Some(a?);
+    slots[last] = Some(b?);
+    Ok(())
 }
 
 /// Runs `Item::MatAcc`: `acc + mm` with the product added into a buffer holding `acc` (its
@@ -621,5 +706,7 @@ pub(crate) fn results_read(plan: &Plan, i: usize, n: usize) -> Vec<bool> {
 
 #[cfg(test)]
 mod fusion_tests;
+#[cfg(test)]
+mod pair_tests;
 #[cfg(test)]
 mod specialize_tests;
