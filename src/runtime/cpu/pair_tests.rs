@@ -11,7 +11,7 @@ use crate::ops::build::*;
 use crate::ops::graph::Tensor;
 use crate::ops::source::placeholder;
 use crate::ops::{Op, ReduceOp, UnaryOp};
-use crate::runtime::cpu::{pairs, run, run_recording, PlanState, SlotShapes};
+use crate::runtime::cpu::{pairs, pays, run, run_recording, PlanState, SlotShapes};
 
 fn ph(name: &str, dims: &[usize]) -> Tensor {
     let dims = dims.iter().map(|&d| Some(d)).collect();
@@ -129,4 +129,26 @@ fn paired_runs_match_the_plain_order_bitwise() {
             assert_eq!(bits(a), bits(b));
         }
     }
+}
+
+#[test]
+fn large_kernel_gradients_run_on_their_own() {
+    let (feeds, grads, _) = network();
+    let plan = Plan::new(&feeds, &grads).unwrap();
+    let items = &plan.schedule(&Target::cpu_configured()).items;
+    let t = pairs(&plan).iter().position(Option::is_some).unwrap();
+    let &Item::Node(i) = &items[t] else {
+        unreachable!()
+    };
+    let ins = &plan.inputs[i];
+    let with = |gy: &[usize], w: [i64; 4]| {
+        let mut slots = vec![None; plan.nodes.len()];
+        slots[ins[1]] = Some(Value::from_vec(gy, vec![0f32; gy.iter().product()]).unwrap());
+        slots[ins[2]] = Some(Value::from_vec(&[4], w.to_vec()).unwrap());
+        pays(&plan, &items[t], &slots)
+    };
+    // ResNet50's 3x3 kernel gradients at batch 8 (302 M multiply-adds) pair; the Keras
+    // CNN's second convolution at batch 64 (679 M) does not.
+    assert!(with(&[8, 32, 32, 64], [3, 3, 64, 64]));
+    assert!(!with(&[64, 24, 24, 64], [3, 3, 32, 64]));
 }
