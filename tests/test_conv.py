@@ -604,7 +604,7 @@ POOL_CASES = [
     ((1, 8, 7, 2), (3, 3), (3, 2), "valid"),
     ((2, 5, 4, 6, 2), (2, 2, 2), (2, 2, 2), "same"),
     ((1, 5, 5, 5, 2), (3, 2, 3), (2, 1, 2), "valid"),
-    # unpadded windows over blocks of 16 channels: the average without window lists
+    # unpadded windows over blocks of 16 channels: the average and max without window lists
     # (disjoint windows with rows left over, overlapping windows, 3-D)
     ((2, 7, 9, 16), (2, 2), (2, 2), "valid"),
     ((1, 8, 7, 32), (3, 3), (2, 1), "valid"),
@@ -626,6 +626,18 @@ def test_pool(xshape, window, strides, padding, pool_mode, fmt, rng):
     np.testing.assert_allclose(
         from_first(got) if fmt == "channels_first" else got, ref, rtol=1e-12, atol=1e-12
     )
+
+
+@pytest.mark.parametrize("window,strides", [((2, 2), (2, 2)), ((3, 3), (2, 1))])
+def test_max_pool_nans_match_across_channel_counts(window, strides, rng):
+    # 16 channels take the unpadded block kernel, 17 the window lists: the same maxima,
+    # NaNs included (a NaN is kept where a window starts with it, as `v > max` scans do).
+    x = rng.normal(size=(2, 7, 8, 17)).astype("float32")
+    x[rng.random(x.shape) < 0.1] = np.nan
+    pool = lambda t: K.eval(K.pool2d(K.constant(t), window, strides, "valid", pool_mode="max"))
+    wide, narrow = pool(x), pool(np.ascontiguousarray(x[..., :16]))
+    np.testing.assert_array_equal(narrow, wide[..., :16])
+    assert np.isnan(narrow).any()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
