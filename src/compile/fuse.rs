@@ -370,13 +370,7 @@ impl Item {
             Item::Node(i) => vec![*i],
             Item::MatAcc { add, .. } => vec![*add],
             Item::Group(_) | Item::Update(_) => {
-                let g = self.group().expect("a group item");
-                g.members
-                    .iter()
-                    .chain(&g.first)
-                    .copied()
-                    .chain(g.fold_nodes())
-                    .collect()
+                self.group().expect("a group item").computed().collect()
             }
         }
     }
@@ -391,6 +385,15 @@ impl Group {
     /// The plan steps of the group's folds, whose values it returns after its outputs.
     pub fn fold_nodes(&self) -> impl Iterator<Item = usize> + '_ {
         self.folds.iter().map(|f| f.node)
+    }
+
+    /// The plan steps the group computes: its members, its producer and its folds.
+    pub fn computed(&self) -> impl Iterator<Item = usize> + '_ {
+        self.members
+            .iter()
+            .chain(&self.first)
+            .copied()
+            .chain(self.fold_nodes())
     }
 }
 
@@ -443,11 +446,7 @@ pub fn reads(plan: &Plan, item: &Item) -> Vec<usize> {
         Item::MatAcc { mm, acc, .. } => plan.inputs[*mm].iter().copied().chain([*acc]).collect(),
         Item::Group(_) | Item::Update(_) => {
             let g = item.group().expect("a group item");
-            g.members
-                .iter()
-                .chain(&g.first)
-                .copied()
-                .chain(g.fold_nodes())
+            g.computed()
                 .flat_map(|m| plan.inputs[m].iter().copied())
                 .filter(|j| !g.members.contains(j))
                 .collect()

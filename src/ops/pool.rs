@@ -489,9 +489,10 @@ fn avg_bwd_unpadded<T: PF>(g: &Geom, gy: &[T], dx: &mut [T]) {
     }
 }
 
-/// `y = v > y ? v : y` channel by channel: in blocks of a fixed 64, then 16 channels (a
-/// loop over `c` alone is compiled to 64 channels a step and runs any remainder one
-/// channel at a time, so that 32 channels went through it whole, 2.5 times slower than 64).
+/// `y = v > y ? v : y` channel by channel: in blocks of a fixed 64, then 16, then one
+/// channel (a loop over `c` alone is compiled to 64 channels a step and runs any
+/// remainder one channel at a time, so that 32 channels went through it whole, 2.5 times
+/// slower than 64).
 #[inline(always)]
 fn max_into<T: PF>(y: &mut [T], x: &[T]) {
     #[inline(always)]
@@ -508,9 +509,7 @@ fn max_into<T: PF>(y: &mut [T], x: &[T]) {
     }
     let a = blocks::<T, 64>(y, x);
     let b = a + blocks::<T, AVG_BLOCK>(&mut y[a..], &x[a..]);
-    for (y, &v) in y[b..].iter_mut().zip(&x[b..]) {
-        *y = if v > *y { v } else { *y };
-    }
+    blocks::<T, 1>(&mut y[b..], &x[b..]);
 }
 
 /// The max pool of one unpadded image: each window's first value, then `v > max` in

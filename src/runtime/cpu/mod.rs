@@ -551,13 +551,7 @@ fn run_pair(
             slots[h] = Some(step(plan, h, feeds, slots, multi)?);
         }
     }
-    let run = |i: usize| {
-        let args: Vec<&Value> = plan.inputs[i]
-            .iter()
-            .map(|&j| slots[j].as_ref().expect("computed before the pair"))
-            .collect();
-        plan.nodes[i].op().cpu(&args)
-    };
+    let run = |i: usize| plan.nodes[i].op().cpu(&args(plan, i, slots));
     let (a, b) = rayon::join(|| run(first), || run(last));
     slots[first] = Some(a?);
     slots[last] = Some(b?);
@@ -655,18 +649,20 @@ fn step(
     Ok(match &plan.steps[i] {
         Step::Fed(f) => std::mem::replace(&mut feeds[*f], Value::scalar_f64(node.dtype(), 0.0)),
         Step::Folded(v) => v.clone(),
-        Step::Compute => {
-            let args: Vec<&Value> = plan.inputs[i]
-                .iter()
-                .map(|&j| {
-                    slots[j]
-                        .as_ref()
-                        .expect("inputs are computed before their users")
-                })
-                .collect();
-            run_node(plan, i, &args, multi)?
-        }
+        Step::Compute => run_node(plan, i, &args(plan, i, slots), multi)?,
     })
+}
+
+/// The values of node `i`'s inputs, each computed before it.
+fn args<'s>(plan: &Plan, i: usize, slots: &'s [Option<Value>]) -> Vec<&'s Value> {
+    plan.inputs[i]
+        .iter()
+        .map(|&j| {
+            slots[j]
+                .as_ref()
+                .expect("inputs are computed before their users")
+        })
+        .collect()
 }
 
 /// Runs compute node `i` of `plan` on host values. Multi-result nodes (loops, host
