@@ -1,17 +1,28 @@
 """Sums of buffers over the ranks of one machine through an MPI-3 shared-memory window.
 
 Where every rank runs on the same machine, the gradient average sums its buffers here
-instead of with ``MPI_Allreduce``: each rank copies its buffers into its slot of a window
-that all ranks map (``MPI_Win_allocate_shared``), rank ``r`` adds the ranks' copies of the
-``r``-th share of every buffer into the window's result slot, and every rank copies the
-result back into its own buffers. Three passes over the bytes and two barriers, with no
-system call in between; MPICH's ``Allreduce`` moves the same bytes with single-copy
-system calls (``process_vm_readv``) and protocol work of its own, several times slower
-for a few MiB (``docs/distributed.md`` has the figures).
+instead of with ``MPI_Allreduce``. Each buffer is cut into one share per rank; rank ``r``
+sums the ``r``-th share of every buffer. The window that all ranks map
+(``MPI_Win_allocate_shared``) holds one slot per rank and one for the sums, each laid
+out as the buffers are:
 
-Every rank adds the shares in rank order and reads the same result, so the ranks' sums
-are equal bit for bit, as they are with ``Allreduce``. Buffers larger than a slot go
-through it in pieces (two barriers per slot's worth).
+1. each rank copies into its slot the shares the other ranks sum (not its own);
+2. barrier; rank ``r`` adds the other ranks' copies of share ``r`` to its own buffer's
+   share ``r`` in place, in rank order, and copies the sum into the sums' slot;
+3. barrier; each rank copies the other ranks' shares of the sums' slot into its buffer.
+
+A rank's slot is only read between the two barriers and the sums' slot only after the
+second, so a rank that goes on to the next piece cannot overwrite what another still
+reads.
+
+Each rank moves its buffers' bytes once out (less its own share) and once back (less its
+own share), with no system call in between; MPICH's ``Allreduce`` moves the same bytes
+with single-copy system calls (``process_vm_readv``) and protocol work of its own
+(``docs/distributed.md`` has the figures).
+
+Every share is summed by one rank, in rank order, and every rank reads that sum, so the
+ranks' results are equal bit for bit, as they are with ``Allreduce``. Buffers larger than
+a slot go through it in pieces (two barriers per slot's worth).
 """
 
 import os
@@ -19,7 +30,7 @@ import os
 import numpy as np
 
 # Bytes of one rank's slot; the window holds size + 1 slots (one per rank and the
-# result). A slot only grows to what the largest gradient layout needs.
+# sums). A slot only grows to what the largest gradient layout needs.
 _DEFAULT_SLOT_BYTES = 32 << 20
 # Pieces start on cache-line boundaries: no two ranks write the same line.
 _ALIGN = 64
@@ -82,6 +93,8 @@ class ShmSum:
     def sum_in_place(self, arrays, limit):
         """Replaces each of `arrays` (1-D, C-contiguous, writable, dtype in DTYPES) by its
         sum over the ranks; slots of at most `limit` bytes."""
+        if self.size == 1:
+            return
         need = sum(_round_up(a.nbytes) for a in arrays)
         self._ensure(min(max(need, _ALIGN), _round_up(limit)))
         cap = self.slot
@@ -105,28 +118,48 @@ class ShmSum:
     def _view(self, k, off, dtype, n):
         return self.slots[k, off : off + n * dtype.itemsize].view(dtype)
 
+    def _shares(self, n):
+        """(rank, lo, hi) of each rank's share of `n` elements."""
+        size = self.size
+        return [(k, n * k // size, n * (k + 1) // size) for k in range(size)]
+
     def _run(self, batch):
-        """One slot's worth: copy out, barrier, add this rank's shares, barrier, copy back."""
-        r, size = self.rank, self.size
+        """One slot's worth: copy out the others' shares, barrier, sum this rank's share
+        in place and publish it, barrier, copy the others' sums back."""
+        r = self.rank
         for a, start, n, off in batch:
-            self._view(r, off, a.dtype, n)[...] = a[start : start + n]
-        self.win.Sync()
-        self.comm.Barrier()
-        self.win.Sync()
-        for a, _, n, off in batch:
-            lo, hi = n * r // size, n * (r + 1) // size
+            mine = self._view(r, off, a.dtype, n)
+            part = a[start : start + n]
+            for k, lo, hi in self._shares(n):
+                # Ranks 0 and 1 build their share's sum in place over their own
+                # values (they are the first two terms); a later rank's own values
+                # would be overwritten before their turn, so they go through the slot.
+                if k != r or r >= 2:
+                    mine[lo:hi] = part[lo:hi]
+        self._barrier()
+        for a, start, n, off in batch:
+            _, lo, hi = self._shares(n)[r]
             if hi == lo:
                 continue
-            out = self._view(size, off, a.dtype, n)[lo:hi]
-            np.add(
-                self._view(0, off, a.dtype, n)[lo:hi],
-                self._view(1, off, a.dtype, n)[lo:hi],
-                out=out,
-            )
-            for k in range(2, size):
-                out += self._view(k, off, a.dtype, n)[lo:hi]
+            own = a[start + lo : start + hi]
+            terms = [
+                own if k == r and r < 2 else self._view(k, off, a.dtype, n)[lo:hi]
+                for k in range(self.size)
+            ]
+            np.add(terms[0], terms[1], out=own)
+            for t in terms[2:]:
+                own += t
+            self._view(self.size, off, a.dtype, n)[lo:hi] = own
+        self._barrier()
+        for a, start, n, off in batch:
+            part = a[start : start + n]
+            for k, lo, hi in self._shares(n):
+                if k != r:
+                    part[lo:hi] = self._view(self.size, off, a.dtype, n)[lo:hi]
+
+    def _barrier(self):
+        # Sync orders this rank's loads and stores against the barrier (MPI-3's separate
+        # memory model).
         self.win.Sync()
         self.comm.Barrier()
         self.win.Sync()
-        for a, start, n, off in batch:
-            a[start : start + n] = self._view(size, off, a.dtype, n)
