@@ -175,8 +175,9 @@ def test_transpose_gradient(rng):
 # ---- matmul kernel paths --------------------------------------------------------------------
 # The CPU GEMM takes a different route by shape: a transposed copy of a transposed operand,
 # column panels of A·Bᵀ each with its own transposed block, a split along k for a small
-# result, a column-major result for skinny n, single-threaded under a work threshold, whole small
-# matrices per task in a batch, and the k = 0 / empty edges. Each case runs all four
+# result, blocks of columns for few rows, a column-major result for skinny n,
+# single-threaded under a work threshold, whole small matrices per task in a batch, and the
+# k = 0 / empty edges. Each case runs all four
 # transpose flags of the primitive against np.matmul.
 
 from ferrokeras import _core  # noqa: E402
@@ -203,6 +204,7 @@ MATMUL_PATHS = [
     ((64,), (64,), 16, 32, 32),  # many small matrices, several per task
     ((0,), (0,), 4, 4, 4),
     ((), (), 9, 2100, 130),  # small result, long k: split along k across threads
+    ((), (), 100, 90, 520),  # few rows, many columns: a block of columns per thread
     ((), (), 17, 40, 3300),  # A·Bᵀ with long n: column panels (the last one short)
     ((), (), 64, 100, 256),  # A·Bᵀ read in place by gemm, one thread
     ((), (), 70, 300, 257),  # the same above the threading threshold, too few for panels
