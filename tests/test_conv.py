@@ -630,14 +630,17 @@ def test_pool(xshape, window, strides, padding, pool_mode, fmt, rng):
 
 @pytest.mark.parametrize("window,strides", [((2, 2), (2, 2)), ((3, 3), (2, 1))])
 def test_max_pool_nans_match_across_channel_counts(window, strides, rng):
-    # 16 channels take the unpadded block kernel, 17 the window lists: the same maxima,
-    # NaNs included (a NaN is kept where a window starts with it, as `v > max` scans do).
-    x = rng.normal(size=(2, 7, 8, 17)).astype("float32")
+    # 16, 32 and 64 channels take the kernels with the window's maximum in registers, 65
+    # the general loop: the same maxima, NaNs included (a NaN is kept where a window
+    # starts with it, as `v > max` scans do).
+    x = rng.normal(size=(2, 7, 8, 65)).astype("float32")
     x[rng.random(x.shape) < 0.1] = np.nan
     pool = lambda t: K.eval(K.pool2d(K.constant(t), window, strides, "valid", pool_mode="max"))
-    wide, narrow = pool(x), pool(np.ascontiguousarray(x[..., :16]))
-    np.testing.assert_array_equal(narrow, wide[..., :16])
-    assert np.isnan(narrow).any()
+    wide = pool(x)
+    for c in (16, 32, 64):
+        narrow = pool(np.ascontiguousarray(x[..., :c]))
+        np.testing.assert_array_equal(narrow, wide[..., :c])
+        assert np.isnan(narrow).any()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -1063,6 +1066,10 @@ def ref_max_pool_grad(x, gy, window, strides, padding):
         ((2, 9, 3), (3,), (3,), "valid"),  # 1-D (as 2-D with a unit dim)
         ((1, 4, 5, 6, 2), (2, 2, 2), (2, 3, 2), "same"),  # 3-D
         ((0, 4, 4, 2), (2, 2), (2, 2), "valid"),  # no images
+        # 16, 32 and 64 channels: the window's maximum kept in registers
+        ((2, 6, 6, 16), (2, 2), (2, 2), "valid"),
+        ((2, 7, 5, 32), (2, 2), (2, 2), "same"),
+        ((2, 8, 9, 64), (2, 3), (3, 4), "valid"),
     ],
     ids=str,
 )

@@ -517,6 +517,12 @@ fn max_into<T: PF>(y: &mut [T], x: &[T]) {
 /// first), without its per-pixel window lists.
 #[inline(always)]
 fn max_fwd_unpadded<T: PF>(g: &Geom, x: &[T], y: &mut [T]) {
+    match g.cin {
+        16 => return max_fwd_channels::<T, 16>(g, x, y),
+        32 => return max_fwd_channels::<T, 32>(g, x, y),
+        64 => return max_fwd_channels::<T, 64>(g, x, y),
+        _ => {}
+    }
     let c = g.cin;
     let mut last = None;
     unpadded_walk(g, |op, ip| {
@@ -528,6 +534,37 @@ fn max_fwd_unpadded<T: PF>(g: &Geom, x: &[T], y: &mut [T]) {
         }
         max_into(yr, xr);
     });
+}
+
+/// `max_fwd_unpadded` for `C` channels: each window's maximum kept in a fixed-size array
+/// (vector registers) and stored once, where the general loop copies the first value and
+/// compares every later one against the output in memory. The first value seeds the
+/// maximum, then every value of the window in order replaces it when greater, as there.
+#[inline(always)]
+fn max_fwd_channels<T: PF, const C: usize>(g: &Geom, x: &[T], y: &mut [T]) {
+    let (o, k, s, xs) = (&g.o, &g.k, &g.s, &g.x);
+    let pixel = |ip: usize| -> &[T; C] { x[ip * C..][..C].try_into().expect("pixel") };
+    let mut op = 0;
+    for a in 0..o[0] {
+        for b in 0..o[1] {
+            for c in 0..o[2] {
+                let first = ((a * s[0]) * xs[1] + b * s[1]) * xs[2] + c * s[2];
+                let mut best = *pixel(first);
+                for ka in 0..k[0] {
+                    for kb in 0..k[1] {
+                        let row = ((a * s[0] + ka) * xs[1] + b * s[1] + kb) * xs[2] + c * s[2];
+                        for kc in 0..k[2] {
+                            for (m, &v) in best.iter_mut().zip(pixel(row + kc)) {
+                                *m = if v > *m { v } else { *m };
+                            }
+                        }
+                    }
+                }
+                y[op * C..][..C].copy_from_slice(&best);
+                op += 1;
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -641,6 +678,12 @@ fn max_pool_bwd_disjoint_impl<T: PF>(
             d.write(T::zero());
         });
     }
+    match c {
+        16 => return max_pool_bwd_disjoint_channels::<T, 16>(g, x, gy, dx),
+        32 => return max_pool_bwd_disjoint_channels::<T, 32>(g, x, gy, dx),
+        64 => return max_pool_bwd_disjoint_channels::<T, 64>(g, x, gy, dx),
+        _ => {}
+    }
     let (mut best, mut idx) = (vec![T::zero(); c], vec![0u32; c]);
     let mut ips = Vec::with_capacity(g.kk());
     for op in 0..g.opix() {
@@ -650,6 +693,42 @@ fn max_pool_bwd_disjoint_impl<T: PF>(
         for (t, &ip) in ips.iter().enumerate() {
             let t = t as u32;
             for ((d, &v), &i) in dx[ip * c..(ip + 1) * c].iter_mut().zip(gr).zip(&idx) {
+                d.write(if i == t { v } else { T::zero() });
+            }
+        }
+    }
+}
+
+/// `max_pool_bwd_disjoint_impl` for `C` channels: the window's maximum and its position
+/// kept in fixed-size arrays (vector registers), as `argmax` finds them.
+#[inline(always)]
+fn max_pool_bwd_disjoint_channels<T: PF, const C: usize>(
+    g: &Geom,
+    x: &[T],
+    gy: &[T],
+    dx: &mut [MaybeUninit<T>],
+) {
+    let pixel = |ip: usize| -> &[T; C] { x[ip * C..][..C].try_into().expect("pixel") };
+    let mut ips = Vec::with_capacity(g.kk());
+    for op in 0..g.opix() {
+        window(g, out_coords(g, op), &mut ips);
+        let Some((&first, rest)) = ips.split_first() else {
+            continue;
+        };
+        let (mut best, mut idx) = (*pixel(first), [0u32; C]);
+        for (t, &ip) in rest.iter().enumerate() {
+            let t = t as u32 + 1;
+            for ((b, i), &v) in best.iter_mut().zip(idx.iter_mut()).zip(pixel(ip)) {
+                let more = v > *b;
+                *i = if more { t } else { *i };
+                *b = if more { v } else { *b };
+            }
+        }
+        let gr: &[T; C] = gy[op * C..][..C].try_into().expect("pixel");
+        for (t, &ip) in ips.iter().enumerate() {
+            let t = t as u32;
+            let d: &mut [MaybeUninit<T>; C] = (&mut dx[ip * C..][..C]).try_into().expect("pixel");
+            for ((d, &v), &i) in d.iter_mut().zip(gr).zip(&idx) {
                 d.write(if i == t { v } else { T::zero() });
             }
         }
