@@ -58,6 +58,9 @@ pub struct Target {
     /// per image of a convolution or pooling result, on the GPU in the convolution's or
     /// product's kernel, as it stores each element.
     pub epilogues: &'static [Producer],
+    /// Whether a pooling that reads only the result of a group run after a convolution
+    /// runs on each image of it right after the group (`Group::pooled`).
+    pub pooled: bool,
     /// Whether a group computing an optimizer update rule becomes an `Item::Update`.
     pub updates: bool,
     /// Whether a product added into an accumulator becomes an `Item::MatAcc`.
@@ -86,6 +89,7 @@ impl Target {
             views: true,
             folds: true,
             epilogues: &[Producer::Conv, Producer::Pool],
+            pooled: true,
             updates: true,
             accumulations: true,
             runs: false,
@@ -116,6 +120,7 @@ impl Target {
             views: false,
             folds: true,
             epilogues: &[Producer::Conv, Producer::Product],
+            pooled: false,
             updates: false,
             accumulations: false,
             runs: true,
@@ -243,6 +248,11 @@ pub struct Group {
     pub folds: Vec<Fold>,
     /// Reduced members read by nothing else: computed tile by tile, never written out.
     pub hidden: Vec<usize>,
+    /// A pooling (`Op::Pool`) of the group's one output, its only reader, for a group run
+    /// after a convolution (`Target::pooled`): the CPU pools each image right after the
+    /// group computes it, while it is in cache, instead of reading the whole result back
+    /// from memory (a Keras conv-batch-norm-relu-max-pool block in inference).
+    pub pooled: Option<usize>,
 }
 
 /// A sum or mean (`Op::Reduce` or `Op::SumTo`, f32), plan step `node`, of group member
@@ -387,13 +397,25 @@ impl Group {
         self.folds.iter().map(|f| f.node)
     }
 
-    /// The plan steps the group computes: its members, its producer and its folds.
+    /// The plan steps the group computes: its members, its producer, its folds and its
+    /// pooling.
     pub fn computed(&self) -> impl Iterator<Item = usize> + '_ {
         self.members
             .iter()
             .chain(&self.first)
             .copied()
             .chain(self.fold_nodes())
+            .chain(self.pooled)
+    }
+
+    /// The plan steps whose values a run of the group returns, in order: its outputs, its
+    /// folds, its pooling.
+    pub fn returned(&self) -> impl Iterator<Item = usize> + '_ {
+        self.outputs
+            .iter()
+            .copied()
+            .chain(self.fold_nodes())
+            .chain(self.pooled)
     }
 }
 
@@ -664,6 +686,7 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
             first: None,
             folds: Vec::new(),
             hidden: Vec::new(),
+            pooled: None,
         }));
     }
     if t.fuse && !t.epilogues.is_empty() {
@@ -674,6 +697,9 @@ pub fn schedule(plan: &Plan, t: &Target) -> Schedule {
     }
     if t.fuse && t.folds {
         dispatches -= folds(plan, &users, &is_output, &mut items);
+    }
+    if t.fuse && t.pooled {
+        dispatches -= pooled(plan, &users, &is_output, &mut items);
     }
     let items = eager(plan, items);
     // Groups that nothing reads (they compute update values and outputs only) and that
@@ -1073,6 +1099,38 @@ fn epilogues(
         taken.extend(g.first);
     }
     items.retain(|item| !matches!(item, Item::Node(i) if taken.contains(i)));
+}
+
+/// Hands each f32 pooling whose only input is the one output of a group run after a
+/// convolution (`Group::first`), and which is that output's only reader, to the group
+/// (`Group::pooled`), out of the schedule. Returns the launches saved.
+fn pooled(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) -> usize {
+    let mut taken = Vec::new();
+    for item in items.iter_mut() {
+        let Item::Group(g) = item else { continue };
+        let (Some(f), [o]) = (g.first, g.outputs.as_slice()) else {
+            continue;
+        };
+        if !matches!(plan.nodes[f].op(), Op::Conv(_))
+            || !g.folds.is_empty()
+            || !g.hidden.is_empty()
+            || is_output[*o]
+        {
+            continue;
+        }
+        let [p] = users[*o].as_slice() else { continue };
+        let p = *p;
+        if matches!(plan.nodes[p].op(), Op::Pool(_))
+            && matches!(plan.steps[p], Step::Compute)
+            && plan.nodes[p].dtype() == DType::F32
+            && plan.inputs[p].as_slice() == [*o]
+        {
+            g.pooled = Some(p);
+            taken.push(p);
+        }
+    }
+    items.retain(|item| !matches!(item, Item::Node(i) if taken.contains(i)));
+    taken.len()
 }
 
 /// Turns each single-add group `acc + mm` (either operand order) whose `mm` is an f32

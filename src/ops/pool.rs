@@ -128,6 +128,36 @@ pub fn cpu_pool(spec: &PoolSpec, x: &Value) -> Result<Value> {
     )
 }
 
+/// The f32 pooling of an input one image at a time, for a pooling run on each image of a
+/// fused group's result as the group writes it (`compile::fuse::Group::pooled`): the same
+/// values as the whole pooling.
+pub struct ImagePool {
+    /// The result's shape.
+    pub shape: Vec<usize>,
+    /// Images of the input (and the result).
+    pub images: usize,
+    g: Geom,
+    kind: PoolKind,
+}
+
+impl ImagePool {
+    pub fn new(spec: &PoolSpec, x_shape: &[usize]) -> Result<ImagePool> {
+        let g = spec.geom(x_shape)?;
+        Ok(ImagePool {
+            shape: g.y_shape.clone(),
+            images: g.n,
+            g,
+            kind: spec.kind,
+        })
+    }
+
+    /// Writes the pooling of input image `x` into `y`.
+    pub fn run(&self, x: &[f32], y: &mut [f32]) {
+        y.fill(0.0);
+        pool_fwd(self.kind, &self.g, x, y);
+    }
+}
+
 /// For a fused group that runs on each image as soon as it is written
 /// (`runtime::cpu::fused`): the f32 pooling of `x`, or with `gy` its gradient, as (result
 /// shape, images, kernel); None for other dtypes.

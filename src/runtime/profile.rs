@@ -274,6 +274,7 @@ pub fn cpu_item(start: u64, plan: &Plan, t: usize, shapes: &[Vec<usize>], slots:
                 .into_iter()
                 .chain(g.members.iter().copied())
                 .chain(g.fold_nodes())
+                .chain(g.pooled)
                 .map(|m| node_name(plan, m))
                 .collect();
             let name = if item.update().is_some() {

@@ -381,6 +381,60 @@ fn a_convolution_runs_with_its_bias_and_activation_image_by_image() {
 }
 
 #[test]
+fn a_pooling_of_a_convolution_epilogue_runs_on_each_image_after_it() {
+    use crate::ops::conv::Padding;
+    use crate::ops::pool::{PoolKind, PoolSpec};
+    // conv -> bias -> relu -> pool, the pool the relu's only reader: one item computing
+    // the four, bitwise equal to the unfused run. Max (disjoint and overlapping windows,
+    // padded), average; 16, 32 and 5 output channels; 7 images, 1, none.
+    let pools = [
+        (PoolKind::Max, 2, 2, Padding::Explicit(vec![(0, 0); 2])),
+        (PoolKind::Max, 3, 2, Padding::Same),
+        (PoolKind::Avg, 2, 2, Padding::Explicit(vec![(0, 0); 2])),
+    ];
+    for (k, (kind, win, stride, padding)) in pools.into_iter().enumerate() {
+        let spec = std::sync::Arc::new(PoolSpec {
+            kind,
+            window: vec![win; 2],
+            strides: vec![stride; 2],
+            padding,
+        });
+        for (cout, n) in [(16, 7), (32, 1), (5, 7), (16, 0)] {
+            let x = ph("x", &[None, Some(9), Some(11), Some(4)]);
+            let w = ph("w", &[Some(3), Some(3), Some(4), Some(cout)]);
+            let b = ph("b", &[Some(cout)]);
+            let y = conv(&x, &w, &conv_spec(Padding::Same, 1, 1)).unwrap();
+            let act = unary(UnaryOp::Relu, &add(&y, &b).unwrap()).unwrap();
+            let p = pool(&act, &spec).unwrap();
+            let out = mul(&p, &c(2.0)).unwrap();
+            let vs = [
+                data(&[n, 9, 11, 4], k as u32),
+                data(&[3, 3, 4, cout], 2),
+                data(&[cout], 3),
+            ];
+            let feeds = [x.clone(), w.clone(), b.clone()];
+            let (fused, unfused) = same(&feeds, std::slice::from_ref(&out), &vs);
+            assert!(fused + 2 <= unfused, "{k} {cout} {n}: {fused} vs {unfused}");
+            let f = Function::new(feeds.to_vec(), vec![out.clone()], vec![]).unwrap();
+            let sched = f.plan.schedule(&Target::cpu(true));
+            let g = sched
+                .items
+                .iter()
+                .find_map(|i| i.group().filter(|g| g.first.is_some()));
+            assert!(g.is_some_and(|g| g.pooled.is_some()), "{k} {cout} {n}");
+            // The relu also read elsewhere (returned): the pooling stays a node of its own.
+            let f = Function::new(feeds.to_vec(), vec![out.clone(), act.clone()], vec![]).unwrap();
+            let sched = f.plan.schedule(&Target::cpu(true));
+            assert!(sched
+                .items
+                .iter()
+                .all(|i| i.group().is_none_or(|g| g.pooled.is_none())));
+            same(&feeds, &[out.clone(), act.clone()], &vs);
+        }
+    }
+}
+
+#[test]
 fn a_pooling_and_its_gradient_run_with_the_group_that_reads_them() {
     use crate::ops::conv::Padding;
     use crate::ops::pool::{PoolKind, PoolSpec};

@@ -401,14 +401,19 @@ impl<'a> Run<'a> {
                     let g = item.group().expect("a group item");
                     match fused::run(plan, g, &programs[t], item.update(), slots, in_place)? {
                         Some(vals) => {
-                            for (o, v) in g.outputs.iter().copied().chain(g.fold_nodes()).zip(vals)
-                            {
+                            for (o, v) in g.returned().zip(vals) {
                                 slots[o] = Some(v);
                             }
                         }
                         // Outputs of different shapes: run the members one by one.
                         None => {
-                            for m in g.members.iter().copied().chain(g.fold_nodes()) {
+                            for m in g
+                                .members
+                                .iter()
+                                .copied()
+                                .chain(g.fold_nodes())
+                                .chain(g.pooled)
+                            {
                                 let v = step(plan, m, feeds, slots, multi)?;
                                 slots[m] = Some(v);
                             }
@@ -425,7 +430,12 @@ impl<'a> Run<'a> {
                     Item::MatAcc { add, .. } => vec![*add],
                     Item::Group(_) | Item::Update(_) => {
                         let g = item.group().expect("a group item");
-                        g.members.iter().copied().chain(g.fold_nodes()).collect()
+                        g.members
+                            .iter()
+                            .copied()
+                            .chain(g.fold_nodes())
+                            .chain(g.pooled)
+                            .collect()
                     }
                 };
                 for j in set {

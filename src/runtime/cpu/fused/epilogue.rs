@@ -4,6 +4,7 @@
 use super::exec::{exec, Kernel};
 use super::program::Programs;
 use super::run::{run_driven, split_exec};
+use super::OutBuf;
 use crate::base::error::Result;
 use crate::base::value::{uninit, Arr, Value};
 use crate::compile::fuse::Group;
@@ -46,10 +47,22 @@ fn first_kernel<'a>(
     Ok(Some((shape, n, k)))
 }
 
+/// The group's pooling (`fuse::Group::pooled`) of its output, computed in full after the
+/// group where it did not run image by image.
+fn pool_whole(plan: &Plan, g: &Group, out: &mut Option<Vec<Value>>) -> Result<()> {
+    let (Some(p), Some(vals)) = (g.pooled, out.as_mut()) else {
+        return Ok(());
+    };
+    let pooled = plan.nodes[p].op().cpu(&[&vals[0]])?;
+    vals.push(pooled);
+    Ok(())
+}
+
 /// Runs node `f` and then `g` on each image of its result as soon as the image is
-/// written (see `fuse::Group::first`). The result's buffer is put in slot `f` before it
-/// is computed, so the group's program, inputs and buffer reuse see it as any input
-/// (the group may write its output in place there).
+/// written (see `fuse::Group::first`), and the group's pooling (`Group::pooled`) on each
+/// image of the group's output right after. The result's buffer is put in slot `f`
+/// before it is computed, so the group's program, inputs and buffer reuse see it as any
+/// input (the group may write its output in place there).
 pub(super) fn run_after(
     plan: &Plan,
     g: &Group,
@@ -70,7 +83,7 @@ pub(super) fn run_after(
     };
     let Some((shape, images, kernel)) = first_kernel(plan, f, &ins)? else {
         plain(slots)?;
-        return run_driven(
+        let mut out = run_driven(
             plan,
             g,
             programs,
@@ -78,8 +91,24 @@ pub(super) fn run_after(
             slots,
             in_place,
             &|kern, shape| split_exec(kern, shape.iter().product(), g.cost),
-        );
+        )?;
+        pool_whole(plan, g, &mut out)?;
+        return Ok(out);
     };
+    // The pooling's result and per-image kernel, reading the group's output (of the
+    // producer's shape).
+    let pool = match g.pooled {
+        Some(p) => match plan.nodes[p].op() {
+            Op::Pool(spec) => Some(crate::ops::pool::ImagePool::new(spec, &shape)?),
+            _ => None,
+        },
+        None => None,
+    };
+    let mut pooled: Option<Vec<f32>> = pool.as_ref().map(|ip| uninit(ip.shape.iter().product()));
+    let pdst = pooled
+        .as_mut()
+        .map(|v| crate::ops::matmul::SharedDst(v.as_mut_ptr()));
+    let pooled_images = std::cell::Cell::new(false);
     let len: usize = shape.iter().product();
     let mut y: Vec<f32> = uninit(len);
     let dst = crate::ops::matmul::SharedDst(y.as_mut_ptr());
@@ -100,18 +129,50 @@ pub(super) fn run_after(
                 .is_none_or(|f| (len / images).is_multiple_of(f.q))
         {
             let img = len / images;
-            kernel(y, &|i| exec(kern, i * img, (i + 1) * img));
+            // The group's one output, written by the kernel (not an input passed through).
+            let gout = match kern.outs {
+                [(_, OutBuf::F32(p))] if !p.is_null() => Some(crate::ops::matmul::SharedDst(*p)),
+                _ => None,
+            };
+            match (&pool, pdst, gout) {
+                (Some(ip), Some(pd), Some(go)) if ip.images == images => {
+                    let pimg = ip.shape.iter().product::<usize>() / images;
+                    kernel(y, &|i| {
+                        exec(kern, i * img, (i + 1) * img);
+                        let (go, pd) = (go, pd);
+                        // SAFETY: the group's output and the pooling's buffer hold
+                        // `images` images of `img` and `pimg` elements; image i of the
+                        // output was just written, and only this call writes image i of
+                        // the pooling.
+                        let (src, dst) = unsafe {
+                            (
+                                std::slice::from_raw_parts(go.0.add(i * img), img),
+                                std::slice::from_raw_parts_mut(pd.0.add(i * pimg), pimg),
+                            )
+                        };
+                        ip.run(src, dst);
+                    });
+                    pooled_images.set(true);
+                }
+                _ => kernel(y, &|i| exec(kern, i * img, (i + 1) * img)),
+            }
         } else {
             kernel(y, &|_| {});
             split_exec(kern, gshape.iter().product(), g.cost);
         }
         ran.set(true);
     };
-    let out = run_driven(plan, g, programs, update, slots, in_place, &drive)?;
+    let mut out = run_driven(plan, g, programs, update, slots, in_place, &drive)?;
     if !ran.get() {
         // The group did not run (outputs of different shapes, or nothing to compute): the
         // members read a computed result.
         plain(slots)?;
+    }
+    match (pooled_images.get(), &pool, pooled, out.as_mut()) {
+        (true, Some(ip), Some(buf), Some(vals)) => vals.push(Value::F32(
+            Arr::from_shape_vec(IxDyn(&ip.shape), buf).expect("length of the shape"),
+        )),
+        _ => pool_whole(plan, g, &mut out)?,
     }
     Ok(out)
 }
