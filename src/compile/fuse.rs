@@ -397,12 +397,16 @@ impl Group {
         self.folds.iter().map(|f| f.node)
     }
 
-    /// The plan steps the group computes: its members, its producer, its folds and its
-    /// pooling.
+    /// The plan steps the group computes: its producer, then `after_first`.
     pub fn computed(&self) -> impl Iterator<Item = usize> + '_ {
+        self.first.into_iter().chain(self.after_first())
+    }
+
+    /// The plan steps the group computes from its producer's result (or its inputs): its
+    /// members, its folds and its pooling.
+    pub fn after_first(&self) -> impl Iterator<Item = usize> + '_ {
         self.members
             .iter()
-            .chain(&self.first)
             .copied()
             .chain(self.fold_nodes())
             .chain(self.pooled)

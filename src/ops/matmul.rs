@@ -346,11 +346,7 @@ fn run_gemm<T: GemmElem>(
             });
         // SAFETY: the panels cover all n columns of every row.
         unsafe { out.set_len(total) };
-        return T::wrap(
-            Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
-                .expect("shape matches")
-                .into_shared(),
-        );
+        return result(out, out_shape);
     }
     let skinny = skinny(geo.ta, m, n);
     if single && !skinny && !geo.tb && splits_k(m, n, k) {
@@ -399,11 +395,7 @@ fn run_gemm<T: GemmElem>(
         }
         // SAFETY: every element was written just above.
         unsafe { out.set_len(total) };
-        return T::wrap(
-            Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
-                .expect("shape matches")
-                .into_shared(),
-        );
+        return result(out, out_shape);
     }
     // A transposed B is read by `gemm` with a gather in its packing; one transposed copy
     // (n*k moves) is cheaper once there are a few rows of A to reuse it, but not for a
@@ -502,11 +494,7 @@ fn run_gemm<T: GemmElem>(
         };
         // SAFETY: the two parts cover the whole m x n result.
         unsafe { out.set_len(total) };
-        return T::wrap(
-            Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
-                .expect("shape matches")
-                .into_shared(),
-        );
+        return result(out, out_shape);
     }
     if batches == 1 && !skinny && single && splits_columns(m, n, threads) {
         let dst = SharedDst(spare.as_mut_ptr() as *mut T);
@@ -532,11 +520,7 @@ fn run_gemm<T: GemmElem>(
         });
         // SAFETY: the column blocks cover the whole m x n result.
         unsafe { out.set_len(total) };
-        return T::wrap(
-            Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
-                .expect("shape matches")
-                .into_shared(),
-        );
+        return result(out, out_shape);
     }
     let chunk = (m * n).max(1);
     if batches > 1 && macs < PAR_MIN_MACS {
@@ -562,8 +546,13 @@ fn run_gemm<T: GemmElem>(
     }
     // SAFETY: each batch's m x n block was written above (by gemm, or zeros when k == 0).
     unsafe { out.set_len(total) };
+    result(out, out_shape)
+}
+
+/// The product's value from its buffer, every element written.
+fn result<T: GemmElem>(out: Vec<T>, shape: &[usize]) -> Value {
     T::wrap(
-        Arr::from_shape_vec(ndarray::IxDyn(out_shape), out)
+        Arr::from_shape_vec(ndarray::IxDyn(shape), out)
             .expect("shape matches")
             .into_shared(),
     )

@@ -269,14 +269,7 @@ pub fn cpu_item(start: u64, plan: &Plan, t: usize, shapes: &[Vec<usize>], slots:
         ),
         Item::Group(_) | Item::Update(_) => {
             let g = item.group().expect("a group item");
-            let members: Vec<String> = g
-                .first
-                .into_iter()
-                .chain(g.members.iter().copied())
-                .chain(g.fold_nodes())
-                .chain(g.pooled)
-                .map(|m| node_name(plan, m))
-                .collect();
+            let members: Vec<String> = g.computed().map(|m| node_name(plan, m)).collect();
             let name = if item.update().is_some() {
                 "fused update"
             } else {

@@ -380,10 +380,25 @@ fn a_convolution_runs_with_its_bias_and_activation_image_by_image() {
     );
 }
 
+/// A 2-D pooling with square windows and strides.
+fn pool_spec(
+    kind: crate::ops::pool::PoolKind,
+    win: usize,
+    stride: usize,
+    padding: crate::ops::conv::Padding,
+) -> std::sync::Arc<crate::ops::pool::PoolSpec> {
+    std::sync::Arc::new(crate::ops::pool::PoolSpec {
+        kind,
+        window: vec![win; 2],
+        strides: vec![stride; 2],
+        padding,
+    })
+}
+
 #[test]
 fn a_pooling_of_a_convolution_epilogue_runs_on_each_image_after_it() {
     use crate::ops::conv::Padding;
-    use crate::ops::pool::{PoolKind, PoolSpec};
+    use crate::ops::pool::PoolKind;
     // conv -> bias -> relu -> pool, the pool the relu's only reader: one item computing
     // the four, bitwise equal to the unfused run. Max (disjoint and overlapping windows,
     // padded), average; 16, 32 and 5 output channels; 7 images, 1, none.
@@ -393,12 +408,7 @@ fn a_pooling_of_a_convolution_epilogue_runs_on_each_image_after_it() {
         (PoolKind::Avg, 2, 2, Padding::Explicit(vec![(0, 0); 2])),
     ];
     for (k, (kind, win, stride, padding)) in pools.into_iter().enumerate() {
-        let spec = std::sync::Arc::new(PoolSpec {
-            kind,
-            window: vec![win; 2],
-            strides: vec![stride; 2],
-            padding,
-        });
+        let spec = pool_spec(kind, win, stride, padding);
         for (cout, n) in [(16, 7), (32, 1), (5, 7), (16, 0)] {
             let x = ph("x", &[None, Some(9), Some(11), Some(4)]);
             let w = ph("w", &[Some(3), Some(3), Some(4), Some(cout)]);
@@ -437,7 +447,7 @@ fn a_pooling_of_a_convolution_epilogue_runs_on_each_image_after_it() {
 #[test]
 fn a_pooling_and_its_gradient_run_with_the_group_that_reads_them() {
     use crate::ops::conv::Padding;
-    use crate::ops::pool::{PoolKind, PoolSpec};
+    use crate::ops::pool::PoolKind;
     // Max (disjoint windows, overlapping windows, padded), average; a dropout-like mask after
     // the pooling and an activation's gradient after the pooling gradient.
     let specs = [
@@ -447,12 +457,7 @@ fn a_pooling_and_its_gradient_run_with_the_group_that_reads_them() {
         (PoolKind::Avg, 2, 2, Padding::Same),
     ];
     for (k, (kind, win, stride, padding)) in specs.into_iter().enumerate() {
-        let spec = std::sync::Arc::new(PoolSpec {
-            kind,
-            window: vec![win; 2],
-            strides: vec![stride; 2],
-            padding,
-        });
+        let spec = pool_spec(kind, win, stride, padding);
         let x = ph("x", &[None, Some(9), Some(8), Some(5)]);
         let m = ph("m", &[None, None, None, Some(5)]);
         let p = pool(&x, &spec).unwrap();

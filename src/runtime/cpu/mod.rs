@@ -407,13 +407,7 @@ impl<'a> Run<'a> {
                         }
                         // Outputs of different shapes: run the members one by one.
                         None => {
-                            for m in g
-                                .members
-                                .iter()
-                                .copied()
-                                .chain(g.fold_nodes())
-                                .chain(g.pooled)
-                            {
+                            for m in g.after_first() {
                                 let v = step(plan, m, feeds, slots, multi)?;
                                 slots[m] = Some(v);
                             }
@@ -430,12 +424,7 @@ impl<'a> Run<'a> {
                     Item::MatAcc { add, .. } => vec![*add],
                     Item::Group(_) | Item::Update(_) => {
                         let g = item.group().expect("a group item");
-                        g.members
-                            .iter()
-                            .copied()
-                            .chain(g.fold_nodes())
-                            .chain(g.pooled)
-                            .collect()
+                        g.after_first().collect()
                     }
                 };
                 for j in set {
