@@ -570,6 +570,8 @@ fn max_fwd_unpadded<T: PF>(g: &Geom, x: &[T], y: &mut [T]) {
 /// (vector registers) and stored once, where the general loop copies the first value and
 /// compares every later one against the output in memory. The first value seeds the
 /// maximum, then every value of the window in order replaces it when greater, as there.
+/// It steps the windows itself rather than through `unpadded_walk`, whose per-pixel
+/// callback measured slower here (32 channels, 2x2: 1,043-1,084 against 737-789 us).
 #[inline(always)]
 fn max_fwd_channels<T: PF, const C: usize>(g: &Geom, x: &[T], y: &mut [T]) {
     let (o, k, s, xs) = (&g.o, &g.k, &g.s, &g.x);
