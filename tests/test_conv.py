@@ -533,6 +533,29 @@ def test_runs_of_small_images_with_fused_epilogue(n, kshape, strides, rng):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("n", [1, 5])
+@pytest.mark.parametrize("strides,padding", [(1, "valid"), (2, "same")])
+def test_global_max_of_conv1d_epilogue(n, strides, padding, rng):
+    # A text CNN in inference: conv1d -> bias -> relu -> max over time, the max the
+    # relu's only reader (taken on each image as the group writes it); and the same
+    # with the relu also returned.
+    x, k = rng.normal(size=(n, 30, 8)), rng.normal(size=(5, 8, 32))
+    b = rng.normal(size=32)
+    ph = K.placeholder(shape=(None, 30, 8))
+    act = K.relu(
+        K.bias_add(K.conv1d(ph, K.constant(k), strides=strides, padding=padding), K.constant(b))
+    )
+    xs = x[:, None].astype("float32")
+    ref_act = np.maximum(
+        ref_conv(x[:, None], k[None], (1, strides), (1, 1), padding)[:, 0] + b, 0
+    )
+    got = run([ph], [K.max(act, axis=1)], [xs[:, 0]])[0]
+    np.testing.assert_allclose(got, ref_act.max(axis=1), rtol=1e-4, atol=1e-3)
+    got_max, got_act = run([ph], [K.max(act, axis=1), act], [xs[:, 0]])
+    np.testing.assert_allclose(got_act, ref_act, rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(got_max, got_act.max(axis=1))
+
+
 @pytest.mark.parametrize(
     "xshape,kshape,strides",
     [

@@ -58,8 +58,9 @@ pub struct Target {
     /// per image of a convolution or pooling result, on the GPU in the convolution's or
     /// product's kernel, as it stores each element.
     pub epilogues: &'static [Producer],
-    /// Whether a pooling that reads only the result of a group run after a convolution
-    /// runs on each image of it right after the group (`Group::pooled`).
+    /// Whether a pooling (or global max pooling) that reads only the result of a group
+    /// run after a convolution runs on each image of it right after the group
+    /// (`Group::pooled`).
     pub pooled: bool,
     /// Whether a group computing an optimizer update rule becomes an `Item::Update`.
     pub updates: bool,
@@ -248,10 +249,12 @@ pub struct Group {
     pub folds: Vec<Fold>,
     /// Reduced members read by nothing else: computed tile by tile, never written out.
     pub hidden: Vec<usize>,
-    /// A pooling (`Op::Pool`) of the group's one output, its only reader, for a group run
-    /// after a convolution (`Target::pooled`): the CPU pools each image right after the
-    /// group computes it, while it is in cache, instead of reading the whole result back
-    /// from memory (a Keras conv-batch-norm-relu-max-pool block in inference).
+    /// A pooling (`Op::Pool`), or a maximum or minimum over axes other than the batch
+    /// axis (a global max pooling), of the group's one output, its only reader, for a
+    /// group run after a convolution (`Target::pooled`): the CPU pools each image right
+    /// after the group computes it, while it is in cache, instead of reading the whole
+    /// result back from memory (a Keras conv-batch-norm-relu-max-pool block, or a text
+    /// CNN's convolution and global max pooling, in inference).
     pub pooled: Option<usize>,
 }
 
@@ -1105,8 +1108,9 @@ fn epilogues(
     items.retain(|item| !matches!(item, Item::Node(i) if taken.contains(i)));
 }
 
-/// Hands each f32 pooling whose only input is the one output of a group run after a
-/// convolution (`Group::first`), and which is that output's only reader, to the group
+/// Hands each f32 pooling, or maximum or minimum over axes other than the batch axis,
+/// whose only input is the one output of a group run after a convolution
+/// (`Group::first`), and which is that output's only reader, to the group
 /// (`Group::pooled`), out of the schedule. Returns the launches saved.
 fn pooled(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec<Item>) -> usize {
     let mut taken = Vec::new();
@@ -1124,7 +1128,18 @@ fn pooled(plan: &Plan, users: &[Vec<usize>], is_output: &[bool], items: &mut Vec
         }
         let [p] = users[*o].as_slice() else { continue };
         let p = *p;
-        if matches!(plan.nodes[p].op(), Op::Pool(_))
+        let per_image = match plan.nodes[p].op() {
+            Op::Pool(_) => true,
+            // A global max (or min) pooling: a reduction that keeps the batch axis.
+            Op::Reduce { op, axes, .. } => {
+                matches!(op, crate::ops::ReduceOp::Max | crate::ops::ReduceOp::Min)
+                    && !axes.is_empty()
+                    && !axes.contains(&0)
+                    && axes.windows(2).all(|a| a[1] == a[0] + 1)
+            }
+            _ => false,
+        };
+        if per_image
             && matches!(plan.steps[p], Step::Compute)
             && plan.nodes[p].dtype() == DType::F32
             && plan.inputs[p].as_slice() == [*o]

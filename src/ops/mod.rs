@@ -39,6 +39,19 @@ pub use source::{PlaceholderInfo, VarCell};
 /// so a fused epilogue can run on each image while it is in cache.
 pub type ImageKernel<'a> = Box<dyn Fn(&mut [f32], &(dyn Fn(usize) + Sync)) + Sync + 'a>;
 
+/// A per-image f32 stage that reads one image of a fused group's output while it is in
+/// cache (`compile::fuse::Group::pooled`): a pooling (`pool::ImagePool`) or a maximum or
+/// minimum over axes other than the batch axis (`reduce::ImageReduce`). Its result per
+/// image equals that image of the whole op's result.
+pub trait ImageStage: Sync {
+    /// The whole result's shape.
+    fn shape(&self) -> &[usize];
+    /// Images of the input (and the result).
+    fn images(&self) -> usize;
+    /// Writes the stage's result for input image `x` into `y`.
+    fn run(&self, x: &[f32], y: &mut [f32]);
+}
+
 /// One strided range along one axis, as NumPy's `start:stop:step` after normalisation
 /// against the runtime dim (see `movement::resolve_slice`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -150,9 +150,17 @@ impl ImagePool {
             kind: spec.kind,
         })
     }
+}
 
+impl super::ImageStage for ImagePool {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn images(&self) -> usize {
+        self.images
+    }
     /// Writes the pooling of input image `x` into `y`.
-    pub fn run(&self, x: &[f32], y: &mut [f32]) {
+    fn run(&self, x: &[f32], y: &mut [f32]) {
         y.fill(0.0);
         pool_fwd(self.kind, &self.g, x, y);
     }

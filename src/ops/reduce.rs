@@ -225,6 +225,86 @@ pub fn cpu_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Value) -> Re
     ))
 }
 
+/// The f32 maximum or minimum over a contiguous run of axes that leaves the batch axis
+/// (axis 0), one image at a time, for a reduction run on each image of a fused group's
+/// result as the group writes it (`compile::fuse::Group::pooled`): a Keras global max
+/// pooling. The values equal the whole reduction's (a maximum does not depend on the
+/// order it reads its terms in).
+pub struct ImageReduce {
+    shape: Vec<usize>,
+    images: usize,
+    op: ReduceOp,
+    /// Each image as (outer, reduced, inner) blocks.
+    outer: usize,
+    red: usize,
+    inner: usize,
+}
+
+impl ImageReduce {
+    /// `None` unless `op` is a maximum or minimum over a non-empty contiguous run of
+    /// axes of `x_shape` without axis 0.
+    pub fn new(op: ReduceOp, axes: &[usize], keepdims: bool, x_shape: &[usize]) -> Option<Self> {
+        let (&lo, &last) = (axes.first()?, axes.last()?);
+        let hi = last + 1;
+        if !matches!(op, ReduceOp::Max | ReduceOp::Min)
+            || lo == 0
+            || hi > x_shape.len()
+            || hi - lo != axes.len()
+        {
+            return None;
+        }
+        let (outer, red, inner) = blocks(&x_shape[1..], lo - 1, hi - 1);
+        let shape = x_shape
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+                (false, _) => Some(d),
+                (true, true) => Some(1),
+                (true, false) => None,
+            })
+            .collect();
+        Some(ImageReduce {
+            shape,
+            images: x_shape[0],
+            op,
+            outer,
+            red,
+            inner,
+        })
+    }
+}
+
+impl super::ImageStage for ImageReduce {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn images(&self) -> usize {
+        self.images
+    }
+    fn run(&self, x: &[f32], y: &mut [f32]) {
+        let (op, red, inner) = (self.op, self.red, self.inner);
+        if inner == 1 {
+            y.iter_mut()
+                .zip(x.chunks(red.max(1)))
+                .for_each(|(o, row)| *o = reduce_row(op, row));
+            return;
+        }
+        let init = if op == ReduceOp::Max {
+            f32::lowest()
+        } else {
+            f32::highest()
+        };
+        y.fill(init);
+        if red == 0 {
+            return;
+        }
+        y.chunks_mut(inner)
+            .zip(x.chunks(red * inner))
+            .take(self.outer)
+            .for_each(|(o, b)| fold_rows(op, o, b, red, inner, 0));
+    }
+}
+
 /// Moves `axes` to the end (keeping order) when they are not already one contiguous block,
 /// returning the value to reduce and the block [lo, hi) holding the axes.
 fn contiguous_block(x: &Value, axes: &[usize]) -> (Value, usize, usize) {

@@ -445,6 +445,107 @@ fn a_pooling_of_a_convolution_epilogue_runs_on_each_image_after_it() {
 }
 
 #[test]
+fn a_global_max_of_a_convolution_epilogue_runs_on_each_image_after_it() {
+    use crate::ops::conv::Padding;
+    use crate::ops::ReduceOp;
+    // conv -> bias -> relu -> max over the spatial axes (a global max pooling), the max
+    // the relu's only reader: one item, bitwise equal to the unfused run. 1-D (stride 1
+    // and 2) and 2-D convolutions, keepdims, a minimum; 7 images, 1, none.
+    let one_d = |stride: usize| {
+        std::sync::Arc::new(crate::ops::conv::ConvSpec {
+            strides: vec![stride],
+            dilation: vec![1],
+            padding: Padding::Explicit(vec![(0, 0)]),
+            groups: 1,
+        })
+    };
+    // (spec, image dims, kernel dims, axes, keepdims, op)
+    let cases = [
+        (one_d(1), vec![20], vec![5], vec![1], false, ReduceOp::Max),
+        (one_d(2), vec![21], vec![3], vec![1], true, ReduceOp::Min),
+        (
+            conv_spec(Padding::Same, 1, 1),
+            vec![9, 11],
+            vec![3, 3],
+            vec![1, 2],
+            false,
+            ReduceOp::Max,
+        ),
+        (
+            conv_spec(Padding::Same, 1, 1),
+            vec![9, 11],
+            vec![3, 3],
+            vec![2],
+            false,
+            ReduceOp::Max,
+        ),
+    ];
+    for (k, (spec, img, win, axes, keepdims, op)) in cases.into_iter().enumerate() {
+        for (cout, n) in [(32, 7), (16, 1), (5, 7), (32, 0)] {
+            let cin = 4;
+            let mut xd: Vec<Option<usize>> = vec![None];
+            xd.extend(img.iter().map(|&d| Some(d)));
+            xd.push(Some(cin));
+            let mut wd: Vec<Option<usize>> = win.iter().map(|&d| Some(d)).collect();
+            wd.extend([Some(cin), Some(cout)]);
+            let x = ph("x", &xd);
+            let w = ph("w", &wd);
+            let b = ph("b", &[Some(cout)]);
+            let y = conv(&x, &w, &spec).unwrap();
+            let act = unary(UnaryOp::Relu, &add(&y, &b).unwrap()).unwrap();
+            let m = reduce(op, &act, &axes, keepdims).unwrap();
+            let out = mul(&m, &c(2.0)).unwrap();
+            let mut xs = vec![n];
+            xs.extend(&img);
+            xs.push(cin);
+            let mut ws = win.clone();
+            ws.extend([cin, cout]);
+            let vs = [data(&xs, k as u32), data(&ws, 2), data(&[cout], 3)];
+            let feeds = [x.clone(), w.clone(), b.clone()];
+            let (fused, unfused) = same(&feeds, std::slice::from_ref(&out), &vs);
+            assert!(fused + 2 <= unfused, "{k} {cout} {n}: {fused} vs {unfused}");
+            let f = Function::new(feeds.to_vec(), vec![out.clone()], vec![]).unwrap();
+            let sched = f.plan.schedule(&Target::cpu(true));
+            let g = sched
+                .items
+                .iter()
+                .find_map(|i| i.group().filter(|g| g.first.is_some()));
+            assert!(g.is_some_and(|g| g.pooled.is_some()), "{k} {cout} {n}");
+            // The relu also returned: the reduction stays a node of its own.
+            let f = Function::new(feeds.to_vec(), vec![out.clone(), act.clone()], vec![]).unwrap();
+            let sched = f.plan.schedule(&Target::cpu(true));
+            assert!(sched
+                .items
+                .iter()
+                .all(|i| i.group().is_none_or(|g| g.pooled.is_none())));
+            same(&feeds, &[out.clone(), act.clone()], &vs);
+        }
+    }
+    // A reduction over the batch axis, or a sum, is not taken per image.
+    let x = ph("x", &[None, Some(9), Some(11), Some(4)]);
+    let w = ph("w", &[Some(3), Some(3), Some(4), Some(16)]);
+    let act = unary(
+        UnaryOp::Relu,
+        &conv(&x, &w, &conv_spec(Padding::Same, 1, 1)).unwrap(),
+    )
+    .unwrap();
+    for (op, axes) in [(ReduceOp::Max, vec![0, 1]), (ReduceOp::Prod, vec![1, 2])] {
+        let out = reduce(op, &act, &axes, false).unwrap();
+        let f = Function::new(vec![x.clone(), w.clone()], vec![out.clone()], vec![]).unwrap();
+        let sched = f.plan.schedule(&Target::cpu(true));
+        assert!(sched
+            .items
+            .iter()
+            .all(|i| i.group().is_none_or(|g| g.pooled.is_none())));
+        same(
+            &[x.clone(), w.clone()],
+            &[out],
+            &[data(&[3, 9, 11, 4], 5), data(&[3, 3, 4, 16], 6)],
+        );
+    }
+}
+
+#[test]
 fn a_pooling_and_its_gradient_run_with_the_group_that_reads_them() {
     use crate::ops::conv::Padding;
     use crate::ops::pool::PoolKind;

@@ -10,7 +10,7 @@ use crate::base::value::{uninit, Arr, Value};
 use crate::compile::fuse::Group;
 use crate::compile::update_rule::Update;
 use crate::compile::Plan;
-use crate::ops::{ImageKernel, Op};
+use crate::ops::{ImageKernel, ImageStage, Op};
 use crate::runtime::cpu::InPlace;
 use ndarray::IxDyn;
 
@@ -59,7 +59,8 @@ fn pool_whole(plan: &Plan, g: &Group, out: &mut Option<Vec<Value>>) -> Result<()
 }
 
 /// Runs node `f` and then `g` on each image of its result as soon as the image is
-/// written (see `fuse::Group::first`), and the group's pooling (`Group::pooled`) on each
+/// written (see `fuse::Group::first`), and the group's pooling or global maximum
+/// (`Group::pooled`) on each
 /// image of the group's output right after. The result's buffer is put in slot `f`
 /// before it is computed, so the group's program, inputs and buffer reuse see it as any
 /// input (the group may write its output in place there).
@@ -97,14 +98,15 @@ pub(super) fn run_after(
     };
     // The pooling's result and per-image kernel, reading the group's output (of the
     // producer's shape).
-    let pool = match g.pooled {
-        Some(p) => match plan.nodes[p].op() {
-            Op::Pool(spec) => Some(crate::ops::pool::ImagePool::new(spec, &shape)?),
-            _ => None,
-        },
-        None => None,
+    let pool: Option<Box<dyn ImageStage>> = match g.pooled.map(|p| plan.nodes[p].op()) {
+        Some(Op::Pool(spec)) => Some(Box::new(crate::ops::pool::ImagePool::new(spec, &shape)?)),
+        Some(Op::Reduce { op, axes, keepdims }) => {
+            crate::ops::reduce::ImageReduce::new(*op, axes, *keepdims, &shape)
+                .map(|r| Box::new(r) as Box<dyn ImageStage>)
+        }
+        _ => None,
     };
-    let mut pooled: Option<Vec<f32>> = pool.as_ref().map(|ip| uninit(ip.shape.iter().product()));
+    let mut pooled: Option<Vec<f32>> = pool.as_ref().map(|ip| uninit(ip.shape().iter().product()));
     let pdst = pooled
         .as_mut()
         .map(|v| crate::ops::matmul::SharedDst(v.as_mut_ptr()));
@@ -135,8 +137,8 @@ pub(super) fn run_after(
                 _ => None,
             };
             match (&pool, pdst, gout) {
-                (Some(ip), Some(pd), Some(go)) if ip.images == images => {
-                    let pimg = ip.shape.iter().product::<usize>() / images;
+                (Some(ip), Some(pd), Some(go)) if ip.images() == images => {
+                    let pimg = ip.shape().iter().product::<usize>() / images;
                     kernel(y, &|i| {
                         exec(kern, i * img, (i + 1) * img);
                         let (go, pd) = (go, pd);
@@ -170,7 +172,7 @@ pub(super) fn run_after(
     }
     match (pooled_images.get(), &pool, pooled, out.as_mut()) {
         (true, Some(ip), Some(buf), Some(vals)) => vals.push(Value::F32(
-            Arr::from_shape_vec(IxDyn(&ip.shape), buf).expect("length of the shape"),
+            Arr::from_shape_vec(IxDyn(ip.shape()), buf).expect("length of the shape"),
         )),
         _ => pool_whole(plan, g, &mut out)?,
     }
