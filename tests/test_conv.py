@@ -396,6 +396,31 @@ def test_winograd_gradient_matches_direct(rng):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(
+    "n,length,cin,cout,taps,padding",
+    [
+        (3, 30, 32, 64, 5, "valid"),  # partial last tile
+        (9, 17, 36, 65, 3, "same"),  # channels off the vector width; runs of images
+        (2, 9, 32, 64, 6, "causal"),
+        (4, 8, 33, 64, 7, "valid"),  # two outputs, one tile
+        (5, 1, 32, 80, 4, "same"),  # one output: most of the tile in the padding
+        (1, 1000, 32, 64, 5, "same"),  # one image across several blocks of tiles
+    ],
+)
+def test_winograd_conv1d_matches_direct(n, length, cin, cout, taps, padding, dtype, rng):
+    # A stride-1 1-D convolution of 3 to 7 taps with 32+ input and 64+ output channels runs
+    # the Winograd F(m, r) kernel (8 points): its result must match the direct sum.
+    x, k = rng.normal(size=(n, length, cin)), rng.normal(size=(taps, cin, cout))
+    got = K.eval(K.conv1d(K.constant(x, dtype=dtype), K.constant(k, dtype=dtype), padding=padding))
+    if padding == "causal":
+        ref = ref_conv(np.pad(x, ((0, 0), (taps - 1, 0), (0, 0))), k, (1,), (1,), "valid")
+    else:
+        ref = ref_conv(x, k, (1,), (1,), padding)
+    tol = 1e-10 if dtype == "float64" else 2e-5 * np.sqrt(taps * cin)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize(
     "xshape,kshape,padding",
     [

@@ -14,6 +14,7 @@
 
 pub mod cpu;
 pub mod winograd;
+pub mod winograd1d;
 
 use super::build::*;
 use super::Op;

@@ -29,7 +29,8 @@ pub(super) fn fwd<T: F>(
     debug_assert_eq!(y.len(), g.n * yl);
 }
 
-/// A groups=1 convolution of `n` images: with 1, 16 or 32 f32 output channels, the direct
+/// A groups=1 convolution of `n` images: a 1-D one by Winograd where `winograd1d` takes
+/// it; with 1, 16 or 32 f32 output channels, the direct
 /// narrow kernel where Winograd does not take it (`direct_fwd`); runs of small images by
 /// `segment_fwd_run`, else Winograd where it applies, else `segment_fwd`. A single small
 /// image (batch 1) takes `segment_fwd` too: its few Winograd tiles do not pay for
@@ -47,7 +48,18 @@ pub(super) fn dense_fwd<T: F>(
     let pix = Segments::new(wk).pixels();
     let run = run_len(pix, n);
     let wino = winograd::applies(wk) && !small(pix);
-    if direct_fwd::<T>(wk, n) && (run > 1 || !wino) {
+    if winograd1d::applies(wk) {
+        let k = winograd1d::Prepared::new(w, wk.k[2], wk.cin, wk.cout);
+        per_run(
+            n,
+            winograd1d::run_len(wk),
+            y,
+            after,
+            |i, cnt, y, sc, par| {
+                winograd1d::forward(wk, &x[i * xl..(i + cnt) * xl], cnt, &k, y, sc, par)
+            },
+        );
+    } else if direct_fwd::<T>(wk, n) && (run > 1 || !wino) {
         let sg = Segments::new(wk);
         per_image(n, y, after, |i, y, sc, _| {
             let src = wk.padded(&x[i * xl..(i + 1) * xl], &mut sc.a);

@@ -32,7 +32,7 @@
 //! else inside `gemm`. Spatial dims are canonicalised to three (leading dims of size 1).
 //! f16 is computed in f32.
 
-use super::{out_len, winograd, ConvSpec};
+use super::{out_len, winograd, winograd1d, ConvSpec};
 use crate::base::error::{Error, Result};
 use crate::base::value::{Arr, Elem, Value};
 use crate::ops::matmul::{copies_transposed, transposed_copies};
