@@ -421,6 +421,71 @@ def test_winograd_conv1d_matches_direct(n, length, cin, cout, taps, padding, dty
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(
+    "n,length,cin,cout,taps,padding",
+    [
+        (3, 30, 64, 32, 5, "valid"),
+        (9, 17, 65, 36, 3, "same"),
+        (2, 9, 64, 32, 6, "causal"),
+        (1, 600, 80, 40, 4, "same"),
+    ],
+)
+def test_winograd_conv1d_input_gradient_matches_direct(
+    n, length, cin, cout, taps, padding, dtype, rng
+):
+    # The input gradient of a stride-1 1-D convolution is the convolution of the output
+    # gradient with the flipped kernel, by Winograd where that one has 32+ input (here
+    # `cout`) and 64+ output (`cin`) channels: dx[t] = sum_k gy[t + front - k] . w[k]ᵀ.
+    x, k = rng.normal(size=(n, length, cin)), rng.normal(size=(taps, cin, cout))
+    xv = K.variable(x, dtype=dtype)
+    y = K.conv1d(xv, K.constant(k, dtype=dtype), padding=padding)
+    g = rng.normal(size=K.int_shape(y))
+    dx = K.eval(K.gradients(K.sum(y * K.constant(g, dtype=dtype)), [xv])[0])
+    front = {"valid": 0, "same": (taps - 1) // 2, "causal": taps - 1}[padding]
+    ref = np.zeros_like(x)
+    for kk in range(taps):
+        for t in range(g.shape[1]):
+            src = t + kk - front
+            if 0 <= src < length:
+                ref[:, src] += g[:, t] @ k[kk].T
+    tol = 1e-10 if dtype == "float64" else 2e-5 * np.sqrt(taps * cout)
+    np.testing.assert_allclose(dx, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(
+    "n,length,cin,cout,taps,padding",
+    [
+        (3, 30, 32, 64, 5, "valid"),
+        (9, 17, 36, 65, 3, "same"),
+        (2, 9, 32, 64, 6, "causal"),
+        (4, 8, 33, 64, 7, "valid"),
+        (1, 600, 40, 80, 4, "same"),
+    ],
+)
+def test_winograd_conv1d_kernel_gradient_matches_direct(
+    n, length, cin, cout, taps, padding, dtype, rng
+):
+    # The kernel gradient of a 1-D convolution the Winograd kernel takes is summed in the
+    # Winograd domain: dw[k] = sum over images and outputs t of x[t + k - front]ᵀ gy[t].
+    x, k = rng.normal(size=(n, length, cin)), rng.normal(size=(taps, cin, cout))
+    kv = K.variable(k, dtype=dtype)
+    y = K.conv1d(K.constant(x, dtype=dtype), kv, padding=padding)
+    g = rng.normal(size=K.int_shape(y))
+    dk = K.eval(K.gradients(K.sum(y * K.constant(g, dtype=dtype)), [kv])[0])
+    front = {"valid": 0, "same": (taps - 1) // 2, "causal": taps - 1}[padding]
+    ref = np.zeros_like(k)
+    for kk in range(taps):
+        for t in range(g.shape[1]):
+            src = t + kk - front
+            if 0 <= src < length:
+                ref[kk] += x[:, src].T @ g[:, t]
+    scale = np.sqrt(n * g.shape[1])
+    tol = 1e-10 * scale if dtype == "float64" else 2e-5 * scale
+    np.testing.assert_allclose(dk, ref, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize(
     "xshape,kshape,padding",
     [

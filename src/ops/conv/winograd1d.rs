@@ -19,7 +19,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// Points of the transform: eight with infinity.
-const N: usize = 8;
+pub const N: usize = 8;
 const POINTS: [f64; N - 1] = [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5];
 /// Tiles per block of products: about `BLOCK_ELEMS` products (`N` slabs of `cout`
 /// outputs per tile) stay in cache for the output transform; at least `MIN_BLOCK` tiles.
@@ -233,6 +233,138 @@ fn forward_tiles<T: F>(
             output_transform(at, m, mm_buf, ms, tt * cout, cout, dst);
         }
     }
+}
+
+// ---------------------------------------------------------------- kernel gradient
+//
+// A tile's outputs are `y = Aᵀ [U . V]` with `U = G g`, so the kernel's gradient is
+// `dg = Gᵀ dU` with `dU[xi] = sum over tiles of V[xi]ᵀ dM[xi]` and `dM = A dy`: the same
+// input transform, a transform of the output gradient's tiles, and `N` `gemm`s of
+// `(cin x tiles) @ (tiles x cout)` per block, summed in the transformed domain;
+// `untransform_kernel_grad` brings the sum back once per call.
+
+// `kernel_grad(wk, x, cnt, gy, du, sc, par)`: adds the `cnt` images' `dU[xi][ci][co]`
+// (`N x cin x cout`) to `du`.
+super::cpu::simd_kernel!(pub fn kernel_grad<T: F>(wk: &Walk, x: &[T], cnt: usize, gy: &[T], du: &mut [T], sc: &mut Scratch<T>, par: Parallelism) = kernel_grad_tiles);
+
+#[inline(always)]
+fn kernel_grad_tiles<T: F>(
+    wk: &Walk,
+    x: &[T],
+    cnt: usize,
+    gy: &[T],
+    du: &mut [T],
+    sc: &mut Scratch<T>,
+    par: Parallelism,
+) {
+    let (cin, cout, r) = (wk.cin, wk.cout, wk.k[2]);
+    let tr = Transforms::new(r);
+    let m = tr.m;
+    let at: Vec<T> = tr.at.iter().map(|&a| cast(a)).collect();
+    let bt: Vec<T> = tr.bt.iter().map(|&a| cast(a)).collect();
+    let (o, tpi) = tiling(wk, m);
+    let (xl, yl, front, len) = (wk.x[2] * cin, o * cout, wk.p[2].0, wk.x[2]);
+    let bl = block(cout);
+    let (vs, ms) = (bl * cin + SLAB_PAD, bl * cout + SLAB_PAD);
+    let Scratch { a, b, .. } = sc;
+    let v = super::cpu::sized(a, N * vs);
+    let dm = super::cpu::sized(b, N * ms);
+    let (zero_in, zero_out) = (vec![T::zero(); cin], vec![T::zero(); cout]);
+    let tiles = cnt * tpi;
+    for t0 in (0..tiles).step_by(bl) {
+        let nt = bl.min(tiles - t0);
+        for tt in 0..nt {
+            let (img, t) = ((t0 + tt) / tpi, (t0 + tt) % tpi);
+            let xi = &x[img * xl..(img + 1) * xl];
+            let rows: [&[T]; N] = std::array::from_fn(|j| {
+                let p = t * m + j;
+                if p >= front && p - front < len {
+                    &xi[(p - front) * cin..(p - front + 1) * cin]
+                } else {
+                    &zero_in[..]
+                }
+            });
+            input_transform(&bt, rows, cin, v, vs, tt * cin);
+            // The tile's output gradients; those past the end are zeros.
+            let gi = &gy[img * yl..(img + 1) * yl];
+            let dy: [&[T]; N] = std::array::from_fn(|i| {
+                if i < m && t * m + i < o {
+                    &gi[(t * m + i) * cout..(t * m + i + 1) * cout]
+                } else {
+                    &zero_out[..]
+                }
+            });
+            grad_transform(&at, m, dy, cout, dm, ms, tt * cout);
+        }
+        for xi in 0..N {
+            mm(
+                cin,
+                cout,
+                nt,
+                &mut du[xi * cin * cout..],
+                cout,
+                true,
+                &v[xi * vs..],
+                (1, cin),
+                &dm[xi * ms..],
+                (cout, 1),
+                par,
+            );
+        }
+    }
+}
+
+/// Writes `dM = A dy` of one tile (`dy`: its `m` output gradient rows of `cout`
+/// channels, then unused ones) into row `at` of the `N` slabs of `dm`: slab `xi` is the
+/// sum of `Aᵀ[i][xi] dy[i]` over the tile's outputs.
+#[inline(always)]
+fn grad_transform<T: F>(
+    at_m: &[T],
+    m: usize,
+    dy: [&[T]; N],
+    cout: usize,
+    dm: &mut [T],
+    ms: usize,
+    at: usize,
+) {
+    assert!(at_m.len() == m * N && (N - 1) * ms + at + cout <= dm.len());
+    for (xi, slab) in dm.chunks_mut(ms).enumerate().take(N) {
+        let out = &mut slab[at..at + cout];
+        let mut k = [T::zero(); N];
+        for (i, ki) in k.iter_mut().enumerate().take(m) {
+            *ki = at_m[i * N + xi];
+        }
+        combine(out, dy, k);
+    }
+}
+
+/// `y = sum of k[i] p[i]`, element by element.
+#[inline(always)]
+fn combine<T: F>(y: &mut [T], p: [&[T]; N], k: [T; N]) {
+    let n = y.len();
+    let p = p.map(|s| &s[..n]);
+    for i in 0..n {
+        let mut s = T::zero();
+        for j in 0..N {
+            s = s + k[j] * p[j][i];
+        }
+        y[i] = s;
+    }
+}
+
+/// The kernel gradient `dw` (Keras layout `(r, cin, cout)`) from the summed transformed
+/// gradient `du` (`N x cin x cout`): `dw[k] = sum over xi of G[xi][k] dU[xi]`, in f64.
+pub fn untransform_kernel_grad<T: F>(du: &[T], r: usize, cin: usize, cout: usize, dw: &mut [T]) {
+    let tr = Transforms::new(r);
+    let n = cin * cout;
+    dw.par_chunks_mut(n).enumerate().for_each(|(k, dk)| {
+        for (q, d) in dk.iter_mut().enumerate() {
+            let s: f64 = (0..N)
+                .map(|xi| tr.g[xi * r + k] * du[xi * n + q].to_f64())
+                .sum();
+            *d = cast(s);
+        }
+    });
 }
 
 /// Writes `V = Bᵀ d` of one tile (`rows`: its `N` input rows of `cin` channels) into row

@@ -1,5 +1,5 @@
-//! The input gradient (`input_grad`): the forward convolution of the flipped kernel, or
-//! col2im of `gy · wᵀ`; the depthwise loops.
+//! The input gradient (`input_grad`): the forward convolution of the flipped kernel
+//! (by Winograd where it applies), or col2im of `gy · wᵀ`; the depthwise loops.
 
 use super::depthwise;
 use super::forward::dense_fwd;
@@ -43,19 +43,11 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
         }
         Some(p2)
             if !col2im_input_first(g)
-                || (narrow::direct_applies::<T>(g.cin) && g.n >= threads()) =>
+                || (narrow::direct_applies::<T>(g.cin) && g.n >= threads())
+                || winograd1d::applies(&flipped(g, &p2)) =>
         {
             let wf = flip_transpose(g, w);
-            let wk = Walk {
-                x: &g.o,
-                k: &g.k,
-                s: &[1; 3],
-                d: &g.d,
-                p: &p2,
-                cin: g.cout,
-                cout: g.cin,
-            };
-            dense_fwd(g.n, &wk, gy, &wf, dx, None);
+            dense_fwd(g.n, &flipped(g, &p2), gy, &wf, dx, None);
         }
         _ if g.groups == 1 => per_run(
             g.n,
@@ -74,6 +66,20 @@ pub(super) fn bwd_input<T: F>(g: &Geom, gy: &[T], w: &[T], dx: &mut [T]) {
         }),
     }
     debug_assert_eq!(dx.len(), g.n * xl);
+}
+
+/// The walk of the input gradient as a convolution of `gy` padded by `p2`
+/// (`as_convolution`): the flipped kernel, in and out channels swapped.
+fn flipped<'a>(g: &'a Geom, p2: &'a [(usize, usize); 3]) -> Walk<'a> {
+    Walk {
+        x: &g.o,
+        k: &g.k,
+        s: &[1; 3],
+        d: &g.d,
+        p: p2,
+        cin: g.cout,
+        cout: g.cin,
+    }
 }
 
 /// Whether a stride-1 groups=1 input gradient runs by col2im (`segment_input`) rather than

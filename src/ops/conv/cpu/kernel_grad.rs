@@ -1,5 +1,5 @@
-//! The kernel gradient (`kernel_grad`): shifted GEMMs at stride 1, else im2col; the
-//! depthwise loops.
+//! The kernel gradient (`kernel_grad`): Winograd for 1-D and 3x3 convolutions where it
+//! applies, shifted GEMMs at stride 1, else im2col; the depthwise loops.
 
 use super::depthwise;
 use super::im2col::*;
@@ -41,6 +41,25 @@ pub(super) fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
             let src = wk.padded(&x[i * xl..(i + 1) * xl], &mut sc.a);
             narrow::kernel_grad_image(&sg, src, &gy[i * yl..(i + 1) * yl], dw, g.cout)
         });
+    } else if g.groups == 1 && winograd1d::applies(&wk) {
+        let mut du = vec![T::zero(); winograd1d::N * g.cin * g.cout];
+        sum_runs(
+            g.n,
+            winograd1d::run_len(&wk),
+            &mut du,
+            |i, cnt, du, sc, par| {
+                winograd1d::kernel_grad(
+                    &wk,
+                    &x[i * xl..(i + cnt) * xl],
+                    cnt,
+                    &gy[i * yl..(i + cnt) * yl],
+                    du,
+                    sc,
+                    par,
+                )
+            },
+        );
+        winograd1d::untransform_kernel_grad(&du, wk.k[2], g.cin, g.cout, dw);
     } else if g.groups == 1 && run > 1 {
         sum_runs(g.n, run, dw, |i, cnt, dw, sc, par| {
             segment_kernel_run(
