@@ -1,10 +1,10 @@
 //! Winograd F(m, r) for 1-D convolutions (a text CNN's `Conv1D`): stride 1, no
-//! dilation, one group, kernels of 3 to 7 taps (the transforms hold for 2 to 7). Each tile of `m` outputs is
-//! `Aᵀ [(G g) . (Bᵀ d)]` over `N = m + r - 1 = 8` inputs `d` (Toom-Cook at the points 0,
-//! ±1, ±2, ±1/2 and infinity; Lavin & Gray, "Fast Algorithms for Convolutional Neural
-//! Networks", 2016), so the `m * r` multiplies per output and channel pair become 8, done
-//! as 8 `gemm`s of `(tiles x cin) @ (cin x cout)` per block of tiles: 2.5x fewer for a
-//! 5-tap kernel, 2.25x for 3 taps.
+//! dilation, one group, kernels of 3 to 7 taps (the transforms hold for 2 to 7). Each
+//! tile of `m` outputs is `Aᵀ [(G g) . (Bᵀ d)]` over `N = m + r - 1 = 8` inputs `d`
+//! (Toom-Cook at the points 0, ±1, ±2, ±1/2 and infinity; Lavin & Gray, "Fast Algorithms
+//! for Convolutional Neural Networks", 2016), so the `m * r` multiplies per output and
+//! channel pair become 8, done as 8 `gemm`s of `(tiles x cin) @ (cin x cout)` per block
+//! of tiles: 2.5x fewer multiplies for a 5-tap kernel, 2.25x for 3 taps.
 //!
 //! The matrices come from the points (`Transforms::new`, in f64): the correlation
 //! `y = T(g) d` is the transpose of the polynomial product that evaluates both factors
@@ -110,13 +110,28 @@ impl Transforms {
     }
 }
 
-/// A kernel ready for `forward`: `U[xi][ci][co]` = `(G g)[xi]` for the Keras kernel `g`
-/// of shape `(r, cin, cout)` (computed in f64), and `Aᵀ` and `Bᵀ` in `T`.
-pub struct Prepared<T> {
+/// `Aᵀ` and `Bᵀ` for kernels of `r` taps, in `T`, with `m`.
+struct Matrices<T> {
     m: usize,
-    u: Vec<T>,
     at: Vec<T>,
     bt: Vec<T>,
+}
+
+impl<T: F> Matrices<T> {
+    fn new(tr: &Transforms) -> Matrices<T> {
+        Matrices {
+            m: tr.m,
+            at: tr.at.iter().map(|&a| cast(a)).collect(),
+            bt: tr.bt.iter().map(|&a| cast(a)).collect(),
+        }
+    }
+}
+
+/// A kernel ready for `forward`: `U[xi][ci][co]` = `(G g)[xi]` for the Keras kernel `g`
+/// of shape `(r, cin, cout)` (computed in f64), and the transforms.
+pub struct Prepared<T> {
+    u: Vec<T>,
+    mats: Matrices<T>,
 }
 
 impl<T: F> Prepared<T> {
@@ -133,16 +148,35 @@ impl<T: F> Prepared<T> {
             }
         });
         Prepared {
-            m: tr.m,
             u,
-            at: tr.at.iter().map(|&a| cast(a)).collect(),
-            bt: tr.bt.iter().map(|&a| cast(a)).collect(),
+            mats: Matrices::new(&tr),
         }
     }
 }
 
 fn cast<T: F>(v: f64) -> T {
     T::from(v).expect("an f64 converts to a float")
+}
+
+/// Input rows `t * m .. t * m + N` of image `x` (`len` rows of `cin` channels) padded by
+/// `front` rows: tile `t`'s inputs; rows in the padding or past the end are `zero`.
+fn tile_rows<'a, T>(
+    x: &'a [T],
+    t: usize,
+    m: usize,
+    front: usize,
+    len: usize,
+    zero: &'a [T],
+) -> [&'a [T]; N] {
+    let cin = zero.len();
+    std::array::from_fn(|j| {
+        let p = t * m + j;
+        if p >= front && p - front < len {
+            &x[(p - front) * cin..(p - front + 1) * cin]
+        } else {
+            zero
+        }
+    })
 }
 
 /// The tiling of a run of images of one walk: outputs per image, tiles per image.
@@ -171,8 +205,8 @@ fn forward_tiles<T: F>(
     sc: &mut Scratch<T>,
     par: Parallelism,
 ) {
-    let (cin, cout, m) = (wk.cin, wk.cout, k.m);
-    let (u, at, bt) = (&k.u, &k.at, &k.bt);
+    let (cin, cout, m) = (wk.cin, wk.cout, k.mats.m);
+    let (u, at, bt) = (&k.u, &k.mats.at, &k.mats.bt);
     let (o, tpi) = tiling(wk, m);
     let (xl, front, len) = (wk.x[2] * cin, wk.p[2].0, wk.x[2]);
     let bl = block(cout);
@@ -186,17 +220,7 @@ fn forward_tiles<T: F>(
         let nt = bl.min(tiles - t0);
         for tt in 0..nt {
             let (img, t) = ((t0 + tt) / tpi, (t0 + tt) % tpi);
-            let xi = &x[img * xl..(img + 1) * xl];
-            // Input rows t*m .. t*m + N of the padded image; those in the padding or past
-            // the end are zeros.
-            let rows: [&[T]; N] = std::array::from_fn(|j| {
-                let p = t * m + j;
-                if p >= front && p - front < len {
-                    &xi[(p - front) * cin..(p - front + 1) * cin]
-                } else {
-                    &zero[..]
-                }
-            });
+            let rows = tile_rows(&x[img * xl..(img + 1) * xl], t, m, front, len, &zero);
             input_transform(bt, rows, cin, v, vs, tt * cin);
         }
         let product = |xi: usize, mx: &mut [T], par: Parallelism| {
@@ -257,11 +281,9 @@ fn kernel_grad_tiles<T: F>(
     sc: &mut Scratch<T>,
     par: Parallelism,
 ) {
-    let (cin, cout, r) = (wk.cin, wk.cout, wk.k[2]);
-    let tr = Transforms::new(r);
-    let m = tr.m;
-    let at: Vec<T> = tr.at.iter().map(|&a| cast(a)).collect();
-    let bt: Vec<T> = tr.bt.iter().map(|&a| cast(a)).collect();
+    let (cin, cout) = (wk.cin, wk.cout);
+    let mats = Matrices::new(&Transforms::new(wk.k[2]));
+    let (m, at, bt) = (mats.m, &mats.at, &mats.bt);
     let (o, tpi) = tiling(wk, m);
     let (xl, yl, front, len) = (wk.x[2] * cin, o * cout, wk.p[2].0, wk.x[2]);
     let bl = block(cout);
@@ -275,16 +297,8 @@ fn kernel_grad_tiles<T: F>(
         let nt = bl.min(tiles - t0);
         for tt in 0..nt {
             let (img, t) = ((t0 + tt) / tpi, (t0 + tt) % tpi);
-            let xi = &x[img * xl..(img + 1) * xl];
-            let rows: [&[T]; N] = std::array::from_fn(|j| {
-                let p = t * m + j;
-                if p >= front && p - front < len {
-                    &xi[(p - front) * cin..(p - front + 1) * cin]
-                } else {
-                    &zero_in[..]
-                }
-            });
-            input_transform(&bt, rows, cin, v, vs, tt * cin);
+            let rows = tile_rows(&x[img * xl..(img + 1) * xl], t, m, front, len, &zero_in);
+            input_transform(bt, rows, cin, v, vs, tt * cin);
             // The tile's output gradients; those past the end are zeros.
             let gi = &gy[img * yl..(img + 1) * yl];
             let dy: [&[T]; N] = std::array::from_fn(|i| {
@@ -294,7 +308,7 @@ fn kernel_grad_tiles<T: F>(
                     &zero_out[..]
                 }
             });
-            grad_transform(&at, m, dy, cout, dm, ms, tt * cout);
+            grad_transform(at, m, dy, cout, dm, ms, tt * cout);
         }
         for xi in 0..N {
             mm(
