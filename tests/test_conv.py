@@ -636,9 +636,7 @@ def test_global_max_of_conv1d_epilogue(n, strides, padding, rng):
         K.bias_add(K.conv1d(ph, K.constant(k), strides=strides, padding=padding), K.constant(b))
     )
     xs = x[:, None].astype("float32")
-    ref_act = np.maximum(
-        ref_conv(x[:, None], k[None], (1, strides), (1, 1), padding)[:, 0] + b, 0
-    )
+    ref_act = np.maximum(ref_conv(x[:, None], k[None], (1, strides), (1, 1), padding)[:, 0] + b, 0)
     got = run([ph], [K.max(act, axis=1)], [xs[:, 0]])[0]
     np.testing.assert_allclose(got, ref_act.max(axis=1), rtol=1e-4, atol=1e-3)
     got_max, got_act = run([ph], [K.max(act, axis=1), act], [xs[:, 0]])

@@ -360,7 +360,7 @@ fn combine<T: F>(y: &mut [T], p: [&[T]; N], k: [T; N]) {
     for i in 0..n {
         let mut s = T::zero();
         for j in 0..N {
-            s = s + k[j] * p[j][i];
+            s += k[j] * p[j][i];
         }
         y[i] = s;
     }
@@ -475,10 +475,10 @@ fn output_transform<T: F>(
         let k = [at_m[i * N + 1], at_m[i * N + 3], at_m[i * N + 5]];
         pairs(y, [p[1], p[2], p[3], p[4], p[5], p[6]], k, i % 2 == 1);
         if i == 0 {
-            y.iter_mut().zip(p[0]).for_each(|(y, &v)| *y = *y + v);
+            y.iter_mut().zip(p[0]).for_each(|(y, &v)| *y += v);
         }
         if i == m - 1 {
-            y.iter_mut().zip(p[N - 1]).for_each(|(y, &v)| *y = *y + v);
+            y.iter_mut().zip(p[N - 1]).for_each(|(y, &v)| *y += v);
         }
     }
 }
