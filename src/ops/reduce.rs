@@ -283,9 +283,14 @@ impl super::ImageStage for ImageReduce {
     }
     fn run(&self, x: &[f32], y: &mut [f32]) {
         let (op, red, inner) = (self.op, self.red, self.inner);
+        if red == 0 {
+            // An empty reduced axis: the reduction's identity, as `cpu_reduce` gives it.
+            y.fill(reduce_row(op, &[]));
+            return;
+        }
         if inner == 1 {
             y.iter_mut()
-                .zip(x.chunks(red.max(1)))
+                .zip(x.chunks(red))
                 .for_each(|(o, row)| *o = reduce_row(op, row));
             return;
         }
@@ -295,9 +300,6 @@ impl super::ImageStage for ImageReduce {
             f32::highest()
         };
         y.fill(init);
-        if red == 0 {
-            return;
-        }
         y.chunks_mut(inner)
             .zip(x.chunks(red * inner))
             .take(self.outer)

@@ -521,6 +521,25 @@ fn a_global_max_of_a_convolution_epilogue_runs_on_each_image_after_it() {
             same(&feeds, &[out.clone(), act.clone()], &vs);
         }
     }
+    // An empty time axis ('same' padding keeps it empty): the identity, one channel and
+    // several, as the unfused reduction gives it.
+    for cout in [1, 8] {
+        let x = ph("x", &[None, Some(0), Some(4)]);
+        let w = ph("w", &[Some(3), Some(4), Some(cout)]);
+        let spec = std::sync::Arc::new(crate::ops::conv::ConvSpec {
+            strides: vec![1],
+            dilation: vec![1],
+            padding: Padding::Same,
+            groups: 1,
+        });
+        let act = unary(UnaryOp::Relu, &conv(&x, &w, &spec).unwrap()).unwrap();
+        let out = reduce(ReduceOp::Max, &act, &[1], false).unwrap();
+        same(
+            &[x, w],
+            &[out],
+            &[data(&[3, 0, 4], 1), data(&[3, 4, cout], 2)],
+        );
+    }
     // A reduction over the batch axis, or a sum, is not taken per image.
     let x = ph("x", &[None, Some(9), Some(11), Some(4)]);
     let w = ph("w", &[Some(3), Some(3), Some(4), Some(16)]);
