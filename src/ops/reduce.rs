@@ -190,16 +190,7 @@ fn count(x: &Tensor, y: &Tensor) -> Result<Tensor> {
 }
 
 pub fn cpu_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Value) -> Result<Value> {
-    let in_shape = x.shape().to_vec();
-    let out_shape: Vec<usize> = in_shape
-        .iter()
-        .enumerate()
-        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
-            (false, _) => Some(d),
-            (true, true) => Some(1),
-            (true, false) => None,
-        })
-        .collect();
+    let out_shape = reduced_dims(x.shape(), axes, keepdims);
     let (t, lo, hi) = contiguous_block(x, axes);
     let (outer, red, inner) = blocks(t.shape(), lo, hi);
     if red == 0 && !x.dtype().is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min) {
@@ -254,17 +245,8 @@ impl ImageReduce {
             return None;
         }
         let (outer, red, inner) = blocks(&x_shape[1..], lo - 1, hi - 1);
-        let shape = x_shape
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
-                (false, _) => Some(d),
-                (true, true) => Some(1),
-                (true, false) => None,
-            })
-            .collect();
         Some(ImageReduce {
-            shape,
+            shape: reduced_dims(x_shape, axes, keepdims),
             images: x_shape[0],
             op,
             outer,
@@ -676,6 +658,19 @@ fn scan_blocks<T: Acc>(
 }
 
 // ---- helpers ----
+
+/// The runtime shape of a reduction of `shape` over `axes`.
+fn reduced_dims(shape: &[usize], axes: &[usize], keepdims: bool) -> Vec<usize> {
+    shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+            (false, _) => Some(d),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect()
+}
 
 fn reduced_shape(s: &Shape, axes: &[usize], keepdims: bool) -> Shape {
     Shape(

@@ -203,6 +203,28 @@ fn tiles<'a, T: F>(wk: &Walk, x: &'a [T], sc: &'a mut Scratch<T>) -> Tiles<'a, T
     }
 }
 
+/// Runs `product(xi, slab, par)` for each slab of `ms` elements of `m`: on several threads
+/// the products are split between them, each on one thread (a `gemm` of one block's tiles
+/// is too small to split well); else one after another, each with `par`. Shared by the
+/// 2-D and 1-D (`winograd1d`) forwards.
+pub(super) fn slab_products<T: F>(
+    m: &mut [T],
+    ms: usize,
+    par: Parallelism,
+    product: impl Fn(usize, &mut [T], Parallelism) + Sync,
+) {
+    match par {
+        Parallelism::Rayon(t) if t > 1 => m
+            .par_chunks_mut(ms)
+            .enumerate()
+            .for_each(|(xi, mx)| product(xi, mx, Parallelism::None)),
+        _ => m
+            .chunks_mut(ms)
+            .enumerate()
+            .for_each(|(xi, mx)| product(xi, mx, par)),
+    }
+}
+
 // `forward(wk, x, u, y, sc, par)`, one image: `y` gets the convolution of `x` with the
 // transformed kernel `u`. The transforms were a quarter of the kernel's time at the CNN's
 // shapes compiled for SSE2, so they run vectorised for the CPU's widest vector unit.
@@ -253,18 +275,7 @@ fn forward_tiles<T: F>(
                 par,
             );
         };
-        match par {
-            // One image on several threads: the 16 products are split between them, each
-            // on one thread (a `gemm` of one block's tiles is too small to split well).
-            Parallelism::Rayon(t) if t > 1 => m
-                .par_chunks_mut(ms)
-                .enumerate()
-                .for_each(|(xi, mx)| product(xi, mx, Parallelism::None)),
-            _ => m
-                .chunks_mut(ms)
-                .enumerate()
-                .for_each(|(xi, mx)| product(xi, mx, par)),
-        }
+        slab_products(m, ms, par, product);
         for tt in 0..nt {
             let (ty, tx) = ((t0 + tt) / tw, (t0 + tt) % tw);
             // The tile's four output pixels; those past the right or bottom edge write to

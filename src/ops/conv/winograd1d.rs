@@ -110,15 +110,20 @@ impl Transforms {
     }
 }
 
-/// `Aᵀ` and `Bᵀ` for kernels of `r` taps, in `T`, with `m`.
-struct Matrices<T> {
+/// `Aᵀ` and `Bᵀ` for kernels of `r` taps, in `T`, with `m`: built once per call, for
+/// every run of images.
+pub struct Matrices<T> {
     m: usize,
     at: Vec<T>,
     bt: Vec<T>,
 }
 
 impl<T: F> Matrices<T> {
-    fn new(tr: &Transforms) -> Matrices<T> {
+    pub fn new(r: usize) -> Matrices<T> {
+        Matrices::from(&Transforms::new(r))
+    }
+
+    fn from(tr: &Transforms) -> Matrices<T> {
         Matrices {
             m: tr.m,
             at: tr.at.iter().map(|&a| cast(a)).collect(),
@@ -149,7 +154,7 @@ impl<T: F> Prepared<T> {
         });
         Prepared {
             u,
-            mats: Matrices::new(&tr),
+            mats: Matrices::from(&tr),
         }
     }
 }
@@ -238,18 +243,7 @@ fn forward_tiles<T: F>(
                 par,
             );
         };
-        match par {
-            // One run on several threads: the 8 products are split between them, each on
-            // one thread (a `gemm` of one block's tiles is too small to split well).
-            Parallelism::Rayon(t) if t > 1 => mm_buf
-                .par_chunks_mut(ms)
-                .enumerate()
-                .for_each(|(xi, mx)| product(xi, mx, Parallelism::None)),
-            _ => mm_buf
-                .chunks_mut(ms)
-                .enumerate()
-                .for_each(|(xi, mx)| product(xi, mx, par)),
-        }
+        super::winograd::slab_products(mm_buf, ms, par, product);
         for tt in 0..nt {
             let (img, t) = ((t0 + tt) / tpi, (t0 + tt) % tpi);
             let outs = m.min(o - t * m);
@@ -267,25 +261,27 @@ fn forward_tiles<T: F>(
 // `(cin x tiles) @ (tiles x cout)` per block, summed in the transformed domain;
 // `untransform_kernel_grad` brings the sum back once per call.
 
-// `kernel_grad(wk, x, cnt, gy, du, sc, par)`: adds the `cnt` images' `dU[xi][ci][co]`
-// (`N x cin x cout`) to `du`.
-super::cpu::simd_kernel!(pub fn kernel_grad<T: F>(wk: &Walk, x: &[T], cnt: usize, gy: &[T], du: &mut [T], sc: &mut Scratch<T>, par: Parallelism) = kernel_grad_tiles);
+// `kernel_grad(wk, mats, x, gy, du, sc, par)`: adds the `dU[xi][ci][co]` (`N x cin x
+// cout`) of the images `x` (a run of whole images, with their output gradients `gy`) to
+// `du`.
+super::cpu::simd_kernel!(pub fn kernel_grad<T: F>(wk: &Walk, mats: &Matrices<T>, x: &[T], gy: &[T], du: &mut [T], sc: &mut Scratch<T>, par: Parallelism) = kernel_grad_tiles);
 
 #[inline(always)]
 fn kernel_grad_tiles<T: F>(
     wk: &Walk,
+    mats: &Matrices<T>,
     x: &[T],
-    cnt: usize,
     gy: &[T],
     du: &mut [T],
     sc: &mut Scratch<T>,
     par: Parallelism,
 ) {
     let (cin, cout) = (wk.cin, wk.cout);
-    let mats = Matrices::new(&Transforms::new(wk.k[2]));
     let (m, at, bt) = (mats.m, &mats.at, &mats.bt);
     let (o, tpi) = tiling(wk, m);
     let (xl, yl, front, len) = (wk.x[2] * cin, o * cout, wk.p[2].0, wk.x[2]);
+    // The run's images (none to tile where the time axis is empty).
+    let cnt = x.len().checked_div(xl).unwrap_or(0);
     let bl = block(cout);
     let (vs, ms) = (bl * cin + SLAB_PAD, bl * cout + SLAB_PAD);
     let Scratch { a, b, .. } = sc;

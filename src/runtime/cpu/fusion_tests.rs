@@ -395,6 +395,32 @@ fn pool_spec(
     })
 }
 
+/// Whether the CPU schedule of `outs` hands a pooling or reduction to a group run after
+/// a convolution (`Group::pooled`).
+fn stage_taken(feeds: &[Tensor], outs: &[Tensor]) -> bool {
+    let f = Function::new(feeds.to_vec(), outs.to_vec(), vec![]).unwrap();
+    let sched = f.plan.schedule(&Target::cpu(true));
+    sched.items.iter().any(|i| {
+        i.group()
+            .is_some_and(|g| g.first.is_some() && g.pooled.is_some())
+    })
+}
+
+/// `out`, a pooling or reduction of the convolution epilogue `act`, runs on each image
+/// after the epilogue (bitwise as unfused, two launches fewer); with `act` also returned
+/// it stays a node of its own.
+fn per_image_stage(feeds: &[Tensor], out: &Tensor, act: &Tensor, vs: &[Value], label: &str) {
+    let (fused, unfused) = same(feeds, std::slice::from_ref(out), vs);
+    assert!(fused + 2 <= unfused, "{label}: {fused} vs {unfused}");
+    assert!(stage_taken(feeds, std::slice::from_ref(out)), "{label}");
+    let both = [out.clone(), act.clone()];
+    assert!(
+        !stage_taken(feeds, &both),
+        "{label}: the epilogue is also returned"
+    );
+    same(feeds, &both, vs);
+}
+
 #[test]
 fn a_pooling_of_a_convolution_epilogue_runs_on_each_image_after_it() {
     use crate::ops::conv::Padding;
@@ -423,23 +449,7 @@ fn a_pooling_of_a_convolution_epilogue_runs_on_each_image_after_it() {
                 data(&[cout], 3),
             ];
             let feeds = [x.clone(), w.clone(), b.clone()];
-            let (fused, unfused) = same(&feeds, std::slice::from_ref(&out), &vs);
-            assert!(fused + 2 <= unfused, "{k} {cout} {n}: {fused} vs {unfused}");
-            let f = Function::new(feeds.to_vec(), vec![out.clone()], vec![]).unwrap();
-            let sched = f.plan.schedule(&Target::cpu(true));
-            let g = sched
-                .items
-                .iter()
-                .find_map(|i| i.group().filter(|g| g.first.is_some()));
-            assert!(g.is_some_and(|g| g.pooled.is_some()), "{k} {cout} {n}");
-            // The relu also read elsewhere (returned): the pooling stays a node of its own.
-            let f = Function::new(feeds.to_vec(), vec![out.clone(), act.clone()], vec![]).unwrap();
-            let sched = f.plan.schedule(&Target::cpu(true));
-            assert!(sched
-                .items
-                .iter()
-                .all(|i| i.group().is_none_or(|g| g.pooled.is_none())));
-            same(&feeds, &[out.clone(), act.clone()], &vs);
+            per_image_stage(&feeds, &out, &act, &vs, &format!("{k} {cout} {n}"));
         }
     }
 }
@@ -502,23 +512,7 @@ fn a_global_max_of_a_convolution_epilogue_runs_on_each_image_after_it() {
             ws.extend([cin, cout]);
             let vs = [data(&xs, k as u32), data(&ws, 2), data(&[cout], 3)];
             let feeds = [x.clone(), w.clone(), b.clone()];
-            let (fused, unfused) = same(&feeds, std::slice::from_ref(&out), &vs);
-            assert!(fused + 2 <= unfused, "{k} {cout} {n}: {fused} vs {unfused}");
-            let f = Function::new(feeds.to_vec(), vec![out.clone()], vec![]).unwrap();
-            let sched = f.plan.schedule(&Target::cpu(true));
-            let g = sched
-                .items
-                .iter()
-                .find_map(|i| i.group().filter(|g| g.first.is_some()));
-            assert!(g.is_some_and(|g| g.pooled.is_some()), "{k} {cout} {n}");
-            // The relu also returned: the reduction stays a node of its own.
-            let f = Function::new(feeds.to_vec(), vec![out.clone(), act.clone()], vec![]).unwrap();
-            let sched = f.plan.schedule(&Target::cpu(true));
-            assert!(sched
-                .items
-                .iter()
-                .all(|i| i.group().is_none_or(|g| g.pooled.is_none())));
-            same(&feeds, &[out.clone(), act.clone()], &vs);
+            per_image_stage(&feeds, &out, &act, &vs, &format!("{k} {cout} {n}"));
         }
     }
     // An empty time axis ('same' padding keeps it empty): the identity, one channel and
@@ -550,12 +544,10 @@ fn a_global_max_of_a_convolution_epilogue_runs_on_each_image_after_it() {
     .unwrap();
     for (op, axes) in [(ReduceOp::Max, vec![0, 1]), (ReduceOp::Prod, vec![1, 2])] {
         let out = reduce(op, &act, &axes, false).unwrap();
-        let f = Function::new(vec![x.clone(), w.clone()], vec![out.clone()], vec![]).unwrap();
-        let sched = f.plan.schedule(&Target::cpu(true));
-        assert!(sched
-            .items
-            .iter()
-            .all(|i| i.group().is_none_or(|g| g.pooled.is_none())));
+        assert!(!stage_taken(
+            &[x.clone(), w.clone()],
+            std::slice::from_ref(&out)
+        ));
         same(
             &[x.clone(), w.clone()],
             &[out],

@@ -43,6 +43,7 @@ pub(super) fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
         });
     } else if g.groups == 1 && winograd1d::applies(&wk) {
         let mut du = vec![T::zero(); winograd1d::N * g.cin * g.cout];
+        let mats = winograd1d::Matrices::new(wk.k[2]);
         sum_runs(
             g.n,
             winograd1d::run_len(&wk),
@@ -50,8 +51,8 @@ pub(super) fn bwd_kernel<T: F>(g: &Geom, x: &[T], gy: &[T], dw: &mut [T]) {
             |i, cnt, du, sc, par| {
                 winograd1d::kernel_grad(
                     &wk,
+                    &mats,
                     &x[i * xl..(i + cnt) * xl],
-                    cnt,
                     &gy[i * yl..(i + cnt) * yl],
                     du,
                     sc,
