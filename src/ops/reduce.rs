@@ -659,8 +659,8 @@ fn scan_blocks<T: Acc>(
 
 // ---- helpers ----
 
-/// The runtime shape of a reduction of `shape` over `axes`.
-fn reduced_dims(shape: &[usize], axes: &[usize], keepdims: bool) -> Vec<usize> {
+/// The runtime shape of a reduction of `shape` over `axes` (both devices' kernels).
+pub(crate) fn reduced_dims(shape: &[usize], axes: &[usize], keepdims: bool) -> Vec<usize> {
     shape
         .iter()
         .enumerate()

@@ -105,16 +105,7 @@ pub(super) fn reduce_op(
         let empty = crate::base::value::Value::full(x.dtype, &x.shape, 0.0);
         return Ok(Slot::host(node.op().cpu(&[&empty])?));
     }
-    let shape: Vec<usize> = x
-        .shape
-        .iter()
-        .enumerate()
-        .filter_map(|(d, &n)| match (axes.contains(&d), keepdims) {
-            (false, _) => Some(n),
-            (true, true) => Some(1),
-            (true, false) => None,
-        })
-        .collect();
+    let shape = crate::ops::reduce::reduced_dims(&x.shape, axes, *keepdims);
     let code = match op {
         ReduceOp::Sum => 0,
         ReduceOp::Prod => 1,
