@@ -1466,6 +1466,32 @@ mod tests {
     }
 
     #[test]
+    fn a_dense_relu_layer_in_training_writes_only_the_relu_output() {
+        // relu(x @ w + b) with the gradients of w and b: the relu's gradient reads its
+        // output, so the group {add, relu} writes the relu's result alone; the sum before
+        // it, which the mask would otherwise read, gets no buffer.
+        let (x, w, b) = (ph("x", &[8, 4]), ph("w", &[4, 5]), ph("b", &[5]));
+        let mm = crate::ops::matmul::matmul(&x, &w, false, false).unwrap();
+        let y = unary(UnaryOp::Relu, &add(&mm, &b).unwrap()).unwrap();
+        let loss = reduce(ReduceOp::Sum, &mul(&y, &y).unwrap(), &[0, 1], false).unwrap();
+        let grads: Vec<Tensor> = crate::autodiff::gradients(&loss, &[w.clone(), b.clone()], None)
+            .unwrap()
+            .into_iter()
+            .map(Option::unwrap)
+            .collect();
+        let plan = Plan::new(&[x, w, b], &[vec![loss], grads].concat()).unwrap();
+        let relu = (0..plan.nodes.len())
+            .find(|&j| matches!(plan.nodes[j].op(), crate::ops::Op::Unary(UnaryOp::Relu)))
+            .unwrap();
+        let c = schedule(&plan, &Target::cpu(true));
+        let forward = groups(&c)
+            .into_iter()
+            .find(|g| g.members.contains(&relu))
+            .unwrap();
+        assert_eq!(forward.outputs, [relu]);
+    }
+
+    #[test]
     fn a_group_computing_a_product_whose_shape_is_read_keeps_its_place() {
         // y = relu(x @ w + b) and s = shape(x @ w) are both returned: the group computes
         // the product in its kernel, so it must run before `shape` reads the product,

@@ -670,7 +670,9 @@ pub fn vjp_unary(op: UnaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Te
         UnaryOp::Tan => mul(g, &add(&c(1.0), &mul(y, y)?)?)?,
         UnaryOp::Tanh => mul(g, &sub(&c(1.0), &mul(y, y)?)?)?,
         UnaryOp::Sigmoid => mul(g, &mul(y, &sub(&c(1.0), y)?)?)?,
-        UnaryOp::Relu => select(&binary(BinaryOp::Greater, x, &c(0.0))?, g, &c(0.0))?,
+        // From the output, as TF's ReluGrad: `y > 0` exactly where `x > 0`, and the input
+        // need not outlive the forward (a bias add before the relu writes no buffer).
+        UnaryOp::Relu => select(&binary(BinaryOp::Greater, y, &c(0.0))?, g, &c(0.0))?,
         UnaryOp::Recip => neg(&mul(g, &mul(y, y)?)?)?,
         UnaryOp::Softplus => mul(g, &unary(UnaryOp::Sigmoid, x)?)?,
         UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Not => return Ok(vec![None]),

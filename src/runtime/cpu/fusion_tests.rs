@@ -1191,3 +1191,43 @@ fn batch_norm_kernels_with_tiles_of_different_periods_keep_the_program() {
         assert_eq!(affine_groups(&feeds, &outs, &vs), 0);
     }
 }
+
+#[test]
+fn relu_gradients_masked_by_the_relu_output_run_as_one_loop_bitwise_equal() {
+    // As `autodiff` forms a relu's gradient, the mask compares the relu's output with 0:
+    // gm = relu(y) > 0 ? g : 0 (relu6: then relu(y) <= 6 too), of y = (x - a) * s + b or
+    // of y + r, of g or g + g2, with gm * (x - a): one loop.
+    for shape in BN_SHAPES {
+        let base = bn_feeds(shape);
+        let [x, r, a, s, b] = base.0.clone();
+        let (feeds, vs, new) = more_feeds(base, &["g", "g2"], &shape, 8);
+        let [g, g2] = [&new[0], &new[1]];
+        let cx = sub(&x, &a).unwrap();
+        let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
+        let relu = |t: &Tensor| unary(UnaryOp::Relu, t).unwrap();
+        let pos = |t: &Tensor| binary(BinaryOp::Greater, &relu(t), &c(0.0)).unwrap();
+        for (pre, grad) in [
+            (y.clone(), g.clone()),
+            (add(&y, &r).unwrap(), g.clone()),
+            (y.clone(), add(g, g2).unwrap()),
+            (add(&y, &r).unwrap(), add(g, g2).unwrap()),
+        ] {
+            let (gm, prod) = masked_grad(&pos(&pre), &grad, &cx);
+            one_loop_each(
+                &feeds,
+                &vs,
+                shape,
+                &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
+            );
+        }
+        let low = binary(BinaryOp::LessEqual, &relu(&y), &c(6.0)).unwrap();
+        let kept = select(&low, g, &c(0.0)).unwrap();
+        let (gm, prod) = masked_grad(&pos(&y), &kept, &cx);
+        one_loop_each(
+            &feeds,
+            &vs,
+            shape,
+            &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
+        );
+    }
+}

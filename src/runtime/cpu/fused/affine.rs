@@ -4,7 +4,8 @@
 //! `a`, `s`, `b` repeating with one period (per-channel values) and `act` nothing, `relu`
 //! or `relu` then `minimum(·, c)` (relu6); the relu6 gradient recomputes that output `y`
 //! and writes `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums
-//! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product; the
+//! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product, either
+//! mask also as autodiff forms it, from the relu's output (`relu(y) > z`); the
 //! relu gradient of a residual block may read `y + r` and a gradient `g + g2`, or the
 //! stored relu input instead of `y` (`MaskGrad`); two outputs added up before a relu
 //! (`AffineSum`) and the variance's `(x - a)²` (`SquaredDev`) are one loop too; the input
@@ -45,6 +46,8 @@ pub(super) enum BnKernel {
         z: u16,
         z1: u16,
         cap: Option<(u16, u16)>,
+        /// Whether the mask compares `relu(y)` with `z` rather than `y`.
+        of_relu: bool,
         gm_out: Option<usize>,
         prod_out: usize,
     },
@@ -151,6 +154,8 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
         x,
         tiles: [a, s, b],
     };
+    // `(residual, g, g2, z, z1, cap, of_relu)`: `of_relu` where the mask compares the
+    // relu's result with `z` (autodiff's relu gradient reads the relu's output), not `y`.
     #[rustfmt::skip]
     let grad = match *tail {
         // relu6: the relu and the comparison with `z` read `y` each, in either order.
@@ -169,36 +174,81 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             Sel(Reg(5), Ext(g), Scal(z1), 6),
             Sel(Reg(3), Reg(6), Scal(z2), 7),
             Bin(Mul, Reg(7), Reg(0), 8),
-        ] => Some((None, g, None, z, z1, Some((c, z2)))),
+        ] => Some((None, g, None, z, z1, Some((c, z2)), false)),
+        // relu6 with both comparisons reading the relu's result, in either order.
+        [
+            Un(Relu, Reg(2), 3),
+            Bin(Greater, Reg(3), Scal(z), 4),
+            Bin(LessEqual, Reg(3), Scal(c), 5),
+            Sel(Reg(5), Ext(g), Scal(z1), 6),
+            Sel(Reg(4), Reg(6), Scal(z2), 7),
+            Bin(Mul, Reg(7), Reg(0), 8),
+        ]
+        | [
+            Un(Relu, Reg(2), 3),
+            Bin(LessEqual, Reg(3), Scal(c), 4),
+            Bin(Greater, Reg(3), Scal(z), 5),
+            Sel(Reg(4), Ext(g), Scal(z1), 6),
+            Sel(Reg(5), Reg(6), Scal(z2), 7),
+            Bin(Mul, Reg(7), Reg(0), 8),
+        ] => Some((None, g, None, z, z1, Some((c, z2)), true)),
         // relu.
         [
             Bin(Greater, Reg(2), Scal(z), 3),
             Sel(Reg(3), Ext(g), Scal(z1), 4),
             Bin(Mul, Reg(4), Reg(0), 5),
-        ] => Some((None, g, None, z, z1, None)),
+        ] => Some((None, g, None, z, z1, None, false)),
+        [
+            Un(Relu, Reg(2), 3),
+            Bin(Greater, Reg(3), Scal(z), 4),
+            Sel(Reg(4), Ext(g), Scal(z1), 5),
+            Bin(Mul, Reg(5), Reg(0), 6),
+        ] => Some((None, g, None, z, z1, None, true)),
         // relu of `y + r`, of a gradient `g + g2`, or both.
         [
             Bin(Add, Reg(2), Ext(r), 3),
             Bin(Greater, Reg(3), Scal(z), 4),
             Sel(Reg(4), Ext(g), Scal(z1), 5),
             Bin(Mul, Reg(5), Reg(0), 6),
-        ] => Some((Some(r), g, None, z, z1, None)),
+        ] => Some((Some(r), g, None, z, z1, None, false)),
+        [
+            Bin(Add, Reg(2), Ext(r), 3),
+            Un(Relu, Reg(3), 4),
+            Bin(Greater, Reg(4), Scal(z), 5),
+            Sel(Reg(5), Ext(g), Scal(z1), 6),
+            Bin(Mul, Reg(6), Reg(0), 7),
+        ] => Some((Some(r), g, None, z, z1, None, true)),
         [
             Bin(Greater, Reg(2), Scal(z), 3),
             Bin(Add, Ext(g), Ext(g2), 4),
             Sel(Reg(3), Reg(4), Scal(z1), 5),
             Bin(Mul, Reg(5), Reg(0), 6),
-        ] => Some((None, g, Some(g2), z, z1, None)),
+        ] => Some((None, g, Some(g2), z, z1, None, false)),
+        [
+            Un(Relu, Reg(2), 3),
+            Bin(Greater, Reg(3), Scal(z), 4),
+            Bin(Add, Ext(g), Ext(g2), 5),
+            Sel(Reg(4), Reg(5), Scal(z1), 6),
+            Bin(Mul, Reg(6), Reg(0), 7),
+        ] => Some((None, g, Some(g2), z, z1, None, true)),
         [
             Bin(Add, Reg(2), Ext(r), 3),
             Bin(Greater, Reg(3), Scal(z), 4),
             Bin(Add, Ext(g), Ext(g2), 5),
             Sel(Reg(4), Reg(5), Scal(z1), 6),
             Bin(Mul, Reg(6), Reg(0), 7),
-        ] => Some((Some(r), g, Some(g2), z, z1, None)),
+        ] => Some((Some(r), g, Some(g2), z, z1, None, false)),
+        [
+            Bin(Add, Reg(2), Ext(r), 3),
+            Un(Relu, Reg(3), 4),
+            Bin(Greater, Reg(4), Scal(z), 5),
+            Bin(Add, Ext(g), Ext(g2), 6),
+            Sel(Reg(5), Reg(6), Scal(z1), 7),
+            Bin(Mul, Reg(7), Reg(0), 8),
+        ] => Some((Some(r), g, Some(g2), z, z1, None, true)),
         _ => None,
     };
-    if let Some((residual, g, g2, z, z1, cap)) = grad {
+    if let Some((residual, g, g2, z, z1, cap, of_relu)) = grad {
         // `gm` is the second instruction from the end, the product the last.
         let (gm_out, prod_out) = out_slots(outs, prog.len() - 2, prog.len() - 1)?;
         return Some(BnKernel::ReluGrad {
@@ -209,6 +259,7 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             z,
             z1,
             cap,
+            of_relu,
             gm_out,
             prod_out,
         });
@@ -462,6 +513,7 @@ pub(super) unsafe fn run(
             z,
             z1,
             cap,
+            of_relu,
             gm_out,
             prod_out,
         } => {
@@ -480,31 +532,35 @@ pub(super) unsafe fn run(
                 residual.is_some(),
                 g2.is_some(),
             ) {
-                (true, true, ..) => relu_grad::<true, true, false, false>(&o, r, g, consts, bufs),
-                (true, false, ..) => relu_grad::<true, false, false, false>(&o, r, g, consts, bufs),
+                (true, true, ..) => {
+                    relu_grad::<true, true, false, false>(&o, r, g, consts, of_relu, bufs)
+                }
+                (true, false, ..) => {
+                    relu_grad::<true, false, false, false>(&o, r, g, consts, of_relu, bufs)
+                }
                 (false, true, false, false) => {
-                    relu_grad::<false, true, false, false>(&o, r, g, consts, bufs)
+                    relu_grad::<false, true, false, false>(&o, r, g, consts, of_relu, bufs)
                 }
                 (false, false, false, false) => {
-                    relu_grad::<false, false, false, false>(&o, r, g, consts, bufs)
+                    relu_grad::<false, false, false, false>(&o, r, g, consts, of_relu, bufs)
                 }
                 (false, true, true, false) => {
-                    relu_grad::<false, true, true, false>(&o, r, g, consts, bufs)
+                    relu_grad::<false, true, true, false>(&o, r, g, consts, of_relu, bufs)
                 }
                 (false, false, true, false) => {
-                    relu_grad::<false, false, true, false>(&o, r, g, consts, bufs)
+                    relu_grad::<false, false, true, false>(&o, r, g, consts, of_relu, bufs)
                 }
                 (false, true, false, true) => {
-                    relu_grad::<false, true, false, true>(&o, r, g, consts, bufs)
+                    relu_grad::<false, true, false, true>(&o, r, g, consts, of_relu, bufs)
                 }
                 (false, false, false, true) => {
-                    relu_grad::<false, false, false, true>(&o, r, g, consts, bufs)
+                    relu_grad::<false, false, false, true>(&o, r, g, consts, of_relu, bufs)
                 }
                 (false, true, true, true) => {
-                    relu_grad::<false, true, true, true>(&o, r, g, consts, bufs)
+                    relu_grad::<false, true, true, true>(&o, r, g, consts, of_relu, bufs)
                 }
                 (false, false, true, true) => {
-                    relu_grad::<false, false, true, true>(&o, r, g, consts, bufs)
+                    relu_grad::<false, false, true, true>(&o, r, g, consts, of_relu, bufs)
                 }
             }
         }
@@ -680,11 +736,12 @@ unsafe fn relu_grad<const CAP: bool, const GM: bool, const RES: bool, const SUM:
     r: *const f32,
     g: [*const f32; 2],
     k: [f32; 4],
+    of_relu: bool,
     out: [*mut f32; 2],
 ) {
     let (x, [a, s, b]) = (o.x, o.t);
     let one = |x: f32, r: f32, g: f32, a: f32, s: f32, b: f32| {
-        relu_grad_one::<CAP, RES>(x, r, g, a, s, b, k)
+        relu_grad_one::<CAP, RES>(x, r, g, [a, s, b], k, of_relu)
     };
     let [o0, o1] = out;
     let [g, g2] = g;
@@ -918,16 +975,16 @@ fn affine_one<const RES: bool, const RELU: bool, const CAP: bool>(
 }
 
 /// `(gm, gm * (x - a))` of one element of the relu (or, with `CAP`, relu6) gradient, of
-/// `y + r` with `RES`; `k` = `[z, z1, c, z2]`.
+/// `y + r` with `RES`; `k` = `[z, z1, c, z2]`; the mask `relu(y) > z` with `of_relu`,
+/// else `y > z`.
 #[inline(always)]
 fn relu_grad_one<const CAP: bool, const RES: bool>(
     x: f32,
     r: f32,
     g: f32,
-    a: f32,
-    s: f32,
-    b: f32,
+    [a, s, b]: [f32; 3],
     k: [f32; 4],
+    of_relu: bool,
 ) -> (f32, f32) {
     let [z, z1, c, z2] = k;
     let cx = binary_scalar(BinaryOp::Sub, x, a);
@@ -936,9 +993,9 @@ fn relu_grad_one<const CAP: bool, const RES: bool>(
     if RES {
         y = binary_scalar(BinaryOp::Add, y, r);
     }
-    let pos = binary_scalar(BinaryOp::Greater, y, z);
+    let ry = unary_scalar(UnaryOp::Relu, y);
+    let pos = binary_scalar(BinaryOp::Greater, if of_relu { ry } else { y }, z);
     let gm = if CAP {
-        let ry = unary_scalar(UnaryOp::Relu, y);
         let low = binary_scalar(BinaryOp::LessEqual, ry, c);
         let kept = if low != 0.0 { g } else { z1 };
         if pos != 0.0 {
