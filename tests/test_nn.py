@@ -946,3 +946,24 @@ def test_bad_input(name, trigger, words):
     with pytest.raises((ValueError, TypeError)) as excinfo:
         trigger()
     assert_mentions(excinfo, *words)
+
+
+@pytest.mark.parametrize("alpha", [0.2, 1.5])
+def test_leaky_relu_is_tf_leaky_relu_at_special_values(alpha):
+    """`relu(x, alpha)` with no threshold or cap is TF's leaky_relu (which Keras 2.3.1
+    calls for these arguments): `x` where `x > 0`, else `alpha * x`, NaN and infinities
+    included; its gradient is 1 or `alpha` by the sign of `x`, and `x`'s own part where
+    alpha is a tensor."""
+    xs = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, -1.0, 2.0, -3.5], dtype="float32")
+    x = K.placeholder(shape=xs.shape)
+    a = K.variable(np.float32(alpha))
+    for al in (alpha, a):
+        y = K.relu(x, alpha=al)
+        f = K.function([x], [y] + K.gradients(K.sum(y), [x]))
+        out, gx = f([xs])
+        np.testing.assert_array_equal(out, np.where(xs > 0, xs, np.float32(alpha) * xs))
+        np.testing.assert_array_equal(gx, np.where(xs > 0, 1, np.float32(alpha)).astype("float32"))
+    finite = xs[np.isfinite(xs)]
+    xf = K.placeholder(shape=finite.shape)
+    (ga,) = K.function([xf], K.gradients(K.sum(K.relu(xf, alpha=a)), [a]))([finite])
+    np.testing.assert_allclose(ga, np.where(finite > 0, 0, finite).sum(), rtol=1e-6)

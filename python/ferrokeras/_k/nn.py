@@ -56,6 +56,8 @@ def relu(x, alpha=0.0, max_value=None, threshold=0.0):
     the result is ``0`` (TF keeps ``x > threshold``), and with a ``max_value`` the
     kept part is clipped to ``[0, max_value]``, so a negative ``threshold`` gives ``0``,
     not ``x``, for ``threshold < x < 0`` (as Keras's NumPy reference backend does too).
+    With ``alpha`` alone (no ``threshold``, no ``max_value``) it is TF's ``leaky_relu``:
+    ``x`` where ``x > 0``, else ``alpha * x``, whose gradient is ``alpha`` at ``x <= 0``.
 
     Arguments:
         x: A tensor or variable.
@@ -78,6 +80,12 @@ def relu(x, alpha=0.0, max_value=None, threshold=0.0):
     threshold = _number_or_tensor(threshold, "relu", "threshold")
     if max_value is not None:
         max_value = _number_or_tensor(max_value, "relu", "max_value")
+    if _nonzero(alpha) and max_value is None and not _nonzero(threshold):
+        # TF's leaky_relu, which Keras 2.3.1 calls for these arguments: x where x > 0,
+        # else alpha * x; its gradient reads x, as TF's LeakyReluGrad does.
+        return wrap(
+            _core.select(_bin("greater", x, 0)._core, x._core, _bin("multiply", alpha, x)._core)
+        )
     if _nonzero(alpha):
         neg = _unary("relu", _bin("subtract", threshold, x) if _nonzero(threshold) else -x)
     if _nonzero(threshold):
