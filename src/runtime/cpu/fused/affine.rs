@@ -7,7 +7,7 @@
 //! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product, either
 //! mask also as autodiff forms it, from the relu's output (`relu(y) > z`); the
 //! relu gradient of a residual block may read `y + r` and a gradient `g + g2`, or the
-//! stored relu input instead of `y` (`MaskGrad`); two outputs added up before a relu
+//! stored relu input or output instead of `y` (`MaskGrad`); two outputs added up before a relu
 //! (`AffineSum`) and the variance's `(x - a)²` (`SquaredDev`) are one loop too; the input
 //! gradient is
 //! `p * ((x - a) * k) + g * q + r` (`g` the gradient after the
@@ -68,8 +68,8 @@ pub(super) enum BnKernel {
         sum_out: Option<usize>,
         relu_out: usize,
     },
-    /// A relu gradient whose mask reads the stored relu input `y` (`y > z`) rather than
-    /// computing it: `gm = y > z ? g [+ g2] : z1` and `gm * (x - a)`, `x`, `y`, `g`, `g2`
+    /// A relu gradient whose mask reads the stored relu input or output `y` (`y > z`)
+    /// rather than computing it: `gm = y > z ? g [+ g2] : z1` and `gm * (x - a)`, `x`, `y`, `g`, `g2`
     /// same-size inputs, `a` a per-channel value (a tile index); outputs as `ReluGrad`'s.
     /// A residual block whose output two batch norms add up takes this gradient.
     MaskGrad {
