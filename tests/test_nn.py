@@ -967,3 +967,17 @@ def test_leaky_relu_is_tf_leaky_relu_at_special_values(alpha):
     xf = K.placeholder(shape=finite.shape)
     (ga,) = K.function([xf], K.gradients(K.sum(K.relu(xf, alpha=a)), [a]))([finite])
     np.testing.assert_allclose(ga, np.where(finite > 0, 0, finite).sum(), rtol=1e-6)
+
+
+def test_relu_max_value_6_is_tf_relu6_at_the_cap():
+    """`K.relu(x, max_value=6)` is `tf.nn.relu6`, which Keras calls for this cap without a
+    threshold: its gradient is 0 at 0 and at 6. Another cap keeps TF's `clip_by_value`
+    gradient, 1 at the cap."""
+    xs = np.array([-1.0, 0.0, 3.0, 5.0, 6.0, 7.0, np.nan], dtype="float32")
+    x = K.placeholder(shape=xs.shape)
+    for cap, grad in [(6.0, [0, 0, 1, 1, 0, 0, 0]), (5.0, [0, 0, 1, 1, 0, 0])]:
+        n = len(grad)
+        y = K.relu(x[:n], max_value=cap)
+        out, gx = K.function([x], [y] + K.gradients(K.sum(y), [x]))([xs])
+        np.testing.assert_array_equal(out, np.minimum(np.maximum(xs[:n], 0), cap))
+        np.testing.assert_array_equal(gx[:n], np.array(grad, dtype="float32"))

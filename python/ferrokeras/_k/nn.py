@@ -97,7 +97,12 @@ def relu(x, alpha=0.0, max_value=None, threshold=0.0):
     else:
         out = _unary("relu", x)
     if max_value is not None:
-        out = _bin("minimum", out, max_value)
+        if not _nonzero(threshold) and not isinstance(max_value, Tensor) and max_value == 6:
+            # tf.nn.relu6, which Keras calls for this cap without a threshold: its gradient
+            # is 0 at x == 6 (at a tie `minimum`'s gradient goes to its first operand).
+            out = _bin("minimum", max_value, out)
+        else:
+            out = _bin("minimum", out, max_value)
     if _nonzero(alpha):
         out = out - _bin("multiply", alpha, neg)
     return out

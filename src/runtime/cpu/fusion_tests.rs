@@ -1231,3 +1231,29 @@ fn relu_gradients_masked_by_the_relu_output_run_as_one_loop_bitwise_equal() {
         );
     }
 }
+
+#[test]
+fn relu6_with_the_cap_first_runs_as_one_loop_bitwise_equal() {
+    // `minimum(6, relu(y))`, as `K.relu(x, max_value=6)` builds relu6 (its gradient 0 at
+    // 6, as TF's), and that gradient as autodiff forms it: gm = relu(y) > 0 ?
+    // (6 <= relu(y) ? 0 : g) : 0, with gm * (x - a): one loop each.
+    for shape in BN_SHAPES {
+        let (feeds, vs) = bn_feeds(shape);
+        let [x, g, a, s, b] = feeds.clone();
+        let cx = sub(&x, &a).unwrap();
+        let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
+        let ry = unary(UnaryOp::Relu, &y).unwrap();
+        let out = binary(BinaryOp::Minimum, &c(6.0), &ry).unwrap();
+        assert_eq!(affine_groups(&feeds, &[out], &vs), 1, "{shape:?}");
+        let pos = binary(BinaryOp::Greater, &ry, &c(0.0)).unwrap();
+        let high = binary(BinaryOp::LessEqual, &c(6.0), &ry).unwrap();
+        let kept = select(&high, &c(0.0), &g).unwrap();
+        let (gm, prod) = masked_grad(&pos, &kept, &cx);
+        one_loop_each(
+            &feeds,
+            &vs,
+            shape,
+            &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
+        );
+    }
+}

@@ -2,7 +2,7 @@
 //! a relu or relu6 after it, or its input gradient, run as one loop with every value in
 //! registers instead of one stored instruction result at a time. The output is `act((x - a) * s + b [+ r])` with
 //! `a`, `s`, `b` repeating with one period (per-channel values) and `act` nothing, `relu`
-//! or `relu` then `minimum(·, c)` (relu6); the relu6 gradient recomputes that output `y`
+//! or `relu` then `minimum(·, c)` or `minimum(c, ·)` (relu6); the relu6 gradient recomputes that output `y`
 //! and writes `gm = y > z ? (relu(y) <= c ? g : z1) : z2` and `gm * (x - a)` (whose sums
 //! its folds take), the relu gradient `gm = y > z ? g : z1` and the same product, either
 //! mask also as autodiff forms it, from the relu's output (`relu(y) > z`); the
@@ -30,8 +30,9 @@ pub(super) enum BnKernel {
         /// A same-size input added after the shift (a residual), if any.
         residual: Option<u16>,
         relu: bool,
-        /// The single value the relu's result is capped at, if any.
-        cap: Option<u16>,
+        /// The single value the relu's result is capped at, if any, and whether the cap is
+        /// `minimum`'s first operand (`minimum(c, relu)`, as `K.relu` builds relu6).
+        cap: Option<(u16, bool)>,
     },
     /// The gradient of a relu or relu6 after it: `g` a same-size input, the single values
     /// `z`, `z1` and, for relu6, `(c, z2)`; the output slots of `gm` (where the group writes
@@ -46,8 +47,7 @@ pub(super) enum BnKernel {
         z: u16,
         z1: u16,
         cap: Option<(u16, u16)>,
-        /// Whether the mask compares `relu(y)` with `z` rather than `y`.
-        of_relu: bool,
+        mask: MaskForm,
         gm_out: Option<usize>,
         prod_out: usize,
     },
@@ -102,6 +102,16 @@ pub(super) struct Head {
     tiles: [u16; 3],
 }
 
+/// How a relu gradient's program forms its masks: `of_relu`, the mask compares `relu(y)`
+/// with `z` rather than `y` (autodiff's relu gradient reads the relu's output);
+/// `cap_first`, relu6's keeps `g` where `c <= relu(y)` is false (the gradient of
+/// `minimum(c, relu(y))`) rather than where `relu(y) <= c` is true.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MaskForm {
+    of_relu: bool,
+    cap_first: bool,
+}
+
 /// `prog` (in virtual registers, before outputs are written directly: instruction `k`
 /// writes register `k`, and reads the one before as its first operand) as one of batch
 /// norm's kernels, with `outs` the group's outputs. Operand order is kept as the program
@@ -154,8 +164,8 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
         x,
         tiles: [a, s, b],
     };
-    // `(residual, g, g2, z, z1, cap, of_relu)`: `of_relu` where the mask compares the
-    // relu's result with `z` (autodiff's relu gradient reads the relu's output), not `y`.
+    // `(residual, g, g2, z, z1, cap, of_relu)` (`MaskForm`; relu6 with the cap first
+    // below).
     #[rustfmt::skip]
     let grad = match *tail {
         // relu6: the relu and the comparison with `z` read `y` each, in either order.
@@ -192,6 +202,37 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             Sel(Reg(5), Reg(6), Scal(z2), 7),
             Bin(Mul, Reg(7), Reg(0), 8),
         ] => Some((None, g, None, z, z1, Some((c, z2)), true)),
+        _ => None,
+    };
+    // relu6 as `minimum(c, relu(y))`: its gradient keeps `g` where `c <= relu(y)` is false.
+    #[rustfmt::skip]
+    let capped_first = match *tail {
+        [
+            Un(Relu, Reg(2), 3),
+            Bin(Greater, Reg(3), Scal(z), 4),
+            Bin(LessEqual, Scal(c), Reg(3), 5),
+            Sel(Reg(5), Scal(z1), Ext(g), 6),
+            Sel(Reg(4), Reg(6), Scal(z2), 7),
+            Bin(Mul, Reg(7), Reg(0), 8),
+        ]
+        | [
+            Un(Relu, Reg(2), 3),
+            Bin(LessEqual, Scal(c), Reg(3), 4),
+            Bin(Greater, Reg(3), Scal(z), 5),
+            Sel(Reg(4), Scal(z1), Ext(g), 6),
+            Sel(Reg(5), Reg(6), Scal(z2), 7),
+            Bin(Mul, Reg(7), Reg(0), 8),
+        ] => Some((None, g, None, z, z1, Some((c, z2)), true)),
+        _ => None,
+    };
+    #[rustfmt::skip]
+    let grad = grad.map(|(r, g, g2, z, z1, cap, of_relu)| {
+        (r, g, g2, z, z1, cap, MaskForm { of_relu, cap_first: false })
+    }).or_else(|| capped_first.map(|(r, g, g2, z, z1, cap, of_relu)| {
+        (r, g, g2, z, z1, cap, MaskForm { of_relu, cap_first: true })
+    }));
+    #[rustfmt::skip]
+    let grad = grad.or_else(|| match *tail {
         // relu.
         [
             Bin(Greater, Reg(2), Scal(z), 3),
@@ -247,8 +288,10 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             Bin(Mul, Reg(7), Reg(0), 8),
         ] => Some((Some(r), g, Some(g2), z, z1, None, true)),
         _ => None,
-    };
-    if let Some((residual, g, g2, z, z1, cap, of_relu)) = grad {
+    }.map(|(r, g, g2, z, z1, cap, of_relu)| {
+        (r, g, g2, z, z1, cap, MaskForm { of_relu, cap_first: false })
+    }));
+    if let Some((residual, g, g2, z, z1, cap, mask)) = grad {
         // `gm` is the second instruction from the end, the product the last.
         let (gm_out, prod_out) = out_slots(outs, prog.len() - 2, prog.len() - 1)?;
         return Some(BnKernel::ReluGrad {
@@ -259,12 +302,12 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             z,
             z1,
             cap,
-            of_relu,
+            mask,
             gm_out,
             prod_out,
         });
     }
-    // The output: then optionally `Add(·, r)`, `Relu`, `Minimum(·, c)`, each reading the
+    // The output: then optionally `Add(·, r)`, `Relu`, `Minimum(·, c)` (or `(c, ·)`), each reading the
     // instruction before; the last is the group's only output.
     let mut rest = tail
         .iter()
@@ -284,11 +327,15 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
         }
         relu = true;
         rest.next();
-        if let Some((k, Bin(Minimum, Reg(p), Scal(c), d))) = rest.next() {
-            if p + 1 != k || d != k {
-                return None;
+        match rest.next() {
+            Some((k, Bin(Minimum, Reg(p), Scal(c), d))) if p + 1 == k && d == k => {
+                cap = Some((c, false));
             }
-            cap = Some(c);
+            Some((k, Bin(Minimum, Scal(c), Reg(p), d))) if p + 1 == k && d == k => {
+                cap = Some((c, true));
+            }
+            None => {}
+            Some(_) => return None,
         }
     }
     let [Out::F32(Reg(out))] = *outs else {
@@ -495,14 +542,14 @@ pub(super) unsafe fn run(
             };
             let o = at(head);
             let r = residual.map_or(o.x, |e| ext[e as usize]);
-            let c = cap.map_or(0.0, |c| scal[c as usize]);
+            let (c, first) = cap.map_or((0.0, false), |(c, first)| (scal[c as usize], first));
             match (residual.is_some(), relu, cap.is_some()) {
-                (false, false, _) => rows::<false, false, false>(&o, r, c, out),
-                (false, true, false) => rows::<false, true, false>(&o, r, c, out),
-                (false, true, true) => rows::<false, true, true>(&o, r, c, out),
-                (true, false, _) => rows::<true, false, false>(&o, r, c, out),
-                (true, true, false) => rows::<true, true, false>(&o, r, c, out),
-                (true, true, true) => rows::<true, true, true>(&o, r, c, out),
+                (false, false, _) => rows::<false, false, false>(&o, r, (c, first), out),
+                (false, true, false) => rows::<false, true, false>(&o, r, (c, first), out),
+                (false, true, true) => rows::<false, true, true>(&o, r, (c, first), out),
+                (true, false, _) => rows::<true, false, false>(&o, r, (c, first), out),
+                (true, true, false) => rows::<true, true, false>(&o, r, (c, first), out),
+                (true, true, true) => rows::<true, true, true>(&o, r, (c, first), out),
             }
         }
         BnKernel::ReluGrad {
@@ -513,7 +560,7 @@ pub(super) unsafe fn run(
             z,
             z1,
             cap,
-            of_relu,
+            mask,
             gm_out,
             prod_out,
         } => {
@@ -533,34 +580,34 @@ pub(super) unsafe fn run(
                 g2.is_some(),
             ) {
                 (true, true, ..) => {
-                    relu_grad::<true, true, false, false>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<true, true, false, false>(&o, r, g, consts, mask, bufs)
                 }
                 (true, false, ..) => {
-                    relu_grad::<true, false, false, false>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<true, false, false, false>(&o, r, g, consts, mask, bufs)
                 }
                 (false, true, false, false) => {
-                    relu_grad::<false, true, false, false>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<false, true, false, false>(&o, r, g, consts, mask, bufs)
                 }
                 (false, false, false, false) => {
-                    relu_grad::<false, false, false, false>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<false, false, false, false>(&o, r, g, consts, mask, bufs)
                 }
                 (false, true, true, false) => {
-                    relu_grad::<false, true, true, false>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<false, true, true, false>(&o, r, g, consts, mask, bufs)
                 }
                 (false, false, true, false) => {
-                    relu_grad::<false, false, true, false>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<false, false, true, false>(&o, r, g, consts, mask, bufs)
                 }
                 (false, true, false, true) => {
-                    relu_grad::<false, true, false, true>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<false, true, false, true>(&o, r, g, consts, mask, bufs)
                 }
                 (false, false, false, true) => {
-                    relu_grad::<false, false, false, true>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<false, false, false, true>(&o, r, g, consts, mask, bufs)
                 }
                 (false, true, true, true) => {
-                    relu_grad::<false, true, true, true>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<false, true, true, true>(&o, r, g, consts, mask, bufs)
                 }
                 (false, false, true, true) => {
-                    relu_grad::<false, false, true, true>(&o, r, g, consts, of_relu, bufs)
+                    relu_grad::<false, false, true, true>(&o, r, g, consts, mask, bufs)
                 }
             }
         }
@@ -694,17 +741,17 @@ macro_rules! by_runs {
 }
 
 /// The output over the run's elements into `out`: `r` is the residual (read only with
-/// `RES`), `c` the cap (used only with `CAP`).
+/// `RES`), `cap` the cap and whether it is `minimum`'s first operand (used only with `CAP`).
 #[inline(always)]
 unsafe fn rows<const RES: bool, const RELU: bool, const CAP: bool>(
     o: &Operands,
     r: *const f32,
-    c: f32,
+    cap: (f32, bool),
     out: *mut f32,
 ) {
     let (x, [a, s, b]) = (o.x, o.t);
     let one =
-        |x: f32, a: f32, s: f32, b: f32, r: f32| affine_one::<RES, RELU, CAP>(x, a, s, b, r, c);
+        |x: f32, a: f32, s: f32, b: f32, r: f32| affine_one::<RES, RELU, CAP>(x, a, s, b, r, cap);
     by_runs!(o.period, o.start, o.end, |e, p, n| {
         if n == L {
             let (xv, av, sv, bv) = (
@@ -736,12 +783,12 @@ unsafe fn relu_grad<const CAP: bool, const GM: bool, const RES: bool, const SUM:
     r: *const f32,
     g: [*const f32; 2],
     k: [f32; 4],
-    of_relu: bool,
+    mask: MaskForm,
     out: [*mut f32; 2],
 ) {
     let (x, [a, s, b]) = (o.x, o.t);
     let one = |x: f32, r: f32, g: f32, a: f32, s: f32, b: f32| {
-        relu_grad_one::<CAP, RES>(x, r, g, [a, s, b], k, of_relu)
+        relu_grad_one::<CAP, RES>(x, r, g, [a, s, b], k, mask)
     };
     let [o0, o1] = out;
     let [g, g2] = g;
@@ -957,7 +1004,7 @@ fn affine_one<const RES: bool, const RELU: bool, const CAP: bool>(
     s: f32,
     b: f32,
     r: f32,
-    c: f32,
+    (c, first): (f32, bool),
 ) -> f32 {
     let mut y = binary_scalar(BinaryOp::Sub, x, a);
     y = binary_scalar(BinaryOp::Mul, y, s);
@@ -969,14 +1016,17 @@ fn affine_one<const RES: bool, const RELU: bool, const CAP: bool>(
         y = unary_scalar(UnaryOp::Relu, y);
     }
     if CAP {
-        y = binary_scalar(BinaryOp::Minimum, y, c);
+        y = if first {
+            binary_scalar(BinaryOp::Minimum, c, y)
+        } else {
+            binary_scalar(BinaryOp::Minimum, y, c)
+        };
     }
     y
 }
 
 /// `(gm, gm * (x - a))` of one element of the relu (or, with `CAP`, relu6) gradient, of
-/// `y + r` with `RES`; `k` = `[z, z1, c, z2]`; the mask `relu(y) > z` with `of_relu`,
-/// else `y > z`.
+/// `y + r` with `RES`; `k` = `[z, z1, c, z2]`; the masks as `mask` says.
 #[inline(always)]
 fn relu_grad_one<const CAP: bool, const RES: bool>(
     x: f32,
@@ -984,7 +1034,7 @@ fn relu_grad_one<const CAP: bool, const RES: bool>(
     g: f32,
     [a, s, b]: [f32; 3],
     k: [f32; 4],
-    of_relu: bool,
+    mask: MaskForm,
 ) -> (f32, f32) {
     let [z, z1, c, z2] = k;
     let cx = binary_scalar(BinaryOp::Sub, x, a);
@@ -994,10 +1044,23 @@ fn relu_grad_one<const CAP: bool, const RES: bool>(
         y = binary_scalar(BinaryOp::Add, y, r);
     }
     let ry = unary_scalar(UnaryOp::Relu, y);
-    let pos = binary_scalar(BinaryOp::Greater, if of_relu { ry } else { y }, z);
+    let pos = binary_scalar(BinaryOp::Greater, if mask.of_relu { ry } else { y }, z);
     let gm = if CAP {
-        let low = binary_scalar(BinaryOp::LessEqual, ry, c);
-        let kept = if low != 0.0 { g } else { z1 };
+        let kept = if mask.cap_first {
+            let high = binary_scalar(BinaryOp::LessEqual, c, ry);
+            if high != 0.0 {
+                z1
+            } else {
+                g
+            }
+        } else {
+            let low = binary_scalar(BinaryOp::LessEqual, ry, c);
+            if low != 0.0 {
+                g
+            } else {
+                z1
+            }
+        };
         if pos != 0.0 {
             kept
         } else {
