@@ -927,6 +927,30 @@ fn masked_grad(pos: &Tensor, g: &Tensor, cx: &Tensor) -> (Tensor, Tensor) {
     (gm, prod)
 }
 
+/// Batch norm's centred input `x - a` and output `(x - a) * s + b`.
+fn bn_output(x: &Tensor, a: &Tensor, s: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
+    let cx = sub(x, a).unwrap();
+    let y = add(&mul(&cx, s).unwrap(), b).unwrap();
+    (cx, y)
+}
+
+/// Asserts that a relu gradient `(pos, grad, cx)` (`masked_grad`) runs as one of batch
+/// norm's loops: its mask and product written, and the product's sums alone.
+fn masked_grad_one_loop(
+    feeds: &[Tensor],
+    vs: &[Value],
+    shape: [usize; 3],
+    (pos, grad, cx): (&Tensor, &Tensor, &Tensor),
+) {
+    let (gm, prod) = masked_grad(pos, grad, cx);
+    one_loop_each(
+        feeds,
+        vs,
+        shape,
+        &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
+    );
+}
+
 /// Batch-norm activations `[batch, rows, channels]`: below one chunk, periods that do not
 /// divide a chunk over many chunks, and enough elements for the parallel path (tasks
 /// starting mid-period).
@@ -1016,8 +1040,7 @@ fn relu_gradients_after_batch_norm_run_as_one_loop_bitwise_equal() {
     for shape in BN_SHAPES {
         let (feeds, vs) = bn_feeds(shape);
         let [x, g, a, s, b] = feeds.clone();
-        let cx = sub(&x, &a).unwrap();
-        let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
+        let (cx, y) = bn_output(&x, &a, &s, &b);
         let ry = unary(UnaryOp::Relu, &y).unwrap();
         let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
         let low = binary(BinaryOp::LessEqual, &ry, &c(6.0)).unwrap();
@@ -1057,19 +1080,12 @@ fn relu_gradients_of_residual_sums_run_as_one_loop_bitwise_equal() {
         let [x, g, a, s, b] = base.0.clone();
         let (feeds, vs, new) = more_feeds(base, &["r", "g2"], &shape, 8);
         let [r, g2] = [&new[0], &new[1]];
-        let cx = sub(&x, &a).unwrap();
-        let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
+        let (cx, y) = bn_output(&x, &a, &s, &b);
         let with_r = add(&y, r).unwrap();
         let g_sum = add(&g, g2).unwrap();
         for (pre, grad) in [(&with_r, &g), (&y, &g_sum), (&with_r, &g_sum)] {
             let pos = binary(BinaryOp::Greater, pre, &c(0.0)).unwrap();
-            let (gm, prod) = masked_grad(&pos, grad, &cx);
-            one_loop_each(
-                &feeds,
-                &vs,
-                shape,
-                &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
-            );
+            masked_grad_one_loop(&feeds, &vs, shape, (&pos, grad, &cx));
         }
     }
 }
@@ -1120,13 +1136,7 @@ fn relu_gradients_of_a_stored_relu_input_run_as_one_loop_bitwise_equal() {
         let cx = sub(&x, &a).unwrap();
         let pos = binary(BinaryOp::Greater, &y, &c(0.0)).unwrap();
         for grad in [g.clone(), add(g, g2).unwrap()] {
-            let (gm, prod) = masked_grad(&pos, &grad, &cx);
-            one_loop_each(
-                &feeds,
-                &vs,
-                shape,
-                &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
-            );
+            masked_grad_one_loop(&feeds, &vs, shape, (&pos, &grad, &cx));
         }
     }
 }
@@ -1202,8 +1212,7 @@ fn relu_gradients_masked_by_the_relu_output_run_as_one_loop_bitwise_equal() {
         let [x, r, a, s, b] = base.0.clone();
         let (feeds, vs, new) = more_feeds(base, &["g", "g2"], &shape, 8);
         let [g, g2] = [&new[0], &new[1]];
-        let cx = sub(&x, &a).unwrap();
-        let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
+        let (cx, y) = bn_output(&x, &a, &s, &b);
         let relu = |t: &Tensor| unary(UnaryOp::Relu, t).unwrap();
         let pos = |t: &Tensor| binary(BinaryOp::Greater, &relu(t), &c(0.0)).unwrap();
         for (pre, grad) in [
@@ -1212,23 +1221,11 @@ fn relu_gradients_masked_by_the_relu_output_run_as_one_loop_bitwise_equal() {
             (y.clone(), add(g, g2).unwrap()),
             (add(&y, &r).unwrap(), add(g, g2).unwrap()),
         ] {
-            let (gm, prod) = masked_grad(&pos(&pre), &grad, &cx);
-            one_loop_each(
-                &feeds,
-                &vs,
-                shape,
-                &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
-            );
+            masked_grad_one_loop(&feeds, &vs, shape, (&pos(&pre), &grad, &cx));
         }
         let low = binary(BinaryOp::LessEqual, &relu(&y), &c(6.0)).unwrap();
         let kept = select(&low, g, &c(0.0)).unwrap();
-        let (gm, prod) = masked_grad(&pos(&y), &kept, &cx);
-        one_loop_each(
-            &feeds,
-            &vs,
-            shape,
-            &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
-        );
+        masked_grad_one_loop(&feeds, &vs, shape, (&pos(&y), &kept, &cx));
     }
 }
 
@@ -1240,20 +1237,13 @@ fn relu6_with_the_cap_first_runs_as_one_loop_bitwise_equal() {
     for shape in BN_SHAPES {
         let (feeds, vs) = bn_feeds(shape);
         let [x, g, a, s, b] = feeds.clone();
-        let cx = sub(&x, &a).unwrap();
-        let y = add(&mul(&cx, &s).unwrap(), &b).unwrap();
+        let (cx, y) = bn_output(&x, &a, &s, &b);
         let ry = unary(UnaryOp::Relu, &y).unwrap();
         let out = binary(BinaryOp::Minimum, &c(6.0), &ry).unwrap();
         assert_eq!(affine_groups(&feeds, &[out], &vs), 1, "{shape:?}");
         let pos = binary(BinaryOp::Greater, &ry, &c(0.0)).unwrap();
         let high = binary(BinaryOp::LessEqual, &c(6.0), &ry).unwrap();
         let kept = select(&high, &c(0.0), &g).unwrap();
-        let (gm, prod) = masked_grad(&pos, &kept, &cx);
-        one_loop_each(
-            &feeds,
-            &vs,
-            shape,
-            &[vec![gm, prod.clone()], vec![channel_sums(&prod)]],
-        );
+        masked_grad_one_loop(&feeds, &vs, shape, (&pos, &kept, &cx));
     }
 }
