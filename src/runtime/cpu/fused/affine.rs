@@ -112,6 +112,24 @@ pub(super) struct MaskForm {
     cap_first: bool,
 }
 
+impl MaskForm {
+    /// The mask compares `y` (and relu6's cap reads `relu(y) <= c`).
+    const OF_Y: MaskForm = MaskForm {
+        of_relu: false,
+        cap_first: false,
+    };
+    /// The masks compare the relu's result.
+    const OF_RELU: MaskForm = MaskForm {
+        of_relu: true,
+        cap_first: false,
+    };
+    /// The masks compare the relu's result, relu6's cap as `minimum`'s first operand.
+    const CAP_FIRST: MaskForm = MaskForm {
+        of_relu: true,
+        cap_first: true,
+    };
+}
+
 /// `prog` (in virtual registers, before outputs are written directly: instruction `k`
 /// writes register `k`, and reads the one before as its first operand) as one of batch
 /// norm's kernels, with `outs` the group's outputs. Operand order is kept as the program
@@ -164,8 +182,7 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
         x,
         tiles: [a, s, b],
     };
-    // `(residual, g, g2, z, z1, cap, of_relu)` (`MaskForm`; relu6 with the cap first
-    // below).
+    // `(residual, g, g2, z, z1, cap, mask)`.
     #[rustfmt::skip]
     let grad = match *tail {
         // relu6: the relu and the comparison with `z` read `y` each, in either order.
@@ -184,7 +201,7 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             Sel(Reg(5), Ext(g), Scal(z1), 6),
             Sel(Reg(3), Reg(6), Scal(z2), 7),
             Bin(Mul, Reg(7), Reg(0), 8),
-        ] => Some((None, g, None, z, z1, Some((c, z2)), false)),
+        ] => Some((None, g, None, z, z1, Some((c, z2)), MaskForm::OF_Y)),
         // relu6 with both comparisons reading the relu's result, in either order.
         [
             Un(Relu, Reg(2), 3),
@@ -201,12 +218,9 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             Sel(Reg(4), Ext(g), Scal(z1), 6),
             Sel(Reg(5), Reg(6), Scal(z2), 7),
             Bin(Mul, Reg(7), Reg(0), 8),
-        ] => Some((None, g, None, z, z1, Some((c, z2)), true)),
-        _ => None,
-    };
-    // relu6 as `minimum(c, relu(y))`: its gradient keeps `g` where `c <= relu(y)` is false.
-    #[rustfmt::skip]
-    let capped_first = match *tail {
+        ] => Some((None, g, None, z, z1, Some((c, z2)), MaskForm::OF_RELU)),
+        // relu6 as `minimum(c, relu(y))`: its gradient keeps `g` where `c <= relu(y)` is
+        // false.
         [
             Un(Relu, Reg(2), 3),
             Bin(Greater, Reg(3), Scal(z), 4),
@@ -222,63 +236,53 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             Sel(Reg(4), Scal(z1), Ext(g), 6),
             Sel(Reg(5), Reg(6), Scal(z2), 7),
             Bin(Mul, Reg(7), Reg(0), 8),
-        ] => Some((None, g, None, z, z1, Some((c, z2)), true)),
-        _ => None,
-    };
-    #[rustfmt::skip]
-    let grad = grad.map(|(r, g, g2, z, z1, cap, of_relu)| {
-        (r, g, g2, z, z1, cap, MaskForm { of_relu, cap_first: false })
-    }).or_else(|| capped_first.map(|(r, g, g2, z, z1, cap, of_relu)| {
-        (r, g, g2, z, z1, cap, MaskForm { of_relu, cap_first: true })
-    }));
-    #[rustfmt::skip]
-    let grad = grad.or_else(|| match *tail {
+        ] => Some((None, g, None, z, z1, Some((c, z2)), MaskForm::CAP_FIRST)),
         // relu.
         [
             Bin(Greater, Reg(2), Scal(z), 3),
             Sel(Reg(3), Ext(g), Scal(z1), 4),
             Bin(Mul, Reg(4), Reg(0), 5),
-        ] => Some((None, g, None, z, z1, None, false)),
+        ] => Some((None, g, None, z, z1, None, MaskForm::OF_Y)),
         [
             Un(Relu, Reg(2), 3),
             Bin(Greater, Reg(3), Scal(z), 4),
             Sel(Reg(4), Ext(g), Scal(z1), 5),
             Bin(Mul, Reg(5), Reg(0), 6),
-        ] => Some((None, g, None, z, z1, None, true)),
+        ] => Some((None, g, None, z, z1, None, MaskForm::OF_RELU)),
         // relu of `y + r`, of a gradient `g + g2`, or both.
         [
             Bin(Add, Reg(2), Ext(r), 3),
             Bin(Greater, Reg(3), Scal(z), 4),
             Sel(Reg(4), Ext(g), Scal(z1), 5),
             Bin(Mul, Reg(5), Reg(0), 6),
-        ] => Some((Some(r), g, None, z, z1, None, false)),
+        ] => Some((Some(r), g, None, z, z1, None, MaskForm::OF_Y)),
         [
             Bin(Add, Reg(2), Ext(r), 3),
             Un(Relu, Reg(3), 4),
             Bin(Greater, Reg(4), Scal(z), 5),
             Sel(Reg(5), Ext(g), Scal(z1), 6),
             Bin(Mul, Reg(6), Reg(0), 7),
-        ] => Some((Some(r), g, None, z, z1, None, true)),
+        ] => Some((Some(r), g, None, z, z1, None, MaskForm::OF_RELU)),
         [
             Bin(Greater, Reg(2), Scal(z), 3),
             Bin(Add, Ext(g), Ext(g2), 4),
             Sel(Reg(3), Reg(4), Scal(z1), 5),
             Bin(Mul, Reg(5), Reg(0), 6),
-        ] => Some((None, g, Some(g2), z, z1, None, false)),
+        ] => Some((None, g, Some(g2), z, z1, None, MaskForm::OF_Y)),
         [
             Un(Relu, Reg(2), 3),
             Bin(Greater, Reg(3), Scal(z), 4),
             Bin(Add, Ext(g), Ext(g2), 5),
             Sel(Reg(4), Reg(5), Scal(z1), 6),
             Bin(Mul, Reg(6), Reg(0), 7),
-        ] => Some((None, g, Some(g2), z, z1, None, true)),
+        ] => Some((None, g, Some(g2), z, z1, None, MaskForm::OF_RELU)),
         [
             Bin(Add, Reg(2), Ext(r), 3),
             Bin(Greater, Reg(3), Scal(z), 4),
             Bin(Add, Ext(g), Ext(g2), 5),
             Sel(Reg(4), Reg(5), Scal(z1), 6),
             Bin(Mul, Reg(6), Reg(0), 7),
-        ] => Some((Some(r), g, Some(g2), z, z1, None, false)),
+        ] => Some((Some(r), g, Some(g2), z, z1, None, MaskForm::OF_Y)),
         [
             Bin(Add, Reg(2), Ext(r), 3),
             Un(Relu, Reg(3), 4),
@@ -286,11 +290,9 @@ fn recognise_program(prog: &[Ins], outs: &[Out]) -> Option<BnKernel> {
             Bin(Add, Ext(g), Ext(g2), 6),
             Sel(Reg(5), Reg(6), Scal(z1), 7),
             Bin(Mul, Reg(7), Reg(0), 8),
-        ] => Some((Some(r), g, Some(g2), z, z1, None, true)),
+        ] => Some((Some(r), g, Some(g2), z, z1, None, MaskForm::OF_RELU)),
         _ => None,
-    }.map(|(r, g, g2, z, z1, cap, of_relu)| {
-        (r, g, g2, z, z1, cap, MaskForm { of_relu, cap_first: false })
-    }));
+    };
     if let Some((residual, g, g2, z, z1, cap, mask)) = grad {
         // `gm` is the second instruction from the end, the product the last.
         let (gm_out, prod_out) = out_slots(outs, prog.len() - 2, prog.len() - 1)?;
