@@ -85,6 +85,29 @@ def np_bce_logits(t, z):
     return np.maximum(z, 0) - z * t + np.log1p(np.exp(-np.abs(z)))
 
 
+def np_arg(x, axis, op="argmax"):
+    """tf.math.argmax (argmin): the first index whose value is strictly greater (less) than
+    every earlier one, counted from index 0 holding the dtype's most negative (positive)
+    finite value; NaN never wins, and a slice of NaN (or of -inf for argmax) gives 0."""
+    x = np.moveaxis(np.asarray(x), axis, -1)
+    if x.dtype.kind == "b":
+        x = x.astype(np.int64)
+    info = np.finfo(x.dtype) if x.dtype.kind == "f" else np.iinfo(x.dtype)
+    lo = -info.max if x.dtype.kind == "f" else info.min
+    sign = 1 if op == "argmax" else -1
+    big = info.max
+    out = np.zeros(x.shape[:-1], np.int64)
+    flat_x = x.reshape(-1, x.shape[-1])
+    flat_out = out.reshape(-1)
+    for i, row in enumerate(flat_x):
+        best, bv = 0, (lo if sign > 0 else big)
+        for r, v in enumerate(row):
+            if (v > bv) if sign > 0 else (v < bv):
+                best, bv = r, v
+        flat_out[i] = best
+    return out
+
+
 def np_in_top_k(pred, targets, k):
     """tf.math.in_top_k: fewer than k classes strictly above the target's finite score."""
     # Ties with the target all count as in the top k; bad targets give False.

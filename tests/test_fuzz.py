@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from reference import (
     default_axes,
+    np_arg,
     np_batch_dot,
     np_bce,
     np_bce_logits,
@@ -709,7 +710,7 @@ def _arg(data, name):
     x = draw_array(data, ALL_DTYPES)
     axis = draw_axis(data, x.ndim, allow_none=False, allow_list=False)
     ax = valid_axes(axis, x.ndim)
-    ref = (lambda: getattr(np, name)(x, axis=ax[0])) if ax else (lambda: _Raises(None))
+    ref = (lambda: np_arg(x, ax[0], name)) if ax else (lambda: _Raises(None))
     check(data, lambda t: getattr(K, name)(t, axis=axis), [x], ref, dtype=np.int64)
 
 

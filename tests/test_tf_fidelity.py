@@ -228,6 +228,50 @@ def test_bad_tensor_indices_are_type_errors():
         v[: K.constant(2.0)]
 
 
+# ---- argmax and argmin with NaN and infinities -------------------------------------------------
+
+_M = float(np.finfo(np.float32).max)
+# (row, TF's argmax, TF's argmin), from tf.math.argmax / argmin (TF 2.21, CPU)
+_ARG_ROWS = [
+    ([np.nan, 1, 2], 2, 1),
+    ([1, np.nan, 2], 2, 0),
+    ([2, np.nan, 1], 0, 2),
+    ([np.nan, np.nan], 0, 0),
+    ([-np.inf, -np.inf], 0, 0),
+    ([np.nan, -np.inf], 0, 1),
+    ([-np.inf, np.nan], 0, 0),
+    ([-np.inf, -_M], 0, 0),
+    ([np.inf, _M], 0, 0),
+    ([np.inf, 1.0], 0, 1),
+    ([np.nan, -_M, -_M], 0, 1),
+    ([5, np.nan, 5], 0, 0),
+    ([-np.inf] * 5 + [np.nan], 0, 0),
+]
+
+
+@pytest.mark.parametrize("row,amax,amin", _ARG_ROWS)
+def test_argmax_and_argmin_skip_nan_as_tensorflow(row, amax, amin):
+    # TF starts from index 0 holding the most negative (positive) finite value and takes an
+    # element only where it is strictly greater (less): NaN never wins.
+    x = K.placeholder(shape=(len(row),))
+    a, b = K.function([x], [K.argmax(x), K.argmin(x)])([np.array(row, np.float32)])
+    assert (int(a), int(b)) == (amax, amin)
+
+
+def test_argmax_along_either_axis_and_over_long_rows_skips_nan():
+    x = K.placeholder(shape=(2, 3))
+    v = np.array([[np.nan, -np.inf, 1], [-np.inf, np.nan, np.nan]], np.float32)
+    outs = K.function([x], [K.argmax(x, 0), K.argmin(x, 0), K.argmax(x, 1), K.argmin(x, 1)])([v])
+    assert [o.tolist() for o in outs] == [[0, 0, 0], [1, 0, 0], [2, 0], [1, 0]]
+    # longer than one GPU dispatch's steps: the NaN before the maximum still never wins
+    long = np.full((1, 70001), np.nan, np.float32)
+    long[0, 66000] = 3.0
+    long[0, 69000] = -1.0
+    y = K.placeholder(shape=(1, 70001))
+    a, b = K.function([y], [K.argmax(y, 1), K.argmin(y, 1)])([long])
+    assert (a.tolist(), b.tolist()) == ([66000], [69000])
+
+
 # ---- relu, print_tensor ---------------------------------------------------------------------
 
 

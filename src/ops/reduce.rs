@@ -444,39 +444,63 @@ pub fn cpu_arg(op: ArgOp, axis: usize, x: &Value) -> Result<Value> {
     let (outer, red, inner) = blocks(&shape, axis, axis + 1);
     let mut out_shape = shape.clone();
     out_shape.remove(axis);
+    // TF's start (see `arg_blocks`): the dtype's most negative (most positive) finite value.
     let v = match x {
-        Value::F32(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
-        Value::F64(a) => arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner),
+        Value::F32(a) => {
+            let m = f32::MAX;
+            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner, (-m, m))
+        }
+        Value::F64(a) => {
+            let m = f64::MAX;
+            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner, (-m, m))
+        }
         Value::F16(_) => {
             let Value::F32(a) = x.cast(DType::F32) else {
                 unreachable!()
             };
-            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
+            let m = f32::from(half::f16::MAX);
+            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner, (-m, m))
         }
         _ => {
             let Value::I64(a) = x.cast(DType::I64) else {
                 unreachable!()
             };
-            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner)
+            let start = (i64::MIN, i64::MAX);
+            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner, start)
         }
     };
     Value::from_vec(&out_shape, v)
 }
 
-fn arg_blocks<T: Acc>(op: ArgOp, data: &[T], outer: usize, red: usize, inner: usize) -> Vec<i64> {
+/// The index of the first maximum (minimum) along the reduced axis, as TF's ArgMax (ArgMin)
+/// finds it: starting from index 0 holding `start.0` (`start.1`), an element replaces the
+/// best only where it is strictly greater (less). A NaN never compares so, hence never
+/// wins: `argmax([1, nan, 3]) == 2`, and a slice of NaN (or of values no greater than the
+/// start, such as -inf) gives 0.
+fn arg_blocks<T: Acc>(
+    op: ArgOp,
+    data: &[T],
+    outer: usize,
+    red: usize,
+    inner: usize,
+    start: (T, T),
+) -> Vec<i64> {
     let mut out = vec![0i64; outer * inner];
     for o in 0..outer {
         for j in 0..inner {
-            let mut best = 0usize;
-            for r in 1..red {
+            let (mut best, mut bv) = match op {
+                ArgOp::ArgMax => (0usize, start.0),
+                ArgOp::ArgMin => (0usize, start.1),
+            };
+            for r in 0..red {
                 let v = data[(o * red + r) * inner + j];
-                let b = data[(o * red + best) * inner + j];
                 let better = match op {
-                    ArgOp::ArgMax => v > b || (v.is_nan() && !b.is_nan()),
-                    ArgOp::ArgMin => v < b || (v.is_nan() && !b.is_nan()),
+                    ArgOp::ArgMax => v > bv,
+                    ArgOp::ArgMin => v < bv,
                 };
                 if better {
                     best = r;
+                    bv = v;
                 }
             }
             out[o * inner + j] = best as i64;
