@@ -109,6 +109,24 @@ def test_labels_longer_than_input_raise(batch):
         K.ctc_batch_cost(K.constant(labels), K.constant(y_pred[0]), K.constant(il), K.constant(ll))
 
 
+def test_a_label_whose_repeats_do_not_fit_has_infinite_loss_and_no_gradient(batch):
+    # [0, 1, 1] fits 3 steps but needs a blank between the 1s: no path, as TF (loss +inf,
+    # gradient 0); the other samples are unaffected.
+    y_pred, labels, il, ll = batch
+    short = np.array([[3], [4], [5]])
+    z = K.placeholder(shape=y_pred.shape, dtype="float64")
+    cost = K.ctc_batch_cost(K.constant(labels), K.softmax(z), K.constant(short), K.constant(ll))
+    f = K.function([z], [cost, K.gradients(K.sum(cost[1:]), [z])[0], K.gradients(cost[0], [z])[0]])
+    loss, g_rest, g_first = f([np.log(y_pred)])
+    assert loss[0, 0] == np.inf
+    eps = K.epsilon()
+    for i in (1, 2):
+        p = (y_pred[i] + eps) / (y_pred[i] + eps).sum(-1, keepdims=True)
+        want = brute_force_loss(p[: short[i, 0]], labels[i, : ll[i, 0]])
+        np.testing.assert_allclose(loss[i, 0], want, rtol=1e-10)
+    assert np.all(g_first == 0) and np.all(np.isfinite(g_rest)) and np.any(g_rest[1:] != 0)
+
+
 def test_greedy_decode(rng):
     p = np.array(
         [

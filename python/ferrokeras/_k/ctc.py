@@ -108,11 +108,13 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
             batch item in ``y_true``.
 
     Returns:
-        Tensor with shape ``(samples, 1)`` containing the CTC loss of each element.
+        Tensor with shape ``(samples, 1)`` containing the CTC loss of each element. A
+        label that fits its input only without the blanks its repeats need (``[1, 1, 1]``
+        in 3 steps) has no path: its loss is ``inf`` and its gradient 0, as in TensorFlow.
 
     Raises:
-        ValueError: (when run) if a label is longer than its input allows, negative, or
-            follows the end of the label.
+        ValueError: (when run) if a label is longer than its input, negative, or follows
+            the end of the label.
 
     Example:
         >>> from ferrokeras import backend as K
