@@ -580,8 +580,13 @@ def normalize_batch_in_training(x, gamma, beta, reduction_axes, epsilon=0.001):
 
     Returns:
         A tuple length of 3, ``(normalized_tensor, mean, variance)``; ``mean`` and
-        ``variance`` (the biased, population variance, as TensorFlow and Theano compute
-        it) have the reduced axes removed.
+        ``variance`` (the biased, population variance) have the reduced axes removed.
+        This is what Keras 2.3.1's TensorFlow backend returns under TF 2, and what
+        Keras's ``BatchNormalization`` layer expects (it applies its own Bessel
+        correction before updating the moving variance). Under TF 1, and in
+        ``tf.keras.backend``, a 4-D ``x`` with ``reduction_axes`` ``[0, 1, 2]`` goes to
+        TF's fused batch norm, whose batch variance is already Bessel-corrected; the
+        layer then corrects it twice.
         ``gamma`` and ``beta`` are reshaped to ``x``'s rank with 1s on the reduced axes.
 
     Raises:
