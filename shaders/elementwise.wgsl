@@ -48,11 +48,22 @@ fn fk_fmod(a: f32, b: f32) -> f32 {
 fn fk_pow(a: f32, b: f32) -> f32 {
     if (b == 0.0 || a == 1.0) { return 1.0; }
     if (fk_isnan(a) || fk_isnan(b)) { return fk_nan(); }
-    if (a == 0.0) { return select(0.0, fk_inf(), b < 0.0); }
+    // IEEE pow's special cases, which WGSL's pow (exp2(b * log2(a))) leaves undefined for
+    // a <= 0. Every float of magnitude 2^24 or more is an even integer.
+    let b_int = b == floor(b);
+    let b_odd = b_int && abs(b) < 16777216.0 && fract(b * 0.5) != 0.0;
+    if (a == 0.0) {
+        let m = select(0.0, fk_inf(), b < 0.0);
+        return select(m, -m, b_odd && (bitcast<u32>(a) >> 31u) == 1u);
+    }
     if (a < 0.0) {
-        if (b != floor(b)) { return fk_nan(); }
+        if (a == -1.0 && abs(b) == fk_inf()) { return 1.0; }
+        if (!b_int) {
+            if (a == -fk_inf()) { return select(0.0, fk_inf(), b > 0.0); }
+            return fk_nan();
+        }
         let m = pow(-a, b);
-        return select(m, -m, fract(b * 0.5) != 0.0);
+        return select(m, -m, b_odd);
     }
     return pow(a, b);
 }

@@ -450,6 +450,23 @@ def test_parity_binary(gpu, rng, dtype):
         _same(*_on_both(lambda x, y, name=name: _core.binary(name, x, y), [p, q])[:2])
 
 
+def test_pow_special_values_match_the_cpu(gpu):
+    # IEEE pow (the CPU's, NumPy's, TF's) at signed zeros, infinities, NaN, negative bases
+    # with integer and fractional exponents, and exponents too large to be odd.
+    inf, nan = np.inf, np.nan
+    bases = [-inf, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, inf, nan]
+    exps = [-inf, -3.0, -2.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 2.0**25 + 2, inf, nan]
+    a, b = (np.array(v, np.float32) for v in zip(*[(x, y) for x in bases for y in exps]))
+    g, c, _ = _on_both(lambda p, q: _core.binary("pow", p, q), [a, b])
+    g, c = np.ravel(g), np.ravel(c)
+    with np.errstate(all="ignore"):
+        want = np.power(a, b)
+    for got in (c, g):  # finite results to an ulp or two (a vectorised exp2/log2)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+        num = ~np.isnan(want)
+        assert np.array_equal(np.signbit(got[num]), np.signbit(want[num]))
+
+
 DTYPES = ["float32", "float16", "int32", "int16", "int8", "uint8", "bool"]
 
 
