@@ -441,32 +441,35 @@ pub fn cpu_arg(op: ArgOp, axis: usize, x: &Value) -> Result<Value> {
             op.name()
         )));
     }
-    let (outer, red, inner) = blocks(&shape, axis, axis + 1);
+    let b = blocks(&shape, axis, axis + 1);
     let mut out_shape = shape.clone();
     out_shape.remove(axis);
     // TF's start (see `arg_blocks`): the dtype's most negative (most positive) finite value.
     let v = match x {
-        Value::F32(a) => {
-            let m = f32::MAX;
-            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner, (-m, m))
-        }
-        Value::F64(a) => {
-            let m = f64::MAX;
-            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner, (-m, m))
-        }
+        Value::F32(a) => arg_blocks(
+            op,
+            a.as_slice().expect("standard"),
+            b,
+            (-f32::MAX, f32::MAX),
+        ),
+        Value::F64(a) => arg_blocks(
+            op,
+            a.as_slice().expect("standard"),
+            b,
+            (-f64::MAX, f64::MAX),
+        ),
         Value::F16(_) => {
             let Value::F32(a) = x.cast(DType::F32) else {
                 unreachable!()
             };
             let m = f32::from(half::f16::MAX);
-            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner, (-m, m))
+            arg_blocks(op, a.as_slice().expect("standard"), b, (-m, m))
         }
         _ => {
             let Value::I64(a) = x.cast(DType::I64) else {
                 unreachable!()
             };
-            let start = (i64::MIN, i64::MAX);
-            arg_blocks(op, a.as_slice().expect("standard"), outer, red, inner, start)
+            arg_blocks(op, a.as_slice().expect("standard"), b, (i64::MIN, i64::MAX))
         }
     };
     Value::from_vec(&out_shape, v)
@@ -480,9 +483,7 @@ pub fn cpu_arg(op: ArgOp, axis: usize, x: &Value) -> Result<Value> {
 fn arg_blocks<T: Acc>(
     op: ArgOp,
     data: &[T],
-    outer: usize,
-    red: usize,
-    inner: usize,
+    (outer, red, inner): (usize, usize, usize),
     start: (T, T),
 ) -> Vec<i64> {
     let mut out = vec![0i64; outer * inner];
