@@ -1389,7 +1389,8 @@ def _update(data, name):
     if name == "moving_average_update":
         m = data.draw(st.sampled_from([0.0, 0.5, 0.99, 1.0]), label="momentum")
         op = attempt(lambda: K.moving_average_update(v, K.constant(new, dtype=x.dtype.name), m))
-        ref = lambda: f64(x) * m + f64(new) * (1 - m)
+        # Keras 2.3.1's TF backend, in the variable's dtype: x - (x - new) * (1 - m)
+        ref = lambda: x - (x - new) * x.dtype.type(1 - m)
     else:
         op = attempt(lambda: getattr(K, name)(v, K.constant(new, dtype=x.dtype.name)))
         ref = {"update": lambda: new, "update_add": lambda: x + new, "update_sub": lambda: x - new}[

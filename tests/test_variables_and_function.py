@@ -548,6 +548,22 @@ def test_moving_average_update(rng):
         np.testing.assert_allclose(K.get_value(x), expected, rtol=1e-6)
 
 
+def test_moving_average_update_rounds_as_tensorflow(rng):
+    # Keras 2.3.1's TF backend: x - (x - value) * decay, decay = float32(1 - momentum);
+    # float32 results equal to the bit over many steps (x * m + v * (1 - m) drifts by ulps)
+    x0 = rng.normal(size=(4096,)).astype(np.float32)
+    x = K.variable(x0)
+    val = K.placeholder(shape=(4096,))
+    f = K.function([val], [], updates=[K.moving_average_update(x, val, 0.99)])
+    expected = x0.copy()
+    decay = np.float32(1.0 - 0.99)
+    for _ in range(20):
+        b = rng.normal(size=(4096,)).astype(np.float32)
+        f([b])
+        expected = expected - (expected - b) * decay
+    np.testing.assert_array_equal(K.get_value(x), expected)
+
+
 def test_function_rejects_unknown_kwarg():
     x = K.placeholder(shape=(2,))
     with pytest.raises(ValueError) as excinfo:

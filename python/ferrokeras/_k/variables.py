@@ -618,10 +618,15 @@ def update_sub(x, decrement):
 
 
 def moving_average_update(x, value, momentum):
-    """Compute the moving average of a variable: ``x = x * momentum + value * (1 - momentum)``."""
+    """Compute the moving average of a variable: ``x = x * momentum + value * (1 - momentum)``.
+
+    Computed as Keras 2.3.1's TensorFlow backend does, ``x - (x - value) * (1 - momentum)``
+    with ``1 - momentum`` taken in Python and rounded to ``x``'s dtype, so that the result
+    matches TF's bit for bit (``BatchNormalization``'s moving statistics included).
+    """
     x = _update_target(x, "moving_average_update")
     value = _t(value, like=x)
-    return update(x, x * momentum + value * (1.0 - momentum))
+    return update_sub(x, (x - value) * (1.0 - momentum))
 
 
 # `Variable.assign(value)` is `update(variable, value)`, as on a ``tf.Variable``.
