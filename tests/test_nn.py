@@ -969,6 +969,29 @@ def test_leaky_relu_is_tf_leaky_relu_at_special_values(alpha):
     np.testing.assert_allclose(ga, np.where(finite > 0, 0, finite).sum(), rtol=1e-6)
 
 
+def test_elu_is_tf_elu_at_special_values():
+    """`K.elu` is TF's elu (for `alpha != 1`, `where(x > 0, elu(x), alpha * elu(x))`, as
+    Keras's TF backend writes it): values, gradients (TF's EluGrad, from the output: 1 at
+    -0, 0 and NaN) and second derivatives, as TF 2.21 gives them."""
+    xs = np.array([-np.inf, -1.0, -0.0, 0.0, 0.5, np.inf, np.nan], dtype="float32")
+    e = float(np.exp(np.float32(-1.0)))
+    want = {
+        1.0: ([-1.0, -0.63212055, -0.0, 0.0, 0.5, np.inf, np.nan], [0, e, 1, 1, 1, 1, 1]),
+        0.5: ([-0.5, -0.31606028, -0.0, 0.0, 0.5, np.inf, np.nan], [0, e / 2, 0.5, 0.5, 1, 1, 0.5]),
+    }
+    x = K.placeholder(shape=xs.shape)
+    for alpha, (out_tf, grad_tf) in want.items():
+        for al in (alpha, K.variable(np.float32(alpha))):
+            y = K.elu(x, al)
+            (g,) = K.gradients(K.sum(y), [x])
+            (g2,) = K.gradients(K.sum(g), [x])
+            out, gx, gxx = K.function([x], [y, g, g2])([xs])
+            np.testing.assert_allclose(out, out_tf, rtol=1e-6)
+            assert np.array_equal(np.signbit(out[:-1]), np.signbit(np.array(out_tf[:-1])))
+            np.testing.assert_allclose(gx, grad_tf, rtol=1e-6)
+            np.testing.assert_allclose(gxx, [0, alpha * e, 0, 0, 0, 0, 0], rtol=1e-6)
+
+
 def test_relu_max_value_6_is_tf_relu6_at_the_cap():
     """`K.relu(x, max_value=6)` is `tf.nn.relu6`, which Keras calls for this cap without a
     threshold: its gradient is 0 at 0 and at 6. Another cap keeps TF's `clip_by_value`

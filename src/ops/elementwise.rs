@@ -89,6 +89,7 @@ unary_table! {
     Ceil    "ceil"       float |x| x.ceil(),                 int |x| x; wgsl "ceil(x)", "x";
     Recip   "reciprocal" float |x| x.recip(); wgsl "1.0 / x";
     Softplus "softplus"  float |x| x.k_softplus(); wgsl "max(x, 0.0) + fk_log1p(exp(-abs(x)))";
+    Elu     "elu"        float |x| if x >= F::zero() { x } else { x.k_expm1() }; wgsl "select(fk_expm1(x), x, x >= 0.0 || fk_isnan(x))";
     Not     "logical_not" float |x| x,                       int |x| (x == 0) as i64; wgsl "x", "select(0, 1, x == 0)";
 }
 
@@ -190,7 +191,7 @@ impl UnaryOp {
     /// Rough cost of one f32 element, in adds (sets the parallel grain).
     pub fn cost(self) -> usize {
         match self {
-            UnaryOp::Exp | UnaryOp::Expm1 | UnaryOp::Log | UnaryOp::Log1p => 8,
+            UnaryOp::Exp | UnaryOp::Expm1 | UnaryOp::Elu | UnaryOp::Log | UnaryOp::Log1p => 8,
             UnaryOp::Tanh | UnaryOp::Sigmoid => 12,
             UnaryOp::Softplus => 20,
             UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tan => 32,
@@ -675,6 +676,13 @@ pub fn vjp_unary(op: UnaryOp, node: &Tensor, g: &Tensor) -> Result<Vec<Option<Te
         UnaryOp::Relu => select(&binary(BinaryOp::Greater, y, &c(0.0))?, g, &c(0.0))?,
         UnaryOp::Recip => neg(&mul(g, &mul(y, y)?)?)?,
         UnaryOp::Softplus => mul(g, &unary(UnaryOp::Sigmoid, x)?)?,
+        // From the output, as TF's EluGrad: `exp(x) == y + 1` where `y < 0`, `g` elsewhere
+        // (NaN included), so the input need not outlive the forward.
+        UnaryOp::Elu => select(
+            &binary(BinaryOp::Less, y, &c(0.0))?,
+            &mul(g, &add(y, &c(1.0))?)?,
+            g,
+        )?,
         UnaryOp::Round | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Not => return Ok(vec![None]),
     };
     Ok(vec![Some(gx)])

@@ -111,6 +111,10 @@ def relu(x, alpha=0.0, max_value=None, threshold=0.0):
 def elu(x, alpha=1.0):
     """Exponential linear unit: ``x`` for ``x > 0``, ``alpha * (exp(x) - 1)`` otherwise.
 
+    As in Keras's TensorFlow backend: TF's ``elu`` (the primitive ``elu``, whose gradient
+    reads its output, as TF's ``EluGrad``: ``g`` at ``x >= 0`` and at NaN), and for
+    ``alpha != 1`` that result where it is positive, else ``alpha`` times it.
+
     Arguments:
         x: A tensor or variable to compute the activation function for.
         alpha: A scalar, slope of negative section.
@@ -125,9 +129,13 @@ def elu(x, alpha=1.0):
     """
     x = _check_float(_t(x), "elu")
     alpha = _number_or_tensor(alpha, "elu", "alpha")
-    neg = _unary("expm1", _bin("minimum", x, 0))  # clamped: exp of a large x never appears
+    res = _unary("elu", x)
+    if not isinstance(alpha, Tensor) and alpha == 1:
+        return res
+    # TF: where(x > 0, res, alpha * res); `res > 0` is the same mask (NaN included), and
+    # the backward then keeps `res` alone.
     return wrap(
-        _core.select(_bin("greater", x, 0)._core, x._core, _bin("multiply", alpha, neg)._core)
+        _core.select(_bin("greater", res, 0)._core, res._core, _bin("multiply", alpha, res)._core)
     )
 
 

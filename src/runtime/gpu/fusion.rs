@@ -138,6 +138,7 @@ fn int64_unary(u: UnaryOp) -> Option<&'static str> {
         | UnaryOp::Rsqrt
         | UnaryOp::Exp
         | UnaryOp::Expm1
+        | UnaryOp::Elu
         | UnaryOp::Log
         | UnaryOp::Log1p
         | UnaryOp::Sin
