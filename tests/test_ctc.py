@@ -6,6 +6,7 @@ give the label: the definition of the CTC likelihood (Graves et al., 2006).
 """
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,6 +190,30 @@ def test_beam_search_merges_repeated_labels_as_tensorflow():
             K.constant([lab]), K.constant(p), K.constant([[4]]), K.constant([[len(lab)]])
         )
         np.testing.assert_allclose(K.eval(log_prob)[0, k], -K.eval(cost)[0, 0], rtol=1e-5)
+
+
+def test_beam_search_decodes_as_tensorflow():
+    # TF's decoder keeps an entry's probability only while it stays in the beam, so its
+    # paths and scores depart from an exact prefix search once entries fall out; 24 random
+    # cases recorded from tf_keras 2.21 (tests/data/tf_keras/make_ctc_fixtures.py).
+    data = np.load(Path(__file__).parent / "data" / "tf_keras" / "ctc_beam_search.npz")
+    cases = sorted({k.split("/")[0] for k in data.files}, key=int)
+    assert len(cases) == 24
+    for i in cases:
+        width, top = (int(v) for v in data[f"{i}/beam"])
+        decoded, log_prob = K.ctc_decode(
+            K.constant(data[f"{i}/y"]),
+            K.constant(data[f"{i}/lens"], dtype="int32"),
+            greedy=False,
+            beam_width=width,
+            top_paths=top,
+        )
+        for k in range(top):
+            got, want = K.eval(decoded[k]), data[f"{i}/d{k}"]
+            w = got.shape[1]  # TF 2 pads to the input's length, Keras 2.3.1 to the longest path
+            assert w <= want.shape[1] and np.all(want[:, w:] == -1), (i, k)
+            np.testing.assert_array_equal(got, want[:, :w], err_msg=f"case {i}, path {k}")
+        np.testing.assert_allclose(K.eval(log_prob), data[f"{i}/lp"], rtol=1e-5, atol=1e-5)
 
 
 def test_decode_bad_arguments():

@@ -238,58 +238,180 @@ fn greedy(lp: &[f64], t: usize, c: usize) -> (Vec<i64>, f64) {
     (out, -score)
 }
 
-/// Prefix beam search: the `top` most probable labellings and their log-probabilities.
-/// `run_decode` then merges repeated labels in each labelling, as Keras's TensorFlow
-/// backends do (they call `ctc_beam_search_decoder` with its default
-/// `merge_repeated=True`, which collapses `[2, 1, 1]` to `[2, 1]` and keeps the score).
+/// Log-probabilities of a beam entry: of its labelling ending in a blank, in its last
+/// label, and in either.
+#[derive(Clone, Copy)]
+struct BeamProb {
+    blank: f64,
+    label: f64,
+    total: f64,
+}
+
+impl BeamProb {
+    const ZERO: BeamProb = BeamProb {
+        blank: f64::NEG_INFINITY,
+        label: f64::NEG_INFINITY,
+        total: f64::NEG_INFINITY,
+    };
+}
+
+/// A node of the beam's prefix tree: the labelling of the path from the root.
+struct BeamEntry {
+    parent: usize,
+    label: i64,
+    children: HashMap<i64, usize>,
+    oldp: BeamProb,
+    newp: BeamProb,
+}
+
+impl BeamEntry {
+    fn active(&self) -> bool {
+        self.newp.total != f64::NEG_INFINITY
+    }
+}
+
+/// TensorFlow's CTC beam search (`CTCBeamSearchDecoder` with its default scorer, which
+/// Keras's `ctc_decode(greedy=False)` calls): the `top` best labellings and their
+/// log-probabilities, followed step by step as TF does, so that the same paths and scores
+/// come out. Its beam is a prefix tree whose entries keep their probabilities only while
+/// they stay in the beam: an entry that falls out and is grown again later starts afresh,
+/// and a labelling is only extended from entries whose previous probability could enter
+/// the beam. Fewer entries than `top` are padded with empty labellings of
+/// log-probability `-inf`. `run_decode` then merges repeated labels in each labelling,
+/// as TF's `merge_repeated=True` (which Keras's backends leave) does: `[2, 1, 1]` is
+/// returned as `[2, 1]`, with its score.
 fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i64>, f64)> {
     let ninf = f64::NEG_INFINITY;
     let blank = c - 1;
-    // prefix -> (log p ending in blank, log p ending in non-blank)
-    let mut beams: HashMap<Vec<i64>, (f64, f64)> = HashMap::new();
-    beams.insert(vec![], (0.0, ninf));
+    let root = BeamEntry {
+        parent: usize::MAX,
+        label: -1,
+        children: HashMap::new(),
+        oldp: BeamProb::ZERO,
+        newp: BeamProb {
+            blank: 0.0,
+            label: ninf,
+            total: 0.0,
+        },
+    };
+    let mut tree = vec![root];
+    let mut leaves: Vec<usize> = vec![0];
+    // Best first, as TF's `TopN::Extract`; equal totals keep the earlier entry first.
+    let sorted = |leaves: &[usize], tree: &[BeamEntry]| {
+        let mut v = leaves.to_vec();
+        v.sort_by(|&a, &b| tree[b].newp.total.total_cmp(&tree[a].newp.total));
+        v
+    };
+    let bottom = |leaves: &[usize], tree: &[BeamEntry]| {
+        (0..leaves.len())
+            .min_by(|&i, &j| {
+                tree[leaves[i]]
+                    .newp
+                    .total
+                    .total_cmp(&tree[leaves[j]].newp.total)
+            })
+            .expect("a full beam")
+    };
     for k in 0..t {
         let row = &lp[k * c..(k + 1) * c];
-        let mut next: HashMap<Vec<i64>, (f64, f64)> = HashMap::new();
-        for (prefix, &(pb, pnb)) in &beams {
-            let total = lse(pb, pnb);
-            let e = next.entry(prefix.clone()).or_insert((ninf, ninf));
-            e.0 = lse(e.0, total + row[blank]);
-            if let Some(&last) = prefix.last() {
-                let e = next.entry(prefix.clone()).or_insert((ninf, ninf));
-                e.1 = lse(e.1, pnb + row[last as usize]);
+        let branches = sorted(&leaves, &tree);
+        leaves.clear();
+        for &b in &branches {
+            tree[b].oldp = tree[b].newp;
+        }
+        // Existing entries: stay on their last label, or come from their parent.
+        for &b in &branches {
+            let (parent, label) = (tree[b].parent, tree[b].label);
+            if parent != usize::MAX {
+                if tree[parent].active() {
+                    let p = &tree[parent];
+                    let previous = if label == p.label {
+                        p.oldp.blank
+                    } else {
+                        p.oldp.total
+                    };
+                    tree[b].newp.label = lse(tree[b].newp.label, previous);
+                }
+                tree[b].newp.label += row[label as usize];
             }
-            for sym in 0..c - 1 {
-                let mut np = prefix.clone();
-                np.push(sym as i64);
-                let add = if prefix.last() == Some(&(sym as i64)) {
-                    pb
+            let e = &mut tree[b];
+            e.newp.blank = e.oldp.total + row[blank];
+            e.newp.total = lse(e.newp.blank, e.newp.label);
+            leaves.push(b);
+        }
+        // New entries: each branch that could enter the beam, extended by each label.
+        for &b in &branches {
+            let candidate = |total: f64, leaves: &[usize], tree: &[BeamEntry]| {
+                total > ninf
+                    && (leaves.len() < width
+                        || total > tree[leaves[bottom(leaves, tree)]].newp.total)
+            };
+            if !candidate(tree[b].oldp.total, &leaves, &tree) {
+                continue;
+            }
+            for label in (0..c as i64).filter(|&l| l != blank as i64) {
+                let child = match tree[b].children.get(&label) {
+                    Some(&i) => i,
+                    None => {
+                        tree.push(BeamEntry {
+                            parent: b,
+                            label,
+                            children: HashMap::new(),
+                            oldp: BeamProb::ZERO,
+                            newp: BeamProb::ZERO,
+                        });
+                        let i = tree.len() - 1;
+                        tree[b].children.insert(label, i);
+                        i
+                    }
+                };
+                if tree[child].active() {
+                    continue;
+                }
+                let pb = &tree[b];
+                let previous = if label == pb.label {
+                    pb.oldp.blank
                 } else {
-                    total
-                } + row[sym];
-                let e = next.entry(np).or_insert((ninf, ninf));
-                e.1 = lse(e.1, add);
+                    pb.oldp.total
+                };
+                let score = row[label as usize] + previous;
+                tree[child].newp = BeamProb {
+                    blank: ninf,
+                    label: score,
+                    total: score,
+                };
+                if candidate(score, &leaves, &tree) {
+                    if leaves.len() == width {
+                        let out = leaves.swap_remove(bottom(&leaves, &tree));
+                        tree[out].newp = BeamProb::ZERO;
+                    }
+                    leaves.push(child);
+                } else {
+                    tree[child].oldp = BeamProb::ZERO;
+                    tree[child].newp = BeamProb::ZERO;
+                }
             }
         }
-        let mut v: Vec<(Vec<i64>, (f64, f64))> = next.into_iter().collect();
-        v.sort_by(|a, b| {
-            lse(b.1 .0, b.1 .1)
-                .total_cmp(&lse(a.1 .0, a.1 .1))
-                .then_with(|| a.0.cmp(&b.0))
-        });
-        v.truncate(width);
-        beams = v.into_iter().collect();
     }
-    let mut v: Vec<(Vec<i64>, f64)> = beams
+    let mut out: Vec<(Vec<i64>, f64)> = sorted(&leaves, &tree)
         .into_iter()
-        .map(|(p, (a, b))| (p, lse(a, b)))
+        .take(top)
+        .map(|e| {
+            let score = tree[e].newp.total;
+            let mut labels = Vec::new();
+            let mut at = e;
+            while at != 0 {
+                labels.push(tree[at].label);
+                at = tree[at].parent;
+            }
+            labels.reverse();
+            (labels, score)
+        })
         .collect();
-    v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    v.truncate(top);
-    while v.len() < top {
-        v.push((vec![], ninf));
+    while out.len() < top {
+        out.push((vec![], ninf));
     }
-    v
+    out
 }
 
 // ---- helpers ----
