@@ -158,7 +158,9 @@ def ctc_decode(y_pred, input_length, greedy=True, beam_width=100, top_paths=1):
         Tuple ``(decoded, log_prob)``: ``decoded`` is a list of ``top_paths`` int64 tensors
         ``(samples, max_decoded_length)`` padded with -1; ``log_prob`` is ``(samples,
         top_paths)``: for greedy decoding the negative sum of the best log-probabilities per
-        step (as TensorFlow), for beam search the log-probability of each path. As in
+        step (as TensorFlow), for beam search the score TensorFlow's beam search decoder
+        gives each path (its probability summed over the alignments its beam kept; the
+        search follows TF's step by step, so paths and scores are TF's). As in
         TensorFlow, whose beam search decoder merges repeated labels by default, a beam
         path's repeated labels are merged (``[2, 1, 1]`` is returned as ``[2, 1]``, with the
         score of ``[2, 1, 1]``). The decoded
