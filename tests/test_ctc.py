@@ -195,7 +195,7 @@ def test_beam_search_merges_repeated_labels_as_tensorflow():
 def test_beam_search_decodes_as_tensorflow():
     # TF's decoder keeps an entry's probability only while it stays in the beam, so its
     # paths and scores depart from an exact prefix search once entries fall out; 24 random
-    # cases recorded from tf_keras 2.21 (tests/data/tf_keras/make_ctc_fixtures.py).
+    # cases recorded from tf_keras 2.21 (tests/data/tf_keras/make_fixtures.py).
     data = np.load(Path(__file__).parent / "data" / "tf_keras" / "ctc_beam_search.npz")
     cases = sorted({k.split("/")[0] for k in data.files}, key=int)
     assert len(cases) == 24

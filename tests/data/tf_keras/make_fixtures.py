@@ -9,6 +9,12 @@ predictions after one ``train_on_batch`` on it are stored as ``<name>/train_x0``
 ``<name>/train_y0`` and ``<name>/after0``. The models in ``TO_JSON`` are also written as
 ``<name>.json`` by ``model.to_json()``.
 
+It also writes ``ctc_beam_search.npz`` for ``tests/test_ctc.py``: TensorFlow's beam search
+decoding of random inputs. Case ``i`` stores ``i/y`` (softmax outputs, batch x time x
+classes), ``i/lens``, ``i/beam`` (beam width, top paths), ``i/d0``, ``i/d1``, ... (the
+decoded labellings, padded with -1) and ``i/lp`` (their log-probabilities), from
+``keras.backend.ctc_decode``.
+
 The tests need no TensorFlow; this script does. It runs where TensorFlow is installed:
 
     python -m venv /tmp/tfvenv && /tmp/tfvenv/bin/pip install tensorflow-cpu tf-keras h5py
@@ -337,7 +343,35 @@ def make_targets(rng, model, xs):
     return ys
 
 
+def ctc_beam_search():
+    K = keras.backend
+    out = {}
+    for i in range(24):
+        rng = np.random.default_rng(1000 + i)
+        b, t, c = 3, int(rng.integers(4, 24)), int(rng.integers(3, 10))
+        z = rng.standard_normal((b, t, c)) * rng.uniform(0.5, 3)
+        y = (np.exp(z) / np.exp(z).sum(-1, keepdims=True)).astype(np.float32)
+        lens = rng.integers(1, t + 1, size=b).astype(np.int32)
+        lens[0] = t
+        width = int(rng.integers(1, 20))
+        top = int(rng.integers(1, min(width, 3) + 1))
+        d, lp = K.ctc_decode(
+            K.constant(y),
+            K.constant(lens, dtype="int32"),
+            greedy=False,
+            beam_width=width,
+            top_paths=top,
+        )
+        out[f"{i}/y"], out[f"{i}/lens"] = y, lens
+        out[f"{i}/beam"] = np.array([width, top])
+        for k, dk in enumerate(d):
+            out[f"{i}/d{k}"] = np.asarray(dk)
+        out[f"{i}/lp"] = np.asarray(lp)
+    np.savez_compressed(os.path.join(HERE, "ctc_beam_search.npz"), **out)
+
+
 def main():
+    ctc_beam_search()
     tf.random.set_seed(0)
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
