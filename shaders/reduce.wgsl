@@ -119,6 +119,11 @@ fn reduce_tree_$T(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup
 // Writes int64 indices (two words: the index, then a zero high word). Covers steps
 // [r0, r1) of the axis, going on from the index the dispatch before left in `out` when
 // r0 > 0 (see r_start).
+fn arg_better(op: u32, v: T, best: T) -> bool {
+    // (NaN compares false; the test spells it out for drivers that assume no NaN.)
+    return !t_isnan(v) && select(v > best, v < best, op == 1u);
+}
+
 @compute @workgroup_size(256)
 fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = fk_index(g, nw);
@@ -134,13 +139,11 @@ fn arg_$T(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) 
         // replaced the start there (index 0, whose value then does not beat the start).
         best = out[2u * i];
         let v = ld(base + best * inner);
-        if (!t_isnan(v) && ((op == 0u && v > bv) || (op == 1u && v < bv))) { bv = v; }
+        if (arg_better(op, v, bv)) { bv = v; }
     }
     for (var r = p.r0; r < p.r1; r++) {
         let v = ld(base + r * inner);
-        // (NaN compares false; the test spells it out for drivers that assume no NaN.)
-        let better = !t_isnan(v) && select(v > bv, v < bv, op == 1u);
-        if (better) { best = r; bv = v; }
+        if (arg_better(op, v, bv)) { best = r; bv = v; }
     }
     out[2u * i] = best;
     out[2u * i + 1u] = 0u;

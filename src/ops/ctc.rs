@@ -255,9 +255,10 @@ impl BeamProb {
     };
 }
 
-/// A node of the beam's prefix tree: the labelling of the path from the root.
+/// A node of the beam's prefix tree: the labelling of the path from the root (`parent`
+/// is `None` at the root, whose `label` is -1).
 struct BeamEntry {
-    parent: usize,
+    parent: Option<usize>,
     label: i64,
     children: HashMap<i64, usize>,
     oldp: BeamProb,
@@ -267,6 +268,16 @@ struct BeamEntry {
 impl BeamEntry {
     fn active(&self) -> bool {
         self.newp.total != f64::NEG_INFINITY
+    }
+
+    /// Log-probability, at the step before, of this entry's labelling in a state `label`
+    /// may follow: a repeat of its last label needs a blank between.
+    fn before(&self, label: i64) -> f64 {
+        if label == self.label {
+            self.oldp.blank
+        } else {
+            self.oldp.total
+        }
     }
 }
 
@@ -284,7 +295,7 @@ fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i6
     let ninf = f64::NEG_INFINITY;
     let blank = c - 1;
     let root = BeamEntry {
-        parent: usize::MAX,
+        parent: None,
         label: -1,
         children: HashMap::new(),
         oldp: BeamProb::ZERO,
@@ -302,15 +313,25 @@ fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i6
         v.sort_by(|&a, &b| tree[b].newp.total.total_cmp(&tree[a].newp.total));
         v
     };
+    // Where the beam is full, the position in `leaves` of its worst entry.
     let bottom = |leaves: &[usize], tree: &[BeamEntry]| {
-        (0..leaves.len())
-            .min_by(|&i, &j| {
-                tree[leaves[i]]
-                    .newp
-                    .total
-                    .total_cmp(&tree[leaves[j]].newp.total)
-            })
-            .expect("a full beam")
+        (leaves.len() == width).then(|| {
+            (0..leaves.len())
+                .min_by(|&i, &j| {
+                    tree[leaves[i]]
+                        .newp
+                        .total
+                        .total_cmp(&tree[leaves[j]].newp.total)
+                })
+                .expect("a full beam")
+        })
+    };
+    // Whether an entry of log-probability `total` enters the beam (and which entry it
+    // replaces), as TF's `is_candidate`.
+    let enters = |total: f64, leaves: &[usize], tree: &[BeamEntry]| {
+        let out = bottom(leaves, tree);
+        let fits = total > ninf && out.is_none_or(|o| total > tree[leaves[o]].newp.total);
+        fits.then_some(out)
     };
     for k in 0..t {
         let row = &lp[k * c..(k + 1) * c];
@@ -322,15 +343,9 @@ fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i6
         // Existing entries: stay on their last label, or come from their parent.
         for &b in &branches {
             let (parent, label) = (tree[b].parent, tree[b].label);
-            if parent != usize::MAX {
-                if tree[parent].active() {
-                    let p = &tree[parent];
-                    let previous = if label == p.label {
-                        p.oldp.blank
-                    } else {
-                        p.oldp.total
-                    };
-                    tree[b].newp.label = lse(tree[b].newp.label, previous);
+            if let Some(p) = parent {
+                if tree[p].active() {
+                    tree[b].newp.label = lse(tree[b].newp.label, tree[p].before(label));
                 }
                 tree[b].newp.label += row[label as usize];
             }
@@ -341,12 +356,7 @@ fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i6
         }
         // New entries: each branch that could enter the beam, extended by each label.
         for &b in &branches {
-            let candidate = |total: f64, leaves: &[usize], tree: &[BeamEntry]| {
-                total > ninf
-                    && (leaves.len() < width
-                        || total > tree[leaves[bottom(leaves, tree)]].newp.total)
-            };
-            if !candidate(tree[b].oldp.total, &leaves, &tree) {
+            if enters(tree[b].oldp.total, &leaves, &tree).is_none() {
                 continue;
             }
             for label in (0..c as i64).filter(|&l| l != blank as i64) {
@@ -354,7 +364,7 @@ fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i6
                     Some(&i) => i,
                     None => {
                         tree.push(BeamEntry {
-                            parent: b,
+                            parent: Some(b),
                             label,
                             children: HashMap::new(),
                             oldp: BeamProb::ZERO,
@@ -368,27 +378,24 @@ fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i6
                 if tree[child].active() {
                     continue;
                 }
-                let pb = &tree[b];
-                let previous = if label == pb.label {
-                    pb.oldp.blank
-                } else {
-                    pb.oldp.total
-                };
-                let score = row[label as usize] + previous;
+                let score = row[label as usize] + tree[b].before(label);
                 tree[child].newp = BeamProb {
                     blank: ninf,
                     label: score,
                     total: score,
                 };
-                if candidate(score, &leaves, &tree) {
-                    if leaves.len() == width {
-                        let out = leaves.swap_remove(bottom(&leaves, &tree));
-                        tree[out].newp = BeamProb::ZERO;
+                match enters(score, &leaves, &tree) {
+                    Some(replaced) => {
+                        if let Some(o) = replaced {
+                            let out = leaves.swap_remove(o);
+                            tree[out].newp = BeamProb::ZERO;
+                        }
+                        leaves.push(child);
                     }
-                    leaves.push(child);
-                } else {
-                    tree[child].oldp = BeamProb::ZERO;
-                    tree[child].newp = BeamProb::ZERO;
+                    None => {
+                        tree[child].oldp = BeamProb::ZERO;
+                        tree[child].newp = BeamProb::ZERO;
+                    }
                 }
             }
         }
@@ -400,9 +407,9 @@ fn beam(lp: &[f64], t: usize, c: usize, width: usize, top: usize) -> Vec<(Vec<i6
             let score = tree[e].newp.total;
             let mut labels = Vec::new();
             let mut at = e;
-            while at != 0 {
+            while let Some(p) = tree[at].parent {
                 labels.push(tree[at].label);
-                at = tree[at].parent;
+                at = p;
             }
             labels.reverse();
             (labels, score)

@@ -97,14 +97,14 @@ fn prelude(tag: &str, has_f16: bool) -> String {
         "u32" => ("u32", "0u", "0xffffffffu", "false"),
         _ => ("i32", "-2147483647 - 1", "2147483647", "false"),
     };
-    // The largest finite value of the stored dtype (argmax and argmin start from it).
-    let finite = match tag {
+    // The extreme finite values of the stored dtype (argmax and argmin start from them).
+    let max_finite = match tag {
         "f32" => "3.40282347e+38",
         "f16" => "65504.0",
         _ => highest,
     };
     let min_finite = match tag {
-        "f32" | "f16" => format!("-{finite}"),
+        "f32" | "f16" => format!("-{max_finite}"),
         _ => lowest.to_string(),
     };
     let norm = match tag {
@@ -118,7 +118,7 @@ fn prelude(tag: &str, has_f16: bool) -> String {
     format!(
         "alias T = {ty};\nfn t_norm(x: T) -> T {{ return {norm}; }}\nfn t_lowest() -> T {{ return {lowest}; }}\n\
          fn t_highest() -> T {{ return {highest}; }}\nfn t_isnan(x: T) -> bool {{ return {isnan}; }}\n\
-         fn t_min_finite() -> T {{ return {min_finite}; }}\nfn t_max_finite() -> T {{ return {finite}; }}\n"
+         fn t_min_finite() -> T {{ return {min_finite}; }}\nfn t_max_finite() -> T {{ return {max_finite}; }}\n"
     )
 }
 
