@@ -1,5 +1,7 @@
 """dot, batch_dot and transpose against NumPy, with the shape rules of the Keras docs."""
 
+import itertools
+
 import numpy as np
 import pytest
 from env_child import env_is, pytest_in_child
@@ -165,6 +167,29 @@ def test_batch_dot_gradient(xs, ys, axes, rng):
 def test_transpose(shape, dtype, rng):
     # K.transpose reverses all axes, as np.transpose does.
     _feed_and_compare([shape], K.transpose, np.transpose, dtype, rng)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "uint8", "bool"])
+@pytest.mark.parametrize("shape", [(3, 1, 17, 9), (2, 16, 24, 8), (1, 33, 1, 40)], ids=str)
+def test_every_permutation_moves_every_element(shape, dtype, rng):
+    # Permutations that amount to matrix transposes (a 2-D swap, NHWC <-> NCHW, the last
+    # two axes swapped, with axes of size 1 anywhere) go through the blocked kernel, and
+    # its edges (sizes off its 8 x 8 blocks); the others through row copies.
+    x = rng.normal(size=shape) * 100
+    x = x.astype(dtype) if dtype != "bool" else x > 0
+    p = K.placeholder(shape, dtype=dtype)
+    for perm in itertools.permutations(range(len(shape))):
+        got = K.function([p], [K.permute_dimensions(p, perm)])([x])[0]
+        assert got.dtype == x.dtype and got.shape == x.transpose(perm).shape
+        np.testing.assert_array_equal(got, x.transpose(perm), err_msg=str(perm))
+
+
+@pytest.mark.parametrize("shape,perm", [((1024, 1030), (1, 0)), ((3, 515, 600), (0, 2, 1))])
+def test_large_transposes_split_among_threads(shape, perm, rng):
+    x = rng.normal(size=shape).astype("float32")
+    p = K.placeholder(shape)
+    got = K.function([p], [K.permute_dimensions(p, perm)])([x])[0]
+    np.testing.assert_array_equal(got, x.transpose(perm))
 
 
 def test_transpose_gradient(rng):

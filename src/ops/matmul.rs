@@ -4,6 +4,7 @@
 //! small products stay on the calling thread. Integers use a plain loop.
 
 use super::build::*;
+use super::movement::{transpose_into, transpose_par};
 use super::Op;
 use crate::base::dtype::DType;
 use crate::base::error::{Error, Result};
@@ -225,29 +226,6 @@ pub(crate) struct SharedDst<T>(pub(crate) *mut T);
 unsafe impl<T> Send for SharedDst<T> {}
 unsafe impl<T> Sync for SharedDst<T> {}
 
-/// `dst[c * rows + r] = src[r * cols + c]`: a transpose of a row-major `rows x cols`
-/// matrix in 8 x 8 blocks (8 source rows read in step, 8 contiguous destination runs).
-fn transpose_into<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [MaybeUninit<T>]) {
-    const B: usize = 8;
-    let (src, dst) = (&src[..rows * cols], &mut dst[..rows * cols]);
-    let mut r0 = 0;
-    while r0 + B <= rows {
-        let s: [&[T]; B] = std::array::from_fn(|i| &src[(r0 + i) * cols..(r0 + i + 1) * cols]);
-        for c in 0..cols {
-            let d = &mut dst[c * rows + r0..c * rows + r0 + B];
-            for i in 0..B {
-                d[i].write(s[i][c]);
-            }
-        }
-        r0 += B;
-    }
-    for r in r0..rows {
-        for c in 0..cols {
-            dst[c * rows + r].write(src[r * cols + c]);
-        }
-    }
-}
-
 /// The distinct matrices among `offs` copied transposed (`rows x cols` each) into one
 /// buffer, and each batch element's offset into it.
 pub(crate) fn transposed_copies<T: Copy + Send + Sync>(
@@ -261,12 +239,16 @@ pub(crate) fn transposed_copies<T: Copy + Send + Sync>(
     uniq.dedup();
     let len = rows * cols;
     let mut buf: Vec<T> = Vec::with_capacity(uniq.len() * len);
-    buf.spare_capacity_mut()[..uniq.len() * len]
-        .par_chunks_mut(len.max(1))
-        .zip(uniq.par_iter())
-        .with_min_len(1)
-        .for_each(|(dst, &o)| transpose_into(&data[o..o + len], rows, cols, dst));
-    // SAFETY: every element of each matrix's block was written by `transpose_into`.
+    if let [o] = uniq[..] {
+        transpose_par(&data[o..o + len], rows, cols, buf.spare_capacity_mut());
+    } else {
+        buf.spare_capacity_mut()[..uniq.len() * len]
+            .par_chunks_mut(len.max(1))
+            .zip(uniq.par_iter())
+            .with_min_len(1)
+            .for_each(|(dst, &o)| transpose_into(&data[o..o + len], rows, cols, dst));
+    }
+    // SAFETY: every element of each matrix's block was written by the transposes.
     unsafe { buf.set_len(uniq.len() * len) };
     let map = offs
         .iter()

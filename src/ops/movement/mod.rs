@@ -21,10 +21,12 @@ use ndarray::{ArrayView, ArrayViewMut, Axis, IxDyn, Slice};
 mod axes;
 mod indexing;
 mod slicing;
+mod transpose2d;
 
 pub use axes::*;
 pub use indexing::*;
 pub use slicing::*;
+pub(crate) use transpose2d::{transpose_into, transpose_par};
 
 // ---- reshape ----
 
