@@ -170,7 +170,9 @@ def test_transpose(shape, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "uint8", "bool"])
-@pytest.mark.parametrize("shape", [(3, 1, 17, 9), (2, 16, 24, 8), (1, 33, 1, 40)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(3, 1, 17, 9), (2, 16, 24, 8), (1, 33, 1, 40), (2, 0, 3, 4)], ids=str
+)
 def test_every_permutation_moves_every_element(shape, dtype, rng):
     # Permutations that amount to matrix transposes (a 2-D swap, NHWC <-> NCHW, the last
     # two axes swapped, with axes of size 1 anywhere) go through the blocked kernel, and

@@ -206,7 +206,7 @@ fn transposed<T: Elem>(
     let mat = rows * cols;
     if batches == 1 {
         transpose_par(data, rows, cols, out.spare_capacity_mut());
-    } else {
+    } else if mat > 0 {
         use rayon::prelude::*;
         out.spare_capacity_mut()[..len]
             .par_chunks_mut(mat)
