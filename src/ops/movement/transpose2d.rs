@@ -255,31 +255,44 @@ unsafe fn block_avx2(s: *const u32, sr: usize, d: *mut u32, dr: usize) {
 mod tests {
     use super::*;
 
-    fn check<T: Copy + PartialEq + std::fmt::Debug>(
+    /// Transposes the `rows x cols` matrix of `f(0), f(1), ...` with `run` and checks every
+    /// element against its source, compared as `key` says.
+    fn check<T: Copy, K: PartialEq + std::fmt::Debug>(
         rows: usize,
         cols: usize,
         f: impl Fn(usize) -> T,
+        key: impl Fn(T) -> K,
+        run: impl FnOnce(&[T], &mut [MaybeUninit<T>]),
     ) {
         let src: Vec<T> = (0..rows * cols).map(&f).collect();
         let mut dst: Vec<MaybeUninit<T>> = vec![MaybeUninit::uninit(); rows * cols];
-        transpose_into(&src, rows, cols, &mut dst);
+        run(&src, &mut dst);
         for r in 0..rows {
             for c in 0..cols {
-                // SAFETY: transpose_into writes every element.
+                // SAFETY: the transposes write every element.
                 let got = unsafe { dst[c * rows + r].assume_init() };
-                assert_eq!(got, src[r * cols + c], "{rows}x{cols} at ({r}, {c})");
+                assert_eq!(
+                    key(got),
+                    key(src[r * cols + c]),
+                    "{rows}x{cols} at ({r}, {c})"
+                );
             }
         }
+    }
+
+    fn serial<T: Copy>(rows: usize, cols: usize) -> impl FnOnce(&[T], &mut [MaybeUninit<T>]) {
+        move |s, d| transpose_into(s, rows, cols, d)
     }
 
     #[test]
     fn transposes_every_shape_around_the_blocks_and_tiles() {
         for &rows in &[0, 1, 3, 7, 8, 9, 16, 63, 64, 65, 130] {
             for &cols in &[0, 1, 5, 8, 15, 64, 67, 129] {
-                check(rows, cols, |i| i as f32 * 0.5 - 3.0);
-                check(rows, cols, |i| i as i32 - 100);
-                check(rows, cols, |i| i as f64);
-                check(rows, cols, |i| (i % 251) as u8);
+                let (r, c) = (rows, cols);
+                check(r, c, |i| i as f32 * 0.5 - 3.0, f32::to_bits, serial(r, c));
+                check(r, c, |i| i as i32 - 100, |v| v, serial(r, c));
+                check(r, c, |i| i as f64, f64::to_bits, serial(r, c));
+                check(r, c, |i| (i % 251) as u8, |v| v, serial(r, c));
             }
         }
     }
@@ -291,31 +304,19 @@ mod tests {
             .build()
             .unwrap();
         for &(rows, cols) in &[(1024, 1024), (515, 1001), (300, 900)] {
-            let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-            let mut dst: Vec<MaybeUninit<f32>> = vec![MaybeUninit::uninit(); rows * cols];
-            pool.install(|| transpose_par(&src, rows, cols, &mut dst));
-            for r in 0..rows {
-                for c in 0..cols {
-                    // SAFETY: transpose_par writes every element.
-                    let got = unsafe { dst[c * rows + r].assume_init() };
-                    assert_eq!(got, src[r * cols + c], "{rows}x{cols} at ({r}, {c})");
-                }
-            }
+            check(
+                rows,
+                cols,
+                |i| i as f32,
+                f32::to_bits,
+                |s, d| pool.install(|| transpose_par(s, rows, cols, d)),
+            );
         }
     }
 
     #[test]
     fn moves_the_bits_of_nan_and_negative_zero() {
         let vals = [f32::NAN, -0.0, f32::from_bits(0x7fc0_1234), f32::INFINITY];
-        let src: Vec<f32> = (0..16 * 16).map(|i| vals[i % 4]).collect();
-        let mut dst = vec![MaybeUninit::uninit(); 256];
-        transpose_into(&src, 16, 16, &mut dst);
-        for r in 0..16 {
-            for c in 0..16 {
-                // SAFETY: every element was written.
-                let got = unsafe { dst[c * 16 + r].assume_init() };
-                assert_eq!(got.to_bits(), src[r * 16 + c].to_bits());
-            }
-        }
+        check(16, 16, |i| vals[i % 4], f32::to_bits, serial(16, 16));
     }
 }
