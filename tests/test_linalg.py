@@ -186,7 +186,21 @@ def test_every_permutation_moves_every_element(shape, dtype, rng):
         np.testing.assert_array_equal(got, x.transpose(perm), err_msg=str(perm))
 
 
-@pytest.mark.parametrize("shape,perm", [((1024, 1030), (1, 0)), ((3, 515, 600), (0, 2, 1))])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_every_permutation_of_five_axes(dtype, rng):
+    # Permutations that move the last axis and are no batch of matrix transposes run one
+    # strided matrix transpose per index of the other axes.
+    x = rng.normal(size=(2, 3, 9, 5, 17)).astype(dtype)
+    p = K.placeholder(x.shape, dtype=dtype)
+    for perm in itertools.permutations(range(5)):
+        got = K.function([p], [K.permute_dimensions(p, perm)])([x])[0]
+        np.testing.assert_array_equal(got, x.transpose(perm), err_msg=str(perm))
+
+
+@pytest.mark.parametrize(
+    "shape,perm",
+    [((1024, 1030), (1, 0)), ((3, 515, 600), (0, 2, 1)), ((40, 30, 1000), (2, 1, 0))],
+)
 def test_large_transposes_split_among_threads(shape, perm, rng):
     x = rng.normal(size=shape).astype("float32")
     p = K.placeholder(shape)

@@ -150,24 +150,28 @@ pub fn vjp_transpose(perm: &[usize], g: &Tensor) -> Result<Vec<Option<Tensor>>> 
 }
 
 pub fn cpu_transpose(perm: &[usize], x: &Value) -> Result<Value> {
-    // Matrices transposed by the blocked kernel where the permutation is one (a 2-D
-    // transpose, NHWC <-> NCHW, the last two axes swapped); otherwise a run of the last
-    // axis at a time when it stays last (the `[B, T, F] -> [T, B, F]` of every `K.rnn`:
-    // 10x faster than stepping an n-d index per element).
-    Ok(
-        map_value!(x, a => match (a.as_slice(), matrix_transposes(a.shape(), perm)) {
-            (Some(data), Some(dims)) => transposed(data, dims, perm, a.shape()),
-            _ => to_contiguous(a.view().permuted_axes(IxDyn(perm))),
-        }),
-    )
+    // Where the last axis moves, matrices transposed by the blocked kernel (a 2-D
+    // transpose, NHWC <-> NCHW, the last two axes swapped: after merging, one matrix or a
+    // batch of them; otherwise one per index of the other axes); where it stays last, a run
+    // of it at a time (the `[B, T, F] -> [T, B, F]` of every `K.rnn`: 10x faster than
+    // stepping an n-d index per element).
+    let (shape, merged_perm) = merged_permutation(x.shape(), perm);
+    let last_moves = merged_perm
+        .last()
+        .is_some_and(|&p| p + 1 != merged_perm.len());
+    Ok(map_value!(x, a => match a.as_slice() {
+        Some(data) if last_moves => {
+            let dims: Vec<usize> = perm.iter().map(|&p| a.shape()[p]).collect();
+            permuted(data, &shape, &merged_perm, &dims)
+        }
+        _ => to_contiguous(a.view().permuted_axes(IxDyn(perm))),
+    }))
 }
 
-/// `(batches, rows, cols)` where permuting a row-major array of `shape` by `perm` moves
-/// its elements as transposing `batches` row-major `rows x cols` matrices one after
-/// another does: once axes of size 1 are dropped and axes that stay adjacent and in order
-/// are merged, the permutation is `[1, 0]` or `[0, 2, 1]`.
-fn matrix_transposes(shape: &[usize], perm: &[usize]) -> Option<(usize, usize, usize)> {
-    // Each moving axis's place among the input's axes of size > 1.
+/// `(shape, perm)` moving a row-major array's elements as `shape`, `perm` do, with the
+/// axes of size 1 dropped and the axes that stay adjacent and in order merged into one.
+fn merged_permutation(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    // Each axis of size > 1 by its place among them.
     let mut place = vec![usize::MAX; shape.len()];
     let mut n = 0;
     for (axis, &d) in shape.iter().enumerate() {
@@ -181,43 +185,82 @@ fn matrix_transposes(shape: &[usize], perm: &[usize]) -> Option<(usize, usize, u
     let mut last = usize::MAX;
     for &p in perm.iter().filter(|&&p| shape[p] != 1) {
         match groups.last_mut() {
-            Some(g) if place[p] == last + 1 => g.1 *= shape[p],
+            Some(g) if place[p] == last.wrapping_add(1) => g.1 *= shape[p],
             _ => groups.push((place[p], shape[p])),
         }
         last = place[p];
     }
-    match groups[..] {
-        [(b, cols), (a, rows)] if a < b => Some((1, rows, cols)),
-        [(a, batches), (c, cols), (b, rows)] if a < b && b < c => Some((batches, rows, cols)),
-        _ => None,
+    // The groups numbered by their order in the input.
+    let mut by_input: Vec<usize> = (0..groups.len()).collect();
+    by_input.sort_by_key(|&g| groups[g].0);
+    let mut merged_perm = vec![0; groups.len()];
+    for (i, &g) in by_input.iter().enumerate() {
+        merged_perm[g] = i;
     }
+    (by_input.iter().map(|&g| groups[g].1).collect(), merged_perm)
 }
 
-/// The array of `batches` row-major `rows x cols` matrices in `data` with each one
-/// transposed, shaped as `shape` permuted by `perm`.
-fn transposed<T: Elem>(
-    data: &[T],
-    (batches, rows, cols): (usize, usize, usize),
-    perm: &[usize],
-    shape: &[usize],
-) -> Arr<T> {
-    let len = batches * rows * cols;
-    let mut out: Vec<T> = Vec::with_capacity(len);
-    let mat = rows * cols;
-    if batches == 1 {
-        transpose_par(data, rows, cols, out.spare_capacity_mut());
-    } else if mat > 0 {
-        use rayon::prelude::*;
-        out.spare_capacity_mut()[..len]
-            .par_chunks_mut(mat)
-            .zip(data.par_chunks(mat))
-            .with_min_len((1 << 16) / mat.max(1) + 1)
-            .for_each(|(dst, src)| transpose_into(src, rows, cols, dst));
+/// Row-major strides, in elements, of an array of `shape`.
+fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut st = vec![1; shape.len()];
+    for i in (1..shape.len()).rev() {
+        st[i - 1] = st[i] * shape[i];
     }
-    // SAFETY: each matrix's every element was written above.
+    st
+}
+
+/// `data` (row-major, of `shape`) permuted by `perm`, which moves the last axis: for each
+/// index of the other axes, the matrix of the axis that becomes the last by the last axis,
+/// transposed into place. The result is shaped `dims`.
+fn permuted<T: Elem>(data: &[T], shape: &[usize], perm: &[usize], dims: &[usize]) -> Arr<T> {
+    use rayon::prelude::*;
+    let n = shape.len();
+    let len: usize = shape.iter().product();
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let (src_st, dst_st) = (row_major_strides(shape), row_major_strides(&out_shape));
+    // The matrix: rows along the axis that becomes the last, columns along the last.
+    let p = perm[n - 1];
+    let q = perm
+        .iter()
+        .position(|&a| a == n - 1)
+        .expect("a permutation");
+    let (rows, cols) = (shape[p], shape[n - 1]);
+    let mut out: Vec<T> = Vec::with_capacity(len);
+    if n == 2 {
+        transpose_par(data, rows, cols, out.spare_capacity_mut());
+    } else if len > 0 {
+        // The other axes, in output order: (size, source stride, destination stride).
+        let outer: Vec<(usize, usize, usize)> = (0..n)
+            .filter(|&o| o != n - 1 && o != q)
+            .map(|o| (out_shape[o], src_st[perm[o]], dst_st[o]))
+            .collect();
+        let count: usize = outer.iter().map(|o| o.0).product();
+        let (src, dst) = (
+            SharedDst(data.as_ptr() as *mut T),
+            SharedDst(out.as_mut_ptr()),
+        );
+        let (sr, dr) = (src_st[p], dst_st[q]);
+        (0..count)
+            .into_par_iter()
+            .with_min_len((1 << 16) / (rows * cols) + 1)
+            .for_each(|mut i| {
+                let (mut so, mut d_o) = (0, 0);
+                for &(size, ss, ds) in outer.iter().rev() {
+                    so += i % size * ss;
+                    d_o += i % size * ds;
+                    i /= size;
+                }
+                let (s, d) = (src, dst);
+                // SAFETY: the matrix at `so` lies inside `data` and its transpose at `d_o`
+                // inside the result; the indices of the other axes give each task its own
+                // elements of the result.
+                unsafe { transpose_strided(s.0.add(so), sr, rows, cols, d.0.add(d_o), dr) };
+            });
+    }
+    // SAFETY: each element of the result was written above (every index of the other
+    // axes, every row and column of its matrix).
     unsafe { out.set_len(len) };
-    let dims: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-    Arr::from_shape_vec(IxDyn(&dims), out)
+    Arr::from_shape_vec(IxDyn(dims), out)
         .expect("length is the product of the shape")
         .into_shared()
 }

@@ -26,7 +26,7 @@ mod transpose2d;
 pub use axes::*;
 pub use indexing::*;
 pub use slicing::*;
-pub(crate) use transpose2d::{transpose_into, transpose_par};
+pub(crate) use transpose2d::{transpose_into, transpose_par, transpose_strided};
 
 // ---- reshape ----
 

@@ -30,15 +30,33 @@ pub(crate) fn transpose_into<T: Copy>(
     let (src, dst) = (&src[..rows * cols], &mut dst[..rows * cols]);
     // SAFETY: `src` holds the rows x cols matrix and `dst` its transpose.
     unsafe {
-        columns(
+        transpose_strided(
             src.as_ptr(),
+            cols,
             rows,
             cols,
-            0,
-            cols,
             dst.as_mut_ptr() as *mut T,
+            rows,
         )
     }
+}
+
+/// `dst[c * dr + r] = src[r * sr + c]` for `r < rows`, `c < cols`: one matrix of a
+/// permutation's source (rows `sr` apart) transposed into the result (rows `dr` apart), on
+/// the calling thread.
+///
+/// # Safety
+/// Every element so addressed lies inside its buffer, and no two destinations coincide.
+pub(crate) unsafe fn transpose_strided<T: Copy>(
+    src: *const T,
+    sr: usize,
+    rows: usize,
+    cols: usize,
+    dst: *mut T,
+    dr: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { columns((src, sr), rows, 0, cols, (dst, dr)) }
 }
 
 /// `transpose_into`, shared among the pool's threads when the matrix is large.
@@ -63,40 +81,39 @@ pub(crate) fn transpose_par<T: Copy + Send + Sync>(
             // the columns c0.. of `src` it is written from.
             unsafe {
                 columns(
-                    src.as_ptr(),
+                    (src.as_ptr(), cols),
                     rows,
-                    cols,
                     c0,
                     (c0 + w).min(cols),
-                    (part.as_mut_ptr() as *mut T).sub(c0 * rows),
+                    ((part.as_mut_ptr() as *mut T).sub(c0 * rows), rows),
                 )
             }
         });
 }
 
-/// Columns `c0..c1` of `src` (row-major `rows x cols`) written as rows `c0..c1` of its
-/// transpose at `dst`, with the fastest kernel the CPU runs.
+/// Columns `c0..c1` of the matrix of `rows` rows at `src` (rows `sr` apart) written as
+/// rows `c0..c1` of its transpose at `dst` (rows `dr` apart), with the fastest kernel the
+/// CPU runs.
 ///
 /// # Safety
 /// `src` addresses the matrix; `dst` the transpose's rows `c0..c1` (`dst` itself points
-/// at where its row 0 would be).
+/// at where its row 0 would be); no two destinations coincide.
 unsafe fn columns<T: Copy>(
-    src: *const T,
+    (src, sr): (*const T, usize),
     rows: usize,
-    cols: usize,
     c0: usize,
     c1: usize,
-    dst: *mut T,
+    (dst, dr): (*mut T, usize),
 ) {
     #[cfg(target_arch = "x86_64")]
     if size_of::<T>() == 4 && crate::ops::vmath::isa() != crate::ops::vmath::Isa::Base {
         // SAFETY: T is 4 bytes and Copy, so its values move as u32 bit patterns; the CPU
         // has AVX2 (isa() checked); the caller's contract.
-        unsafe { tiles_avx2(src as *const u32, rows, cols, c0, c1, dst as *mut u32) };
+        unsafe { tiles_avx2((src as *const u32, sr), rows, c0, c1, (dst as *mut u32, dr)) };
         return;
     }
     // SAFETY: the caller's contract.
-    unsafe { tiles::<T, Scalar>(src, rows, cols, c0, c1, dst) }
+    unsafe { tiles::<T, Scalar>((src, sr), rows, c0, c1, (dst, dr)) }
 }
 
 /// How an 8 x 8 block moves.
@@ -130,15 +147,14 @@ impl<T: Copy> Block<T> for Scalar {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn tiles_avx2(
-    src: *const u32,
+    src: (*const u32, usize),
     rows: usize,
-    cols: usize,
     c0: usize,
     c1: usize,
-    dst: *mut u32,
+    dst: (*mut u32, usize),
 ) {
     // SAFETY: the caller's contract.
-    unsafe { tiles::<u32, Avx2>(src, rows, cols, c0, c1, dst) }
+    unsafe { tiles::<u32, Avx2>(src, rows, c0, c1, dst) }
 }
 
 /// Walks columns `c0..c1` of the matrix in 8 x 8 blocks moved by `K`, and the edges that
@@ -148,12 +164,11 @@ unsafe fn tiles_avx2(
 /// As `columns`'s; `K` runs on this CPU; `c0` is a multiple of 8.
 #[inline(always)]
 unsafe fn tiles<T: Copy, K: Block<T>>(
-    s: *const T,
+    (s, sr): (*const T, usize),
     rows: usize,
-    cols: usize,
     c0: usize,
     c1: usize,
-    d: *mut T,
+    (d, dr): (*mut T, usize),
 ) {
     let (full_r, full_c) = (rows / B * B, c0 + (c1 - c0) / B * B);
     // One 16 x 16 square (four 8 x 8 blocks) after another down 16 columns of `src`, then
@@ -169,7 +184,7 @@ unsafe fn tiles<T: Copy, K: Block<T>>(
             // SAFETY: rows r..r+8 and columns c..c+8 lie inside the matrix and the
             // caller's columns, and the destination's rows c..c+8, columns r..r+8 inside
             // its transpose; the caller picked a kernel the CPU runs.
-            unsafe { K::block(s.add(r * cols + c), cols, d.add(c * rows + r), rows) };
+            unsafe { K::block(s.add(r * sr + c), sr, d.add(c * dr + r), dr) };
         }
     };
     for c in (c0..full_c).step_by(2 * B) {
@@ -184,13 +199,13 @@ unsafe fn tiles<T: Copy, K: Block<T>>(
     for r in 0..full_r {
         for c in full_c..c1 {
             // SAFETY: inside the matrix and the caller's rows of the transpose.
-            unsafe { *d.add(c * rows + r) = *s.add(r * cols + c) };
+            unsafe { *d.add(c * dr + r) = *s.add(r * sr + c) };
         }
     }
     for r in full_r..rows {
         for c in c0..c1 {
             // SAFETY: as above.
-            unsafe { *d.add(c * rows + r) = *s.add(r * cols + c) };
+            unsafe { *d.add(c * dr + r) = *s.add(r * sr + c) };
         }
     }
 }
