@@ -1,6 +1,7 @@
-//! The matrix transpose kernel: `dst = srcᵀ` for a row-major `rows x cols` block, the copy
-//! that a permutation amounting to (batched) matrix transposes makes (`cpu_transpose`) and
-//! that the products make of a transposed operand (`matmul`).
+//! The matrix transpose kernel: `dst = srcᵀ` for a `rows x cols` block of strided rows,
+//! the copy that every permutation moving the last axis is made of (`cpu_transpose`, one
+//! matrix per index of the other axes) and that the products make of a transposed operand
+//! (`matmul`).
 //!
 //! The block is walked in 8 x 8 blocks, four at a time as a 16 x 16 square, down 16
 //! columns of the source and then the next 16 (`tiles` says why this order). On x86-64
