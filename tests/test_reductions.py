@@ -135,6 +135,29 @@ def test_reduction_over_unknown_batch_dim(name, kfn, nfn, rng):
 # ---- any / all ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int8", "uint8"])
+@pytest.mark.parametrize("name,kfn,nfn", [("max", K.max, np.max), ("min", K.min, np.min)])
+def test_max_min_along_long_rows(name, kfn, nfn, dtype, rng):
+    # Rows longer than the kernel's 16 lanes, and of lengths off them: the extreme value
+    # (and a NaN, which wins) placed in the lanes, in the tail, first and last.
+    for n in (1, 15, 16, 17, 40, 1000):
+        if np.dtype(dtype).kind == "f":
+            x = rng.normal(size=(8, n)).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            x = rng.integers(info.min, info.max, size=(8, n), endpoint=True).astype(dtype)
+        extreme = np.inf if dtype.startswith("float") else None
+        for row, col in ((1, 0), (2, n - 1), (3, n // 2), (4, min(16, n - 1))):
+            if extreme is not None:
+                x[row, col] = extreme if name == "max" else -extreme
+        if dtype.startswith("float"):
+            x[5, n - 1] = np.nan
+            x[6, n // 3] = np.nan
+        p = K.placeholder(x.shape, dtype=dtype)
+        got = K.function([p], [kfn(p, axis=-1)])([x])[0]
+        np.testing.assert_array_equal(got, nfn(x, axis=-1), err_msg=f"length {n}")
+
+
 @pytest.mark.parametrize("keepdims", [False, True])
 @pytest.mark.parametrize("axis", AXES, ids=str)
 @pytest.mark.parametrize("name,kfn,nfn", [("any", K.any, np.any), ("all", K.all, np.all)])

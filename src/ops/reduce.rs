@@ -10,7 +10,6 @@ use crate::base::error::{Error, Result};
 use crate::base::shape::Shape;
 use crate::base::value::Value;
 use crate::ops::graph::Tensor;
-use ndarray::IxDyn;
 use rayon::prelude::*;
 
 // ---- reduce ----
@@ -191,7 +190,7 @@ fn count(x: &Tensor, y: &Tensor) -> Result<Tensor> {
 
 pub fn cpu_reduce(op: ReduceOp, axes: &[usize], keepdims: bool, x: &Value) -> Result<Value> {
     let out_shape = reduced_dims(x.shape(), axes, keepdims);
-    let (t, lo, hi) = contiguous_block(x, axes);
+    let (t, lo, hi) = contiguous_block(x, axes)?;
     let (outer, red, inner) = blocks(t.shape(), lo, hi);
     if red == 0 && !x.dtype().is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min) {
         // The i64 identities would wrap on the cast back to a narrower type (the max of an
@@ -291,19 +290,18 @@ impl super::ImageStage for ImageReduce {
 
 /// Moves `axes` to the end (keeping order) when they are not already one contiguous block,
 /// returning the value to reduce and the block [lo, hi) holding the axes.
-fn contiguous_block(x: &Value, axes: &[usize]) -> (Value, usize, usize) {
+fn contiguous_block(x: &Value, axes: &[usize]) -> Result<(Value, usize, usize)> {
     let r = x.shape().len();
     if axes.is_empty() {
-        return (x.clone(), r, r);
+        return Ok((x.clone(), r, r));
     }
     let (lo, hi) = (axes[0], axes[axes.len() - 1] + 1);
     if hi - lo == axes.len() {
-        return (x.clone(), lo, hi);
+        return Ok((x.clone(), lo, hi));
     }
     let mut perm: Vec<usize> = (0..r).filter(|i| !axes.contains(i)).collect();
     perm.extend_from_slice(axes);
-    let t = crate::map_value!(x.clone(), a => a.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned().into_shared());
-    (t, r - axes.len(), r)
+    Ok((super::movement::cpu_transpose(&perm, x)?, r - axes.len(), r))
 }
 
 fn reduce_blocks<T: Acc>(
@@ -892,9 +890,27 @@ fn reduce_row<T: Acc>(op: ReduceOp, row: &[T]) -> T {
         ReduceOp::Sum => pairwise_sum(row),
         ReduceOp::Mean => pairwise_sum(row).div_count(row.len()),
         ReduceOp::Prod => row.iter().fold(T::one(), |a, &b| a.mul(b)),
-        ReduceOp::Max => row.iter().fold(T::lowest(), |a, &b| pick_max(a, b)),
-        ReduceOp::Min => row.iter().fold(T::highest(), |a, &b| pick_min(a, b)),
+        ReduceOp::Max => lanes_fold(row, T::lowest(), pick_max),
+        ReduceOp::Min => lanes_fold(row, T::highest(), pick_min),
     }
+}
+
+/// `row` folded by `f` in 16 interleaved lanes, then the lanes in order and the tail: the
+/// lanes' steps are independent, so they vectorise where one chain of compares and
+/// selects ran at ~2 ns an element. For `pick_max`/`pick_min`, NaN still wins wherever it
+/// is; of equal values (`-0.0` and `0.0`) the one kept may come from another place.
+#[inline(always)]
+fn lanes_fold<T: Acc>(row: &[T], init: T, f: impl Fn(T, T) -> T) -> T {
+    const LANES: usize = 16;
+    let mut lanes = [init; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            lanes[i] = f(lanes[i], c[i]);
+        }
+    }
+    let head = lanes.into_iter().fold(init, &f);
+    chunks.remainder().iter().fold(head, |a, &b| f(a, b))
 }
 
 /// One Kahan step: `a + b` into `a`, with the running compensation `c`. A compensation
