@@ -50,6 +50,15 @@ impl std::fmt::Display for Shape {
     }
 }
 
+/// Row-major (C order) strides, in elements, of an array of `dims`.
+pub fn row_major_strides(dims: &[usize]) -> Vec<usize> {
+    let mut st = vec![1; dims.len()];
+    for i in (1..dims.len()).rev() {
+        st[i - 1] = st[i] * dims[i];
+    }
+    st
+}
+
 /// Normalises a possibly negative axis against `rank`, naming `op` in the error.
 pub fn norm_axis(op: &str, axis: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;

@@ -200,15 +200,6 @@ fn merged_permutation(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize
     (by_input.iter().map(|&g| groups[g].1).collect(), merged_perm)
 }
 
-/// Row-major strides, in elements, of an array of `shape`.
-fn row_major_strides(shape: &[usize]) -> Vec<usize> {
-    let mut st = vec![1; shape.len()];
-    for i in (1..shape.len()).rev() {
-        st[i - 1] = st[i] * shape[i];
-    }
-    st
-}
-
 /// `data` (row-major, of `shape`) permuted by `perm`, which moves the last axis: for each
 /// index of the other axes, the matrix of the axis that becomes the last by the last axis,
 /// transposed into place. The result is shaped `dims`.
@@ -217,7 +208,10 @@ fn permuted<T: Elem>(data: &[T], shape: &[usize], perm: &[usize], dims: &[usize]
     let n = shape.len();
     let len: usize = shape.iter().product();
     let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-    let (src_st, dst_st) = (row_major_strides(shape), row_major_strides(&out_shape));
+    let (src_st, dst_st) = (
+        crate::base::shape::row_major_strides(shape),
+        crate::base::shape::row_major_strides(&out_shape),
+    );
     // The matrix: rows along the axis that becomes the last, columns along the last.
     let p = perm[n - 1];
     let q = perm
@@ -235,10 +229,7 @@ fn permuted<T: Elem>(data: &[T], shape: &[usize], perm: &[usize], dims: &[usize]
             .map(|o| (out_shape[o], src_st[perm[o]], dst_st[o]))
             .collect();
         let count: usize = outer.iter().map(|o| o.0).product();
-        let (src, dst) = (
-            SharedDst(data.as_ptr() as *mut T),
-            SharedDst(out.as_mut_ptr()),
-        );
+        let dst = SharedDst(out.as_mut_ptr());
         let (sr, dr) = (src_st[p], dst_st[q]);
         (0..count)
             .into_par_iter()
@@ -250,11 +241,13 @@ fn permuted<T: Elem>(data: &[T], shape: &[usize], perm: &[usize], dims: &[usize]
                     d_o += i % size * ds;
                     i /= size;
                 }
-                let (s, d) = (src, dst);
+                let d = dst;
                 // SAFETY: the matrix at `so` lies inside `data` and its transpose at `d_o`
                 // inside the result; the indices of the other axes give each task its own
                 // elements of the result.
-                unsafe { transpose_strided(s.0.add(so), sr, rows, cols, d.0.add(d_o), dr) };
+                unsafe {
+                    transpose_strided(data.as_ptr().add(so), sr, rows, cols, d.0.add(d_o), dr)
+                };
             });
     }
     // SAFETY: each element of the result was written above (every index of the other

@@ -86,13 +86,7 @@ pub(super) fn member_shapes(
 /// Strides of `shape` read as the right-aligned `out` shape, with size-1 dims dropped
 /// and neighbours merged where one stride continues the other.
 pub(super) fn gather_layout(shape: &[usize], out: &[usize]) -> Layout {
-    let mut strides = vec![0usize; shape.len()];
-    let mut acc = 1;
-    for d in (0..shape.len()).rev() {
-        strides[d] = acc;
-        acc *= shape[d];
-    }
-    strided_layout(shape, &strides, 0, out)
+    strided_layout(shape, &crate::base::shape::row_major_strides(shape), 0, out)
 }
 
 /// Periods up to which a repeating input is tiled (`Opd::Tile`) instead of gathered.

@@ -29,13 +29,10 @@ pub(crate) fn supports(t: &Tensor) -> bool {
 }
 
 fn c_strides(shape: &[usize]) -> Vec<i64> {
-    let mut st = vec![0i64; shape.len()];
-    let mut acc = 1i64;
-    for d in (0..shape.len()).rev() {
-        st[d] = acc;
-        acc *= shape[d] as i64;
-    }
-    st
+    crate::base::shape::row_major_strides(shape)
+        .into_iter()
+        .map(|s| s as i64)
+        .collect()
 }
 
 fn tag(d: DType) -> Result<&'static str> {
